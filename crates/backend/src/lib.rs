@@ -1,0 +1,82 @@
+//! Storage backends for ethersan logical units.
+//!
+//! The SCSI layer sees storage only through [`BlockDevice`]: a flat array of
+//! bytes with a logical block size, read and written at byte offsets that are
+//! always multiples of the block size. Implementations: regular files and
+//! block devices ([`file::FileDevice`]) and memory ([`ram::RamDevice`]).
+#![warn(missing_docs, unreachable_pub)]
+
+use std::io;
+
+pub mod file;
+pub mod ram;
+
+/// Errors a backend reports; the SCSI layer maps each to sense data.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The underlying read failed (maps to MEDIUM ERROR / UNRECOVERED READ ERROR).
+    #[error("read error at byte {offset}: {source}")]
+    Read {
+        /// Byte offset of the failed access.
+        offset: u64,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The underlying write failed (maps to MEDIUM ERROR / WRITE ERROR, or
+    /// SPACE ALLOCATION FAILED when the error is ENOSPC).
+    #[error("write error at byte {offset}: {source}")]
+    Write {
+        /// Byte offset of the failed access.
+        offset: u64,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// Flushing to stable storage failed.
+    #[error("flush failed: {0}")]
+    Flush(io::Error),
+    /// Opening or creating the backing store failed.
+    #[error("cannot open {path}: {source}")]
+    Open {
+        /// The path given.
+        path: String,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The configuration of the backend is invalid (size, block size...).
+    #[error("invalid backend configuration: {0}")]
+    Config(String),
+    /// The operation is not supported by this backend.
+    #[error("operation not supported by this backend")]
+    Unsupported,
+}
+
+/// A flat block store that a logical unit exports.
+///
+/// All offsets and lengths passed in are multiples of [`block_size`](Self::block_size)
+/// and lie inside the device (the SCSI layer checks LBA ranges first).
+/// Methods are blocking; the server calls them off its async workers, so
+/// implementations must be safe to call from several threads at once
+/// (positional I/O, no shared file cursor).
+pub trait BlockDevice: Send + Sync + std::fmt::Debug {
+    /// Logical block size in bytes (512 or 4096).
+    fn block_size(&self) -> u32;
+    /// Number of logical blocks.
+    fn num_blocks(&self) -> u64;
+    /// Read `buf.len()` bytes at byte `offset`.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError>;
+    /// Write `buf` at byte `offset`. With `fua` the data is on stable storage
+    /// when this returns (Force Unit Access).
+    fn write_at(&self, offset: u64, buf: &[u8], fua: bool) -> Result<(), BackendError>;
+    /// Make every completed write durable (SYNCHRONIZE CACHE).
+    fn flush(&self) -> Result<(), BackendError>;
+    /// Hint that a range will be read soon (PRE-FETCH). Default: nothing.
+    fn prefetch(&self, _offset: u64, _len: u64) -> Result<(), BackendError> {
+        Ok(())
+    }
+    /// Whether writes to the store persist (false for RAM).
+    fn is_persistent(&self) -> bool {
+        true
+    }
+    /// A short human-readable description (path or "ram").
+    fn describe(&self) -> String;
+}

@@ -1,0 +1,1 @@
+//! An iSCSI initiator library.

@@ -1,0 +1,1 @@
+//! The ethersan iSCSI target server.
