@@ -7,9 +7,11 @@
 //! - [`digest`]: CRC32C header and data digests (§11.1, Appendix B).
 //! - [`text`]: key=value text encoding (§6.1).
 //! - [`negotiate`]: login/text key negotiation (§6.2, §13).
+//! - [`seq`]: serial-number arithmetic and the CmdSN window (§4.2.2).
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod digest;
 pub mod negotiate;
 pub mod pdu;
+pub mod seq;
 pub mod text;
