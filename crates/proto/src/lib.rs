@@ -8,6 +8,7 @@
 //! - [`text`]: key=value text encoding (§6.1).
 //! - [`negotiate`]: login/text key negotiation (§6.2, §13).
 //! - [`seq`]: serial-number arithmetic and the CmdSN window (§4.2.2).
+//! - [`transfer`]: R2T / Data-Out / Data-In bookkeeping for one command.
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod digest;
@@ -15,3 +16,4 @@ pub mod negotiate;
 pub mod pdu;
 pub mod seq;
 pub mod text;
+pub mod transfer;
