@@ -1,1 +1,132 @@
-fn main() {}
+//! `ethersan`: a software iSCSI target and its companion client.
+//!
+//! `ethersan serve` runs the target; with no arguments it serves the
+//! embedded default (127.0.0.1:3260, one target, a 1 GiB sparse LUN under
+//! `./ethersan-data/`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand};
+use ethersan_server::config::{Config, LunConfig, TargetConfig};
+use ethersan_server::Server;
+use tracing_subscriber::EnvFilter;
+
+/// Network block storage in software: an iSCSI target and client.
+#[derive(Parser, Debug)]
+#[command(name = "ethersan", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the iSCSI target (no arguments: the embedded default).
+    Serve(ServeArgs),
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// Full configuration file (TOML); see docs/config.md.
+    #[arg(long, value_name = "FILE.toml", conflicts_with_all = ["listen", "target", "lun"])]
+    config: Option<PathBuf>,
+    /// Portal to listen on, ADDR:PORT (repeatable; IPv6 as [::1]:3260).
+    #[arg(long, value_name = "ADDR:PORT")]
+    listen: Vec<SocketAddr>,
+    /// Target name (IQN).
+    #[arg(long, value_name = "IQN")]
+    target: Option<String>,
+    /// A LUN: PATH[:SIZE][,ro][,removable][,bs=4096] or ram:SIZE (repeatable, numbered from 0).
+    #[arg(long, value_name = "SPEC")]
+    lun: Vec<String>,
+    /// Directory for the default LUN's backing file.
+    #[arg(long, value_name = "DIR", default_value = "./ethersan-data")]
+    data_dir: PathBuf,
+}
+
+fn serve_config(a: &ServeArgs) -> anyhow::Result<Config> {
+    if let Some(path) = &a.config {
+        return Ok(Config::from_toml_file(path)?);
+    }
+    let mut cfg = Config::embedded_default(&a.data_dir);
+    if !a.listen.is_empty() {
+        cfg.portals = a.listen.clone();
+    }
+    let target: &mut TargetConfig = cfg.targets.first_mut().context("embedded default has a target")?;
+    if let Some(name) = &a.target {
+        ethersan_server::config::validate_name(name).with_context(|| format!("--target {name}"))?;
+        target.name = name.clone();
+    }
+    if !a.lun.is_empty() {
+        target.luns = a
+            .lun
+            .iter()
+            .map(|s| LunConfig::from_spec(s).with_context(|| format!("--lun {s}")))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+    }
+    if cfg.portals.is_empty() {
+        bail!("no portal to listen on");
+    }
+    Ok(cfg)
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+async fn serve(a: ServeArgs) -> anyhow::Result<()> {
+    let cfg = serve_config(&a)?;
+    let server = Server::bind(&cfg).await?;
+    let addrs = server.local_addrs();
+    for addr in &addrs {
+        eprintln!("ethersan: listening on {addr}");
+    }
+    if let (Some(addr), Some(t)) = (addrs.first(), cfg.targets.first()) {
+        eprintln!("ethersan: connect with");
+        eprintln!("  libiscsi/QEMU: iscsi://{addr}/{}/0", t.name);
+        eprintln!("  open-iscsi:    iscsiadm -m discovery -t sendtargets -p {addr}");
+        eprintln!("                 iscsiadm -m node -T {} -p {addr} --login", t.name);
+    }
+    server.run(shutdown_signal()).await;
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_env("ETHERSAN_LOG").unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("ethersan: cannot start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async {
+        match cli.command {
+            Command::Serve(a) => serve(a).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ethersan: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,1 +1,317 @@
-//! An iSCSI initiator library.
+//! An iSCSI initiator library over the ethersan protocol core.
+//!
+//! [`login`] runs the login phase over any byte stream and returns a
+//! [`Session`] handle whose driver task keeps many commands in flight;
+//! [`connect`] does the same over TCP from an [`IscsiUrl`]. The `ethersan`
+//! client commands and the in-memory tests are built on it.
+#![warn(missing_docs, unreachable_pub)]
+
+mod session;
+pub mod url;
+
+use bytes::Bytes;
+use ethersan_proto::negotiate::{InitiatorNegotiator, InitiatorSettings, SessionType};
+use ethersan_proto::pdu::{LoginRequest, Pdu};
+use ethersan_proto::text::{encode_text, parse_text, TextAssembler};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+pub use session::{CommandResult, Session};
+pub use url::IscsiUrl;
+
+/// Errors of the initiator.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// Socket error.
+    #[error("i/o error: {0}")]
+    Io(String),
+    /// The connection closed.
+    #[error("connection closed")]
+    Closed,
+    /// The target refused the login.
+    #[error("login refused by target: status class {class:#04x} detail {detail:#04x} ({})", login_status_text(*.class, *.detail))]
+    LoginRefused {
+        /// Status-Class.
+        class: u8,
+        /// Status-Detail.
+        detail: u8,
+    },
+    /// Something in the exchange broke the protocol.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// The target rejected a PDU.
+    #[error("PDU rejected by target (reason {0:#04x})")]
+    Rejected(u8),
+    /// A bad URL.
+    #[error("bad iSCSI URL: {0}")]
+    Url(String),
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            Error::Closed
+        } else {
+            Error::Io(e.to_string())
+        }
+    }
+}
+
+fn login_status_text(class: u8, detail: u8) -> &'static str {
+    match (class, detail) {
+        (1, _) => "redirection",
+        (2, 0) => "initiator error",
+        (2, 1) => "authentication failure",
+        (2, 2) => "authorization failure",
+        (2, 3) => "target not found",
+        (2, 4) => "target removed",
+        (2, 5) => "unsupported version",
+        (2, 6) => "too many connections",
+        (2, 7) => "missing parameter",
+        (2, 8) => "cannot include in session",
+        (2, 9) => "session type not supported",
+        (2, 10) => "session does not exist",
+        (2, 11) => "invalid request during login",
+        (3, _) => "target error",
+        _ => "unknown",
+    }
+}
+
+/// Values negotiated at login that the full feature phase uses.
+#[derive(Debug, Clone)]
+pub struct Negotiated {
+    /// CRC32C header digests in use.
+    pub header_digest: bool,
+    /// CRC32C data digests in use.
+    pub data_digest: bool,
+    /// Largest data segment we may send (the target's declaration).
+    pub max_send_dsl: u32,
+    /// Largest data segment we accept (our declaration).
+    pub max_recv_dsl: u32,
+    /// ImmediateData
+    pub immediate_data: bool,
+    /// InitialR2T
+    pub initial_r2t: bool,
+    /// FirstBurstLength
+    pub first_burst_length: u32,
+    /// MaxBurstLength
+    pub max_burst_length: u32,
+    /// TSIH the target assigned.
+    pub tsih: u16,
+}
+
+/// What to log in to.
+#[derive(Debug, Clone)]
+pub struct LoginOptions {
+    /// Our iSCSI name.
+    pub initiator_name: String,
+    /// Target name; `None` for a discovery session.
+    pub target_name: Option<String>,
+    /// Ask for CRC32C header digests.
+    pub header_digest: bool,
+    /// Ask for CRC32C data digests.
+    pub data_digest: bool,
+    /// ISID to use (distinguishes sessions of the same initiator).
+    pub isid: [u8; 6],
+}
+
+impl Default for LoginOptions {
+    fn default() -> Self {
+        LoginOptions {
+            initiator_name: "iqn.2026-11.org.ethersan:client".to_string(),
+            target_name: None,
+            header_digest: false,
+            data_digest: false,
+            isid: random_isid(),
+        }
+    }
+}
+
+/// An ISID of the "random" type (T=11b) from the process id and clock.
+pub fn random_isid() -> [u8; 6] {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let c = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let v = nanos ^ std::process::id().rotate_left(16) ^ c.wrapping_mul(0x9e37_79b9);
+    let b = v.to_be_bytes();
+    [0xc0, b[0], b[1], b[2], b[3], (c & 0xff) as u8]
+}
+
+/// Log in over a byte stream; on success the returned session owns it.
+pub async fn login<R, W>(mut rd: R, mut wr: W, opts: &LoginOptions) -> Result<Session, Error>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let settings = InitiatorSettings {
+        initiator_name: opts.initiator_name.clone(),
+        target_name: opts.target_name.clone(),
+        session_type: if opts.target_name.is_some() { SessionType::Normal } else { SessionType::Discovery },
+        header_digest: opts.header_digest,
+        data_digest: opts.data_digest,
+        ..InitiatorSettings::default()
+    };
+    let mut neg = InitiatorNegotiator::new(settings);
+    let plain = Negotiated {
+        header_digest: false,
+        data_digest: false,
+        max_send_dsl: 8192,
+        max_recv_dsl: 8192,
+        immediate_data: false,
+        initial_r2t: true,
+        first_burst_length: 0,
+        max_burst_length: 0,
+        tsih: 0,
+    };
+    let itt = 0x1000;
+    let mut stat_sn = 0u32;
+    let mut csg = 0u8;
+    // Security stage, then operational stage; each may take several rounds.
+    let mut keys = neg.security_proposal();
+    loop {
+        let nsg = if csg == 0 { 1 } else { 3 };
+        let data = encode_text(&keys);
+        let req = LoginRequest {
+            transit: true,
+            continue_bit: false,
+            csg,
+            nsg,
+            version_max: 0,
+            version_min: 0,
+            isid: opts.isid,
+            tsih: 0,
+            itt,
+            cid: 0,
+            cmd_sn: 1,
+            exp_stat_sn: stat_sn,
+        };
+        let bhs = Pdu::LoginRequest(req).encode(data.len() as u32);
+        session::write_frame(&mut wr, &bhs, &[], &data, &plain).await?;
+        wr.flush().await?;
+        // Collect the (possibly multi-PDU) response.
+        let mut asm = TextAssembler::default();
+        let (resp, text) = loop {
+            let raw = session::read_pdu(&mut rd, &plain).await?;
+            let Ok(Pdu::LoginResponse(resp)) = Pdu::decode(&raw.bhs) else {
+                return Err(Error::Protocol("expected a Login Response".into()));
+            };
+            if resp.status_class != 0 {
+                return Err(Error::LoginRefused { class: resp.status_class, detail: resp.status_detail });
+            }
+            stat_sn = resp.stat_sn.wrapping_add(1);
+            match asm.push(&raw.data, resp.continue_bit).map_err(|e| Error::Protocol(e.to_string()))? {
+                Some(t) => break (resp, t),
+                None => {
+                    let more = LoginRequest {
+                        transit: false,
+                        continue_bit: false,
+                        csg,
+                        nsg: 0,
+                        version_max: 0,
+                        version_min: 0,
+                        isid: opts.isid,
+                        tsih: 0,
+                        itt,
+                        cid: 0,
+                        cmd_sn: 1,
+                        exp_stat_sn: stat_sn,
+                    };
+                    let bhs = Pdu::LoginRequest(more).encode(0);
+                    session::write_frame(&mut wr, &bhs, &[], &[], &plain).await?;
+                    wr.flush().await?;
+                }
+            }
+        };
+        let answer = parse_text(&text, &Default::default()).map_err(|e| Error::Protocol(e.to_string()))?;
+        neg.accept_response(&answer).map_err(|e| Error::Protocol(e.to_string()))?;
+        if resp.transit && resp.nsg == 3 {
+            let p = neg.finish();
+            let negotiated = Negotiated {
+                header_digest: p.header_digest,
+                data_digest: p.data_digest,
+                max_send_dsl: p.max_send_data_segment_length,
+                max_recv_dsl: p.max_recv_data_segment_length,
+                immediate_data: p.immediate_data,
+                initial_r2t: p.initial_r2t,
+                first_burst_length: p.first_burst_length,
+                max_burst_length: p.max_burst_length,
+                tsih: resp.tsih,
+            };
+            return Ok(Session::start(rd, wr, negotiated, resp.exp_cmd_sn, stat_sn, resp.max_cmd_sn));
+        }
+        if resp.transit {
+            csg = resp.nsg;
+            keys = neg.operational_proposal();
+        } else {
+            keys = neg.pending_answers();
+        }
+    }
+}
+
+/// Connect over TCP and log in.
+pub async fn connect(addr: &str, opts: &LoginOptions) -> Result<Session, Error> {
+    let sock = TcpStream::connect(addr).await?;
+    let _ = sock.set_nodelay(true);
+    let (rd, wr) = sock.into_split();
+    login(rd, wr, opts).await
+}
+
+/// Discover targets at a portal: `(target name, [addresses])`.
+pub async fn discover(addr: &str, initiator_name: &str) -> Result<Vec<(String, Vec<String>)>, Error> {
+    let opts = LoginOptions { initiator_name: initiator_name.to_string(), ..Default::default() };
+    let s = connect(addr, &opts).await?;
+    let keys = s.text(vec![("SendTargets".to_string(), "All".to_string())]).await?;
+    let _ = s.logout().await;
+    let mut out: Vec<(String, Vec<String>)> = Vec::new();
+    for (k, v) in keys {
+        match k.as_str() {
+            "TargetName" => out.push((v, Vec::new())),
+            "TargetAddress" => {
+                if let Some(last) = out.last_mut() {
+                    last.1.push(v);
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+impl Session {
+    /// READ CAPACITY (16): (number of blocks, block size).
+    pub async fn read_capacity(&self, lun: u64) -> Result<(u64, u32), Error> {
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x9e;
+        cdb[1] = 0x10;
+        cdb[13] = 32;
+        let r = self.command(lun, &cdb, Bytes::new(), 32).await?;
+        if r.status != 0 || r.data.len() < 12 {
+            return Err(Error::Protocol(format!("READ CAPACITY(16) failed: status {:#x} sense {:?}", r.status, r.sense_key())));
+        }
+        let last = u64::from_be_bytes(r.data[0..8].try_into().expect("8 bytes"));
+        let bs = u32::from_be_bytes(r.data[8..12].try_into().expect("4 bytes"));
+        Ok((last + 1, bs))
+    }
+
+    /// READ (16) of `blocks` blocks at `lba`.
+    pub async fn read16(&self, lun: u64, lba: u64, blocks: u32, block_size: u32) -> Result<CommandResult, Error> {
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x88;
+        cdb[2..10].copy_from_slice(&lba.to_be_bytes());
+        cdb[10..14].copy_from_slice(&blocks.to_be_bytes());
+        self.command(lun, &cdb, Bytes::new(), blocks * block_size).await
+    }
+
+    /// WRITE (16) of `data` at `lba`, with FUA if asked.
+    pub async fn write16(&self, lun: u64, lba: u64, data: Bytes, block_size: u32, fua: bool) -> Result<CommandResult, Error> {
+        let blocks = (data.len() / block_size as usize) as u32;
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x8a;
+        if fua {
+            cdb[1] = 0x08;
+        }
+        cdb[2..10].copy_from_slice(&lba.to_be_bytes());
+        cdb[10..14].copy_from_slice(&blocks.to_be_bytes());
+        self.command(lun, &cdb, data, 0).await
+    }
+}

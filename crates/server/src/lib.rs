@@ -1,1 +1,306 @@
 //! The ethersan iSCSI target server.
+//!
+//! [`Server::bind`] turns a [`config::Config`] into open backends, SCSI
+//! targets and listening portals; [`Server::run`] accepts connections until
+//! its shutdown future resolves. Each connection runs the login phase
+//! ([`login`]) and then a session task ([`session`]) that owns all of that
+//! session's state; SCSI commands execute on tokio's blocking pool so a slow
+//! I/O never holds up other commands or sessions.
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod config;
+mod login;
+pub mod registry;
+mod session;
+mod wire;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ethersan_backend::BlockDevice;
+use ethersan_proto::negotiate::TargetSettings;
+use ethersan_scsi::{LogicalUnit, LuConfig, Nexus, ScsiTarget};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use crate::config::{Config, Options};
+use crate::registry::{Registry, TargetEntry};
+use crate::session::{Event, Negotiated, Session, SessionOptions, SessionSetup};
+use crate::wire::{spawn_writer, PduReader};
+
+/// Errors starting or running the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// A LUN's backing store could not be opened.
+    #[error("target {target} LUN {lun}: {source}")]
+    Backend {
+        /// Target name.
+        target: String,
+        /// LUN number.
+        lun: usize,
+        /// The backend's error.
+        source: ethersan_backend::BackendError,
+    },
+    /// A portal could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The portal address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// A configured, bound target server.
+pub struct Server {
+    registry: Arc<Registry>,
+    listeners: Vec<TcpListener>,
+    devices: Vec<Arc<dyn BlockDevice>>,
+    options: Options,
+}
+
+/// A stable 64-bit FNV-1a hash, for identifiers that must survive restarts.
+fn stable_hash(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in p.iter().chain(std::iter::once(&0xffu8)) {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}
+
+impl Server {
+    /// Open every backend, build the targets and bind every portal.
+    pub async fn bind(config: &Config) -> Result<Server, ServerError> {
+        let mut targets = Vec::new();
+        let mut devices = Vec::new();
+        for t in &config.targets {
+            let mut luns = Vec::new();
+            for (i, l) in t.luns.iter().enumerate() {
+                let dev = l.open().map_err(|source| ServerError::Backend { target: t.name.clone(), lun: i, source })?;
+                let h1 = stable_hash(&[t.name.as_bytes(), &(i as u64).to_be_bytes()]);
+                let h2 = stable_hash(&[&h1.to_be_bytes(), t.name.as_bytes()]);
+                let mut naa = [0u8; 16];
+                naa[..8].copy_from_slice(&h1.to_be_bytes());
+                naa[8..].copy_from_slice(&h2.to_be_bytes());
+                // NAA 6 (IEEE Registered Extended), locally chosen company id bits.
+                naa[0] = 0x60 | (naa[0] & 0x0f);
+                let serial = l.serial.clone().unwrap_or_else(|| format!("{h1:016x}"));
+                let cfg = LuConfig {
+                    read_only: l.read_only,
+                    removable: l.removable,
+                    vendor: "ETHERSAN".to_string(),
+                    product: "ethersan disk".to_string(),
+                    revision: "0001".to_string(),
+                    serial,
+                    naa,
+                    target_name: t.name.clone(),
+                    write_cache: l.write_cache,
+                };
+                info!(target = %t.name, lun = i, backend = %dev.describe(), "logical unit ready");
+                devices.push(dev.clone());
+                luns.push(Arc::new(LogicalUnit::new(dev, cfg)));
+            }
+            targets.push(Arc::new(TargetEntry { name: t.name.clone(), alias: t.alias.clone(), scsi: Arc::new(ScsiTarget::new(luns)) }));
+        }
+        let mut listeners = Vec::new();
+        let mut addrs = Vec::new();
+        for p in &config.portals {
+            let l = TcpListener::bind(p).await.map_err(|source| ServerError::Bind { addr: *p, source })?;
+            addrs.push(l.local_addr().unwrap_or(*p));
+            listeners.push(l);
+        }
+        let registry = Arc::new(Registry::new(targets, addrs));
+        Ok(Server { registry, listeners, devices, options: config.options.clone() })
+    }
+
+    /// The bound portal addresses (with the real port when 0 was asked for).
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.listeners.iter().filter_map(|l| l.local_addr().ok()).collect()
+    }
+
+    /// The registry of targets and sessions.
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// Serve until `shutdown` resolves, then stop accepting, end every
+    /// session (commands in flight finish), flush every LUN and return.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        let settings = Arc::new(target_settings(&self.options));
+        let mut accepts = Vec::new();
+        for l in self.listeners {
+            let registry = self.registry.clone();
+            let options = self.options.clone();
+            let settings = settings.clone();
+            accepts.push(tokio::spawn(async move {
+                loop {
+                    match l.accept().await {
+                        Ok((sock, peer)) => {
+                            if registry.session_count() >= options.max_sessions {
+                                warn!(%peer, "session limit reached; refusing connection");
+                                drop(sock);
+                                continue;
+                            }
+                            let registry = registry.clone();
+                            let options = options.clone();
+                            let settings = settings.clone();
+                            tokio::spawn(async move {
+                                handle_connection(sock, peer, registry, options, settings).await;
+                            });
+                        }
+                        Err(e) => {
+                            warn!(%e, "accept failed");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    }
+                }
+            }));
+        }
+        shutdown.await;
+        info!("shutting down: no new connections; ending sessions");
+        for a in &accepts {
+            a.abort();
+        }
+        self.registry.shutdown_all();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while self.registry.session_count() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for d in &self.devices {
+            if let Err(e) = d.flush() {
+                warn!(%e, backend = %d.describe(), "flush at shutdown failed");
+            }
+        }
+        info!("stopped");
+    }
+}
+
+fn target_settings(o: &Options) -> TargetSettings {
+    TargetSettings {
+        max_recv_data_segment_length: o.max_recv_data_segment_length,
+        max_burst_length: o.max_burst_length,
+        first_burst_length: o.first_burst_length,
+        initial_r2t: o.initial_r2t,
+        immediate_data: o.immediate_data,
+        max_outstanding_r2t: o.max_outstanding_r2t,
+        ..TargetSettings::default()
+    }
+}
+
+async fn handle_connection(
+    sock: TcpStream,
+    peer: SocketAddr,
+    registry: Arc<Registry>,
+    options: Options,
+    settings: Arc<TargetSettings>,
+) {
+    let _ = sock.set_nodelay(true);
+    let (rd, wr) = sock.into_split();
+    serve_stream(rd, wr, peer.to_string(), registry, options, settings).await;
+}
+
+/// Serve one connection over any byte stream (TCP, or an in-memory pipe in
+/// tests): login, then the session until it ends.
+pub(crate) async fn serve_stream<R, W>(
+    rd: R,
+    wr: W,
+    peer: String,
+    registry: Arc<Registry>,
+    options: Options,
+    settings: Arc<TargetSettings>,
+) where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+    W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let mut reader = PduReader::new(rd, 8192);
+    let (out, writer) = spawn_writer(wr);
+    let (ev_tx, ev_rx) = mpsc::unbounded_channel::<Event>();
+    let login = tokio::time::timeout(
+        Duration::from_secs(options.login_timeout_secs),
+        login::login(&mut reader, &out, &registry, &settings, ev_tx.clone()),
+    )
+    .await;
+    let outcome = match login {
+        Ok(Ok(o)) => o,
+        Ok(Err(e)) => {
+            debug!(%peer, %e, "login failed");
+            drop(out);
+            let _ = writer.await;
+            return;
+        }
+        Err(_) => {
+            debug!(%peer, "login timed out");
+            return;
+        }
+    };
+    let p = &outcome.params;
+    info!(%peer, initiator = %p.initiator_name, target = ?outcome.target.as_ref().map(|t| &t.name), "session started");
+    reader.header_digest = p.header_digest;
+    reader.data_digest = p.data_digest;
+    reader.max_data = p.max_recv_data_segment_length;
+    let _ = out.send(wire::WriterMsg::Digests { header: p.header_digest, data: p.data_digest });
+    let nexus_key = stable_hash(&[
+        p.initiator_name.as_bytes(),
+        &outcome.isid,
+        outcome.target.as_ref().map(|t| t.name.as_bytes()).unwrap_or(b""),
+    ]);
+    let setup = SessionSetup {
+        id: outcome.session_id,
+        target: outcome.target.clone(),
+        params: Negotiated {
+            header_digest: p.header_digest,
+            data_digest: p.data_digest,
+            max_recv_dsl: p.max_recv_data_segment_length,
+            max_send_dsl: p.max_send_data_segment_length,
+            initial_r2t: p.initial_r2t,
+            immediate_data: p.immediate_data,
+            first_burst_length: p.first_burst_length,
+            max_burst_length: p.max_burst_length,
+            max_outstanding_r2t: p.max_outstanding_r2t,
+            discovery: p.is_discovery(),
+            initiator_name: p.initiator_name.clone(),
+        },
+        nexus: Nexus(nexus_key),
+        exp_cmd_sn: outcome.exp_cmd_sn,
+        stat_sn: outcome.stat_sn,
+        options: SessionOptions {
+            queue_depth: options.queue_depth,
+            nop_interval: (options.nop_interval_secs > 0).then(|| Duration::from_secs(options.nop_interval_secs)),
+            nop_timeout: Duration::from_secs(options.nop_timeout_secs.max(1)),
+        },
+    };
+    // Reader task: PDUs into the session's event queue.
+    let rd_tx = ev_tx.clone();
+    let reader_task = tokio::spawn(async move {
+        loop {
+            let r = reader.read().await;
+            let stop = r.is_err() && !matches!(r, Err(wire::ReadError::DataDigest(..)) | Err(wire::ReadError::TooLong { .. }));
+            if rd_tx.send(Event::Pdu(r)).is_err() || stop {
+                break;
+            }
+        }
+    });
+    // Timer for NOP-In pings.
+    let tick_tx = ev_tx.clone();
+    let ticker = tokio::spawn(async move {
+        let mut iv = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            iv.tick().await;
+            if tick_tx.send(Event::Tick).is_err() {
+                break;
+            }
+        }
+    });
+    let session = Session::new(setup, registry, out, ev_tx);
+    session.run(ev_rx).await;
+    reader_task.abort();
+    ticker.abort();
+    let _ = writer.await;
+    info!(%peer, "session ended");
+}

@@ -1,0 +1,537 @@
+//! The full feature phase, initiator side: many commands in flight over one
+//! connection.
+//!
+//! A driver task owns the connection and all sequence state (CmdSN window,
+//! ITTs, R2T answers); callers talk to it through a [`Session`] handle, so
+//! any number of tasks can issue commands concurrently.
+
+use std::collections::{HashMap, VecDeque};
+
+use bytes::Bytes;
+use ethersan_proto::pdu::{
+    self, lun_to_wire, pad_len, Bhs, DataOut, LogoutRequest, NopOut, Pdu, RawPdu, ScsiCommand, TaskAttr,
+    TextRequest, BHS_LEN, RESERVED_TAG,
+};
+use ethersan_proto::seq::sn_le;
+use ethersan_proto::text::{encode_text, parse_text};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::{Error, Negotiated};
+
+/// The outcome of one SCSI command.
+#[derive(Debug, Clone, Default)]
+pub struct CommandResult {
+    /// SCSI status byte.
+    pub status: u8,
+    /// Sense data (without the 2-byte length), empty if none.
+    pub sense: Vec<u8>,
+    /// Data-In received.
+    pub data: Vec<u8>,
+    /// Residual count reported by the target.
+    pub residual: u32,
+    /// Residual overflow flag.
+    pub overflow: bool,
+    /// Residual underflow flag.
+    pub underflow: bool,
+}
+
+impl CommandResult {
+    /// Sense key, ASC and ASCQ from fixed or descriptor sense, if present.
+    pub fn sense_key(&self) -> Option<(u8, u8, u8)> {
+        let s = &self.sense;
+        match s.first().map(|b| b & 0x7f) {
+            Some(0x70) | Some(0x71) if s.len() >= 14 => Some((s[2] & 0x0f, s[12], s[13])),
+            Some(0x72) | Some(0x73) if s.len() >= 4 => Some((s[1] & 0x0f, s[2], s[3])),
+            _ => None,
+        }
+    }
+}
+
+enum Request {
+    Scsi { lun: u64, cdb: Vec<u8>, data_out: Bytes, read_len: u32, reply: oneshot::Sender<Result<CommandResult, Error>> },
+    Text { keys: Vec<(String, String)>, reply: oneshot::Sender<Result<Vec<(String, String)>, Error>> },
+    Logout { reply: oneshot::Sender<Result<(), Error>> },
+}
+
+struct Pending {
+    cmd_sn: u32,
+    kind: PendingKind,
+}
+
+enum PendingKind {
+    Scsi { data_out: Bytes, result: CommandResult, reply: oneshot::Sender<Result<CommandResult, Error>>, lun: u64 },
+    Text { collected: Vec<u8>, reply: oneshot::Sender<Result<Vec<(String, String)>, Error>>, lun: u64 },
+    Logout { reply: oneshot::Sender<Result<(), Error>> },
+}
+
+/// A handle on a logged-in session. Cheap to clone; every clone can issue
+/// commands concurrently.
+#[derive(Clone)]
+pub struct Session {
+    tx: mpsc::UnboundedSender<Request>,
+    params: Negotiated,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("params", &self.params).finish()
+    }
+}
+
+impl Session {
+    /// Start the driver over a logged-in stream.
+    pub(crate) fn start<R, W>(rd: R, wr: W, params: Negotiated, cmd_sn: u32, exp_stat_sn: u32, max_cmd_sn: u32) -> Session
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let driver = Driver {
+            rd: BufReader::with_capacity(256 * 1024, rd),
+            wr: BufWriter::with_capacity(256 * 1024, wr),
+            params: params.clone(),
+            cmd_sn,
+            exp_stat_sn,
+            max_cmd_sn,
+            next_itt: 1,
+            pending: HashMap::new(),
+            queued: VecDeque::new(),
+        };
+        tokio::spawn(driver.run(rx));
+        Session { tx, params }
+    }
+
+    /// The negotiated parameters.
+    pub fn params(&self) -> &Negotiated {
+        &self.params
+    }
+
+    /// Run one SCSI command. `data_out` is sent to the target (write);
+    /// `read_len` is the Data-In the command expects.
+    pub async fn command(&self, lun: u64, cdb: &[u8], data_out: Bytes, read_len: u32) -> Result<CommandResult, Error> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Request::Scsi { lun, cdb: cdb.to_vec(), data_out, read_len, reply })
+            .map_err(|_| Error::Closed)?;
+        rx.await.map_err(|_| Error::Closed)?
+    }
+
+    /// Send a Text request (e.g. `SendTargets=All`) and collect the answer.
+    pub async fn text(&self, keys: Vec<(String, String)>) -> Result<Vec<(String, String)>, Error> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(Request::Text { keys, reply }).map_err(|_| Error::Closed)?;
+        rx.await.map_err(|_| Error::Closed)?
+    }
+
+    /// Log out (close the session) and wait for the target's answer.
+    pub async fn logout(&self) -> Result<(), Error> {
+        let (reply, rx) = oneshot::channel();
+        self.tx.send(Request::Logout { reply }).map_err(|_| Error::Closed)?;
+        rx.await.map_err(|_| Error::Closed)?
+    }
+}
+
+struct Driver<R, W> {
+    rd: BufReader<R>,
+    wr: BufWriter<W>,
+    params: Negotiated,
+    cmd_sn: u32,
+    exp_stat_sn: u32,
+    max_cmd_sn: u32,
+    next_itt: u32,
+    pending: HashMap<u32, Pending>,
+    /// Requests waiting for the CmdSN window to open.
+    queued: VecDeque<Request>,
+}
+
+impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Request>) {
+        let mut closed_by_user = false;
+        let result: Result<(), Error> = async {
+            loop {
+                tokio::select! {
+                    req = rx.recv(), if !closed_by_user => {
+                        match req {
+                            Some(r) => { self.queued.push_back(r); self.pump().await?; }
+                            None => { closed_by_user = true; if self.pending.is_empty() { return Ok(()); } }
+                        }
+                    }
+                    pdu = read_pdu(&mut self.rd, &self.params) => {
+                        let pdu = pdu?;
+                        if self.on_pdu(pdu).await? {
+                            return Ok(());
+                        }
+                        self.pump().await?;
+                        if closed_by_user && self.pending.is_empty() { return Ok(()); }
+                    }
+                }
+            }
+        }
+        .await;
+        let err = result.err().unwrap_or(Error::Closed);
+        for (_, p) in self.pending.drain() {
+            fail(p.kind, err.clone());
+        }
+        for r in self.queued.drain(..) {
+            match r {
+                Request::Scsi { reply, .. } => drop(reply.send(Err(err.clone()))),
+                Request::Text { reply, .. } => drop(reply.send(Err(err.clone()))),
+                Request::Logout { reply } => drop(reply.send(Err(err.clone()))),
+            }
+        }
+    }
+
+    /// Send queued requests while the CmdSN window allows.
+    async fn pump(&mut self) -> Result<(), Error> {
+        while !self.queued.is_empty() && sn_le(self.cmd_sn, self.max_cmd_sn) {
+            let req = self.queued.pop_front().expect("non-empty");
+            self.send_request(req).await?;
+        }
+        self.wr.flush().await?;
+        Ok(())
+    }
+
+    fn alloc_itt(&mut self) -> u32 {
+        let i = self.next_itt;
+        self.next_itt = self.next_itt.wrapping_add(1);
+        if self.next_itt == RESERVED_TAG {
+            self.next_itt = 1;
+        }
+        i
+    }
+
+    async fn send_request(&mut self, req: Request) -> Result<(), Error> {
+        let itt = self.alloc_itt();
+        let cmd_sn = self.cmd_sn;
+        self.cmd_sn = self.cmd_sn.wrapping_add(1);
+        match req {
+            Request::Scsi { lun, cdb, data_out, read_len, reply } => {
+                let wire_lun = lun_to_wire(lun);
+                let p = &self.params;
+                let edtl = if data_out.is_empty() { read_len } else { data_out.len() as u32 };
+                let immediate = if p.immediate_data {
+                    data_out.len().min(p.first_burst_length as usize).min(p.max_send_dsl as usize)
+                } else {
+                    0
+                };
+                let unsolicited_end =
+                    if p.initial_r2t { immediate } else { data_out.len().min(p.first_burst_length as usize) };
+                let mut cdb16 = [0u8; 16];
+                let n = cdb.len().min(16);
+                cdb16[..n].copy_from_slice(&cdb[..n]);
+                let cmd = ScsiCommand {
+                    immediate: false,
+                    final_bit: unsolicited_end == immediate,
+                    read: read_len > 0,
+                    write: !data_out.is_empty(),
+                    attr: TaskAttr::Simple,
+                    lun: wire_lun,
+                    itt,
+                    expected_len: edtl,
+                    cmd_sn,
+                    exp_stat_sn: self.exp_stat_sn,
+                    cdb: cdb16,
+                };
+                let ahs = if cdb.len() > 16 {
+                    let extra = &cdb[16..];
+                    let mut a = Vec::new();
+                    a.extend_from_slice(&((extra.len() + 1) as u16).to_be_bytes());
+                    a.push(1);
+                    a.push(0);
+                    a.extend_from_slice(extra);
+                    a.resize(a.len() + pad_len(a.len()), 0);
+                    a
+                } else {
+                    Vec::new()
+                };
+                let mut bhs = Pdu::ScsiCommand(cmd).encode(immediate as u32);
+                bhs.0[4] = (ahs.len() / 4) as u8;
+                write_frame(&mut self.wr, &bhs, &ahs, &data_out[..immediate], &self.params).await?;
+                // Unsolicited Data-Out up to FirstBurstLength.
+                let mut off = immediate;
+                let mut data_sn = 0;
+                while off < unsolicited_end {
+                    let n = (unsolicited_end - off).min(self.params.max_send_dsl as usize);
+                    let d = DataOut {
+                        final_bit: off + n == unsolicited_end,
+                        lun: wire_lun,
+                        itt,
+                        ttt: RESERVED_TAG,
+                        exp_stat_sn: self.exp_stat_sn,
+                        data_sn,
+                        buffer_offset: off as u32,
+                    };
+                    let bhs = Pdu::DataOut(d).encode(n as u32);
+                    write_frame(&mut self.wr, &bhs, &[], &data_out[off..off + n], &self.params).await?;
+                    data_sn += 1;
+                    off += n;
+                }
+                let result = CommandResult { data: vec![0u8; read_len as usize], ..Default::default() };
+                self.pending.insert(itt, Pending { cmd_sn, kind: PendingKind::Scsi { data_out, result, reply, lun: wire_lun } });
+            }
+            Request::Text { keys, reply } => {
+                let data = encode_text(&keys);
+                let t = TextRequest {
+                    immediate: false,
+                    final_bit: true,
+                    continue_bit: false,
+                    lun: 0,
+                    itt,
+                    ttt: RESERVED_TAG,
+                    cmd_sn,
+                    exp_stat_sn: self.exp_stat_sn,
+                };
+                let bhs = Pdu::TextRequest(t).encode(data.len() as u32);
+                write_frame(&mut self.wr, &bhs, &[], &data, &self.params).await?;
+                self.pending.insert(itt, Pending { cmd_sn, kind: PendingKind::Text { collected: Vec::new(), reply, lun: 0 } });
+            }
+            Request::Logout { reply } => {
+                let l = LogoutRequest { immediate: true, reason: 0, itt, cid: 0, cmd_sn, exp_stat_sn: self.exp_stat_sn };
+                // Immediate: does not consume a CmdSN.
+                self.cmd_sn = cmd_sn;
+                let bhs = Pdu::LogoutRequest(l).encode(0);
+                write_frame(&mut self.wr, &bhs, &[], &[], &self.params).await?;
+                self.pending.insert(itt, Pending { cmd_sn, kind: PendingKind::Logout { reply } });
+            }
+        }
+        Ok(())
+    }
+
+    fn update_window(&mut self, exp_cmd_sn: u32, max_cmd_sn: u32) {
+        // Ignore MaxCmdSN values that would shrink the window below ExpCmdSN - 1.
+        if sn_le(exp_cmd_sn.wrapping_sub(1), max_cmd_sn) && ethersan_proto::seq::sn_lt(self.max_cmd_sn, max_cmd_sn) {
+            self.max_cmd_sn = max_cmd_sn;
+        }
+    }
+
+    fn status_seen(&mut self, stat_sn: u32) {
+        if sn_le(self.exp_stat_sn, stat_sn) {
+            self.exp_stat_sn = stat_sn.wrapping_add(1);
+        }
+    }
+
+    /// Handle one PDU; true when the session is over (logout done).
+    async fn on_pdu(&mut self, raw: RawPdu) -> Result<bool, Error> {
+        let pdu = Pdu::decode(&raw.bhs).map_err(|e| Error::Protocol(e.to_string()))?;
+        match pdu {
+            Pdu::DataIn(d) => {
+                self.update_window(d.exp_cmd_sn, d.max_cmd_sn);
+                let Some(p) = self.pending.get_mut(&d.itt) else { return Ok(false) };
+                let PendingKind::Scsi { result, .. } = &mut p.kind else { return Ok(false) };
+                let off = d.buffer_offset as usize;
+                let end = off + raw.data.len();
+                if end > result.data.len() {
+                    return Err(Error::Protocol(format!("Data-In beyond the buffer ({end} > {})", result.data.len())));
+                }
+                result.data[off..end].copy_from_slice(&raw.data);
+                if d.status_present {
+                    self.status_seen(d.stat_sn);
+                    let p = self.pending.remove(&d.itt).expect("present");
+                    if let PendingKind::Scsi { mut result, reply, .. } = p.kind {
+                        result.status = d.status;
+                        result.residual = d.residual;
+                        result.overflow = d.overflow;
+                        result.underflow = d.underflow;
+                        if d.underflow {
+                            let keep = result.data.len().saturating_sub(d.residual as usize);
+                            result.data.truncate(keep);
+                        }
+                        let _ = reply.send(Ok(result));
+                    }
+                }
+            }
+            Pdu::ScsiResponse(r) => {
+                self.update_window(r.exp_cmd_sn, r.max_cmd_sn);
+                self.status_seen(r.stat_sn);
+                if let Some(p) = self.pending.remove(&r.itt) {
+                    if let PendingKind::Scsi { mut result, reply, .. } = p.kind {
+                        result.status = r.status;
+                        result.residual = r.residual;
+                        result.overflow = r.overflow;
+                        result.underflow = r.underflow;
+                        if r.underflow {
+                            let keep = result.data.len().saturating_sub(r.residual as usize);
+                            result.data.truncate(keep);
+                        }
+                        if raw.data.len() >= 2 {
+                            let n = u16::from_be_bytes([raw.data[0], raw.data[1]]) as usize;
+                            result.sense = raw.data[2..(2 + n).min(raw.data.len())].to_vec();
+                        }
+                        if r.response != 0 {
+                            let _ = reply.send(Err(Error::Protocol(format!("iSCSI response {:#x}", r.response))));
+                        } else {
+                            let _ = reply.send(Ok(result));
+                        }
+                    }
+                }
+            }
+            Pdu::R2t(r) => {
+                self.update_window(r.exp_cmd_sn, r.max_cmd_sn);
+                let Some(p) = self.pending.get(&r.itt) else { return Ok(false) };
+                let PendingKind::Scsi { data_out, lun, .. } = &p.kind else { return Ok(false) };
+                let data_out = data_out.clone();
+                let lun = *lun;
+                let start = r.buffer_offset as usize;
+                let end = (start + r.desired_len as usize).min(data_out.len());
+                let mut off = start;
+                let mut data_sn = 0;
+                while off < end {
+                    let n = (end - off).min(self.params.max_send_dsl as usize);
+                    let d = DataOut {
+                        final_bit: off + n == end,
+                        lun,
+                        itt: r.itt,
+                        ttt: r.ttt,
+                        exp_stat_sn: self.exp_stat_sn,
+                        data_sn,
+                        buffer_offset: off as u32,
+                    };
+                    let bhs = Pdu::DataOut(d).encode(n as u32);
+                    write_frame(&mut self.wr, &bhs, &[], &data_out[off..off + n], &self.params).await?;
+                    data_sn += 1;
+                    off += n;
+                }
+                self.wr.flush().await?;
+            }
+            Pdu::NopIn(n) => {
+                self.update_window(n.exp_cmd_sn, n.max_cmd_sn);
+                if n.itt == RESERVED_TAG && n.ttt != RESERVED_TAG {
+                    // Ping from the target: answer with the same TTT.
+                    let nop = NopOut {
+                        immediate: true,
+                        lun: n.lun,
+                        itt: RESERVED_TAG,
+                        ttt: n.ttt,
+                        cmd_sn: self.cmd_sn,
+                        exp_stat_sn: self.exp_stat_sn,
+                    };
+                    let bhs = Pdu::NopOut(nop).encode(0);
+                    write_frame(&mut self.wr, &bhs, &[], &[], &self.params).await?;
+                    self.wr.flush().await?;
+                } else if n.itt != RESERVED_TAG {
+                    self.status_seen(n.stat_sn);
+                }
+            }
+            Pdu::TextResponse(t) => {
+                self.update_window(t.exp_cmd_sn, t.max_cmd_sn);
+                self.status_seen(t.stat_sn);
+                let Some(p) = self.pending.get_mut(&t.itt) else { return Ok(false) };
+                let PendingKind::Text { collected, lun, .. } = &mut p.kind else { return Ok(false) };
+                collected.extend_from_slice(&raw.data);
+                if t.continue_bit || !t.final_bit {
+                    // Ask for the rest with an empty request carrying the TTT.
+                    let lun = *lun;
+                    let req = TextRequest {
+                        immediate: true,
+                        final_bit: true,
+                        continue_bit: false,
+                        lun,
+                        itt: t.itt,
+                        ttt: t.ttt,
+                        cmd_sn: self.cmd_sn,
+                        exp_stat_sn: self.exp_stat_sn,
+                    };
+                    let bhs = Pdu::TextRequest(req).encode(0);
+                    write_frame(&mut self.wr, &bhs, &[], &[], &self.params).await?;
+                    self.wr.flush().await?;
+                } else {
+                    let p = self.pending.remove(&t.itt).expect("present");
+                    if let PendingKind::Text { collected, reply, .. } = p.kind {
+                        let r = parse_text(&collected, &Default::default()).map_err(|e| Error::Protocol(e.to_string()));
+                        let _ = reply.send(r);
+                    }
+                }
+            }
+            Pdu::LogoutResponse(l) => {
+                self.status_seen(l.stat_sn);
+                if let Some(p) = self.pending.remove(&l.itt) {
+                    if let PendingKind::Logout { reply } = p.kind {
+                        let r = if l.response == 0 { Ok(()) } else { Err(Error::Protocol(format!("logout response {}", l.response))) };
+                        let _ = reply.send(r);
+                    }
+                }
+                return Ok(true);
+            }
+            Pdu::Reject(r) => {
+                self.status_seen(r.stat_sn);
+                if raw.data.len() >= BHS_LEN {
+                    let mut b = Bhs::default();
+                    b.0.copy_from_slice(&raw.data[..BHS_LEN]);
+                    if let Some(p) = self.pending.remove(&b.itt()) {
+                        fail(p.kind, Error::Rejected(r.reason));
+                    }
+                }
+            }
+            Pdu::AsyncMessage(a) => {
+                self.status_seen(a.stat_sn);
+                if a.event == 1 || a.event == 2 || a.event == 3 {
+                    return Err(Error::Protocol(format!("target asked to end the session (async event {})", a.event)));
+                }
+            }
+            Pdu::TaskMgmtResponse(t) => {
+                self.status_seen(t.stat_sn);
+            }
+            other => return Err(Error::Protocol(format!("unexpected PDU from target: {other:?}"))),
+        }
+        let _ = pdu::RESERVED_TAG;
+        Ok(false)
+    }
+}
+
+fn fail(kind: PendingKind, err: Error) {
+    match kind {
+        PendingKind::Scsi { reply, .. } => drop(reply.send(Err(err))),
+        PendingKind::Text { reply, .. } => drop(reply.send(Err(err))),
+        PendingKind::Logout { reply } => drop(reply.send(Err(err))),
+    }
+}
+
+/// Write one PDU (header, AHS, digests, data and padding).
+pub(crate) async fn write_frame<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    bhs: &Bhs,
+    ahs: &[u8],
+    data: &[u8],
+    p: &Negotiated,
+) -> Result<(), Error> {
+    w.write_all(&bhs.0).await?;
+    w.write_all(ahs).await?;
+    if p.header_digest {
+        w.write_all(&bhs.digest(ahs).to_le_bytes()).await?;
+    }
+    if !data.is_empty() {
+        w.write_all(data).await?;
+        w.write_all(&[0u8; 3][..pad_len(data.len())]).await?;
+        if p.data_digest {
+            w.write_all(&ethersan_proto::digest::data_digest(data).to_le_bytes()).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Read one PDU, verifying digests.
+pub(crate) async fn read_pdu<R: AsyncRead + Unpin>(r: &mut R, p: &Negotiated) -> Result<RawPdu, Error> {
+    let mut bhs = Bhs::default();
+    r.read_exact(&mut bhs.0).await?;
+    let l = bhs.layout(p.header_digest, p.data_digest);
+    let mut ahs = vec![0u8; l.ahs_len];
+    r.read_exact(&mut ahs).await?;
+    if p.header_digest {
+        let mut d = [0u8; 4];
+        r.read_exact(&mut d).await?;
+        bhs.verify_digest(&ahs, d).map_err(|e| Error::Protocol(e.to_string()))?;
+    }
+    if l.data_len > p.max_recv_dsl as usize && l.data_len > 16 << 20 {
+        return Err(Error::Protocol(format!("data segment of {} bytes from target", l.data_len)));
+    }
+    let mut data = vec![0u8; l.data_len + l.pad_len];
+    r.read_exact(&mut data).await?;
+    data.truncate(l.data_len);
+    if l.data_digest_len > 0 {
+        let mut d = [0u8; 4];
+        r.read_exact(&mut d).await?;
+        pdu::verify_data_digest(&data, d).map_err(|e| Error::Protocol(e.to_string()))?;
+    }
+    Ok(RawPdu { bhs, ahs, data })
+}

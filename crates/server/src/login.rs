@@ -1,0 +1,273 @@
+//! RFC 7143 §6.3 and §11.12–11.13: the login phase of one connection,
+//! target side.
+//!
+//! The driver reads Login Requests, reassembles multi-PDU key text (C bit),
+//! lets the protocol core's [`TargetNegotiator`] answer the keys, enforces
+//! the stage transitions and ends either in the full feature phase with a
+//! [`LoginOutcome`] or with a Login reject status.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use ethersan_proto::negotiate::{NegotiationError, SessionParams, TargetNegotiator, TargetSettings};
+use ethersan_proto::pdu::{LoginRequest, LoginResponse, Pdu, RawPdu};
+use ethersan_proto::text::{encode_text, parse_text, TextAssembler};
+use tokio::io::AsyncRead;
+use tokio::sync::mpsc;
+use tracing::{debug, info};
+
+use crate::registry::{Registry, TargetEntry};
+use crate::wire::{Frame, PduReader, ReadError, WriterMsg};
+
+/// Login status classes and details (§11.13.5).
+pub(crate) mod status {
+    /// Initiator error (class 2): miscellaneous.
+    pub(crate) const INITIATOR_ERROR: (u8, u8) = (0x02, 0x00);
+    /// Target not found.
+    pub(crate) const NOT_FOUND: (u8, u8) = (0x02, 0x03);
+    /// Unsupported version.
+    pub(crate) const UNSUPPORTED_VERSION: (u8, u8) = (0x02, 0x05);
+    /// Session does not exist.
+    pub(crate) const NO_SESSION: (u8, u8) = (0x02, 0x0a);
+    /// Invalid request during login.
+    pub(crate) const INVALID_DURING_LOGIN: (u8, u8) = (0x02, 0x0b);
+    /// Out of resources (target error).
+    pub(crate) const OUT_OF_RESOURCES: (u8, u8) = (0x03, 0x02);
+}
+
+/// A finished login.
+#[derive(Debug)]
+pub(crate) struct LoginOutcome {
+    pub(crate) params: SessionParams,
+    pub(crate) target: Option<Arc<TargetEntry>>,
+    pub(crate) isid: [u8; 6],
+    pub(crate) tsih: u16,
+    pub(crate) exp_cmd_sn: u32,
+    pub(crate) stat_sn: u32,
+    pub(crate) session_id: u64,
+}
+
+/// Why a login ended without a session.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LoginError {
+    /// The connection failed or closed.
+    #[error("connection: {0}")]
+    Read(#[from] ReadError),
+    /// We rejected the login with this status (already sent).
+    #[error("login rejected with status {0:#04x}/{1:#04x}")]
+    Rejected(u8, u8),
+}
+
+struct Stage {
+    first: Option<LoginRequest>,
+    stat_sn: u32,
+    exp_cmd_sn: u32,
+    csg: u8,
+}
+
+/// Drive the login phase on a connection. `events` is the channel the
+/// session will receive its events on; it is registered with the registry
+/// when the session comes into being.
+pub(crate) async fn login<R: AsyncRead + Unpin>(
+    reader: &mut PduReader<R>,
+    out: &mpsc::UnboundedSender<WriterMsg>,
+    registry: &Arc<Registry>,
+    settings: &TargetSettings,
+    events: mpsc::UnboundedSender<crate::session::Event>,
+) -> Result<LoginOutcome, LoginError> {
+    let mut neg = TargetNegotiator::new(settings.clone());
+    let mut asm = TextAssembler::default();
+    let mut st = Stage { first: None, stat_sn: 0, exp_cmd_sn: 0, csg: 0 };
+    let mut target: Option<Arc<TargetEntry>> = None;
+    // Response text waiting to be sent in pieces (C bit).
+    let mut pending_out: Option<(Vec<u8>, LoginResponse)> = None;
+    loop {
+        let raw: RawPdu = reader.read().await?;
+        let req = match Pdu::decode(&raw.bhs) {
+            Ok(Pdu::LoginRequest(r)) => r,
+            _ => {
+                // Anything but a Login Request before the full feature phase.
+                return Err(reject(out, &st, None, status::INVALID_DURING_LOGIN));
+            }
+        };
+        if st.first.is_none() {
+            st.stat_sn = req.exp_stat_sn;
+            st.exp_cmd_sn = req.cmd_sn;
+            st.csg = req.csg;
+            if req.version_min > 0 {
+                return Err(reject(out, &st, Some(&req), status::UNSUPPORTED_VERSION));
+            }
+            if req.tsih != 0 && !registry.has_tsih(req.tsih) {
+                return Err(reject(out, &st, Some(&req), status::NO_SESSION));
+            }
+            if req.tsih != 0 {
+                // MaxConnections is 1: no connection may join a session.
+                return Err(reject(out, &st, Some(&req), status::INITIATOR_ERROR));
+            }
+            st.first = Some(req.clone());
+        }
+        let first = st.first.clone().expect("set above");
+        if req.isid != first.isid || req.itt != first.itt && req.csg == st.csg && false {
+            return Err(reject(out, &st, Some(&req), status::INITIATOR_ERROR));
+        }
+        if req.csg != st.csg || req.csg == 2 || (req.transit && (req.nsg <= req.csg || req.nsg == 2)) {
+            return Err(reject(out, &st, Some(&req), status::INITIATOR_ERROR));
+        }
+        // The initiator asks for the rest of a long response.
+        if let Some((rest, tmpl)) = pending_out.take() {
+            send_piece(out, &mut st, &req, rest, tmpl, &mut pending_out);
+            continue;
+        }
+        let text = match asm.push(&raw.data, req.continue_bit) {
+            Ok(Some(t)) => t,
+            Ok(None) => {
+                // Acknowledge a partial text with an empty response (§6.3).
+                let resp = base_response(&st, &req, false, req.csg, req.csg);
+                send(out, &mut st, resp, Vec::new());
+                continue;
+            }
+            Err(e) => {
+                debug!(%e, "bad login text");
+                return Err(reject(out, &st, Some(&req), status::INITIATOR_ERROR));
+            }
+        };
+        let keys = match parse_text(&text, &Default::default()) {
+            Ok(k) => k,
+            Err(e) => {
+                debug!(%e, "unparsable login text");
+                return Err(reject(out, &st, Some(&req), status::INITIATOR_ERROR));
+            }
+        };
+        let answer = if req.csg == 0 { neg.security_keys(&keys) } else { neg.operational_keys(&keys) };
+        let mut answer = match answer {
+            Ok(a) => a,
+            Err(e) => return Err(reject(out, &st, Some(&req), negotiation_status(&e))),
+        };
+        // Resolve the target once the initiator has named it.
+        if target.is_none() && !neg.is_discovery() {
+            if let Some(name) = neg.target_name() {
+                match registry.target(name) {
+                    Some(t) => target = Some(t),
+                    None => {
+                        info!(target = name, "login to unknown target");
+                        return Err(reject(out, &st, Some(&req), status::NOT_FOUND));
+                    }
+                }
+            }
+        }
+        let mut transit = req.transit;
+        let mut nsg = req.nsg;
+        if transit && !neg.can_transit(req.csg, req.nsg) {
+            transit = false;
+            nsg = req.csg;
+        }
+        if transit && nsg == 3 {
+            let params = match neg.finish() {
+                Ok(p) => p,
+                Err(e) => return Err(reject(out, &st, Some(&req), negotiation_status(&e))),
+            };
+            if !params.is_discovery() && target.is_none() {
+                return Err(reject(out, &st, Some(&req), NegotiationError::missing_parameter_status()));
+            }
+            let (session_id, tsih) =
+                registry.add_session(target.as_ref().map(|t| t.name.as_str()), &params.initiator_name, first.isid, events);
+            let mut resp = base_response(&st, &req, true, req.csg, 3);
+            resp.tsih = tsih;
+            let data = encode_text(&answer);
+            answer.clear();
+            send(out, &mut st, resp, data);
+            return Ok(LoginOutcome {
+                params,
+                target,
+                isid: first.isid,
+                tsih,
+                exp_cmd_sn: st.exp_cmd_sn,
+                stat_sn: st.stat_sn,
+                session_id,
+            });
+        }
+        let resp = base_response(&st, &req, transit, req.csg, nsg);
+        if transit {
+            st.csg = nsg;
+        }
+        let data = encode_text(&answer);
+        send_piece(out, &mut st, &req, data, resp, &mut pending_out);
+    }
+}
+
+fn negotiation_status(e: &NegotiationError) -> (u8, u8) {
+    e.login_status()
+}
+
+fn base_response(st: &Stage, req: &LoginRequest, transit: bool, csg: u8, nsg: u8) -> LoginResponse {
+    LoginResponse {
+        transit,
+        continue_bit: false,
+        csg,
+        nsg: if transit { nsg } else { 0 },
+        version_max: 0,
+        version_active: 0,
+        isid: req.isid,
+        tsih: 0,
+        itt: req.itt,
+        stat_sn: st.stat_sn,
+        exp_cmd_sn: st.exp_cmd_sn,
+        max_cmd_sn: st.exp_cmd_sn,
+        status_class: 0,
+        status_detail: 0,
+    }
+}
+
+/// Largest login data segment we send: the default MaxRecvDataSegmentLength
+/// (8192) that binds during login.
+const LOGIN_SEGMENT: usize = 8192;
+
+fn send_piece(
+    out: &mpsc::UnboundedSender<WriterMsg>,
+    st: &mut Stage,
+    req: &LoginRequest,
+    data: Vec<u8>,
+    mut tmpl: LoginResponse,
+    pending: &mut Option<(Vec<u8>, LoginResponse)>,
+) {
+    tmpl.itt = req.itt;
+    if data.len() > LOGIN_SEGMENT {
+        let rest = data[LOGIN_SEGMENT..].to_vec();
+        let mut piece = tmpl.clone();
+        piece.continue_bit = true;
+        piece.transit = false;
+        piece.nsg = 0;
+        send(out, st, piece, data[..LOGIN_SEGMENT].to_vec());
+        *pending = Some((rest, tmpl));
+    } else {
+        send(out, st, tmpl, data);
+    }
+}
+
+fn send(out: &mpsc::UnboundedSender<WriterMsg>, st: &mut Stage, mut resp: LoginResponse, data: Vec<u8>) {
+    resp.stat_sn = st.stat_sn;
+    resp.exp_cmd_sn = st.exp_cmd_sn;
+    resp.max_cmd_sn = st.exp_cmd_sn;
+    st.stat_sn = st.stat_sn.wrapping_add(1);
+    let bhs = Pdu::LoginResponse(resp).encode(data.len() as u32);
+    let _ = out.send(WriterMsg::Frame(Frame { bhs, data: Bytes::from(data) }));
+}
+
+/// Send a Login reject and return the matching error.
+fn reject(out: &mpsc::UnboundedSender<WriterMsg>, st: &Stage, req: Option<&LoginRequest>, status: (u8, u8)) -> LoginError {
+    let resp = LoginResponse {
+        isid: req.map(|r| r.isid).unwrap_or_default(),
+        itt: req.map(|r| r.itt).unwrap_or(0),
+        csg: req.map(|r| r.csg).unwrap_or(0),
+        stat_sn: st.stat_sn,
+        exp_cmd_sn: st.exp_cmd_sn,
+        max_cmd_sn: st.exp_cmd_sn,
+        status_class: status.0,
+        status_detail: status.1,
+        ..Default::default()
+    };
+    let bhs = Pdu::LoginResponse(resp).encode(0);
+    let _ = out.send(WriterMsg::Frame(Frame { bhs, data: Bytes::new() }));
+    let _ = out.send(WriterMsg::Close);
+    LoginError::Rejected(status.0, status.1)
+}

@@ -1,0 +1,172 @@
+//! What the server exports and who is logged in: targets, portals and
+//! live sessions. Sessions consult it at login, logout and on resets that
+//! reach beyond one session; never on the data path.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use ethersan_scsi::ScsiTarget;
+use tokio::sync::mpsc;
+
+use crate::session::Event;
+
+/// One exported target.
+#[derive(Debug)]
+pub struct TargetEntry {
+    /// iSCSI name (IQN).
+    pub name: String,
+    /// TargetAlias, if any.
+    pub alias: Option<String>,
+    /// The SCSI target device with its logical units.
+    pub scsi: Arc<ScsiTarget>,
+}
+
+/// Messages one session sends another through the registry.
+#[derive(Debug)]
+pub enum SessionControl {
+    /// Abort (silently) the tasks on this LUN, or on every LUN.
+    AbortLun(Option<u64>),
+    /// End the session (reinstatement, cold reset, server shutdown).
+    Shutdown,
+}
+
+#[derive(Debug)]
+struct SessionHandle {
+    target: Option<String>,
+    initiator: String,
+    isid: [u8; 6],
+    tsih: u16,
+    tx: mpsc::UnboundedSender<Event>,
+}
+
+/// The server's shared directory of targets and sessions.
+#[derive(Debug)]
+pub struct Registry {
+    targets: Vec<Arc<TargetEntry>>,
+    portals: Vec<SocketAddr>,
+    portal_group_tag: u16,
+    sessions: Mutex<HashMap<u64, SessionHandle>>,
+    next_id: AtomicU64,
+}
+
+impl Registry {
+    /// A registry for these targets, reachable through these portals.
+    pub fn new(targets: Vec<Arc<TargetEntry>>, portals: Vec<SocketAddr>) -> Self {
+        Registry { targets, portals, portal_group_tag: 1, sessions: Mutex::new(HashMap::new()), next_id: AtomicU64::new(1) }
+    }
+
+    /// The exported targets.
+    pub fn targets(&self) -> &[Arc<TargetEntry>] {
+        &self.targets
+    }
+
+    /// The portal group tag of every portal.
+    pub fn portal_group_tag(&self) -> u16 {
+        self.portal_group_tag
+    }
+
+    /// Find a target by name.
+    pub fn target(&self, name: &str) -> Option<Arc<TargetEntry>> {
+        self.targets.iter().find(|t| t.name == name).cloned()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, SessionHandle>> {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Number of live sessions.
+    pub fn session_count(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Register a new session; a live session with the same initiator,
+    /// ISID and target is shut down first (session reinstatement, §6.3.5).
+    /// Returns the session id and its TSIH.
+    pub(crate) fn add_session(
+        &self,
+        target: Option<&str>,
+        initiator: &str,
+        isid: [u8; 6],
+        tx: mpsc::UnboundedSender<Event>,
+    ) -> (u64, u16) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let tsih = ((id % 0xfffe) + 1) as u16;
+        let mut s = self.lock();
+        let old: Vec<u64> = s
+            .iter()
+            .filter(|(_, h)| h.initiator == initiator && h.isid == isid && h.target.as_deref() == target)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in old {
+            if let Some(h) = s.remove(&k) {
+                let _ = h.tx.send(Event::Control(SessionControl::Shutdown));
+            }
+        }
+        s.insert(id, SessionHandle { target: target.map(str::to_string), initiator: initiator.to_string(), isid, tsih, tx });
+        (id, tsih)
+    }
+
+    /// Whether a session with this TSIH exists (for logins adding a connection).
+    pub(crate) fn has_tsih(&self, tsih: u16) -> bool {
+        self.lock().values().any(|h| h.tsih == tsih)
+    }
+
+    /// Forget a session.
+    pub(crate) fn remove_session(&self, id: u64) {
+        self.lock().remove(&id);
+    }
+
+    /// Ask every other session of `target` to abort its tasks on `lun`
+    /// (`None`: all LUNs).
+    pub(crate) fn abort_lun_others(&self, me: u64, target: Option<&str>, lun: Option<u64>) {
+        for (id, h) in self.lock().iter() {
+            if *id != me && h.target.as_deref() == target && target.is_some() {
+                let _ = h.tx.send(Event::Control(SessionControl::AbortLun(lun)));
+            }
+        }
+    }
+
+    /// End every other session of `target` (TARGET COLD RESET).
+    pub(crate) fn shutdown_target_others(&self, me: u64, target: Option<&str>) {
+        for (id, h) in self.lock().iter() {
+            if *id != me && h.target.as_deref() == target && target.is_some() {
+                let _ = h.tx.send(Event::Control(SessionControl::Shutdown));
+            }
+        }
+    }
+
+    /// End every session (server shutdown).
+    pub fn shutdown_all(&self) {
+        for h in self.lock().values() {
+            let _ = h.tx.send(Event::Control(SessionControl::Shutdown));
+        }
+    }
+
+    /// `TargetAddress` values for every portal, `addr:port,tpgt` with IPv6
+    /// addresses in brackets (§13.8).
+    pub fn target_addresses(&self) -> Vec<String> {
+        self.portals.iter().map(|p| format!("{},{}", p, self.portal_group_tag)).collect()
+    }
+
+    /// Answer a SendTargets text request (RFC 7143 Appendix C): `All` lists
+    /// every target, a name lists that target, an empty value lists the
+    /// session's own target.
+    pub(crate) fn send_targets(&self, query: &str, own: Option<&TargetEntry>, _initiator: &str) -> Vec<(String, String)> {
+        let chosen: Vec<&TargetEntry> = match query {
+            "All" => self.targets.iter().map(|t| t.as_ref()).collect(),
+            "" => own.into_iter().collect(),
+            name => self.targets.iter().filter(|t| t.name == name).map(|t| t.as_ref()).collect(),
+        };
+        let addrs = self.target_addresses();
+        let mut out = Vec::new();
+        for t in chosen {
+            out.push(("TargetName".to_string(), t.name.clone()));
+            for a in &addrs {
+                out.push(("TargetAddress".to_string(), a.clone()));
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,174 @@
+//! Reading and writing PDUs on a byte stream (RFC 7143 §11 framing).
+//!
+//! [`PduReader`] reads one PDU at a time, verifying digests and the
+//! negotiated data-segment limit; [`spawn_writer`] runs the task that owns
+//! the write half and sends frames in batches, computing digests once.
+
+use bytes::Bytes;
+use ethersan_proto::digest;
+use ethersan_proto::pdu::{pad_len, Bhs, PduError, RawPdu, BHS_LEN};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::sync::mpsc;
+
+/// Why reading a PDU failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReadError {
+    /// The peer closed the connection between PDUs.
+    #[error("connection closed")]
+    Closed,
+    /// A socket error or a close in the middle of a PDU.
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+    /// Header digest mismatch: the length fields cannot be trusted, so the
+    /// connection must be dropped (§7.8).
+    #[error("header digest error: {0}")]
+    HeaderDigest(PduError),
+    /// Data digest mismatch: the PDU was read whole and discarded; the
+    /// caller answers with a Reject (§7.8).
+    #[error("data digest error: {0}")]
+    DataDigest(Bhs, PduError),
+    /// The data segment exceeded MaxRecvDataSegmentLength; it was read and
+    /// discarded; the caller answers with a Reject (protocol error).
+    #[error("data segment of {len} bytes exceeds the limit {limit}")]
+    TooLong {
+        /// The header of the offending PDU.
+        bhs: Bhs,
+        /// Its DataSegmentLength.
+        len: u32,
+        /// The negotiated limit.
+        limit: u32,
+    },
+}
+
+/// Reads PDUs from the receive half of a connection.
+#[derive(Debug)]
+pub(crate) struct PduReader<R> {
+    r: BufReader<R>,
+    /// Verify header digests.
+    pub(crate) header_digest: bool,
+    /// Verify data digests.
+    pub(crate) data_digest: bool,
+    /// Largest data segment accepted (our MaxRecvDataSegmentLength).
+    pub(crate) max_data: u32,
+}
+
+impl<R: AsyncRead + Unpin> PduReader<R> {
+    pub(crate) fn new(r: R, max_data: u32) -> Self {
+        PduReader { r: BufReader::with_capacity(256 * 1024, r), header_digest: false, data_digest: false, max_data }
+    }
+
+    /// Read one whole PDU.
+    pub(crate) async fn read(&mut self) -> Result<RawPdu, ReadError> {
+        let mut bhs = Bhs::default();
+        // Distinguish a clean close between PDUs from a truncated one.
+        let n = self.r.read(&mut bhs.0).await?;
+        if n == 0 {
+            return Err(ReadError::Closed);
+        }
+        if n < BHS_LEN {
+            self.r.read_exact(&mut bhs.0[n..]).await?;
+        }
+        let layout = bhs.layout(self.header_digest, self.data_digest);
+        let mut ahs = vec![0u8; layout.ahs_len];
+        self.r.read_exact(&mut ahs).await?;
+        if self.header_digest {
+            let mut d = [0u8; 4];
+            self.r.read_exact(&mut d).await?;
+            bhs.verify_digest(&ahs, d).map_err(ReadError::HeaderDigest)?;
+        }
+        let len = layout.data_len as u32;
+        if len > self.max_data {
+            // Read and drop the oversized segment so the stream stays framed.
+            let mut left = layout.data_part() as u64;
+            let mut sink = tokio::io::sink();
+            let copied = tokio::io::copy(&mut (&mut self.r).take(left), &mut sink).await?;
+            left -= copied;
+            if left > 0 {
+                return Err(ReadError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+            }
+            return Err(ReadError::TooLong { bhs, len, limit: self.max_data });
+        }
+        let mut data = vec![0u8; layout.data_len + layout.pad_len];
+        self.r.read_exact(&mut data).await?;
+        data.truncate(layout.data_len);
+        if layout.data_digest_len > 0 {
+            let mut d = [0u8; 4];
+            self.r.read_exact(&mut d).await?;
+            if let Err(e) = ethersan_proto::pdu::verify_data_digest(&data, d) {
+                return Err(ReadError::DataDigest(bhs, e));
+            }
+        }
+        Ok(RawPdu { bhs, ahs, data })
+    }
+}
+
+/// One PDU to send: a header and its data segment.
+#[derive(Debug)]
+pub(crate) struct Frame {
+    pub(crate) bhs: Bhs,
+    pub(crate) data: Bytes,
+}
+
+/// Messages to the writer task.
+#[derive(Debug)]
+pub(crate) enum WriterMsg {
+    /// Send this PDU.
+    Frame(Frame),
+    /// From now on use these digests.
+    Digests { header: bool, data: bool },
+    /// Flush, then shut down the write half (Logout, fatal errors).
+    Close,
+}
+
+/// Start the task that owns the write half. It sends every queued frame
+/// with one flush per batch. Returns when the channel closes or on error.
+pub(crate) fn spawn_writer<W>(w: W) -> (mpsc::UnboundedSender<WriterMsg>, tokio::task::JoinHandle<std::io::Result<()>>)
+where
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let (tx, mut rx) = mpsc::unbounded_channel::<WriterMsg>();
+    let handle = tokio::spawn(async move {
+        let mut w = BufWriter::with_capacity(256 * 1024, w);
+        let (mut hd, mut dd) = (false, false);
+        while let Some(msg) = rx.recv().await {
+            let mut next = Some(msg);
+            // Drain whatever else is queued so it leaves in one flush.
+            while let Some(msg) = next.take() {
+                match msg {
+                    WriterMsg::Frame(f) => write_frame(&mut w, &f, hd, dd).await?,
+                    WriterMsg::Digests { header, data } => {
+                        hd = header;
+                        dd = data;
+                    }
+                    WriterMsg::Close => {
+                        w.flush().await?;
+                        w.shutdown().await?;
+                        return Ok(());
+                    }
+                }
+                next = rx.try_recv().ok();
+            }
+            w.flush().await?;
+        }
+        w.flush().await
+    });
+    (tx, handle)
+}
+
+async fn write_frame<W: AsyncWrite + Unpin>(w: &mut BufWriter<W>, f: &Frame, hd: bool, dd: bool) -> std::io::Result<()> {
+    w.write_all(&f.bhs.0).await?;
+    if hd {
+        w.write_all(&f.bhs.digest(&[]).to_le_bytes()).await?;
+    }
+    if !f.data.is_empty() {
+        w.write_all(&f.data).await?;
+        let pad = pad_len(f.data.len());
+        if pad > 0 {
+            w.write_all(&[0u8; 3][..pad]).await?;
+        }
+        if dd {
+            w.write_all(&digest::data_digest(&f.data).to_le_bytes()).await?;
+        }
+    }
+    Ok(())
+}
