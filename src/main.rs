@@ -14,6 +14,8 @@ use ethersan_server::config::{Config, LunConfig, TargetConfig};
 use ethersan_server::Server;
 use tracing_subscriber::EnvFilter;
 
+mod client;
+
 /// Network block storage in software: an iSCSI target and client.
 #[derive(Parser, Debug)]
 #[command(name = "ethersan", version, about)]
@@ -26,6 +28,30 @@ struct Cli {
 enum Command {
     /// Run the iSCSI target (no arguments: the embedded default).
     Serve(ServeArgs),
+    /// List the targets and portals a portal offers (SendTargets).
+    Discover {
+        /// HOST[:PORT] of a portal (port 3260 by default).
+        portal: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List a target's LUNs: capacity, block size, identity.
+    Ls {
+        /// iscsi://host[:port]/TARGET[/LUN]
+        url: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one LUN's INQUIRY data and VPD pages.
+    Inquiry {
+        /// iscsi://host[:port]/TARGET/LUN
+        url: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -120,6 +146,9 @@ fn main() -> ExitCode {
     let result = rt.block_on(async {
         match cli.command {
             Command::Serve(a) => serve(a).await,
+            Command::Discover { portal, json } => client::cmd_discover(&portal, json).await,
+            Command::Ls { url, json } => client::cmd_ls(&url, json).await,
+            Command::Inquiry { url, json } => client::cmd_inquiry(&url, json).await,
         }
     });
     match result {

@@ -1,0 +1,231 @@
+//! Client subcommands: discover, ls, inquiry — built on the initiator library.
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use ethersan_initiator::{connect, discover, IscsiUrl, LoginOptions, Session};
+use serde::Serialize;
+
+/// Initiator name the client logs in with.
+pub(crate) const CLIENT_IQN: &str = "iqn.2026-11.org.ethersan:client";
+
+fn portal_of(spec: &str) -> String {
+    if spec.contains("://") {
+        return IscsiUrl::parse(spec).map(|u| u.portal()).unwrap_or_else(|_| spec.to_string());
+    }
+    if spec.starts_with('[') {
+        if spec.contains("]:") {
+            spec.to_string()
+        } else {
+            format!("{spec}:3260")
+        }
+    } else if spec.matches(':').count() == 1 {
+        spec.to_string()
+    } else if spec.contains(':') {
+        format!("[{spec}]:3260")
+    } else {
+        format!("{spec}:3260")
+    }
+}
+
+#[derive(Serialize)]
+struct DiscoveredTarget {
+    name: String,
+    portals: Vec<String>,
+}
+
+/// `ethersan discover HOST[:PORT]`
+pub(crate) async fn cmd_discover(portal: &str, json: bool) -> anyhow::Result<()> {
+    let addr = portal_of(portal);
+    let found = discover(&addr, CLIENT_IQN).await.with_context(|| format!("discovery at {addr}"))?;
+    let list: Vec<DiscoveredTarget> = found.into_iter().map(|(name, portals)| DiscoveredTarget { name, portals }).collect();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&list)?);
+    } else {
+        for t in &list {
+            println!("{}", t.name);
+            for p in &t.portals {
+                println!("    {p}");
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn open(url: &IscsiUrl) -> anyhow::Result<Session> {
+    if url.target.is_empty() {
+        bail!("the URL names no target: iscsi://host[:port]/TARGET/LUN");
+    }
+    let opts = LoginOptions { initiator_name: CLIENT_IQN.to_string(), target_name: Some(url.target.clone()), ..Default::default() };
+    connect(&url.portal(), &opts).await.with_context(|| format!("login to {} at {}", url.target, url.portal()))
+}
+
+fn ascii(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).trim_end_matches([' ', '\0']).to_string()
+}
+
+#[derive(Serialize, Default)]
+struct LunInfo {
+    lun: u64,
+    peripheral_type: u8,
+    vendor: String,
+    product: String,
+    revision: String,
+    serial: Option<String>,
+    blocks: Option<u64>,
+    block_size: Option<u32>,
+    capacity_bytes: Option<u64>,
+    designators: Vec<String>,
+    vpd_pages: Vec<u8>,
+}
+
+async fn inquiry_data(s: &Session, lun: u64, evpd: bool, page: u8) -> anyhow::Result<Vec<u8>> {
+    let cdb = [0x12, evpd as u8, page, 0x10, 0x00, 0];
+    let r = s.command(lun, &cdb, Bytes::new(), 4096).await?;
+    if r.status != 0 {
+        bail!("INQUIRY page {page:#x} on LUN {lun}: status {:#x} sense {:?}", r.status, r.sense_key());
+    }
+    Ok(r.data)
+}
+
+async fn lun_info(s: &Session, lun: u64) -> anyhow::Result<LunInfo> {
+    let std = inquiry_data(s, lun, false, 0).await?;
+    if std.len() < 36 {
+        bail!("short INQUIRY data ({} bytes)", std.len());
+    }
+    let mut info = LunInfo {
+        lun,
+        peripheral_type: std[0] & 0x1f,
+        vendor: ascii(&std[8..16]),
+        product: ascii(&std[16..32]),
+        revision: ascii(&std[32..36]),
+        ..Default::default()
+    };
+    if let Ok(p0) = inquiry_data(s, lun, true, 0x00).await {
+        let n = p0.get(3).copied().unwrap_or(0) as usize;
+        info.vpd_pages = p0.iter().skip(4).take(n).copied().collect();
+    }
+    if let Ok(p80) = inquiry_data(s, lun, true, 0x80).await {
+        let n = p80.get(3).copied().unwrap_or(0) as usize;
+        info.serial = Some(ascii(&p80[4..(4 + n).min(p80.len())]));
+    }
+    if let Ok(p83) = inquiry_data(s, lun, true, 0x83).await {
+        let end = (4 + u16::from_be_bytes([p83[2], p83[3]]) as usize).min(p83.len());
+        let mut at = 4;
+        while at + 4 <= end {
+            let code_set = p83[at] & 0x0f;
+            let kind = p83[at + 1] & 0x0f;
+            let len = p83[at + 3] as usize;
+            let body = &p83[at + 4..(at + 4 + len).min(end)];
+            let kind_name = match kind {
+                1 => "t10",
+                2 => "eui64",
+                3 => "naa",
+                4 => "relative-port",
+                5 => "port-group",
+                8 => "scsi-name",
+                _ => "other",
+            };
+            let text = if code_set == 2 || code_set == 3 {
+                ascii(body)
+            } else {
+                body.iter().map(|b| format!("{b:02x}")).collect()
+            };
+            info.designators.push(format!("{kind_name}: {text}"));
+            at += 4 + len;
+        }
+    }
+    if info.peripheral_type == 0 {
+        if let Ok((blocks, bs)) = s.read_capacity(lun).await {
+            info.blocks = Some(blocks);
+            info.block_size = Some(bs);
+            info.capacity_bytes = Some(blocks * u64::from(bs));
+        }
+    }
+    Ok(info)
+}
+
+async fn report_luns(s: &Session) -> anyhow::Result<Vec<u64>> {
+    let mut cdb = [0u8; 12];
+    cdb[0] = 0xa0;
+    cdb[6..10].copy_from_slice(&4096u32.to_be_bytes());
+    let r = s.command(0, &cdb, Bytes::new(), 4096).await?;
+    if r.status != 0 {
+        bail!("REPORT LUNS: status {:#x} sense {:?}", r.status, r.sense_key());
+    }
+    let len = u32::from_be_bytes(r.data[0..4].try_into()?) as usize;
+    let mut luns = Vec::new();
+    for e in r.data[8..(8 + len).min(r.data.len())].chunks_exact(8) {
+        luns.push(ethersan_proto::pdu::lun_from_wire(u64::from_be_bytes(e.try_into()?)));
+    }
+    Ok(luns)
+}
+
+fn human(bytes: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = bytes as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < units.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    format!("{v:.1} {}", units[i])
+}
+
+/// `ethersan ls URL`: the target's LUNs with capacity and identity.
+pub(crate) async fn cmd_ls(url: &str, json: bool) -> anyhow::Result<()> {
+    let u = IscsiUrl::parse(url)?;
+    let s = open(&u).await?;
+    let mut infos = Vec::new();
+    for lun in report_luns(&s).await? {
+        infos.push(lun_info(&s, lun).await?);
+    }
+    let _ = s.logout().await;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&infos)?);
+    } else {
+        println!("{:<5} {:<10} {:<10} {:<17} {:>10} {:>6}  serial", "LUN", "type", "vendor", "product", "size", "bs");
+        for i in &infos {
+            println!(
+                "{:<5} {:<10} {:<10} {:<17} {:>10} {:>6}  {}",
+                i.lun,
+                if i.peripheral_type == 0 { "disk".to_string() } else { format!("{:#x}", i.peripheral_type) },
+                i.vendor,
+                i.product,
+                i.capacity_bytes.map(human).unwrap_or_default(),
+                i.block_size.map(|b| b.to_string()).unwrap_or_default(),
+                i.serial.clone().unwrap_or_default()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `ethersan inquiry URL`: one LUN's INQUIRY data and VPD pages.
+pub(crate) async fn cmd_inquiry(url: &str, json: bool) -> anyhow::Result<()> {
+    let u = IscsiUrl::parse(url)?;
+    let s = open(&u).await?;
+    let info = lun_info(&s, u.lun).await;
+    let _ = s.logout().await;
+    let info = info?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&info)?);
+    } else {
+        println!("LUN:          {}", info.lun);
+        println!("Type:         {}", if info.peripheral_type == 0 { "direct-access block device" } else { "other" });
+        println!("Vendor:       {}", info.vendor);
+        println!("Product:      {}", info.product);
+        println!("Revision:     {}", info.revision);
+        if let Some(s) = &info.serial {
+            println!("Serial:       {s}");
+        }
+        if let (Some(b), Some(bs)) = (info.blocks, info.block_size) {
+            println!("Capacity:     {} ({} blocks of {} bytes)", human(b * u64::from(bs)), b, bs);
+        }
+        let pages: Vec<String> = info.vpd_pages.iter().map(|p| format!("{p:#04x}")).collect();
+        println!("VPD pages:    {}", pages.join(" "));
+        for d in &info.designators {
+            println!("Designator:   {d}");
+        }
+    }
+    Ok(())
+}
