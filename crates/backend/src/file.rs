@@ -1,1 +1,256 @@
 //! Regular files and block devices as logical units (positional I/O).
+//!
+//! A missing file is created sparse at the size asked for; an existing file
+//! keeps its size unless a larger one is asked for (it is never truncated).
+//! Writes with FUA use `pwritev2(RWF_DSYNC)`; SYNCHRONIZE CACHE is
+//! `fdatasync`.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, FileTypeExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use crate::{BackendError, BlockDevice};
+
+/// How to open a file or block device.
+#[derive(Debug, Clone)]
+pub struct FileOptions {
+    /// Size in bytes; required to create a missing file.
+    pub size: Option<u64>,
+    /// Logical block size (512 or 4096).
+    pub block_size: u32,
+    /// Open read-only.
+    pub read_only: bool,
+}
+
+/// A file or block device exported as a LUN.
+#[derive(Debug)]
+pub struct FileDevice {
+    file: File,
+    path: PathBuf,
+    block_size: u32,
+    num_blocks: u64,
+    is_block_device: bool,
+}
+
+/// `BLKGETSIZE64` from `<linux/fs.h>`: `_IOR(0x12, 114, size_t)`.
+const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+
+fn block_device_size(file: &File) -> io::Result<u64> {
+    let mut size: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which points
+    // to a live, properly aligned u64 for the duration of the call; the fd
+    // is owned by `file` and open.
+    let rc = unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64, &mut size as *mut u64) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(size)
+}
+
+impl FileDevice {
+    /// Open (or create) the backing store at `path`.
+    pub fn open(path: &Path, opts: &FileOptions) -> Result<FileDevice, BackendError> {
+        let bs = opts.block_size;
+        let open_err = |source| BackendError::Open { path: path.display().to_string(), source };
+        if bs != 512 && bs != 4096 {
+            return Err(BackendError::Config(format!("block size {bs} is not 512 or 4096")));
+        }
+        if let Some(size) = opts.size {
+            if size == 0 || size % u64::from(bs) != 0 {
+                return Err(BackendError::Config(format!("size {size} is not a positive multiple of the block size {bs}")));
+            }
+        }
+        let exists = path.exists();
+        if !exists {
+            if opts.read_only {
+                return Err(open_err(io::Error::new(io::ErrorKind::NotFound, "read-only LUN backing file does not exist")));
+            }
+            if opts.size.is_none() {
+                return Err(BackendError::Config(format!("{} does not exist and no size was given to create it", path.display())));
+            }
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent).map_err(open_err)?;
+            }
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(!opts.read_only)
+            .create(!opts.read_only && !exists)
+            .open(path)
+            .map_err(open_err)?;
+        let meta = file.metadata().map_err(open_err)?;
+        let is_block_device = meta.file_type().is_block_device();
+        let size = if is_block_device {
+            let dev_size = block_device_size(&file).map_err(open_err)?;
+            match opts.size {
+                Some(s) if s > dev_size => {
+                    return Err(BackendError::Config(format!("size {s} exceeds the block device's {dev_size} bytes")))
+                }
+                Some(s) => s,
+                None => dev_size,
+            }
+        } else {
+            let current = meta.len();
+            match opts.size {
+                Some(s) if s < current && exists => {
+                    return Err(BackendError::Config(format!(
+                        "{} is {current} bytes, larger than the size {s} given; refusing to truncate it",
+                        path.display()
+                    )))
+                }
+                Some(s) if s > current => {
+                    if opts.read_only {
+                        return Err(BackendError::Config(format!("cannot grow read-only {}", path.display())));
+                    }
+                    // Extending with set_len leaves a hole: the file stays sparse.
+                    file.set_len(s).map_err(open_err)?;
+                    s
+                }
+                _ => current,
+            }
+        };
+        let num_blocks = size / u64::from(bs);
+        if num_blocks == 0 {
+            return Err(BackendError::Config(format!("{} is smaller than one block", path.display())));
+        }
+        Ok(FileDevice { file, path: path.to_path_buf(), block_size: bs, num_blocks, is_block_device })
+    }
+
+    /// Whether the store is a block device.
+    pub fn is_block_device(&self) -> bool {
+        self.is_block_device
+    }
+
+    fn write_dsync(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        let mut done = 0usize;
+        while done < buf.len() {
+            let iov = libc::iovec { iov_base: buf[done..].as_ptr() as *mut libc::c_void, iov_len: buf.len() - done };
+            // SAFETY: the iovec points into `buf`, which outlives the call and
+            // is only read by the kernel; the fd is open for the life of `self`.
+            let n = unsafe {
+                libc::pwritev2(self.file.as_raw_fd(), &iov, 1, (offset + done as u64) as libc::off_t, libc::RWF_DSYNC)
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                if e.raw_os_error() == Some(libc::EOPNOTSUPP) || e.raw_os_error() == Some(libc::ENOSYS) {
+                    // Old kernel or filesystem: write, then fdatasync.
+                    self.file.write_all_at(&buf[done..], offset + done as u64)?;
+                    return self.file.sync_data();
+                }
+                return Err(e);
+            }
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            done += n as usize;
+        }
+        Ok(())
+    }
+}
+
+impl BlockDevice for FileDevice {
+    fn block_size(&self) -> u32 {
+        self.block_size
+    }
+    fn num_blocks(&self) -> u64 {
+        self.num_blocks
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
+        // read_exact_at retries on EINTR; a sparse region reads as zeros.
+        self.file.read_exact_at(buf, offset).map_err(|source| BackendError::Read { offset, source })
+    }
+    fn write_at(&self, offset: u64, buf: &[u8], fua: bool) -> Result<(), BackendError> {
+        let r = if fua { self.write_dsync(offset, buf) } else { self.file.write_all_at(buf, offset) };
+        r.map_err(|source| BackendError::Write { offset, source })
+    }
+    fn flush(&self) -> Result<(), BackendError> {
+        self.file.sync_data().map_err(BackendError::Flush)
+    }
+    fn prefetch(&self, offset: u64, len: u64) -> Result<(), BackendError> {
+        // SAFETY: posix_fadvise only reads its integer arguments; the fd is open.
+        let rc = unsafe {
+            libc::posix_fadvise(self.file.as_raw_fd(), offset as libc::off_t, len as libc::off_t, libc::POSIX_FADV_WILLNEED)
+        };
+        if rc != 0 {
+            return Err(BackendError::Read { offset, source: io::Error::from_raw_os_error(rc) });
+        }
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        format!("{} ({} blocks of {})", self.path.display(), self.num_blocks, self.block_size)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+    use std::sync::Arc;
+
+    fn opts(size: Option<u64>, bs: u32) -> FileOptions {
+        FileOptions { size, block_size: bs, read_only: false }
+    }
+
+    #[test]
+    fn creates_sparse_and_keeps_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("sub/lun.img");
+        let d = FileDevice::open(&p, &opts(Some(64 << 20), 512)).unwrap();
+        assert_eq!(d.num_blocks(), (64 << 20) / 512);
+        let meta = std::fs::metadata(&p).unwrap();
+        assert!(meta.blocks() * 512 < 1 << 20, "file is not sparse");
+        drop(d);
+        let d = FileDevice::open(&p, &opts(None, 4096)).unwrap();
+        assert_eq!(d.num_blocks(), (64 << 20) / 4096);
+        // Grow sparsely, never shrink.
+        let d = FileDevice::open(&p, &opts(Some(128 << 20), 512)).unwrap();
+        assert_eq!(d.num_blocks(), (128 << 20) / 512);
+        assert!(FileDevice::open(&p, &opts(Some(1 << 20), 512)).is_err());
+        assert!(FileDevice::open(&dir.path().join("missing"), &opts(None, 512)).is_err());
+        assert!(FileDevice::open(&dir.path().join("odd"), &opts(Some(1000), 512)).is_err());
+    }
+
+    #[test]
+    fn roundtrip_fua_and_threads() {
+        let dir = tempfile::tempdir().unwrap();
+        for bs in [512u32, 4096] {
+            let d = Arc::new(FileDevice::open(&dir.path().join(format!("l{bs}")), &opts(Some(8 << 20), bs)).unwrap());
+            let threads: Vec<_> = (0..4u8)
+                .map(|t| {
+                    let d = d.clone();
+                    std::thread::spawn(move || {
+                        let buf = vec![t + 1; bs as usize * 8];
+                        d.write_at(u64::from(t) * (1 << 20), &buf, t % 2 == 0).unwrap();
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().unwrap();
+            }
+            d.flush().unwrap();
+            for t in 0..4u8 {
+                let mut back = vec![0u8; bs as usize * 8];
+                d.read_at(u64::from(t) * (1 << 20), &mut back).unwrap();
+                assert!(back.iter().all(|b| *b == t + 1));
+            }
+            d.prefetch(0, 4096).unwrap();
+        }
+    }
+
+    #[test]
+    fn read_only_refuses_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("ro.img");
+        FileDevice::open(&p, &opts(Some(1 << 20), 512)).unwrap();
+        let d = FileDevice::open(&p, &FileOptions { size: None, block_size: 512, read_only: true }).unwrap();
+        assert!(d.write_at(0, &[0u8; 512], false).is_err());
+        let mut b = [1u8; 512];
+        d.read_at(0, &mut b).unwrap();
+        assert_eq!(b, [0u8; 512]);
+    }
+}
