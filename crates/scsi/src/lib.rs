@@ -67,6 +67,10 @@ pub struct ScsiResponse {
     /// Data-In bytes, exactly as many as the command produces (the
     /// transport truncates to the expected length and computes residuals).
     pub data_in: Vec<u8>,
+    /// For commands that take Data-Out: how many bytes the CDB asked for
+    /// (SPDTL), so the transport can report residuals against the
+    /// expected length. `None` when the command takes no data.
+    pub data_out_len: Option<usize>,
 }
 
 /// Kinds of reset that task management requests (SAM-5 §7).

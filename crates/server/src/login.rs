@@ -107,7 +107,7 @@ pub(crate) async fn login<R: AsyncRead + Unpin>(
             st.first = Some(req.clone());
         }
         let first = st.first.clone().expect("set above");
-        if req.isid != first.isid || req.itt != first.itt && req.csg == st.csg && false {
+        if req.isid != first.isid {
             return Err(reject(out, &st, Some(&req), status::INITIATOR_ERROR));
         }
         if req.csg != st.csg || req.csg == 2 || (req.transit && (req.nsg <= req.csg || req.nsg == 2)) {
@@ -167,7 +167,7 @@ pub(crate) async fn login<R: AsyncRead + Unpin>(
                 Err(e) => return Err(reject(out, &st, Some(&req), negotiation_status(&e))),
             };
             if !params.is_discovery() && target.is_none() {
-                return Err(reject(out, &st, Some(&req), NegotiationError::missing_parameter_status()));
+                return Err(reject(out, &st, Some(&req), (0x02, 0x07)));
             }
             let (session_id, tsih) =
                 registry.add_session(target.as_ref().map(|t| t.name.as_str()), &params.initiator_name, first.isid, events);

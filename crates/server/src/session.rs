@@ -616,7 +616,14 @@ impl Session {
         let tx = self.done_tx.clone();
         tokio::task::spawn_blocking(move || {
             let req = ScsiRequest { nexus, lun, cdb: &cdb, data_out: &data, expected_len };
-            let resp = target.scsi.execute(&req);
+            // A bug in command emulation must not take the session down
+            // with it: report it as a target failure instead.
+            let resp = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| target.scsi.execute(&req)))
+                .unwrap_or_else(|_| {
+                    tracing::error!(itt, "command emulation panicked");
+                    // HARDWARE ERROR / INTERNAL TARGET FAILURE
+                    check_condition(0x04, 0x44, 0x00)
+                });
             let _ = tx.send(Event::Done(itt, resp));
         });
     }

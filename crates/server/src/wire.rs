@@ -25,7 +25,7 @@ pub(crate) enum ReadError {
     HeaderDigest(PduError),
     /// Data digest mismatch: the PDU was read whole and discarded; the
     /// caller answers with a Reject (§7.8).
-    #[error("data digest error: {0}")]
+    #[error("data digest error: {1}")]
     DataDigest(Bhs, PduError),
     /// The data segment exceeded MaxRecvDataSegmentLength; it was read and
     /// discarded; the caller answers with a Reject (protocol error).

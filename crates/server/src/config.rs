@@ -1,0 +1,592 @@
+//! The server's configuration model: portals, targets, LUNs and options,
+//! from a TOML file or from the command line's `--lun` specs.
+//!
+//! Every error names where it comes from: `FILE:LINE:COL: what is wrong`
+//! for files, the spec itself for the command line. The schema is
+//! documented in `docs/config.md`; `examples/ethersan.toml` shows every key.
+
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ethersan_backend::file::{FileDevice, FileOptions};
+use ethersan_backend::ram::RamDevice;
+use ethersan_backend::{BackendError, BlockDevice};
+use serde::Deserialize;
+use toml::Spanned;
+
+/// A configuration error, with its origin.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A problem at a known place in a file.
+    #[error("{origin}:{line}:{col}: {msg}")]
+    At {
+        /// File name.
+        origin: String,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        col: usize,
+        /// What is wrong.
+        msg: String,
+    },
+    /// A problem in a value given on the command line (or with no place).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Portals (one portal group, tag 1); every target is reachable on each.
+    pub portals: Vec<SocketAddr>,
+    /// Exported targets.
+    pub targets: Vec<TargetConfig>,
+    /// Protocol and runtime options.
+    pub options: Options,
+}
+
+/// One target.
+#[derive(Debug, Clone)]
+pub struct TargetConfig {
+    /// iSCSI name (iqn., eui. or naa.).
+    pub name: String,
+    /// TargetAlias.
+    pub alias: Option<String>,
+    /// LUNs, numbered from 0 in order.
+    pub luns: Vec<LunConfig>,
+}
+
+/// Where a LUN's blocks live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backing {
+    /// A regular file (created sparse if missing) or a block device.
+    File {
+        /// Path.
+        path: PathBuf,
+        /// Size; required when the file does not exist.
+        size: Option<u64>,
+    },
+    /// Memory.
+    Ram {
+        /// Size in bytes.
+        size: u64,
+    },
+}
+
+/// One LUN.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LunConfig {
+    /// The backing store.
+    pub backing: Backing,
+    /// Write protected.
+    pub read_only: bool,
+    /// Removable medium.
+    pub removable: bool,
+    /// Logical block size: 512 or 4096.
+    pub block_size: u32,
+    /// Unit serial number; derived from target and LUN when absent.
+    pub serial: Option<String>,
+    /// Initial write cache state (WCE).
+    pub write_cache: bool,
+}
+
+/// Protocol limits and runtime knobs, with measured or RFC-safe defaults.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Options {
+    /// MaxRecvDataSegmentLength the target declares.
+    pub max_recv_data_segment_length: u32,
+    /// Largest MaxBurstLength accepted.
+    pub max_burst_length: u32,
+    /// Largest FirstBurstLength accepted.
+    pub first_burst_length: u32,
+    /// InitialR2T preference.
+    pub initial_r2t: bool,
+    /// ImmediateData preference.
+    pub immediate_data: bool,
+    /// Largest MaxOutstandingR2T accepted.
+    pub max_outstanding_r2t: u32,
+    /// Header digests accepted, in preference order ("None", "CRC32C").
+    pub header_digest: String,
+    /// Data digests accepted, in preference order.
+    pub data_digest: String,
+    /// Commands in flight per session (the CmdSN window).
+    pub queue_depth: u32,
+    /// Seconds of silence before the target pings (0: never).
+    pub nop_interval_secs: u64,
+    /// Seconds to wait for a ping's answer before dropping the connection.
+    pub nop_timeout_secs: u64,
+    /// Seconds a login may take.
+    pub login_timeout_secs: u64,
+    /// Most sessions at once.
+    pub max_sessions: usize,
+    /// Directory for default backing files.
+    pub data_dir: PathBuf,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            max_recv_data_segment_length: 262_144,
+            max_burst_length: 1 << 20,
+            first_burst_length: 65_536,
+            initial_r2t: false,
+            immediate_data: true,
+            max_outstanding_r2t: 4,
+            header_digest: "None,CRC32C".into(),
+            data_digest: "None,CRC32C".into(),
+            queue_depth: 128,
+            nop_interval_secs: 10,
+            nop_timeout_secs: 30,
+            login_timeout_secs: 15,
+            max_sessions: 1024,
+            data_dir: PathBuf::from("./ethersan-data"),
+        }
+    }
+}
+
+impl Options {
+    /// Check ranges (RFC 7143 §13) and consistency; a message per problem.
+    pub fn validate(&self) -> Result<(), String> {
+        const MAX24: u32 = (1 << 24) - 1;
+        let in_range = |name: &str, v: u32, lo: u32, hi: u32| {
+            if v < lo || v > hi {
+                Err(format!("{name} = {v} is outside {lo}..={hi}"))
+            } else {
+                Ok(())
+            }
+        };
+        in_range("max_recv_data_segment_length", self.max_recv_data_segment_length, 512, MAX24)?;
+        in_range("max_burst_length", self.max_burst_length, 512, MAX24)?;
+        in_range("first_burst_length", self.first_burst_length, 512, MAX24)?;
+        in_range("max_outstanding_r2t", self.max_outstanding_r2t, 1, 65535)?;
+        in_range("queue_depth", self.queue_depth, 1, 65535)?;
+        if self.first_burst_length > self.max_burst_length {
+            return Err("first_burst_length must not exceed max_burst_length".into());
+        }
+        for (name, v) in [("header_digest", &self.header_digest), ("data_digest", &self.data_digest)] {
+            if v.split(',').any(|d| d != "None" && d != "CRC32C") || v.is_empty() {
+                return Err(format!("{name} = {v:?}: use a list of None and CRC32C"));
+            }
+        }
+        if self.max_sessions == 0 {
+            return Err("max_sessions must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// Parse a size: bytes, or a number with K, M, G, T (powers of 1024; an
+/// optional trailing "iB" or "B" is accepted).
+pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
+    let t = s.trim();
+    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m: u64 = match c.to_ascii_uppercase() {
+                'K' => 1 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => return Err(ConfigError::Invalid(format!("bad size {s:?}: unknown unit '{c}' (use K, M, G, T)"))),
+            };
+            (&t[..i], m)
+        }
+        _ => (t, 1),
+    };
+    let n: u64 = num.parse().map_err(|_| ConfigError::Invalid(format!("bad size {s:?}")))?;
+    n.checked_mul(mult).filter(|v| *v > 0).ok_or_else(|| ConfigError::Invalid(format!("bad size {s:?}")))
+}
+
+/// Check an iSCSI name (RFC 7143 §4.2.7): `iqn.YYYY-MM.reverse.domain[:x]`,
+/// `eui.` + 16 hex digits, or `naa.` + 16 or 32 hex digits; at most 223 bytes.
+pub fn validate_name(name: &str) -> Result<(), ConfigError> {
+    let bad = |why: &str| Err(ConfigError::Invalid(format!("invalid iSCSI name {name:?}: {why}")));
+    if name.len() > 223 {
+        return bad("longer than 223 bytes");
+    }
+    if let Some(rest) = name.strip_prefix("iqn.") {
+        let b = rest.as_bytes();
+        let date_ok = b.len() > 8
+            && b[..4].iter().all(u8::is_ascii_digit)
+            && b[4] == b'-'
+            && b[5..7].iter().all(u8::is_ascii_digit)
+            && b[7] == b'.';
+        if !date_ok {
+            return bad("expected iqn.YYYY-MM.reverse.domain");
+        }
+        if !name.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b".-:".contains(&c)) {
+            return bad("only lower-case letters, digits, '.', '-' and ':' are allowed");
+        }
+        Ok(())
+    } else if let Some(hex) = name.strip_prefix("eui.") {
+        if hex.len() == 16 && hex.bytes().all(|c| c.is_ascii_hexdigit()) {
+            Ok(())
+        } else {
+            bad("eui. needs 16 hex digits")
+        }
+    } else if let Some(hex) = name.strip_prefix("naa.") {
+        if (hex.len() == 16 || hex.len() == 32) && hex.bytes().all(|c| c.is_ascii_hexdigit()) {
+            Ok(())
+        } else {
+            bad("naa. needs 16 or 32 hex digits")
+        }
+    } else {
+        bad("must start with iqn., eui. or naa.")
+    }
+}
+
+impl LunConfig {
+    /// Parse the command-line form `PATH[:SIZE][,ro][,removable][,bs=4096]`
+    /// or `ram:SIZE[,...]`.
+    pub fn from_spec(spec: &str) -> Result<LunConfig, ConfigError> {
+        let mut parts = spec.split(',');
+        let head = parts.next().unwrap_or("");
+        if head.is_empty() {
+            return Err(ConfigError::Invalid(format!("LUN spec {spec:?} names no backing store")));
+        }
+        let backing = if let Some(size) = head.strip_prefix("ram:") {
+            Backing::Ram { size: parse_size(size)? }
+        } else {
+            match head.rsplit_once(':') {
+                Some((path, size)) if !path.is_empty() && parse_size(size).is_ok() => {
+                    Backing::File { path: PathBuf::from(path), size: Some(parse_size(size)?) }
+                }
+                _ => Backing::File { path: PathBuf::from(head), size: None },
+            }
+        };
+        let mut lun = LunConfig { backing, read_only: false, removable: false, block_size: 512, serial: None, write_cache: true };
+        for opt in parts {
+            match opt {
+                "ro" => lun.read_only = true,
+                "removable" => lun.removable = true,
+                "wce=0" | "nowce" => lun.write_cache = false,
+                o if o.starts_with("bs=") => {
+                    lun.block_size = match &o[3..] {
+                        "512" => 512,
+                        "4096" | "4K" | "4k" => 4096,
+                        v => return Err(ConfigError::Invalid(format!("LUN spec {spec:?}: bs={v} (use 512 or 4096)"))),
+                    }
+                }
+                o if o.starts_with("serial=") => lun.serial = Some(o[7..].to_string()),
+                o => {
+                    return Err(ConfigError::Invalid(format!(
+                        "LUN spec {spec:?}: unknown option {o:?} (known: ro, removable, bs=512|4096, serial=S, wce=0)"
+                    )))
+                }
+            }
+        }
+        lun.check().map_err(ConfigError::Invalid)?;
+        Ok(lun)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let size = match &self.backing {
+            Backing::Ram { size } => Some(*size),
+            Backing::File { size, .. } => *size,
+        };
+        if let Some(s) = size {
+            if s % u64::from(self.block_size) != 0 {
+                return Err(format!("size {s} is not a multiple of the block size {}", self.block_size));
+            }
+        }
+        if self.block_size != 512 && self.block_size != 4096 {
+            return Err(format!("block size {} (use 512 or 4096)", self.block_size));
+        }
+        if matches!(self.backing, Backing::Ram { .. }) && self.read_only {
+            return Err("a RAM LUN cannot be read-only (it would hold only zeros)".into());
+        }
+        Ok(())
+    }
+
+    /// Open the backing store.
+    pub fn open(&self) -> Result<Arc<dyn BlockDevice>, BackendError> {
+        Ok(match &self.backing {
+            Backing::Ram { size } => Arc::new(RamDevice::new(*size, self.block_size)?),
+            Backing::File { path, size } => Arc::new(FileDevice::open(
+                path,
+                &FileOptions { size: *size, block_size: self.block_size, read_only: self.read_only },
+            )?),
+        })
+    }
+}
+
+// ---- TOML form ----
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    portals: Vec<Spanned<String>>,
+    #[serde(default, rename = "target")]
+    targets: Vec<Spanned<RawTarget>>,
+    #[serde(default)]
+    options: Option<Spanned<Options>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTarget {
+    name: Spanned<String>,
+    alias: Option<String>,
+    #[serde(default, rename = "lun")]
+    luns: Vec<Spanned<RawLun>>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawSize {
+    Bytes(u64),
+    Text(String),
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawLun {
+    Spec(String),
+    Table(RawLunTable),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLunTable {
+    path: Option<PathBuf>,
+    ram: Option<RawSize>,
+    size: Option<RawSize>,
+    #[serde(default)]
+    read_only: bool,
+    #[serde(default)]
+    removable: bool,
+    block_size: Option<u32>,
+    serial: Option<String>,
+    write_cache: Option<bool>,
+}
+
+fn raw_size(s: &RawSize) -> Result<u64, ConfigError> {
+    match s {
+        RawSize::Bytes(b) => Ok(*b),
+        RawSize::Text(t) => parse_size(t),
+    }
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rsplit('\n').next().map(|l| l.chars().count()).unwrap_or(0) + 1;
+    (line, col)
+}
+
+impl Config {
+    /// Read and check a TOML file.
+    pub fn from_toml_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
+        Config::from_toml_str(&text, &path.display().to_string())
+    }
+
+    /// Parse and check TOML text; `origin` names it in errors.
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let at = |span: Option<Range<usize>>, msg: String| {
+            let (line, col) = line_col(text, span.map(|s| s.start).unwrap_or(0));
+            ConfigError::At { origin: origin.to_string(), line, col, msg }
+        };
+        let raw: RawConfig = toml::from_str(text).map_err(|e| at(e.span(), e.message().to_string()))?;
+        let options = match raw.options {
+            Some(o) => {
+                let span = o.span();
+                let o = o.into_inner();
+                o.validate().map_err(|m| at(Some(span), m))?;
+                o
+            }
+            None => Options::default(),
+        };
+        let mut portals = Vec::new();
+        for p in &raw.portals {
+            let addr: SocketAddr = p
+                .get_ref()
+                .parse()
+                .map_err(|_| at(Some(p.span()), format!("portal {:?} is not ADDR:PORT (IPv6 as [::1]:3260)", p.get_ref())))?;
+            portals.push(addr);
+        }
+        if portals.is_empty() {
+            return Err(at(None, "no portals: add e.g. portals = [\"127.0.0.1:3260\"]".into()));
+        }
+        if raw.targets.is_empty() {
+            return Err(at(None, "no targets: add a [[target]] table".into()));
+        }
+        let mut targets: Vec<TargetConfig> = Vec::new();
+        for t in raw.targets {
+            let tspan = t.span();
+            let t = t.into_inner();
+            validate_name(t.name.get_ref()).map_err(|e| at(Some(t.name.span()), e.to_string()))?;
+            if targets.iter().any(|o| &o.name == t.name.get_ref()) {
+                return Err(at(Some(t.name.span()), format!("duplicate target name {:?}", t.name.get_ref())));
+            }
+            if t.luns.is_empty() {
+                return Err(at(Some(tspan), format!("target {:?} has no [[target.lun]]", t.name.get_ref())));
+            }
+            let mut luns = Vec::new();
+            for l in t.luns {
+                let span = l.span();
+                let lun = match l.into_inner() {
+                    RawLun::Spec(s) => LunConfig::from_spec(&s).map_err(|e| at(Some(span.clone()), e.to_string()))?,
+                    RawLun::Table(tb) => {
+                        let backing = match (&tb.path, &tb.ram) {
+                            (Some(p), None) => Backing::File {
+                                path: p.clone(),
+                                size: tb.size.as_ref().map(raw_size).transpose().map_err(|e| at(Some(span.clone()), e.to_string()))?,
+                            },
+                            (None, Some(r)) if tb.size.is_none() => {
+                                Backing::Ram { size: raw_size(r).map_err(|e| at(Some(span.clone()), e.to_string()))? }
+                            }
+                            _ => {
+                                return Err(at(
+                                    Some(span),
+                                    "a LUN needs exactly one of path = \"...\" (with optional size) or ram = \"SIZE\"".into(),
+                                ))
+                            }
+                        };
+                        let lun = LunConfig {
+                            backing,
+                            read_only: tb.read_only,
+                            removable: tb.removable,
+                            block_size: tb.block_size.unwrap_or(512),
+                            serial: tb.serial,
+                            write_cache: tb.write_cache.unwrap_or(true),
+                        };
+                        lun.check().map_err(|m| at(Some(span.clone()), m))?;
+                        lun
+                    }
+                };
+                luns.push(lun);
+            }
+            targets.push(TargetConfig { name: t.name.into_inner(), alias: t.alias, luns });
+        }
+        Ok(Config { portals, targets, options })
+    }
+
+    /// The embedded default: 127.0.0.1:3260, target
+    /// `iqn.2026-11.org.ethersan:default`, LUN 0 a 1 GiB sparse file in `data_dir`.
+    pub fn embedded_default(data_dir: &Path) -> Config {
+        let options = Options { data_dir: data_dir.to_path_buf(), ..Options::default() };
+        Config {
+            portals: vec![SocketAddr::from(([127, 0, 0, 1], 3260))],
+            targets: vec![TargetConfig {
+                name: "iqn.2026-11.org.ethersan:default".into(),
+                alias: Some("ethersan default".into()),
+                luns: vec![LunConfig {
+                    backing: Backing::File { path: data_dir.join("default-lun0.img"), size: Some(1 << 30) },
+                    read_only: false,
+                    removable: false,
+                    block_size: 512,
+                    serial: None,
+                    write_cache: true,
+                }],
+            }],
+            options,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("64M").unwrap(), 64 << 20);
+        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+        assert_eq!(parse_size("512K").unwrap(), 512 << 10);
+        assert_eq!(parse_size("2TiB").unwrap(), 2 << 40);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("").is_err());
+    }
+
+    #[test]
+    fn names() {
+        assert!(validate_name("iqn.2026-11.org.ethersan:default").is_ok());
+        assert!(validate_name("eui.0123456789abcdef").is_ok());
+        assert!(validate_name("naa.0123456789abcdef").is_ok());
+        assert!(validate_name("iqn.2026-11.Org.x").is_err());
+        assert!(validate_name("iqn.26-11.org.x").is_err());
+        assert!(validate_name("target0").is_err());
+    }
+
+    #[test]
+    fn lun_specs() {
+        let l = LunConfig::from_spec("ram:64M").unwrap();
+        assert_eq!(l.backing, Backing::Ram { size: 64 << 20 });
+        let l = LunConfig::from_spec("/tmp/a:b/disk.img:1G,ro,removable,bs=4096").unwrap();
+        assert_eq!(l.backing, Backing::File { path: "/tmp/a:b/disk.img".into(), size: Some(1 << 30) });
+        assert!(l.read_only && l.removable && l.block_size == 4096);
+        let l = LunConfig::from_spec("/dev/sdb").unwrap();
+        assert_eq!(l.backing, Backing::File { path: "/dev/sdb".into(), size: None });
+        assert!(LunConfig::from_spec("ram:64M,fast").unwrap_err().to_string().contains("unknown option"));
+        assert!(LunConfig::from_spec("ram:1000,bs=4096").is_err());
+        assert!(LunConfig::from_spec("x:1G,bs=1024").is_err());
+        assert!(LunConfig::from_spec("").is_err());
+    }
+
+    #[test]
+    fn toml_errors_name_the_line() {
+        let text = "portals = [\"127.0.0.1:3260\"]\n\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\n[[target.lun]]\nram = \"64M\"\nsise = 3\n";
+        let e = Config::from_toml_str(text, "bad.toml").unwrap_err().to_string();
+        assert!(e.starts_with("bad.toml:5:") || e.starts_with("bad.toml:7:"), "{e}");
+        assert!(e.contains("sise") || e.contains("did not match"), "{e}");
+        let text = "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"Target\"\nluns = []\n";
+        let e = Config::from_toml_str(text, "t.toml").unwrap_err().to_string();
+        assert!(e.starts_with("t.toml:"), "{e}");
+        let text = "portals = [\"127.0.0.1\"]\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\n[[target.lun]]\nram = \"64M\"\n";
+        let e = Config::from_toml_str(text, "p.toml").unwrap_err().to_string();
+        assert!(e.starts_with("p.toml:1:"), "{e}");
+        let text = "portals = [\"127.0.0.1:3260\"]\n[options]\nqueue_depth = 0\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\nlun = [\"ram:1M\"]\n";
+        let e = Config::from_toml_str(text, "o.toml").unwrap_err().to_string();
+        assert!(e.contains("queue_depth"), "{e}");
+    }
+
+    #[test]
+    fn good_toml() {
+        let text = r#"
+portals = ["127.0.0.1:3260", "[::1]:3260"]
+[options]
+queue_depth = 64
+[[target]]
+name = "iqn.2026-11.org.ethersan:a"
+alias = "first"
+lun = ["ram:64M", "/tmp/x.img:1G,ro"]
+[[target]]
+name = "iqn.2026-11.org.ethersan:b"
+[[target.lun]]
+path = "/tmp/y.img"
+size = "256M"
+block_size = 4096
+removable = true
+[[target.lun]]
+ram = 1048576
+"#;
+        let c = Config::from_toml_str(text, "x.toml").unwrap();
+        assert_eq!(c.portals.len(), 2);
+        assert_eq!(c.options.queue_depth, 64);
+        assert_eq!(c.targets[0].luns.len(), 2);
+        assert!(c.targets[0].luns[1].read_only);
+        assert_eq!(c.targets[1].luns[0].block_size, 4096);
+        assert_eq!(c.targets[1].luns[1].backing, Backing::Ram { size: 1 << 20 });
+    }
+
+    #[test]
+    fn example_config_parses() {
+        let text = include_str!("../../../examples/ethersan.toml");
+        Config::from_toml_str(text, "examples/ethersan.toml").unwrap();
+    }
+}
