@@ -1,15 +1,19 @@
 //! SCSI command emulation (SAM-5, SPC-4, SBC-3) for ethersan logical units.
 //!
-//! INTERFACE CONTRACT (used by the server; keep these names and signatures):
 //! - [`ScsiTarget`] routes commands by LUN, answers REPORT LUNS and commands
 //!   for missing LUNs.
 //! - [`LogicalUnit`] emulates one direct-access block device over a
 //!   [`ethersan_backend::BlockDevice`].
+//! - [`commands`] is the one table of supported commands; [`sense`] builds
+//!   sense data.
 //! - [`Nexus`] identifies an I_T nexus (one iSCSI session) for unit
 //!   attentions and reservations.
 #![warn(missing_docs, unreachable_pub)]
 
-use std::sync::Arc;
+pub mod commands;
+mod disk;
+pub mod sense;
+mod target;
 
 pub use ethersan_backend::BlockDevice;
 
@@ -108,56 +112,5 @@ pub struct LuConfig {
     pub write_cache: bool,
 }
 
-/// A logical unit: SCSI emulation over a block device.
-#[derive(Debug)]
-pub struct LogicalUnit {
-    _dev: Arc<dyn BlockDevice>,
-    _cfg: LuConfig,
-}
-
-impl LogicalUnit {
-    /// Create a logical unit over `dev`.
-    pub fn new(dev: Arc<dyn BlockDevice>, cfg: LuConfig) -> Self {
-        LogicalUnit { _dev: dev, _cfg: cfg }
-    }
-    /// Execute one command (blocking: may perform backend I/O).
-    pub fn execute(&self, _req: &ScsiRequest<'_>) -> ScsiResponse {
-        unimplemented!("SCSI layer under construction")
-    }
-}
-
-/// A SCSI target device: routes commands to logical units by LUN.
-#[derive(Debug, Default)]
-pub struct ScsiTarget {
-    luns: Vec<Arc<LogicalUnit>>,
-}
-
-impl ScsiTarget {
-    /// Create a target whose LUN *i* is `luns[i]`.
-    pub fn new(luns: Vec<Arc<LogicalUnit>>) -> Self {
-        ScsiTarget { luns }
-    }
-    /// The logical units, by LUN number.
-    pub fn luns(&self) -> &[Arc<LogicalUnit>] {
-        &self.luns
-    }
-    /// Execute one command (blocking). Handles REPORT LUNS, unknown LUNs
-    /// (INQUIRY peripheral qualifier 011b, other commands LOGICAL UNIT NOT
-    /// SUPPORTED), and hands everything else to the logical unit.
-    pub fn execute(&self, _req: &ScsiRequest<'_>) -> ScsiResponse {
-        unimplemented!("SCSI layer under construction")
-    }
-    /// A new I_T nexus appeared (login): it gets a POWER ON OR RESET
-    /// unit attention on every LU unless it is a reinstated nexus.
-    pub fn nexus_added(&self, _nexus: Nexus) {}
-    /// An I_T nexus ended (logout or connection loss): release what it held
-    /// that SAM says is released on I_T nexus loss, and queue the UA for it.
-    pub fn nexus_lost(&self, _nexus: Nexus) {}
-    /// A reset from task management on one LU (`Some(lun)`) or the whole
-    /// target (`None`), requested by `by`.
-    pub fn reset(&self, _kind: ResetKind, _lun: Option<u64>, _by: Nexus) {}
-    /// Tasks of `victim` on `lun` were aborted by another nexus `by`
-    /// (ABORT TASK SET / CLEAR TASK SET): queue COMMANDS CLEARED BY ANOTHER
-    /// INITIATOR where SAM requires.
-    pub fn tasks_cleared(&self, _lun: u64, _victim: Nexus, _by: Nexus) {}
-}
+pub use disk::LogicalUnit;
+pub use target::ScsiTarget;

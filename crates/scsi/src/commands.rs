@@ -1,0 +1,159 @@
+//! The one table of supported commands (SPC-4, SBC-3).
+//!
+//! Dispatch, the reserved-bit check of every CDB, and REPORT SUPPORTED
+//! OPERATION CODES all read [`COMMANDS`]: a command exists, has a CDB
+//! layout and is reported exactly when it has a row here.
+
+/// What a command does; the logical unit matches on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum Op {
+    TestUnitReady,
+    RequestSense,
+    Read,
+    Write,
+    WriteVerify,
+    Verify,
+    Inquiry,
+    ModeSelect6,
+    ModeSense6,
+    ModeSelect10,
+    ModeSense10,
+    StartStopUnit,
+    PreventAllow,
+    ReadCapacity10,
+    ReadCapacity16,
+    PreFetch,
+    SyncCache,
+    ReportLuns,
+    ReportOpcodes,
+    ReportTmfs,
+}
+
+/// One supported command.
+#[derive(Debug, Clone, Copy)]
+pub struct CommandDef {
+    /// Operation code.
+    pub opcode: u8,
+    /// Service action, for commands that have one (in CDB byte 1, bits 4-0).
+    pub service_action: Option<u8>,
+    /// Name, for logs.
+    pub name: &'static str,
+    /// CDB length.
+    pub cdb_len: usize,
+    /// CDB usage data (SPC-4 §6.35.3): the bits an initiator may set.
+    pub usage: &'static [u8],
+    /// Behaviour.
+    pub op: Op,
+}
+
+const fn c(opcode: u8, name: &'static str, usage: &'static [u8], op: Op) -> CommandDef {
+    CommandDef { opcode, service_action: None, name, cdb_len: usage.len(), usage, op }
+}
+
+const fn sa(opcode: u8, action: u8, name: &'static str, usage: &'static [u8], op: Op) -> CommandDef {
+    CommandDef { opcode, service_action: Some(action), name, cdb_len: usage.len(), usage, op }
+}
+
+/// Every command the logical unit implements.
+pub const COMMANDS: &[CommandDef] = &[
+    c(0x00, "TEST UNIT READY", &[0x00, 0, 0, 0, 0, 0], Op::TestUnitReady),
+    c(0x03, "REQUEST SENSE", &[0x03, 0x01, 0, 0, 0xff, 0], Op::RequestSense),
+    c(0x08, "READ(6)", &[0x08, 0x1f, 0xff, 0xff, 0xff, 0], Op::Read),
+    c(0x0a, "WRITE(6)", &[0x0a, 0x1f, 0xff, 0xff, 0xff, 0], Op::Write),
+    c(0x12, "INQUIRY", &[0x12, 0x01, 0xff, 0xff, 0xff, 0], Op::Inquiry),
+    c(0x15, "MODE SELECT(6)", &[0x15, 0x11, 0, 0, 0xff, 0], Op::ModeSelect6),
+    c(0x1a, "MODE SENSE(6)", &[0x1a, 0x08, 0xff, 0xff, 0xff, 0], Op::ModeSense6),
+    c(0x1b, "START STOP UNIT", &[0x1b, 0x01, 0, 0x0f, 0xf7, 0], Op::StartStopUnit),
+    c(0x1e, "PREVENT ALLOW MEDIUM REMOVAL", &[0x1e, 0, 0, 0, 0x03, 0], Op::PreventAllow),
+    c(0x25, "READ CAPACITY(10)", &[0x25, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0x01, 0], Op::ReadCapacity10),
+    c(0x28, "READ(10)", &[0x28, 0xfe, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0], Op::Read),
+    c(0x2a, "WRITE(10)", &[0x2a, 0xfa, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0], Op::Write),
+    c(0x2e, "WRITE AND VERIFY(10)", &[0x2e, 0xf6, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0], Op::WriteVerify),
+    c(0x2f, "VERIFY(10)", &[0x2f, 0xf6, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0], Op::Verify),
+    c(0x34, "PRE-FETCH(10)", &[0x34, 0x02, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0], Op::PreFetch),
+    c(0x35, "SYNCHRONIZE CACHE(10)", &[0x35, 0x02, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0], Op::SyncCache),
+    c(0x55, "MODE SELECT(10)", &[0x55, 0x11, 0, 0, 0, 0, 0, 0xff, 0xff, 0], Op::ModeSelect10),
+    c(0x5a, "MODE SENSE(10)", &[0x5a, 0x18, 0xff, 0xff, 0, 0, 0, 0xff, 0xff, 0], Op::ModeSense10),
+    c(0x88, "READ(16)", &[0x88, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0], Op::Read),
+    c(0x8a, "WRITE(16)", &[0x8a, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0], Op::Write),
+    c(0x8e, "WRITE AND VERIFY(16)", &[0x8e, 0xf6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0], Op::WriteVerify),
+    c(0x8f, "VERIFY(16)", &[0x8f, 0xf6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0], Op::Verify),
+    c(0x90, "PRE-FETCH(16)", &[0x90, 0x02, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0], Op::PreFetch),
+    c(0x91, "SYNCHRONIZE CACHE(16)", &[0x91, 0x02, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0], Op::SyncCache),
+    sa(0x9e, 0x10, "READ CAPACITY(16)", &[0x9e, 0x1f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 0], Op::ReadCapacity16),
+    c(0xa0, "REPORT LUNS", &[0xa0, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0], Op::ReportLuns),
+    sa(0xa3, 0x0c, "REPORT SUPPORTED OPERATION CODES", &[0xa3, 0x1f, 0x87, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0], Op::ReportOpcodes),
+    sa(0xa3, 0x0d, "REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS", &[0xa3, 0x1f, 0x80, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0], Op::ReportTmfs),
+    c(0xa8, "READ(12)", &[0xa8, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0], Op::Read),
+    c(0xaa, "WRITE(12)", &[0xaa, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0], Op::Write),
+    c(0xae, "WRITE AND VERIFY(12)", &[0xae, 0xf6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0], Op::WriteVerify),
+    c(0xaf, "VERIFY(12)", &[0xaf, 0xf6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0], Op::Verify),
+];
+
+/// Whether any command uses this opcode with service actions.
+pub fn has_service_actions(opcode: u8) -> bool {
+    COMMANDS.iter().any(|d| d.opcode == opcode && d.service_action.is_some())
+}
+
+/// Find the row for a CDB (by opcode, and service action where the opcode
+/// has them).
+pub fn lookup(cdb: &[u8]) -> Option<&'static CommandDef> {
+    let op = *cdb.first()?;
+    let action = cdb.get(1).map(|b| b & 0x1f);
+    COMMANDS.iter().find(|d| d.opcode == op && (d.service_action.is_none() || d.service_action == action))
+}
+
+/// Find a row by opcode and optional service action (for REPORT SUPPORTED
+/// OPERATION CODES).
+pub fn find(opcode: u8, action: Option<u8>) -> Option<&'static CommandDef> {
+    COMMANDS.iter().find(|d| d.opcode == opcode && d.service_action == action)
+}
+
+/// Check the CDB against the usage data: a bit set where the command has
+/// none is INVALID FIELD IN CDB at that byte. Returns the offending byte.
+pub fn reserved_bits(def: &CommandDef, cdb: &[u8]) -> Option<(u16, u8)> {
+    let last = def.cdb_len - 1;
+    for i in 1..last {
+        let extra = cdb.get(i).copied().unwrap_or(0) & !def.usage[i];
+        if extra != 0 {
+            return Some((i as u16, 7 - extra.leading_zeros() as u8));
+        }
+    }
+    // Control byte: NACA and the obsolete LINK/FLAG bits are not supported.
+    let control = cdb.get(last).copied().unwrap_or(0) & 0x07;
+    if control != 0 {
+        return Some((last as u16, 7 - control.leading_zeros() as u8));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_is_consistent() {
+        for d in COMMANDS {
+            assert_eq!(d.usage[0], d.opcode, "{}", d.name);
+            assert!(matches!(d.cdb_len, 6 | 10 | 12 | 16), "{}", d.name);
+            if let Some(a) = d.service_action {
+                assert_eq!(d.usage[1] & 0x1f, 0x1f, "{}", d.name);
+                assert!(a < 0x20);
+            }
+            let dups = COMMANDS.iter().filter(|o| o.opcode == d.opcode && o.service_action == d.service_action).count();
+            assert_eq!(dups, 1, "{}", d.name);
+        }
+        assert_eq!(lookup(&[0x9e, 0x10]).unwrap().op, Op::ReadCapacity16);
+        assert!(lookup(&[0x9e, 0x11]).is_none());
+        assert!(lookup(&[0xff]).is_none());
+    }
+
+    #[test]
+    fn reserved_bit_check() {
+        let d = lookup(&[0x12]).unwrap();
+        assert_eq!(reserved_bits(d, &[0x12, 0x02, 0, 0, 36, 0]), Some((1, 1)));
+        assert_eq!(reserved_bits(d, &[0x12, 0x01, 0x80, 0, 36, 0]), None);
+        assert_eq!(reserved_bits(d, &[0x12, 0, 0, 0, 36, 0x04]), Some((5, 2)));
+    }
+}

@@ -1,0 +1,874 @@
+//! SBC-3 direct-access block device emulation: one logical unit over a
+//! [`BlockDevice`].
+//!
+//! The READ/WRITE path takes no lock: it reads an atomic "a unit attention
+//! is pending" flag and atomic mode bits, then does positional I/O on the
+//! backend. Mode pages, unit attentions and medium state sit behind one
+//! mutex that only slow-path commands touch.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ethersan_backend::{BackendError, BlockDevice};
+
+use crate::commands::{self, CommandDef, Op, COMMANDS};
+use crate::sense::{codes, key, Sense};
+use crate::{LuConfig, Nexus, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus};
+
+/// Largest transfer one command may ask for, in bytes (VPD 0xB0).
+pub const MAX_TRANSFER_BYTES: u64 = 16 << 20;
+
+type CmdResult = Result<Reply, Sense>;
+
+/// Data-In bytes of a command.
+pub(crate) type ReplyData = Vec<u8>;
+
+/// What a successful command returns.
+#[derive(Debug, Default)]
+struct Reply {
+    data: Vec<u8>,
+}
+
+impl Reply {
+    fn none() -> CmdResult {
+        Ok(Reply::default())
+    }
+    fn data(mut data: Vec<u8>, alloc: usize) -> CmdResult {
+        data.truncate(alloc);
+        Ok(Reply { data })
+    }
+}
+
+/// Mode page state (SPC-4 §7.5, SBC-3 §6.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ModeState {
+    /// Caching page: write cache enable.
+    wce: bool,
+    /// Control page: descriptor-format sense.
+    d_sense: bool,
+    /// Control page: software write protect.
+    swp: bool,
+}
+
+#[derive(Debug)]
+struct LuState {
+    ua: HashMap<Nexus, VecDeque<Sense>>,
+    known: HashSet<Nexus>,
+    mode: ModeState,
+    default_mode: ModeState,
+    medium_present: bool,
+    prevent: HashSet<Nexus>,
+}
+
+/// A logical unit: SCSI emulation over a block device.
+#[derive(Debug)]
+pub struct LogicalUnit {
+    dev: Arc<dyn BlockDevice>,
+    cfg: LuConfig,
+    state: Mutex<LuState>,
+    ua_pending: AtomicBool,
+    wce: AtomicBool,
+    d_sense: AtomicBool,
+    swp: AtomicBool,
+    ejected: AtomicBool,
+}
+
+fn be16(b: &[u8]) -> u16 {
+    u16::from_be_bytes([b[0], b[1]])
+}
+fn be32(b: &[u8]) -> u32 {
+    u32::from_be_bytes([b[0], b[1], b[2], b[3]])
+}
+fn be64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[..8]);
+    u64::from_be_bytes(a)
+}
+
+fn pad(s: &str, n: usize) -> Vec<u8> {
+    let mut v: Vec<u8> = s.bytes().filter(|b| (0x20..0x7f).contains(b)).take(n).collect();
+    v.resize(n, b' ');
+    v
+}
+
+/// LBA, block count and flags byte of a READ/WRITE/VERIFY-family CDB.
+fn rw_fields(cdb: &[u8]) -> (u64, u32, u8) {
+    match cdb[0] {
+        0x08 | 0x0a => {
+            let lba = u64::from(cdb[1] & 0x1f) << 16 | u64::from(cdb[2]) << 8 | u64::from(cdb[3]);
+            let n = if cdb[4] == 0 { 256 } else { u32::from(cdb[4]) };
+            (lba, n, 0)
+        }
+        0x28 | 0x2a | 0x2e | 0x2f | 0x34 | 0x35 => (u64::from(be32(&cdb[2..6])), u32::from(be16(&cdb[7..9])), cdb[1]),
+        0xa8 | 0xaa | 0xae | 0xaf => (u64::from(be32(&cdb[2..6])), be32(&cdb[6..10]), cdb[1]),
+        _ => (be64(&cdb[2..10]), be32(&cdb[10..14]), cdb[1]),
+    }
+}
+
+fn backend_sense(e: &BackendError, write: bool) -> Sense {
+    match e {
+        BackendError::Write { source, .. } if source.raw_os_error() == Some(28) => codes::SPACE_ALLOCATION_FAILED,
+        _ if write => codes::WRITE_ERROR,
+        _ => codes::READ_ERROR,
+    }
+}
+
+impl LogicalUnit {
+    /// Create a logical unit over `dev`.
+    pub fn new(dev: Arc<dyn BlockDevice>, cfg: LuConfig) -> Self {
+        let mode = ModeState { wce: cfg.write_cache, d_sense: false, swp: false };
+        LogicalUnit {
+            state: Mutex::new(LuState {
+                ua: HashMap::new(),
+                known: HashSet::new(),
+                mode,
+                default_mode: mode,
+                medium_present: true,
+                prevent: HashSet::new(),
+            }),
+            ua_pending: AtomicBool::new(false),
+            wce: AtomicBool::new(mode.wce),
+            d_sense: AtomicBool::new(false),
+            swp: AtomicBool::new(false),
+            ejected: AtomicBool::new(false),
+            dev,
+            cfg,
+        }
+    }
+
+    /// The backing device.
+    pub fn device(&self) -> &Arc<dyn BlockDevice> {
+        &self.dev
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &LuConfig {
+        &self.cfg
+    }
+
+    fn lock(&self) -> MutexGuard<'_, LuState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn bs(&self) -> u64 {
+        u64::from(self.dev.block_size())
+    }
+
+    /// Render sense in the format D_SENSE selects.
+    pub(crate) fn check(&self, s: Sense) -> ScsiResponse {
+        ScsiResponse {
+            status: ScsiStatus::CheckCondition,
+            sense: s.to_bytes(self.d_sense.load(Ordering::Relaxed)),
+            data_in: Vec::new(),
+            data_out_len: None,
+        }
+    }
+
+    // ---- unit attentions ----
+
+    fn queue_ua(st: &mut LuState, flag: &AtomicBool, nexus: Nexus, s: Sense) {
+        let q = st.ua.entry(nexus).or_default();
+        if !q.contains(&s) && q.len() < 16 {
+            q.push_back(s);
+        }
+        flag.store(true, Ordering::Release);
+    }
+
+    /// Queue a unit attention for every known nexus (optionally except one).
+    fn ua_all(&self, s: Sense, except: Option<Nexus>) {
+        let mut st = self.lock();
+        let nexuses: Vec<Nexus> = st.known.iter().copied().filter(|n| Some(*n) != except).collect();
+        for n in nexuses {
+            Self::queue_ua(&mut st, &self.ua_pending, n, s);
+        }
+    }
+
+    fn take_ua(&self, nexus: Nexus) -> Option<Sense> {
+        if !self.ua_pending.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut st = self.lock();
+        let s = st.ua.get_mut(&nexus).and_then(|q| q.pop_front());
+        if st.ua.values().all(|q| q.is_empty()) {
+            st.ua.retain(|_, q| !q.is_empty());
+            self.ua_pending.store(false, Ordering::Release);
+        }
+        s
+    }
+
+    /// A new I_T nexus: it starts with POWER ON, RESET, OR BUS DEVICE RESET OCCURRED.
+    pub(crate) fn nexus_added(&self, nexus: Nexus) {
+        let mut st = self.lock();
+        if st.known.insert(nexus) {
+            Self::queue_ua(&mut st, &self.ua_pending, nexus, codes::POWER_ON_RESET);
+        }
+    }
+
+    /// An I_T nexus ended: its PREVENT state goes (SBC-3 §5.13) and a later
+    /// login of the same nexus learns of the loss.
+    pub(crate) fn nexus_lost(&self, nexus: Nexus) {
+        let mut st = self.lock();
+        st.prevent.remove(&nexus);
+        Self::queue_ua(&mut st, &self.ua_pending, nexus, codes::NEXUS_LOSS);
+    }
+
+    /// A reset reached this unit.
+    pub(crate) fn reset(&self, kind: ResetKind) {
+        let mut st = self.lock();
+        st.prevent.clear();
+        if kind == ResetKind::TargetCold {
+            st.mode = st.default_mode;
+            self.publish_mode(st.mode);
+        }
+        let s = match kind {
+            ResetKind::LogicalUnit => codes::LUN_RESET,
+            ResetKind::TargetWarm => Sense::new(key::UNIT_ATTENTION, 0x29, 0x02),
+            ResetKind::TargetCold => codes::POWER_ON_RESET,
+        };
+        let nexuses: Vec<Nexus> = st.known.iter().copied().collect();
+        for n in nexuses {
+            Self::queue_ua(&mut st, &self.ua_pending, n, s);
+        }
+    }
+
+    /// Commands of `victim` were cleared by another initiator.
+    pub(crate) fn tasks_cleared(&self, victim: Nexus) {
+        let mut st = self.lock();
+        Self::queue_ua(&mut st, &self.ua_pending, victim, codes::COMMANDS_CLEARED);
+    }
+
+    fn publish_mode(&self, m: ModeState) {
+        self.wce.store(m.wce, Ordering::Relaxed);
+        self.d_sense.store(m.d_sense, Ordering::Relaxed);
+        self.swp.store(m.swp, Ordering::Relaxed);
+    }
+
+    // ---- dispatch ----
+
+    /// Execute one command (blocking: may perform backend I/O).
+    pub fn execute(&self, req: &ScsiRequest<'_>) -> ScsiResponse {
+        let cdb = req.cdb;
+        let Some(def) = commands::lookup(cdb) else {
+            return self.check(codes::INVALID_OPCODE);
+        };
+        if cdb.len() < def.cdb_len {
+            return self.check(codes::INVALID_FIELD_IN_CDB);
+        }
+        if let Some((byte, bit)) = commands::reserved_bits(def, cdb) {
+            return self.check(Sense::invalid_cdb_field(byte, Some(bit)));
+        }
+        // SAM-5 §5.14: these report no unit attention.
+        let ua_exempt = matches!(def.op, Op::Inquiry | Op::ReportLuns | Op::RequestSense);
+        if !ua_exempt {
+            if let Some(ua) = self.take_ua(req.nexus) {
+                return self.check(ua);
+            }
+        }
+        let needs_medium = matches!(
+            def.op,
+            Op::TestUnitReady
+                | Op::Read
+                | Op::Write
+                | Op::WriteVerify
+                | Op::Verify
+                | Op::ReadCapacity10
+                | Op::ReadCapacity16
+                | Op::PreFetch
+                | Op::SyncCache
+        );
+        if needs_medium && self.ejected.load(Ordering::Relaxed) {
+            return self.check(codes::MEDIUM_NOT_PRESENT);
+        }
+        let writes = matches!(def.op, Op::Write | Op::WriteVerify);
+        let result = match def.op {
+            Op::TestUnitReady => Reply::none(),
+            Op::RequestSense => self.request_sense(req),
+            Op::Read => self.read(cdb),
+            Op::Write => self.write(cdb, req.data_out, false),
+            Op::WriteVerify => self.write(cdb, req.data_out, true),
+            Op::Verify => self.verify(cdb, req.data_out),
+            Op::Inquiry => self.inquiry(cdb),
+            Op::ModeSense6 | Op::ModeSense10 => self.mode_sense(cdb),
+            Op::ModeSelect6 | Op::ModeSelect10 => self.mode_select(cdb, req.data_out, req.nexus),
+            Op::StartStopUnit => self.start_stop(cdb, req.nexus),
+            Op::PreventAllow => self.prevent_allow(cdb, req.nexus),
+            Op::ReadCapacity10 => self.read_capacity10(cdb),
+            Op::ReadCapacity16 => self.read_capacity16(cdb),
+            Op::PreFetch => self.prefetch(cdb),
+            Op::SyncCache => self.sync_cache(cdb),
+            Op::ReportOpcodes => report_opcodes(cdb),
+            Op::ReportTmfs => report_tmfs(cdb),
+            // Routed by the target; a unit asked directly lists only LUN 0.
+            Op::ReportLuns => crate::target::report_luns(cdb, &[0]).map(|data| Reply { data }),
+        };
+        let data_out_len = if writes || (def.op == Op::Verify && cdb[1] & 0x06 != 0) || matches!(def.op, Op::ModeSelect6 | Op::ModeSelect10) {
+            Some(self.data_out_len(def, cdb))
+        } else {
+            None
+        };
+        match result {
+            Ok(r) => ScsiResponse { status: ScsiStatus::Good, sense: Vec::new(), data_in: r.data, data_out_len },
+            Err(s) => {
+                let mut resp = self.check(s);
+                resp.data_out_len = data_out_len;
+                resp
+            }
+        }
+    }
+
+    /// Bytes of Data-Out the CDB asks for (SPDTL).
+    fn data_out_len(&self, def: &CommandDef, cdb: &[u8]) -> usize {
+        match def.op {
+            Op::ModeSelect6 => usize::from(cdb[4]),
+            Op::ModeSelect10 => usize::from(be16(&cdb[7..9])),
+            Op::Verify if (cdb[1] >> 1) & 3 == 3 => self.bs() as usize,
+            _ => {
+                let (_, n, _) = rw_fields(cdb);
+                (u64::from(n) * self.bs()) as usize
+            }
+        }
+    }
+
+    /// Check an LBA range; returns the byte offset and length.
+    fn range(&self, lba: u64, blocks: u32) -> Result<(u64, usize), Sense> {
+        let cap = self.dev.num_blocks();
+        match lba.checked_add(u64::from(blocks)) {
+            Some(end) if end <= cap => {}
+            _ => return Err(codes::LBA_OUT_OF_RANGE),
+        }
+        let bytes = u64::from(blocks) * self.bs();
+        if bytes > MAX_TRANSFER_BYTES {
+            return Err(codes::INVALID_FIELD_IN_CDB);
+        }
+        Ok((lba * self.bs(), bytes as usize))
+    }
+
+    fn write_protected(&self) -> Option<Sense> {
+        if self.cfg.read_only {
+            Some(codes::WRITE_PROTECTED)
+        } else if self.swp.load(Ordering::Relaxed) {
+            Some(codes::SOFTWARE_WRITE_PROTECTED)
+        } else {
+            None
+        }
+    }
+
+    fn read(&self, cdb: &[u8]) -> CmdResult {
+        let (lba, n, flags) = rw_fields(cdb);
+        if flags & 0xe0 != 0 {
+            return Err(Sense::invalid_cdb_field(1, Some(7)));
+        }
+        let (off, len) = self.range(lba, n)?;
+        let mut data = vec![0u8; len];
+        if len > 0 {
+            self.dev.read_at(off, &mut data).map_err(|e| backend_sense(&e, false))?;
+        }
+        Ok(Reply { data })
+    }
+
+    fn write(&self, cdb: &[u8], data_out: &[u8], verify: bool) -> CmdResult {
+        let (lba, n, flags) = rw_fields(cdb);
+        if flags & 0xe0 != 0 {
+            return Err(Sense::invalid_cdb_field(1, Some(7)));
+        }
+        if verify && (flags >> 1) & 3 == 2 {
+            return Err(Sense::invalid_cdb_field(1, Some(2)));
+        }
+        let (off, len) = self.range(lba, n)?;
+        if let Some(s) = self.write_protected() {
+            return Err(s);
+        }
+        // Only what arrived is written (FCP-4 / iSCSI residual rules): whole
+        // blocks up to the Data-Out the initiator sent.
+        let bs = self.bs() as usize;
+        let have = data_out.len().min(len) / bs * bs;
+        if have > 0 {
+            let fua = verify || flags & 0x08 != 0 || !self.wce.load(Ordering::Relaxed);
+            self.dev.write_at(off, &data_out[..have], fua).map_err(|e| backend_sense(&e, true))?;
+        }
+        Reply::none()
+    }
+
+    fn verify(&self, cdb: &[u8], data_out: &[u8]) -> CmdResult {
+        let (lba, n, flags) = rw_fields(cdb);
+        if flags & 0xe0 != 0 {
+            return Err(Sense::invalid_cdb_field(1, Some(7)));
+        }
+        let bytchk = (flags >> 1) & 3;
+        if bytchk == 2 {
+            return Err(Sense::invalid_cdb_field(1, Some(2)));
+        }
+        let (off, len) = self.range(lba, n)?;
+        if len == 0 {
+            return Reply::none();
+        }
+        let mut medium = vec![0u8; len];
+        self.dev.read_at(off, &mut medium).map_err(|e| backend_sense(&e, false))?;
+        let bs = self.bs() as usize;
+        let first_diff = match bytchk {
+            0 => None,
+            1 => {
+                if data_out.len() < len {
+                    return Err(codes::INVALID_FIELD_IN_CDB);
+                }
+                medium.iter().zip(data_out).position(|(a, b)| a != b)
+            }
+            _ => {
+                if data_out.len() < bs {
+                    return Err(codes::INVALID_FIELD_IN_CDB);
+                }
+                medium.chunks(bs).enumerate().find_map(|(i, blk)| {
+                    blk.iter().zip(&data_out[..bs]).position(|(a, b)| a != b).map(|p| i * bs + p)
+                })
+            }
+        };
+        match first_diff {
+            Some(at) => Err(codes::MISCOMPARE_VERIFY.with_info(at as u64)),
+            None => Reply::none(),
+        }
+    }
+
+    fn prefetch(&self, cdb: &[u8]) -> CmdResult {
+        let (lba, n, _) = rw_fields(cdb);
+        let cap = self.dev.num_blocks();
+        match lba.checked_add(u64::from(n)) {
+            Some(end) if end <= cap => {}
+            _ => return Err(codes::LBA_OUT_OF_RANGE),
+        }
+        let bs = self.bs();
+        let len = if n == 0 { (cap - lba) * bs } else { u64::from(n) * bs };
+        let _ = self.dev.prefetch(lba * bs, len);
+        Reply::none()
+    }
+
+    fn sync_cache(&self, cdb: &[u8]) -> CmdResult {
+        let (lba, n, _) = rw_fields(cdb);
+        match lba.checked_add(u64::from(n)) {
+            Some(end) if end <= self.dev.num_blocks() => {}
+            _ => return Err(codes::LBA_OUT_OF_RANGE),
+        }
+        self.dev.flush().map_err(|e| backend_sense(&e, true))?;
+        Reply::none()
+    }
+
+    fn read_capacity10(&self, cdb: &[u8]) -> CmdResult {
+        if cdb[8] & 1 == 0 && be32(&cdb[2..6]) != 0 {
+            return Err(Sense::invalid_cdb_field(2, None));
+        }
+        let last = self.dev.num_blocks() - 1;
+        let mut d = Vec::with_capacity(8);
+        d.extend_from_slice(&(last.min(0xffff_ffff) as u32).to_be_bytes());
+        d.extend_from_slice(&self.dev.block_size().to_be_bytes());
+        Reply::data(d, 8)
+    }
+
+    fn read_capacity16(&self, cdb: &[u8]) -> CmdResult {
+        if cdb[14] & 1 == 0 && be64(&cdb[2..10]) != 0 {
+            return Err(Sense::invalid_cdb_field(2, None));
+        }
+        let alloc = be32(&cdb[10..14]) as usize;
+        let mut d = vec![0u8; 32];
+        d[0..8].copy_from_slice(&(self.dev.num_blocks() - 1).to_be_bytes());
+        d[8..12].copy_from_slice(&self.dev.block_size().to_be_bytes());
+        Reply::data(d, alloc)
+    }
+
+    fn request_sense(&self, req: &ScsiRequest<'_>) -> CmdResult {
+        let desc = req.cdb[1] & 1 != 0;
+        let alloc = usize::from(req.cdb[4]);
+        let s = self.take_ua(req.nexus).unwrap_or(Sense::new(key::NO_SENSE, 0, 0));
+        let s = if self.ejected.load(Ordering::Relaxed) && s.key == key::NO_SENSE { codes::MEDIUM_NOT_PRESENT } else { s };
+        Reply::data(s.to_bytes(desc), alloc)
+    }
+
+    // ---- INQUIRY ----
+
+    fn inquiry(&self, cdb: &[u8]) -> CmdResult {
+        let alloc = usize::from(be16(&cdb[3..5]));
+        let evpd = cdb[1] & 1 != 0;
+        if !evpd {
+            if cdb[2] != 0 {
+                return Err(Sense::invalid_cdb_field(2, None));
+            }
+            return Reply::data(self.standard_inquiry(), alloc);
+        }
+        let page = match cdb[2] {
+            0x00 => {
+                let pages = [0x00, 0x80, 0x83, 0xb0, 0xb1, 0xb2];
+                vpd(0x00, &pages)
+            }
+            0x80 => vpd(0x80, &pad(&self.cfg.serial, self.cfg.serial.len().clamp(1, 252))),
+            0x83 => vpd(0x83, &self.device_identification()),
+            0xb0 => vpd(0xb0, &self.block_limits()),
+            0xb1 => {
+                let mut p = vec![0u8; 0x3c];
+                p[1] = 1; // medium rotation rate: non-rotating medium
+                vpd(0xb1, &p)
+            }
+            0xb2 => vpd(0xb2, &[0, 0, 0, 0]),
+            _ => return Err(Sense::invalid_cdb_field(2, None)),
+        };
+        Reply::data(page, alloc)
+    }
+
+    fn standard_inquiry(&self) -> Vec<u8> {
+        let mut d = vec![0u8; 96];
+        d[0] = 0x00; // connected, direct-access block device
+        d[1] = if self.cfg.removable { 0x80 } else { 0 };
+        d[2] = 0x06; // SPC-4
+        d[3] = 0x12; // HiSup, response data format 2
+        d[4] = (d.len() - 5) as u8;
+        d[7] = 0x02; // CmdQue
+        d[8..16].copy_from_slice(&pad(&self.cfg.vendor, 8));
+        d[16..32].copy_from_slice(&pad(&self.cfg.product, 16));
+        d[32..36].copy_from_slice(&pad(&self.cfg.revision, 4));
+        // Version descriptors: SAM-5, iSCSI, SPC-4, SBC-3.
+        for (i, v) in [0x00a0u16, 0x0960, 0x0460, 0x04c0].iter().enumerate() {
+            d[58 + 2 * i..60 + 2 * i].copy_from_slice(&v.to_be_bytes());
+        }
+        d
+    }
+
+    fn device_identification(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut desig = |proto_codeset: u8, piv_assoc_type: u8, body: &[u8]| {
+            out.extend_from_slice(&[proto_codeset, piv_assoc_type, 0, body.len() as u8]);
+            out.extend_from_slice(body);
+        };
+        // NAA IEEE Registered Extended, logical unit.
+        desig(0x01, 0x03, &self.cfg.naa);
+        // T10 vendor ID: vendor + serial, logical unit.
+        let mut t10 = pad(&self.cfg.vendor, 8);
+        t10.extend(self.cfg.serial.bytes().take(64));
+        desig(0x02, 0x01, &t10);
+        // Relative target port 1 and target port group 1 (iSCSI, PIV).
+        desig(0x51, 0x94, &[0, 0, 0, 1]);
+        desig(0x51, 0x95, &[0, 0, 0, 1]);
+        // SCSI name string of the target device (UTF-8, NUL-padded to 4).
+        let mut name = self.cfg.target_name.clone().into_bytes();
+        name.truncate(251);
+        name.push(0);
+        while name.len() % 4 != 0 {
+            name.push(0);
+        }
+        desig(0x53, 0xa8, &name);
+        out
+    }
+
+    fn block_limits(&self) -> Vec<u8> {
+        let mut p = vec![0u8; 0x3c];
+        let bs = self.bs();
+        let max_blocks = (MAX_TRANSFER_BYTES / bs) as u32;
+        let granularity: u16 = if bs >= 4096 { 1 } else { 8 };
+        p[2..4].copy_from_slice(&granularity.to_be_bytes()); // optimal transfer length granularity
+        p[4..8].copy_from_slice(&max_blocks.to_be_bytes()); // maximum transfer length
+        p[8..12].copy_from_slice(&(((1u64 << 20) / bs) as u32).to_be_bytes()); // optimal transfer length
+        p[12..16].copy_from_slice(&max_blocks.to_be_bytes()); // maximum prefetch length
+        p
+    }
+
+    // ---- mode pages ----
+
+    /// One mode page, current / changeable / default.
+    fn mode_page(&self, code: u8, pc: u8, m: &ModeState) -> Option<Vec<u8>> {
+        let changeable = pc == 1;
+        match code {
+            0x08 => {
+                let mut p = vec![0u8; 20];
+                p[0] = 0x08;
+                p[1] = 0x12;
+                if changeable {
+                    p[2] = 0x04;
+                } else if m.wce {
+                    p[2] = 0x04;
+                }
+                Some(p)
+            }
+            0x0a => {
+                let mut p = vec![0u8; 12];
+                p[0] = 0x0a;
+                p[1] = 0x0a;
+                if changeable {
+                    p[2] = 0x04; // D_SENSE
+                    p[4] = 0x08; // SWP
+                } else {
+                    p[2] = if m.d_sense { 0x04 } else { 0 };
+                    p[3] = 0x10; // QAM 1: unrestricted reordering allowed, QERR 0
+                    p[4] = if m.swp { 0x08 } else { 0 };
+                    p[8] = 0xff; // busy timeout: unlimited
+                    p[9] = 0xff;
+                }
+                Some(p)
+            }
+            0x1c => {
+                let mut p = vec![0u8; 12];
+                p[0] = 0x1c;
+                p[1] = 0x0a;
+                Some(p)
+            }
+            _ => None,
+        }
+    }
+
+    fn mode_sense(&self, cdb: &[u8]) -> CmdResult {
+        let ten = cdb[0] == 0x5a;
+        let dbd = cdb[1] & 0x08 != 0;
+        let llbaa = ten && cdb[1] & 0x10 != 0;
+        let pc = cdb[2] >> 6;
+        let code = cdb[2] & 0x3f;
+        let sub = cdb[3];
+        let alloc = if ten { usize::from(be16(&cdb[7..9])) } else { usize::from(cdb[4]) };
+        if pc == 3 {
+            return Err(codes::SAVING_NOT_SUPPORTED);
+        }
+        let m = {
+            let st = self.lock();
+            if pc == 2 {
+                st.default_mode
+            } else {
+                st.mode
+            }
+        };
+        let mut pages = Vec::new();
+        if code == 0x3f {
+            if sub != 0 && sub != 0xff {
+                return Err(Sense::invalid_cdb_field(3, None));
+            }
+            for c in [0x08, 0x0a, 0x1c] {
+                pages.extend(self.mode_page(c, pc, &m).unwrap_or_default());
+            }
+        } else {
+            if sub != 0 {
+                return Err(Sense::invalid_cdb_field(3, None));
+            }
+            pages = self.mode_page(code, pc, &m).ok_or(Sense::invalid_cdb_field(2, Some(5)))?;
+        }
+        let wp = self.cfg.read_only || m.swp;
+        let dev_specific = (if wp { 0x80 } else { 0 }) | 0x10; // WP, DPOFUA
+        let blocks = self.dev.num_blocks();
+        let bd: Vec<u8> = if dbd {
+            Vec::new()
+        } else if llbaa {
+            let mut b = vec![0u8; 16];
+            b[0..8].copy_from_slice(&blocks.to_be_bytes());
+            b[12..16].copy_from_slice(&self.dev.block_size().to_be_bytes());
+            b
+        } else {
+            let mut b = vec![0u8; 8];
+            b[0..4].copy_from_slice(&(blocks.min(0xffff_ffff) as u32).to_be_bytes());
+            b[5..8].copy_from_slice(&self.dev.block_size().to_be_bytes()[1..4]);
+            b
+        };
+        let mut out = Vec::new();
+        if ten {
+            let len = (6 + bd.len() + pages.len()) as u16;
+            out.extend_from_slice(&len.to_be_bytes());
+            out.extend_from_slice(&[0, dev_specific, if llbaa && !dbd { 1 } else { 0 }, 0]);
+            out.extend_from_slice(&(bd.len() as u16).to_be_bytes());
+        } else {
+            let len = (3 + bd.len() + pages.len()).min(255) as u8;
+            out.extend_from_slice(&[len, 0, dev_specific, bd.len() as u8]);
+        }
+        out.extend(bd);
+        out.extend(pages);
+        Reply::data(out, alloc)
+    }
+
+    fn mode_select(&self, cdb: &[u8], data: &[u8], nexus: Nexus) -> CmdResult {
+        let ten = cdb[0] == 0x55;
+        let len = if ten { usize::from(be16(&cdb[7..9])) } else { usize::from(cdb[4]) };
+        if cdb[1] & 0x01 != 0 {
+            // SP: we cannot save parameters.
+            return Err(Sense::invalid_cdb_field(1, Some(0)));
+        }
+        if len == 0 {
+            return Reply::none();
+        }
+        if cdb[1] & 0x10 == 0 {
+            return Err(Sense::invalid_cdb_field(1, Some(4)));
+        }
+        if data.len() < len {
+            return Err(codes::PARAM_LIST_LENGTH);
+        }
+        let data = &data[..len];
+        let hdr = if ten { 8 } else { 4 };
+        if data.len() < hdr {
+            return Err(codes::PARAM_LIST_LENGTH);
+        }
+        let bd_len = if ten { usize::from(be16(&data[6..8])) } else { usize::from(data[3]) };
+        let mut at = hdr + bd_len;
+        if at > data.len() {
+            return Err(codes::PARAM_LIST_LENGTH);
+        }
+        let mut st = self.lock();
+        let mut m = st.mode;
+        while at < data.len() {
+            if at + 2 > data.len() {
+                return Err(codes::PARAM_LIST_LENGTH);
+            }
+            let code = data[at] & 0x3f;
+            if data[at] & 0x40 != 0 {
+                return Err(Sense::invalid_param_field(at as u16)); // subpages: none changeable
+            }
+            let plen = usize::from(data[at + 1]) + 2;
+            if at + plen > data.len() {
+                return Err(codes::PARAM_LIST_LENGTH);
+            }
+            let given = &data[at..at + plen];
+            let current = self.mode_page(code, 0, &m).ok_or(Sense::invalid_param_field(at as u16))?;
+            let mask = self.mode_page(code, 1, &m).expect("page exists");
+            if given.len() != current.len() {
+                return Err(Sense::invalid_param_field((at + 1) as u16));
+            }
+            for i in 2..given.len() {
+                if (given[i] ^ current[i]) & !mask[i] != 0 {
+                    return Err(Sense::invalid_param_field((at + i) as u16));
+                }
+            }
+            match code {
+                0x08 => m.wce = given[2] & 0x04 != 0,
+                0x0a => {
+                    m.d_sense = given[2] & 0x04 != 0;
+                    m.swp = given[4] & 0x08 != 0;
+                }
+                _ => {}
+            }
+            at += plen;
+        }
+        if m != st.mode {
+            let was_wce = st.mode.wce;
+            st.mode = m;
+            self.publish_mode(m);
+            let others: Vec<Nexus> = st.known.iter().copied().filter(|n| *n != nexus).collect();
+            for n in others {
+                Self::queue_ua(&mut st, &self.ua_pending, n, codes::MODE_PARAMETERS_CHANGED);
+            }
+            drop(st);
+            if was_wce && !m.wce {
+                // Turning the cache off: what was cached must be durable now.
+                self.dev.flush().map_err(|e| backend_sense(&e, true))?;
+            }
+        }
+        Reply::none()
+    }
+
+    // ---- medium ----
+
+    fn start_stop(&self, cdb: &[u8], _nexus: Nexus) -> CmdResult {
+        let power_condition = cdb[4] >> 4;
+        let loej = cdb[4] & 0x02 != 0;
+        let start = cdb[4] & 0x01 != 0;
+        if power_condition != 0 || !loej {
+            // Power conditions and plain start/stop do not move the medium.
+            return Reply::none();
+        }
+        if !self.cfg.removable {
+            return Err(Sense::invalid_cdb_field(4, Some(1)));
+        }
+        let st = self.lock();
+        if !start && !st.prevent.is_empty() {
+            return Err(codes::REMOVAL_PREVENTED);
+        }
+        drop(st);
+        if !start {
+            let _ = self.dev.flush();
+        }
+        self.ejected.store(!start, Ordering::Relaxed);
+        self.lock().medium_present = start;
+        Reply::none()
+    }
+
+    fn prevent_allow(&self, cdb: &[u8], nexus: Nexus) -> CmdResult {
+        let prevent = cdb[4] & 0x03;
+        if prevent > 1 {
+            return Err(Sense::invalid_cdb_field(4, Some(1)));
+        }
+        let mut st = self.lock();
+        if prevent == 1 {
+            st.prevent.insert(nexus);
+        } else {
+            st.prevent.remove(&nexus);
+        }
+        Reply::none()
+    }
+
+    /// Queue a unit attention for all other nexuses.
+    pub fn unit_attention_others(&self, s: Sense, except: Nexus) {
+        self.ua_all(s, Some(except));
+    }
+}
+
+fn vpd(code: u8, body: &[u8]) -> Vec<u8> {
+    let mut p = vec![0x00, code];
+    p.extend_from_slice(&(body.len() as u16).to_be_bytes());
+    p.extend_from_slice(body);
+    p
+}
+
+/// Nominal and recommended command timeouts (seconds) for RCTD.
+const TIMEOUTS: [u8; 12] = [0x00, 0x0a, 0, 0, 0, 0, 0, 30, 0, 0, 0, 60];
+
+fn report_opcodes(cdb: &[u8]) -> CmdResult {
+    let rctd = cdb[2] & 0x80 != 0;
+    let options = cdb[2] & 0x07;
+    let req_op = cdb[3];
+    let req_sa = be16(&cdb[4..6]);
+    let alloc = be32(&cdb[6..10]) as usize;
+    let mut out = Vec::new();
+    match options {
+        0 => {
+            let mut descs = Vec::new();
+            for d in COMMANDS {
+                descs.push(d.opcode);
+                descs.push(0);
+                descs.extend_from_slice(&u16::from(d.service_action.unwrap_or(0)).to_be_bytes());
+                descs.push(0);
+                descs.push((if rctd { 0x02 } else { 0 }) | u8::from(d.service_action.is_some()));
+                descs.extend_from_slice(&(d.cdb_len as u16).to_be_bytes());
+                if rctd {
+                    descs.extend_from_slice(&TIMEOUTS);
+                }
+            }
+            out.extend_from_slice(&(descs.len() as u32).to_be_bytes());
+            out.extend(descs);
+        }
+        1 | 2 => {
+            let has_sa = commands::has_service_actions(req_op);
+            if options == 1 && has_sa {
+                return Err(Sense::invalid_cdb_field(2, Some(2)));
+            }
+            if options == 2 && !has_sa && commands::find(req_op, None).is_some() {
+                return Err(Sense::invalid_cdb_field(2, Some(2)));
+            }
+            let action = if options == 2 { Some(req_sa as u8).filter(|_| req_sa < 0x20) } else { None };
+            let found = if options == 2 && req_sa >= 0x20 { None } else { commands::find(req_op, action) };
+            match found {
+                Some(d) => {
+                    out.push(0);
+                    out.push((if rctd { 0x80 } else { 0 }) | 0x03);
+                    out.extend_from_slice(&(d.cdb_len as u16).to_be_bytes());
+                    out.extend_from_slice(d.usage);
+                    if rctd {
+                        out.extend_from_slice(&TIMEOUTS);
+                    }
+                }
+                None => out.extend_from_slice(&[0, 0x01, 0, 0]),
+            }
+        }
+        _ => return Err(Sense::invalid_cdb_field(2, Some(2))),
+    }
+    Reply::data(out, alloc)
+}
+
+fn report_tmfs(cdb: &[u8]) -> CmdResult {
+    let alloc = be32(&cdb[6..10]) as usize;
+    let repd = cdb[2] & 0x80 != 0;
+    // ATS, ATSS, CTSS, LURS and TRS; no CLEAR ACA, QUERY TASK or wakeup.
+    let mut d = vec![0xda, 0, 0, 0];
+    if repd {
+        d.resize(16, 0);
+        d[3] = 0x0c;
+    }
+    Reply::data(d, alloc)
+}

@@ -1,0 +1,175 @@
+//! SPC-4 §4.5: sense data, fixed (0x70) and descriptor (0x72) formats.
+//!
+//! Every error a command can end with is a [`Sense`] value; the logical
+//! unit renders it in the format its Control mode page (D_SENSE) selects.
+
+/// Sense keys (SPC-4 Table 50).
+pub mod key {
+    /// NO SENSE
+    pub const NO_SENSE: u8 = 0x0;
+    /// NOT READY
+    pub const NOT_READY: u8 = 0x2;
+    /// MEDIUM ERROR
+    pub const MEDIUM_ERROR: u8 = 0x3;
+    /// HARDWARE ERROR
+    pub const HARDWARE_ERROR: u8 = 0x4;
+    /// ILLEGAL REQUEST
+    pub const ILLEGAL_REQUEST: u8 = 0x5;
+    /// UNIT ATTENTION
+    pub const UNIT_ATTENTION: u8 = 0x6;
+    /// DATA PROTECT
+    pub const DATA_PROTECT: u8 = 0x7;
+    /// ABORTED COMMAND
+    pub const ABORTED_COMMAND: u8 = 0xb;
+    /// MISCOMPARE
+    pub const MISCOMPARE: u8 = 0xe;
+}
+
+/// One sense condition: key, additional sense code and qualifier, plus the
+/// optional INFORMATION field and sense-key-specific field pointer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sense {
+    /// Sense key.
+    pub key: u8,
+    /// Additional sense code.
+    pub asc: u8,
+    /// Additional sense code qualifier.
+    pub ascq: u8,
+    /// INFORMATION field (e.g. miscompare offset).
+    pub info: Option<u64>,
+    /// Field pointer: (in CDB rather than parameter list, byte, bit).
+    pub field: Option<(bool, u16, Option<u8>)>,
+}
+
+impl Sense {
+    /// A sense with no extra fields.
+    pub const fn new(key: u8, asc: u8, ascq: u8) -> Sense {
+        Sense { key, asc, ascq, info: None, field: None }
+    }
+
+    /// INVALID FIELD IN CDB pointing at `byte` (and `bit`).
+    pub const fn invalid_cdb_field(byte: u16, bit: Option<u8>) -> Sense {
+        Sense { key: key::ILLEGAL_REQUEST, asc: 0x24, ascq: 0, info: None, field: Some((true, byte, bit)) }
+    }
+
+    /// INVALID FIELD IN PARAMETER LIST pointing at `byte`.
+    pub const fn invalid_param_field(byte: u16) -> Sense {
+        Sense { key: key::ILLEGAL_REQUEST, asc: 0x26, ascq: 0, info: None, field: Some((false, byte, None)) }
+    }
+
+    /// With an INFORMATION value.
+    pub const fn with_info(mut self, info: u64) -> Sense {
+        self.info = Some(info);
+        self
+    }
+
+    /// Render as fixed (0x70) or descriptor (0x72) sense data.
+    pub fn to_bytes(&self, descriptor: bool) -> Vec<u8> {
+        let sks = self.field.map(|(cdb, byte, bit)| {
+            let mut b0 = 0x80u8; // SKSV
+            if cdb {
+                b0 |= 0x40; // C/D
+            }
+            if let Some(bit) = bit {
+                b0 |= 0x08 | (bit & 7); // BPV + bit pointer
+            }
+            let f = byte.to_be_bytes();
+            [b0, f[0], f[1]]
+        });
+        if descriptor {
+            let mut out = vec![0x72, self.key & 0x0f, self.asc, self.ascq, 0, 0, 0, 0];
+            if let Some(info) = self.info {
+                out.extend_from_slice(&[0x00, 0x0a, 0x80, 0x00]);
+                out.extend_from_slice(&info.to_be_bytes());
+            }
+            if let Some(s) = sks {
+                out.extend_from_slice(&[0x02, 0x06, 0x00, 0x00, s[0], s[1], s[2], 0x00]);
+            }
+            out[7] = (out.len() - 8) as u8;
+            out
+        } else {
+            let mut out = vec![0u8; 18];
+            out[0] = 0x70;
+            out[2] = self.key & 0x0f;
+            if let Some(info) = self.info {
+                out[0] |= 0x80; // VALID
+                out[3..7].copy_from_slice(&(info as u32).to_be_bytes());
+            }
+            out[7] = 10;
+            out[12] = self.asc;
+            out[13] = self.ascq;
+            if let Some(s) = sks {
+                out[15..18].copy_from_slice(&s);
+            }
+            out
+        }
+    }
+}
+
+/// Common conditions by name.
+pub mod codes {
+    use super::{key, Sense};
+    /// INVALID COMMAND OPERATION CODE
+    pub const INVALID_OPCODE: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x20, 0x00);
+    /// LOGICAL BLOCK ADDRESS OUT OF RANGE
+    pub const LBA_OUT_OF_RANGE: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x21, 0x00);
+    /// INVALID FIELD IN CDB (no pointer)
+    pub const INVALID_FIELD_IN_CDB: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x24, 0x00);
+    /// LOGICAL UNIT NOT SUPPORTED
+    pub const LUN_NOT_SUPPORTED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x25, 0x00);
+    /// PARAMETER LIST LENGTH ERROR
+    pub const PARAM_LIST_LENGTH: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x1a, 0x00);
+    /// SAVING PARAMETERS NOT SUPPORTED
+    pub const SAVING_NOT_SUPPORTED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x39, 0x00);
+    /// MEDIUM REMOVAL PREVENTED
+    pub const REMOVAL_PREVENTED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x53, 0x02);
+    /// MEDIUM NOT PRESENT
+    pub const MEDIUM_NOT_PRESENT: Sense = Sense::new(key::NOT_READY, 0x3a, 0x00);
+    /// WRITE PROTECTED
+    pub const WRITE_PROTECTED: Sense = Sense::new(key::DATA_PROTECT, 0x27, 0x00);
+    /// LOGICAL UNIT SOFTWARE WRITE PROTECTED
+    pub const SOFTWARE_WRITE_PROTECTED: Sense = Sense::new(key::DATA_PROTECT, 0x27, 0x02);
+    /// UNRECOVERED READ ERROR
+    pub const READ_ERROR: Sense = Sense::new(key::MEDIUM_ERROR, 0x11, 0x00);
+    /// WRITE ERROR
+    pub const WRITE_ERROR: Sense = Sense::new(key::MEDIUM_ERROR, 0x0c, 0x00);
+    /// SPACE ALLOCATION FAILED WRITE PROTECT
+    pub const SPACE_ALLOCATION_FAILED: Sense = Sense::new(key::DATA_PROTECT, 0x27, 0x07);
+    /// MISCOMPARE DURING VERIFY OPERATION
+    pub const MISCOMPARE_VERIFY: Sense = Sense::new(key::MISCOMPARE, 0x1d, 0x00);
+    /// POWER ON, RESET, OR BUS DEVICE RESET OCCURRED
+    pub const POWER_ON_RESET: Sense = Sense::new(key::UNIT_ATTENTION, 0x29, 0x00);
+    /// BUS DEVICE RESET FUNCTION OCCURRED (logical unit reset)
+    pub const LUN_RESET: Sense = Sense::new(key::UNIT_ATTENTION, 0x29, 0x03);
+    /// I_T NEXUS LOSS OCCURRED
+    pub const NEXUS_LOSS: Sense = Sense::new(key::UNIT_ATTENTION, 0x29, 0x07);
+    /// MODE PARAMETERS CHANGED
+    pub const MODE_PARAMETERS_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x01);
+    /// COMMANDS CLEARED BY ANOTHER INITIATOR
+    pub const COMMANDS_CLEARED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2f, 0x00);
+    /// INTERNAL TARGET FAILURE
+    pub const INTERNAL_FAILURE: Sense = Sense::new(key::HARDWARE_ERROR, 0x44, 0x00);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixed_and_descriptor() {
+        let s = Sense::invalid_cdb_field(2, Some(5));
+        let f = s.to_bytes(false);
+        assert_eq!(f.len(), 18);
+        assert_eq!((f[0], f[2], f[12], f[13]), (0x70, 5, 0x24, 0));
+        assert_eq!(&f[15..18], &[0xcd, 0, 2]);
+        let d = s.to_bytes(true);
+        assert_eq!((d[0], d[1], d[2], d[3]), (0x72, 5, 0x24, 0));
+        assert_eq!(d[7] as usize, d.len() - 8);
+        let m = codes::MISCOMPARE_VERIFY.with_info(513).to_bytes(false);
+        assert_eq!(m[0], 0xf0);
+        assert_eq!(&m[3..7], &513u32.to_be_bytes());
+        let md = codes::MISCOMPARE_VERIFY.with_info(513).to_bytes(true);
+        assert_eq!(&md[8..12], &[0, 0x0a, 0x80, 0]);
+        assert_eq!(&md[12..20], &513u64.to_be_bytes());
+    }
+}

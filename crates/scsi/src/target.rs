@@ -1,0 +1,147 @@
+//! SAM-5 §4.6: the target device routes commands to logical units by LUN,
+//! answers REPORT LUNS itself and speaks for LUNs that do not exist.
+
+use std::sync::Arc;
+
+use crate::disk::LogicalUnit;
+use crate::sense::{codes, Sense};
+use crate::{Nexus, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus};
+
+/// REPORT LUNS parameter data for `luns` (peripheral addressing below 256,
+/// flat space above).
+pub(crate) fn report_luns(cdb: &[u8], luns: &[u64]) -> Result<super::disk::ReplyData, Sense> {
+    let select = cdb[2];
+    if select > 2 {
+        return Err(Sense::invalid_cdb_field(2, None));
+    }
+    let alloc = u32::from_be_bytes([cdb[6], cdb[7], cdb[8], cdb[9]]) as usize;
+    if alloc < 16 {
+        return Err(Sense::invalid_cdb_field(6, None));
+    }
+    // Select 1 (well-known LUNs only): we have none.
+    let listed: Vec<u64> = if select == 1 { Vec::new() } else { luns.to_vec() };
+    let mut d = Vec::with_capacity(8 + 8 * listed.len());
+    d.extend_from_slice(&((listed.len() * 8) as u32).to_be_bytes());
+    d.extend_from_slice(&[0; 4]);
+    for l in listed {
+        let wire: u64 = if l < 256 { l << 48 } else { (0x4000 | (l & 0x3fff)) << 48 };
+        d.extend_from_slice(&wire.to_be_bytes());
+    }
+    d.truncate(alloc);
+    Ok(d)
+}
+
+/// A SCSI target device: routes commands to logical units by LUN.
+#[derive(Debug, Default)]
+pub struct ScsiTarget {
+    luns: Vec<Arc<LogicalUnit>>,
+}
+
+impl ScsiTarget {
+    /// Create a target whose LUN *i* is `luns[i]`.
+    pub fn new(luns: Vec<Arc<LogicalUnit>>) -> Self {
+        ScsiTarget { luns }
+    }
+
+    /// The logical units, by LUN number.
+    pub fn luns(&self) -> &[Arc<LogicalUnit>] {
+        &self.luns
+    }
+
+    fn lun(&self, lun: u64) -> Option<&Arc<LogicalUnit>> {
+        usize::try_from(lun).ok().and_then(|i| self.luns.get(i))
+    }
+
+    /// Execute one command (blocking). Handles REPORT LUNS, unknown LUNs
+    /// (INQUIRY peripheral qualifier 011b, other commands LOGICAL UNIT NOT
+    /// SUPPORTED), and hands everything else to the logical unit.
+    pub fn execute(&self, req: &ScsiRequest<'_>) -> ScsiResponse {
+        let opcode = req.cdb.first().copied().unwrap_or(0xff);
+        if opcode == 0xa0 {
+            if let Some((byte, bit)) = crate::commands::lookup(req.cdb).and_then(|d| crate::commands::reserved_bits(d, req.cdb)) {
+                return plain_check(Sense::invalid_cdb_field(byte, Some(bit)), self.lun(req.lun));
+            }
+            let all: Vec<u64> = (0..self.luns.len() as u64).collect();
+            return match report_luns(req.cdb, &all) {
+                Ok(data) => ScsiResponse { status: ScsiStatus::Good, sense: Vec::new(), data_in: data, data_out_len: None },
+                Err(s) => plain_check(s, self.lun(req.lun)),
+            };
+        }
+        match self.lun(req.lun) {
+            Some(lu) => lu.execute(req),
+            None => missing_lun(req),
+        }
+    }
+
+    /// A new I_T nexus appeared (login): it gets a POWER ON OR RESET unit
+    /// attention on every LU unless it is a reinstated nexus.
+    pub fn nexus_added(&self, nexus: Nexus) {
+        for lu in &self.luns {
+            lu.nexus_added(nexus);
+        }
+    }
+
+    /// An I_T nexus ended (logout or connection loss).
+    pub fn nexus_lost(&self, nexus: Nexus) {
+        for lu in &self.luns {
+            lu.nexus_lost(nexus);
+        }
+    }
+
+    /// A reset from task management on one LU (`Some(lun)`) or the whole
+    /// target (`None`), requested by `by`.
+    pub fn reset(&self, kind: ResetKind, lun: Option<u64>, _by: Nexus) {
+        match lun {
+            Some(l) => {
+                if let Some(lu) = self.lun(l) {
+                    lu.reset(kind);
+                }
+            }
+            None => {
+                for lu in &self.luns {
+                    lu.reset(kind);
+                }
+            }
+        }
+    }
+
+    /// Tasks of `victim` on `lun` were cleared by another nexus `by`.
+    pub fn tasks_cleared(&self, lun: u64, victim: Nexus, by: Nexus) {
+        if victim != by {
+            if let Some(lu) = self.lun(lun) {
+                lu.tasks_cleared(victim);
+            }
+        }
+    }
+}
+
+fn plain_check(s: Sense, lu: Option<&Arc<LogicalUnit>>) -> ScsiResponse {
+    match lu {
+        Some(lu) => lu.check(s),
+        None => ScsiResponse { status: ScsiStatus::CheckCondition, sense: s.to_bytes(false), data_in: Vec::new(), data_out_len: None },
+    }
+}
+
+/// SPC-4 §4.6.4 answers for a LUN that does not exist.
+fn missing_lun(req: &ScsiRequest<'_>) -> ScsiResponse {
+    let cdb = req.cdb;
+    match cdb.first() {
+        Some(0x12) if cdb.len() >= 6 && cdb[1] & 1 == 0 => {
+            let alloc = usize::from(u16::from_be_bytes([cdb[3], cdb[4]]));
+            let mut d = vec![0u8; 36];
+            d[0] = 0x7f; // qualifier 011b, type 1Fh: no logical unit here
+            d[2] = 0x06;
+            d[3] = 0x12;
+            d[4] = 31;
+            d.truncate(alloc);
+            ScsiResponse { status: ScsiStatus::Good, sense: Vec::new(), data_in: d, data_out_len: None }
+        }
+        Some(0x03) if cdb.len() >= 6 => {
+            let alloc = usize::from(cdb[4]);
+            let mut d = codes::LUN_NOT_SUPPORTED.to_bytes(cdb[1] & 1 != 0);
+            d.truncate(alloc);
+            ScsiResponse { status: ScsiStatus::Good, sense: Vec::new(), data_in: d, data_out_len: None }
+        }
+        _ => plain_check(codes::LUN_NOT_SUPPORTED, None),
+    }
+}
