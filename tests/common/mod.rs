@@ -1,0 +1,181 @@
+//! Shared helpers for the interop tests: start `ethersan serve` on a free
+//! loopback port, run external tools with time limits, parse libiscsi's
+//! CUnit output.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The target name the tests export.
+pub const IQN: &str = "iqn.2026-11.org.ethersan:test";
+
+/// A running `ethersan serve`, stopped (SIGTERM) when dropped.
+pub struct Server {
+    pub child: Child,
+    pub addr: String,
+    pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Server {
+    /// Start with these `--lun` specs on a free port of 127.0.0.1.
+    pub fn start(luns: &[&str]) -> Server {
+        let mut args: Vec<String> = vec!["serve".into(), "--listen".into(), "127.0.0.1:0".into(), "--target".into(), IQN.into()];
+        for l in luns {
+            args.push("--lun".into());
+            args.push((*l).into());
+        }
+        Server::start_args(&args)
+    }
+
+    /// Start with arbitrary `ethersan` arguments; waits for "listening on".
+    pub fn start_args(args: &[String]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ethersan"))
+            .args(args)
+            .env("ETHERSAN_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start ethersan serve");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("listening on ").nth(1) {
+                    let _ = tx.send(rest.trim().to_string());
+                }
+                log2.lock().unwrap().push(line);
+            }
+        });
+        let addr = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| {
+            let _ = child.kill();
+            panic!("ethersan serve did not start: {:?}", log.lock().unwrap());
+        });
+        Server { child, addr, log }
+    }
+
+    /// iSCSI URL of a LUN.
+    pub fn url(&self, lun: u32) -> String {
+        format!("iscsi://{}/{}/{}", self.addr, IQN, lun)
+    }
+
+    /// Send SIGTERM and wait (bounded); returns the exit status.
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        // SAFETY: kill(2) with a pid we spawned and still own; no memory involved.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        None
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.stop();
+        }
+    }
+}
+
+/// Fail with a clear message when a tool is missing: the test command
+/// (`./scripts/test`) installs them; a test must not pass by skipping.
+pub fn require_tool(name: &str) {
+    let found = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+        .unwrap_or(false);
+    assert!(found, "{name} is not installed: run ./scripts/test, which installs it");
+}
+
+/// Run a command with a time limit; panics on timeout.
+pub fn run(cmd: &str, args: &[&str], limit: Duration) -> Output {
+    let out = Command::new("timeout")
+        .arg("--kill-after=5")
+        .arg(limit.as_secs().to_string())
+        .arg(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd}: {e}"));
+    assert_ne!(out.status.code(), Some(124), "{cmd} {args:?} timed out after {limit:?}");
+    out
+}
+
+/// One libiscsi suite's outcome.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SuiteResult {
+    pub passed: usize,
+    pub failed: usize,
+    pub skipped: usize,
+    pub failed_tests: Vec<String>,
+    pub skipped_tests: Vec<String>,
+    /// CUnit printed its run summary (the run did not crash).
+    pub completed: bool,
+}
+
+/// Parse iscsi-test-cu's CUnit "basic" output. A test that printed
+/// `[SKIPPED]` between its "Test: NAME ..." line and its verdict counts as
+/// skipped even though CUnit calls it passed.
+pub fn parse_cunit(text: &str) -> SuiteResult {
+    let mut r = SuiteResult { completed: text.contains("Run Summary:"), ..Default::default() };
+    let mut rest = text;
+    while let Some(i) = rest.find("Test: ") {
+        rest = &rest[i + 6..];
+        let name_end = rest.find(" ...").unwrap_or(rest.len());
+        let name = rest[..name_end].to_string();
+        let body = &rest[name_end..];
+        // CUnit's verdict follows the "..." directly or starts a line; a
+        // log line such as "[FAILED] WRITE10 ..." is not a verdict.
+        let verdict = |word: &str| {
+            let mut from = 0;
+            while let Some(i) = body[from..].find(word) {
+                let at = from + i;
+                let before = &body[..at];
+                if before.ends_with(" ...") || before.ends_with('\n') {
+                    return Some(at);
+                }
+                from = at + word.len();
+            }
+            None
+        };
+        let (p, f) = (verdict("passed"), verdict("FAILED"));
+        let (end, passed) = match (p, f) {
+            (Some(p), Some(f)) => (p.min(f), p < f),
+            (Some(p), None) => (p, true),
+            (None, Some(f)) => (f, false),
+            (None, None) => break,
+        };
+        // Only what lies before the next test counts toward this one.
+        let next = body.find("Test: ").unwrap_or(body.len());
+        if end > next {
+            rest = &body[next..];
+            continue;
+        }
+        let inside = &body[..end];
+        if !passed {
+            r.failed += 1;
+            r.failed_tests.push(name);
+        } else if inside.contains("[SKIPPED]") {
+            r.skipped += 1;
+            r.skipped_tests.push(name);
+        } else {
+            r.passed += 1;
+        }
+        rest = &body[end..];
+    }
+    r
+}
+
+/// Whether a file exists and is non-empty.
+pub fn nonempty(p: &Path) -> bool {
+    std::fs::metadata(p).map(|m| m.len() > 0).unwrap_or(false)
+}
