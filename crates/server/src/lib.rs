@@ -60,6 +60,7 @@ pub struct Server {
     listeners: Vec<TcpListener>,
     devices: Vec<Arc<dyn BlockDevice>>,
     options: Options,
+    settings: Arc<TargetSettings>,
 }
 
 /// A stable 64-bit FNV-1a hash, for identifiers that must survive restarts.
@@ -116,7 +117,8 @@ impl Server {
             listeners.push(l);
         }
         let registry = Arc::new(Registry::new(targets, addrs));
-        Ok(Server { registry, listeners, devices, options: config.options.clone() })
+        let settings = Arc::new(target_settings(&config.options));
+        Ok(Server { registry, listeners, devices, options: config.options.clone(), settings })
     }
 
     /// The bound portal addresses (with the real port when 0 was asked for).
@@ -129,10 +131,20 @@ impl Server {
         &self.registry
     }
 
+    /// Serve one connection over any byte stream (an in-memory pipe in
+    /// tests, or a socket accepted elsewhere) until its session ends.
+    pub async fn serve_stream<R, W>(&self, rd: R, wr: W, peer: &str)
+    where
+        R: tokio::io::AsyncRead + Unpin + Send + 'static,
+        W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        serve_stream(rd, wr, peer.to_string(), self.registry.clone(), self.options.clone(), self.settings.clone()).await
+    }
+
     /// Serve until `shutdown` resolves, then stop accepting, end every
     /// session (commands in flight finish), flush every LUN and return.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
-        let settings = Arc::new(target_settings(&self.options));
+        let settings = self.settings.clone();
         let mut accepts = Vec::new();
         for l in self.listeners {
             let registry = self.registry.clone();
@@ -181,8 +193,19 @@ impl Server {
     }
 }
 
+fn digests(list: &str) -> Vec<ethersan_proto::negotiate::Digest> {
+    use ethersan_proto::negotiate::Digest;
+    list.split(',').filter_map(|d| match d.trim() {
+        "None" => Some(Digest::None),
+        "CRC32C" => Some(Digest::Crc32c),
+        _ => None,
+    }).collect()
+}
+
 fn target_settings(o: &Options) -> TargetSettings {
     TargetSettings {
+        header_digests: digests(&o.header_digest),
+        data_digests: digests(&o.data_digest),
         max_recv_data_segment_length: o.max_recv_data_segment_length,
         max_burst_length: o.max_burst_length,
         first_burst_length: o.first_burst_length,
@@ -205,9 +228,9 @@ async fn handle_connection(
     serve_stream(rd, wr, peer.to_string(), registry, options, settings).await;
 }
 
-/// Serve one connection over any byte stream (TCP, or an in-memory pipe in
-/// tests): login, then the session until it ends.
-pub(crate) async fn serve_stream<R, W>(
+/// Serve one connection over any byte stream: login, then the session
+/// until it ends.
+async fn serve_stream<R, W>(
     rd: R,
     wr: W,
     peer: String,
