@@ -1,0 +1,264 @@
+//! Malformed input over real TCP connections: each gets the answer RFC 7143
+//! gives (Login reject, Reject, or a closed connection), never a crash, and
+//! a good session on the same server keeps working throughout.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use ethersan_initiator::{connect, LoginOptions, Session};
+use ethersan_proto::pdu::{self, Bhs, LoginRequest, NopOut, Pdu, RESERVED_TAG};
+use ethersan_proto::text::encode_text;
+use ethersan_server::config::Config;
+use ethersan_server::Server;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const IQN: &str = "iqn.2026-11.org.ethersan:bad";
+
+async fn start() -> (String, tokio::task::JoinHandle<()>, tokio::sync::oneshot::Sender<()>) {
+    let text = format!(
+        "portals = [\"127.0.0.1:0\"]\n[options]\nnop_interval_secs = 0\nmax_recv_data_segment_length = 8192\n[[target]]\nname = \"{IQN}\"\nlun = [\"ram:8M\"]\n"
+    );
+    let srv = Server::bind(&Config::from_toml_str(&text, "test").unwrap()).await.unwrap();
+    let addr = srv.local_addrs()[0].to_string();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let h = tokio::spawn(async move {
+        srv.run(async {
+            let _ = rx.await;
+        })
+        .await
+    });
+    (addr, h, tx)
+}
+
+async fn good_session(addr: &str) -> Session {
+    let s = connect(addr, &LoginOptions { target_name: Some(IQN.into()), ..LoginOptions::default() }).await.unwrap();
+    for _ in 0..3 {
+        let r = s.command(0, &[0, 0, 0, 0, 0, 0], Bytes::new(), 0).await.unwrap();
+        if r.status == 0 {
+            break;
+        }
+    }
+    s
+}
+
+async fn io_still_works(s: &Session) {
+    let data = Bytes::from(vec![0x5a; 4096]);
+    assert_eq!(s.write16(0, 8, data.clone(), 512, false).await.unwrap().status, 0);
+    let r = s.read16(0, 8, 8, 512).await.unwrap();
+    assert_eq!(r.status, 0);
+    assert!(r.data == data[..]);
+}
+
+/// Read one PDU header (and skip its data) with a time limit; None on close.
+async fn read_pdu(sock: &mut TcpStream) -> Option<(Bhs, Vec<u8>)> {
+    let mut bhs = Bhs::default();
+    let r = tokio::time::timeout(Duration::from_secs(5), sock.read_exact(&mut bhs.0)).await.expect("no answer within 5 s");
+    r.ok()?;
+    let l = bhs.layout(false, false);
+    let mut rest = vec![0u8; l.ahs_len + l.data_len + l.pad_len];
+    sock.read_exact(&mut rest).await.ok()?;
+    Some((bhs, rest[l.ahs_len..l.ahs_len + l.data_len].to_vec()))
+}
+
+async fn expect_closed(sock: &mut TcpStream) {
+    let mut buf = [0u8; 64];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf)).await.expect("connection not closed") {
+            Ok(0) | Err(_) => return,
+            Ok(_) => continue,
+        }
+    }
+}
+
+/// Log in with one raw PDU (operational stage straight to full feature).
+async fn raw_login(addr: &str) -> TcpStream {
+    let mut sock = TcpStream::connect(addr).await.unwrap();
+    let keys = encode_text(&[
+        ("InitiatorName", "iqn.2026-11.org.ethersan:raw"),
+        ("TargetName", IQN),
+        ("SessionType", "Normal"),
+        ("MaxRecvDataSegmentLength", "8192"),
+    ]);
+    let req = LoginRequest {
+        transit: true,
+        continue_bit: false,
+        csg: 1,
+        nsg: 3,
+        version_max: 0,
+        version_min: 0,
+        isid: [0x80, 0, 0, 0, 0, 7],
+        tsih: 0,
+        itt: 1,
+        cid: 0,
+        cmd_sn: 1,
+        exp_stat_sn: 0,
+    };
+    let mut out = Vec::new();
+    pdu::write_pdu(&mut out, &Pdu::LoginRequest(req).encode(keys.len() as u32), &keys, false, false);
+    sock.write_all(&out).await.unwrap();
+    let (bhs, _) = read_pdu(&mut sock).await.expect("login response");
+    match Pdu::decode(&bhs).unwrap() {
+        Pdu::LoginResponse(r) => {
+            assert_eq!((r.status_class, r.transit, r.nsg), (0, true, 3), "{r:?}");
+        }
+        other => panic!("expected a login response, got {other:?}"),
+    }
+    sock
+}
+
+#[tokio::test]
+async fn non_login_pdu_before_login_is_rejected() {
+    let (addr, _h, _stop) = start().await;
+    let good = good_session(&addr).await;
+    let mut sock = TcpStream::connect(&addr).await.unwrap();
+    let nop = NopOut { immediate: true, lun: 0, itt: 5, ttt: RESERVED_TAG, cmd_sn: 1, exp_stat_sn: 0 };
+    sock.write_all(&Pdu::NopOut(nop).encode(0).0).await.unwrap();
+    let (bhs, _) = read_pdu(&mut sock).await.expect("a login reject");
+    match Pdu::decode(&bhs).unwrap() {
+        Pdu::LoginResponse(r) => assert_eq!((r.status_class, r.status_detail), (2, 0x0b)),
+        other => panic!("expected a Login reject, got {other:?}"),
+    }
+    expect_closed(&mut sock).await;
+    io_still_works(&good).await;
+}
+
+#[tokio::test]
+async fn garbage_and_truncated_pdus_close_only_that_connection() {
+    let (addr, _h, _stop) = start().await;
+    let good = good_session(&addr).await;
+    for junk in [vec![0xffu8; 4096], vec![0x03, 0x87, 0, 0], b"GET / HTTP/1.1\r\n\r\n".to_vec()] {
+        let mut sock = TcpStream::connect(&addr).await.unwrap();
+        sock.write_all(&junk).await.unwrap();
+        sock.shutdown().await.unwrap();
+        expect_closed(&mut sock).await;
+    }
+    // A login PDU claiming a 16 MiB data segment, then silence.
+    let mut sock = TcpStream::connect(&addr).await.unwrap();
+    let mut b = Bhs::default();
+    b.0[0] = 0x43;
+    b.set_data_len(pdu::MAX_DATA_SEGMENT);
+    sock.write_all(&b.0).await.unwrap();
+    sock.write_all(&[0u8; 1000]).await.unwrap();
+    sock.shutdown().await.unwrap();
+    expect_closed(&mut sock).await;
+    io_still_works(&good).await;
+}
+
+#[tokio::test]
+async fn unknown_opcode_and_oversized_segment_get_reject() {
+    let (addr, _h, _stop) = start().await;
+    let good = good_session(&addr).await;
+    let mut sock = raw_login(&addr).await;
+    // Unknown opcode 0x1c: Reject, reason "command not supported".
+    let mut b = Bhs::default();
+    b.0[0] = 0x1c;
+    b.0[1] = 0x80;
+    b.put_u32(16, 9);
+    sock.write_all(&b.0).await.unwrap();
+    let (bhs, data) = read_pdu(&mut sock).await.expect("a Reject");
+    match Pdu::decode(&bhs).unwrap() {
+        Pdu::Reject(r) => assert_eq!(r.reason, pdu::reject_reason::COMMAND_NOT_SUPPORTED),
+        other => panic!("expected Reject, got {other:?}"),
+    }
+    assert_eq!(&data[..48], &b.0[..], "Reject carries the offending header");
+    // A NOP-Out whose data segment exceeds our MaxRecvDataSegmentLength (8192).
+    let nop = NopOut { immediate: true, lun: 0, itt: 10, ttt: RESERVED_TAG, cmd_sn: 1, exp_stat_sn: 0 };
+    let big = vec![7u8; 16384];
+    let mut out = Vec::new();
+    pdu::write_pdu(&mut out, &Pdu::NopOut(nop).encode(big.len() as u32), &big, false, false);
+    sock.write_all(&out).await.unwrap();
+    let (bhs, _) = read_pdu(&mut sock).await.expect("a Reject");
+    match Pdu::decode(&bhs).unwrap() {
+        Pdu::Reject(r) => assert_eq!(r.reason, pdu::reject_reason::PROTOCOL_ERROR),
+        other => panic!("expected Reject, got {other:?}"),
+    }
+    // The connection is still framed and alive: a normal ping is answered.
+    let nop = NopOut { immediate: true, lun: 0, itt: 11, ttt: RESERVED_TAG, cmd_sn: 1, exp_stat_sn: 0 };
+    let mut out = Vec::new();
+    pdu::write_pdu(&mut out, &Pdu::NopOut(nop).encode(4), b"ping", false, false);
+    sock.write_all(&out).await.unwrap();
+    let (bhs, data) = read_pdu(&mut sock).await.expect("a NOP-In");
+    match Pdu::decode(&bhs).unwrap() {
+        Pdu::NopIn(n) => assert_eq!(n.itt, 11),
+        other => panic!("expected NOP-In, got {other:?}"),
+    }
+    assert_eq!(data, b"ping");
+    io_still_works(&good).await;
+}
+
+#[tokio::test]
+async fn invalid_login_keys_get_login_reject() {
+    let (addr, _h, _stop) = start().await;
+    // Missing InitiatorName on a normal session: 0x02/0x07 missing parameter.
+    let mut sock = TcpStream::connect(&addr).await.unwrap();
+    let keys = encode_text(&[("TargetName", IQN), ("SessionType", "Normal")]);
+    let req = LoginRequest {
+        transit: true,
+        continue_bit: false,
+        csg: 1,
+        nsg: 3,
+        version_max: 0,
+        version_min: 0,
+        isid: [0x80, 0, 0, 0, 0, 8],
+        tsih: 0,
+        itt: 1,
+        cid: 0,
+        cmd_sn: 1,
+        exp_stat_sn: 0,
+    };
+    let mut out = Vec::new();
+    pdu::write_pdu(&mut out, &Pdu::LoginRequest(req.clone()).encode(keys.len() as u32), &keys, false, false);
+    sock.write_all(&out).await.unwrap();
+    let (bhs, _) = read_pdu(&mut sock).await.expect("login reject");
+    match Pdu::decode(&bhs).unwrap() {
+        Pdu::LoginResponse(r) => assert_eq!((r.status_class, r.status_detail), (2, 7)),
+        other => panic!("{other:?}"),
+    }
+    // Malformed key text (no '='): initiator error.
+    let mut sock = TcpStream::connect(&addr).await.unwrap();
+    let keys = b"InitiatorName\0".to_vec();
+    let mut out = Vec::new();
+    pdu::write_pdu(&mut out, &Pdu::LoginRequest(req.clone()).encode(keys.len() as u32), &keys, false, false);
+    sock.write_all(&out).await.unwrap();
+    let (bhs, _) = read_pdu(&mut sock).await.expect("login reject");
+    match Pdu::decode(&bhs).unwrap() {
+        Pdu::LoginResponse(r) => assert_eq!(r.status_class, 2),
+        other => panic!("{other:?}"),
+    }
+    // An unsupported version range.
+    let mut sock = TcpStream::connect(&addr).await.unwrap();
+    let mut v = req.clone();
+    v.version_min = 3;
+    v.version_max = 3;
+    sock.write_all(&Pdu::LoginRequest(v).encode(0).0).await.unwrap();
+    let (bhs, _) = read_pdu(&mut sock).await.expect("login reject");
+    match Pdu::decode(&bhs).unwrap() {
+        Pdu::LoginResponse(r) => assert_eq!((r.status_class, r.status_detail), (2, 5)),
+        other => panic!("{other:?}"),
+    }
+    // An empty Continue PDU: initiator error, not a crash.
+    let mut sock = TcpStream::connect(&addr).await.unwrap();
+    let mut c = req;
+    c.continue_bit = true;
+    c.transit = false;
+    sock.write_all(&Pdu::LoginRequest(c).encode(0).0).await.unwrap();
+    let (bhs, _) = read_pdu(&mut sock).await.expect("login reject");
+    match Pdu::decode(&bhs).unwrap() {
+        Pdu::LoginResponse(r) => assert_eq!(r.status_class, 2),
+        other => panic!("{other:?}"),
+    }
+    let good = good_session(&addr).await;
+    io_still_works(&good).await;
+}
+
+#[tokio::test]
+async fn shutdown_ends_sessions_and_returns() {
+    let (addr, h, stop) = start().await;
+    let good = Arc::new(good_session(&addr).await);
+    io_still_works(&good).await;
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(15), h).await.expect("server did not stop").unwrap();
+    assert!(good.read16(0, 0, 1, 512).await.is_err(), "session survived shutdown");
+}
