@@ -1,0 +1,282 @@
+//! The SCSI layer driven directly: good paths and the exact sense for bad
+//! input, over RAM and a recording backend, at 512- and 4096-byte blocks.
+
+use std::sync::{Arc, Mutex};
+
+use ethersan_backend::ram::RamDevice;
+use ethersan_backend::{BackendError, BlockDevice};
+use ethersan_scsi::{LogicalUnit, LuConfig, Nexus, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus, ScsiTarget};
+use proptest::prelude::*;
+
+fn cfg(removable: bool, read_only: bool) -> LuConfig {
+    LuConfig {
+        read_only,
+        removable,
+        vendor: "ETHERSAN".into(),
+        product: "test disk".into(),
+        revision: "0001".into(),
+        serial: "abc123".into(),
+        naa: [0x60, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
+        target_name: "iqn.2026-11.org.ethersan:t".into(),
+        write_cache: true,
+    }
+}
+
+/// A RAM device that records whether each write asked for FUA.
+#[derive(Debug)]
+struct Recording {
+    inner: RamDevice,
+    fua: Mutex<Vec<bool>>,
+    flushes: Mutex<usize>,
+}
+
+impl BlockDevice for Recording {
+    fn block_size(&self) -> u32 {
+        self.inner.block_size()
+    }
+    fn num_blocks(&self) -> u64 {
+        self.inner.num_blocks()
+    }
+    fn read_at(&self, o: u64, b: &mut [u8]) -> Result<(), BackendError> {
+        self.inner.read_at(o, b)
+    }
+    fn write_at(&self, o: u64, b: &[u8], fua: bool) -> Result<(), BackendError> {
+        self.fua.lock().unwrap().push(fua);
+        self.inner.write_at(o, b, fua)
+    }
+    fn flush(&self) -> Result<(), BackendError> {
+        *self.flushes.lock().unwrap() += 1;
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        "recording".into()
+    }
+}
+
+const N: Nexus = Nexus(1);
+const OTHER: Nexus = Nexus(2);
+
+fn target(bs: u32, removable: bool, read_only: bool) -> ScsiTarget {
+    let dev = Arc::new(RamDevice::new(4 << 20, bs).unwrap());
+    let t = ScsiTarget::new(vec![Arc::new(LogicalUnit::new(dev, cfg(removable, read_only)))]);
+    t.nexus_added(N);
+    t.nexus_added(OTHER);
+    // Clear the power-on unit attention of both nexuses.
+    for n in [N, OTHER] {
+        let r = exec(&t, n, &[0, 0, 0, 0, 0, 0], &[]);
+        assert_eq!(sense(&r), Some((6, 0x29, 0)));
+    }
+    t
+}
+
+fn exec(t: &ScsiTarget, nexus: Nexus, cdb: &[u8], data: &[u8]) -> ScsiResponse {
+    t.execute(&ScsiRequest { nexus, lun: 0, cdb, data_out: data, expected_len: 1 << 20 })
+}
+
+fn sense(r: &ScsiResponse) -> Option<(u8, u8, u8)> {
+    let s = &r.sense;
+    match s.first()? & 0x7f {
+        0x70 => Some((s[2] & 0xf, s[12], s[13])),
+        0x72 => Some((s[1] & 0xf, s[2], s[3])),
+        _ => None,
+    }
+}
+
+fn read10(lba: u32, n: u16) -> Vec<u8> {
+    let mut c = vec![0x28, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    c[2..6].copy_from_slice(&lba.to_be_bytes());
+    c[7..9].copy_from_slice(&n.to_be_bytes());
+    c
+}
+
+fn write10(lba: u32, n: u16, fua: bool) -> Vec<u8> {
+    let mut c = read10(lba, n);
+    c[0] = 0x2a;
+    if fua {
+        c[1] = 0x08;
+    }
+    c
+}
+
+#[test]
+fn read_write_roundtrip_both_block_sizes() {
+    for bs in [512u32, 4096] {
+        let t = target(bs, false, false);
+        let data: Vec<u8> = (0..bs as usize * 3).map(|i| (i % 253) as u8).collect();
+        let r = exec(&t, N, &write10(5, 3, false), &data);
+        assert_eq!(r.status, ScsiStatus::Good);
+        assert_eq!(r.data_out_len, Some(data.len()));
+        let r = exec(&t, N, &read10(5, 3), &[]);
+        assert_eq!(r.data_in, data);
+        let r = exec(&t, N, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]);
+        let blocks = (4u64 << 20) / u64::from(bs);
+        assert_eq!(u32::from_be_bytes(r.data_in[0..4].try_into().unwrap()) as u64, blocks - 1);
+        assert_eq!(u32::from_be_bytes(r.data_in[4..8].try_into().unwrap()), bs);
+        let mut rc16 = [0u8; 16];
+        rc16[0] = 0x9e;
+        rc16[1] = 0x10;
+        rc16[13] = 32;
+        let r = exec(&t, N, &rc16, &[]);
+        assert_eq!(r.data_in.len(), 32);
+        assert_eq!(u64::from_be_bytes(r.data_in[0..8].try_into().unwrap()), blocks - 1);
+    }
+}
+
+#[test]
+fn bad_requests_get_the_standard_sense() {
+    let t = target(512, false, false);
+    let blocks = (4u32 << 20) / 512;
+    assert_eq!(sense(&exec(&t, N, &read10(blocks, 1), &[])), Some((5, 0x21, 0)));
+    assert_eq!(sense(&exec(&t, N, &read10(blocks - 1, 2), &[])), Some((5, 0x21, 0)));
+    assert_eq!(exec(&t, N, &read10(blocks, 0), &[]).status, ScsiStatus::Good);
+    assert_eq!(sense(&exec(&t, N, &read10(blocks + 1, 0), &[])), Some((5, 0x21, 0)));
+    // Unknown opcode, reserved bits, protection fields, NACA.
+    assert_eq!(sense(&exec(&t, N, &[0xc0, 0, 0, 0, 0, 0], &[])), Some((5, 0x20, 0)));
+    assert_eq!(sense(&exec(&t, N, &[0x12, 0x02, 0, 0, 36, 0], &[])), Some((5, 0x24, 0)));
+    let mut c = read10(0, 1);
+    c[1] = 0x20;
+    assert_eq!(sense(&exec(&t, N, &c, &[])), Some((5, 0x24, 0)));
+    let mut c = read10(0, 1);
+    c[9] = 0x04;
+    assert_eq!(sense(&exec(&t, N, &c, &[])), Some((5, 0x24, 0)));
+    // Unsupported VPD page; REPORT LUNS with a tiny allocation length.
+    assert_eq!(sense(&exec(&t, N, &[0x12, 1, 0x99, 0, 255, 0], &[])), Some((5, 0x24, 0)));
+    assert_eq!(sense(&exec(&t, N, &[0xa0, 0, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0], &[])), Some((5, 0x24, 0)));
+    // A transfer longer than the LUN is out of range.
+    let mut c = [0u8; 16];
+    c[0] = 0x88;
+    c[10..14].copy_from_slice(&0x0010_0000u32.to_be_bytes());
+    assert_eq!(sense(&exec(&t, N, &c, &[])), Some((5, 0x21, 0)));
+}
+
+#[test]
+fn inquiry_and_vpd() {
+    let t = target(512, true, false);
+    let r = exec(&t, N, &[0x12, 0, 0, 0, 96, 0], &[]);
+    assert_eq!(r.data_in[0], 0);
+    assert_eq!(r.data_in[1], 0x80, "RMB");
+    assert_eq!(&r.data_in[8..16], b"ETHERSAN");
+    let r = exec(&t, N, &[0x12, 1, 0, 0, 255, 0], &[]);
+    assert_eq!(&r.data_in[4..], &[0x00, 0x80, 0x83, 0xb0, 0xb1, 0xb2]);
+    let r = exec(&t, N, &[0x12, 1, 0x80, 0, 255, 0], &[]);
+    assert_eq!(&r.data_in[4..], b"abc123");
+    let r = exec(&t, N, &[0x12, 1, 0x83, 0, 255, 0], &[]);
+    assert_eq!(&r.data_in[4..8], &[0x01, 0x03, 0, 16], "NAA designator first");
+    assert_eq!(&r.data_in[8..24], &cfg(false, false).naa);
+    assert_eq!(exec(&t, N, &[0x12, 0, 0, 0, 5, 0], &[]).data_in.len(), 5);
+    let r = t.execute(&ScsiRequest { nexus: N, lun: 7, cdb: &[0x12, 0, 0, 0, 36, 0], data_out: &[], expected_len: 36 });
+    assert_eq!(r.data_in[0], 0x7f);
+    let r = t.execute(&ScsiRequest { nexus: N, lun: 7, cdb: &[0, 0, 0, 0, 0, 0], data_out: &[], expected_len: 0 });
+    assert_eq!(sense(&r), Some((5, 0x25, 0)));
+}
+
+#[test]
+fn wce_off_makes_every_write_durable_and_tells_other_nexuses() {
+    let dev = Arc::new(Recording { inner: RamDevice::new(1 << 20, 512).unwrap(), fua: Mutex::new(vec![]), flushes: Mutex::new(0) });
+    let t = ScsiTarget::new(vec![Arc::new(LogicalUnit::new(dev.clone(), cfg(false, false)))]);
+    for n in [N, OTHER] {
+        t.nexus_added(n);
+        exec(&t, n, &[0, 0, 0, 0, 0, 0], &[]);
+    }
+    exec(&t, N, &write10(0, 1, false), &[1u8; 512]);
+    exec(&t, N, &write10(0, 1, true), &[1u8; 512]);
+    let r = exec(&t, N, &[0x1a, 0x08, 0x08, 0, 255, 0], &[]);
+    assert_eq!(r.data_in[3], 0, "DBD: no block descriptor");
+    let mut page = r.data_in[4..].to_vec();
+    assert_eq!(page[0] & 0x3f, 0x08);
+    assert_eq!(page[2] & 0x04, 0x04, "WCE set by default");
+    page[2] &= !0x04;
+    let mut param = vec![0u8, 0, 0, 0];
+    param.extend(&page);
+    let r = exec(&t, N, &[0x15, 0x10, 0, 0, param.len() as u8, 0], &param);
+    assert_eq!(r.status, ScsiStatus::Good, "{:?}", sense(&r));
+    assert_eq!(*dev.flushes.lock().unwrap(), 1, "turning WCE off flushes");
+    exec(&t, N, &write10(0, 1, false), &[1u8; 512]);
+    assert_eq!(*dev.fua.lock().unwrap(), vec![false, true, true]);
+    assert_eq!(sense(&exec(&t, OTHER, &[0, 0, 0, 0, 0, 0], &[])), Some((6, 0x2a, 1)));
+    param[4 + 2] |= 0x01; // RCD is not changeable
+    assert_eq!(sense(&exec(&t, N, &[0x15, 0x10, 0, 0, param.len() as u8, 0], &param)), Some((5, 0x26, 0)));
+    exec(&t, N, &[0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]);
+    assert_eq!(*dev.flushes.lock().unwrap(), 2);
+}
+
+#[test]
+fn d_sense_switches_to_descriptor_format() {
+    let t = target(512, false, false);
+    let r = exec(&t, N, &[0x1a, 0x08, 0x0a, 0, 255, 0], &[]);
+    let mut param = vec![0u8, 0, 0, 0];
+    param.extend(&r.data_in[4..]);
+    param[4 + 2] |= 0x04;
+    assert_eq!(exec(&t, N, &[0x15, 0x10, 0, 0, param.len() as u8, 0], &param).status, ScsiStatus::Good);
+    let r = exec(&t, N, &[0xc0, 0, 0, 0, 0, 0], &[]);
+    assert_eq!(r.sense[0], 0x72);
+    assert_eq!(sense(&r), Some((5, 0x20, 0)));
+}
+
+#[test]
+fn removable_medium_and_read_only() {
+    let t = target(512, true, false);
+    assert_eq!(exec(&t, N, &[0x1e, 0, 0, 0, 1, 0], &[]).status, ScsiStatus::Good);
+    assert_eq!(sense(&exec(&t, N, &[0x1b, 0, 0, 0, 0x02, 0], &[])), Some((5, 0x53, 2)), "eject prevented");
+    assert_eq!(exec(&t, N, &[0x1e, 0, 0, 0, 0, 0], &[]).status, ScsiStatus::Good);
+    assert_eq!(exec(&t, N, &[0x1b, 0, 0, 0, 0x02, 0], &[]).status, ScsiStatus::Good);
+    assert_eq!(sense(&exec(&t, N, &[0, 0, 0, 0, 0, 0], &[])), Some((2, 0x3a, 0)));
+    assert_eq!(sense(&exec(&t, N, &read10(0, 1), &[])), Some((2, 0x3a, 0)));
+    assert_eq!(exec(&t, N, &[0x1b, 0, 0, 0, 0x03, 0], &[]).status, ScsiStatus::Good);
+    assert_eq!(exec(&t, N, &[0, 0, 0, 0, 0, 0], &[]).status, ScsiStatus::Good);
+
+    let ro = target(512, false, true);
+    assert_eq!(sense(&exec(&ro, N, &write10(0, 1, false), &[0u8; 512])), Some((7, 0x27, 0)));
+    let r = exec(&ro, N, &[0x1a, 0, 0x3f, 0, 255, 0], &[]);
+    assert_eq!(r.data_in[2] & 0x80, 0x80, "WP bit");
+    assert_eq!(sense(&exec(&ro, N, &[0x1b, 0, 0, 0, 0x02, 0], &[])), Some((5, 0x24, 0)));
+}
+
+#[test]
+fn verify_reports_the_first_miscompare() {
+    let t = target(512, false, false);
+    exec(&t, N, &write10(10, 2, false), &[9u8; 1024]);
+    let mut data = vec![9u8; 1024];
+    let mut c = read10(10, 2);
+    c[0] = 0x2f;
+    c[1] = 0x02; // BYTCHK=1
+    assert_eq!(exec(&t, N, &c, &data).status, ScsiStatus::Good);
+    data[700] = 1;
+    let r = exec(&t, N, &c, &data);
+    assert_eq!(sense(&r), Some((0xe, 0x1d, 0)));
+    assert_eq!(u32::from_be_bytes(r.sense[3..7].try_into().unwrap()), 700);
+}
+
+#[test]
+fn resets_raise_unit_attentions() {
+    let t = target(512, false, false);
+    t.reset(ResetKind::LogicalUnit, Some(0), N);
+    assert_eq!(sense(&exec(&t, OTHER, &[0, 0, 0, 0, 0, 0], &[])), Some((6, 0x29, 3)));
+    assert_eq!(exec(&t, N, &[0x12, 0, 0, 0, 36, 0], &[]).status, ScsiStatus::Good);
+    let r = exec(&t, N, &[0x03, 0, 0, 0, 18, 0], &[]);
+    assert_eq!((r.data_in[2], r.data_in[12], r.data_in[13]), (6, 0x29, 3));
+    assert_eq!(exec(&t, N, &[0, 0, 0, 0, 0, 0], &[]).status, ScsiStatus::Good);
+}
+
+#[test]
+fn report_supported_opcodes_comes_from_the_table() {
+    let t = target(512, false, false);
+    let r = exec(&t, N, &[0xa3, 0x0c, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0], &[]);
+    let len = u32::from_be_bytes(r.data_in[0..4].try_into().unwrap()) as usize;
+    assert_eq!(len, ethersan_scsi::commands::COMMANDS.len() * 8);
+    let r = exec(&t, N, &[0xa3, 0x0c, 0x01, 0x28, 0, 0, 0, 0, 1, 0, 0, 0], &[]);
+    assert_eq!(r.data_in[1] & 0x07, 0x03);
+    assert_eq!(&r.data_in[4..6], &[0x28, 0xfe]);
+    assert_eq!(sense(&exec(&t, N, &[0xa3, 0x0c, 0x01, 0x9e, 0, 0, 0, 0, 1, 0, 0, 0], &[])), Some((5, 0x24, 0)));
+}
+
+proptest! {
+    #[test]
+    fn random_cdbs_never_panic(cdb in proptest::collection::vec(any::<u8>(), 1..17), data in proptest::collection::vec(any::<u8>(), 0..2048), lun in 0u64..3) {
+        let t = target(512, true, false);
+        let r = t.execute(&ScsiRequest { nexus: N, lun, cdb: &cdb, data_out: &data, expected_len: data.len() as u32 });
+        if r.status == ScsiStatus::CheckCondition {
+            prop_assert!(!r.sense.is_empty());
+        }
+    }
+}
