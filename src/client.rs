@@ -88,6 +88,7 @@ async fn inquiry_data(s: &Session, lun: u64, evpd: bool, page: u8) -> anyhow::Re
 }
 
 async fn lun_info(s: &Session, lun: u64) -> anyhow::Result<LunInfo> {
+    s.clear_unit_attention(lun).await?;
     let std = inquiry_data(s, lun, false, 0).await?;
     if std.len() < 36 {
         bail!("short INQUIRY data ({} bytes)", std.len());
@@ -145,6 +146,7 @@ async fn lun_info(s: &Session, lun: u64) -> anyhow::Result<LunInfo> {
 }
 
 async fn report_luns(s: &Session) -> anyhow::Result<Vec<u64>> {
+    s.clear_unit_attention(0).await?;
     let mut cdb = [0u8; 12];
     cdb[0] = 0xa0;
     cdb[6..10].copy_from_slice(&4096u32.to_be_bytes());

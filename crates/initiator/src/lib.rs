@@ -278,6 +278,20 @@ pub async fn discover(addr: &str, initiator_name: &str) -> Result<Vec<(String, V
 }
 
 impl Session {
+    /// Send TEST UNIT READY until no unit attention is reported (a new
+    /// nexus starts with one, as SAM-5 requires), as libiscsi does after
+    /// login. Returns the final status and sense key.
+    pub async fn clear_unit_attention(&self, lun: u64) -> Result<CommandResult, Error> {
+        let mut last = CommandResult::default();
+        for _ in 0..8 {
+            last = self.command(lun, &[0, 0, 0, 0, 0, 0], Bytes::new(), 0).await?;
+            if last.sense_key().map(|k| k.0) != Some(6) {
+                break;
+            }
+        }
+        Ok(last)
+    }
+
     /// READ CAPACITY (16): (number of blocks, block size).
     pub async fn read_capacity(&self, lun: u64) -> Result<(u64, u32), Error> {
         let mut cdb = [0u8; 16];

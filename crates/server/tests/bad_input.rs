@@ -17,8 +17,12 @@ use tokio::net::TcpStream;
 const IQN: &str = "iqn.2026-11.org.ethersan:bad";
 
 async fn start() -> (String, tokio::task::JoinHandle<()>, tokio::sync::oneshot::Sender<()>) {
+    start_with("nop_interval_secs = 0").await
+}
+
+async fn start_with(options: &str) -> (String, tokio::task::JoinHandle<()>, tokio::sync::oneshot::Sender<()>) {
     let text = format!(
-        "portals = [\"127.0.0.1:0\"]\n[options]\nnop_interval_secs = 0\nmax_recv_data_segment_length = 8192\n[[target]]\nname = \"{IQN}\"\nlun = [\"ram:8M\"]\n"
+        "portals = [\"127.0.0.1:0\"]\n[options]\n{options}\nmax_recv_data_segment_length = 8192\n[[target]]\nname = \"{IQN}\"\nlun = [\"ram:8M\"]\n"
     );
     let srv = Server::bind(&Config::from_toml_str(&text, "test").unwrap()).await.unwrap();
     let addr = srv.local_addrs()[0].to_string();
@@ -261,4 +265,75 @@ async fn shutdown_ends_sessions_and_returns() {
     stop.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(15), h).await.expect("server did not stop").unwrap();
     assert!(good.read16(0, 0, 1, 512).await.is_err(), "session survived shutdown");
+}
+
+#[tokio::test]
+async fn idle_connections_are_pinged_and_dead_ones_dropped() {
+    let (addr, _h, _stop) = start_with("nop_interval_secs = 1\nnop_timeout_secs = 2").await;
+    let good = good_session(&addr).await;
+    let mut dead = raw_login(&addr).await;
+    // The target pings the silent connection with a NOP-In that wants an answer...
+    let (bhs, _) = read_pdu(&mut dead).await.expect("a NOP-In ping");
+    match Pdu::decode(&bhs).unwrap() {
+        Pdu::NopIn(n) => {
+            assert_eq!(n.itt, RESERVED_TAG);
+            assert_ne!(n.ttt, RESERVED_TAG);
+        }
+        other => panic!("expected a NOP-In, got {other:?}"),
+    }
+    // ...and, unanswered, drops it.
+    expect_closed(&mut dead).await;
+    // The initiator library answers pings, so its idle session lives on.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    io_still_works(&good).await;
+}
+
+#[tokio::test]
+async fn login_text_split_over_pdus_with_the_c_bit() {
+    let (addr, _h, _stop) = start().await;
+    let mut sock = TcpStream::connect(&addr).await.unwrap();
+    let keys = encode_text(&[
+        ("InitiatorName", "iqn.2026-11.org.ethersan:split"),
+        ("TargetName", IQN),
+        ("SessionType", "Normal"),
+        ("ImmediateData", "Yes"),
+    ]);
+    let (a, b) = keys.split_at(20);
+    let mut req = LoginRequest {
+        transit: false,
+        continue_bit: true,
+        csg: 1,
+        nsg: 0,
+        version_max: 0,
+        version_min: 0,
+        isid: [0x80, 0, 0, 0, 0, 9],
+        tsih: 0,
+        itt: 1,
+        cid: 0,
+        cmd_sn: 1,
+        exp_stat_sn: 0,
+    };
+    let mut out = Vec::new();
+    pdu::write_pdu(&mut out, &Pdu::LoginRequest(req.clone()).encode(a.len() as u32), a, false, false);
+    sock.write_all(&out).await.unwrap();
+    // The target acknowledges the partial text with an empty response.
+    let (bhs, data) = read_pdu(&mut sock).await.expect("empty login response");
+    match Pdu::decode(&bhs).unwrap() {
+        Pdu::LoginResponse(r) => assert_eq!((r.status_class, r.transit), (0, false)),
+        other => panic!("{other:?}"),
+    }
+    assert!(data.is_empty());
+    req.continue_bit = false;
+    req.transit = true;
+    req.nsg = 3;
+    let mut out = Vec::new();
+    pdu::write_pdu(&mut out, &Pdu::LoginRequest(req).encode(b.len() as u32), b, false, false);
+    sock.write_all(&out).await.unwrap();
+    let (bhs, data) = read_pdu(&mut sock).await.expect("final login response");
+    match Pdu::decode(&bhs).unwrap() {
+        Pdu::LoginResponse(r) => assert_eq!((r.status_class, r.transit, r.nsg), (0, true, 3)),
+        other => panic!("{other:?}"),
+    }
+    let answers = ethersan_proto::text::parse_text(&data, &Default::default()).unwrap();
+    assert!(answers.iter().any(|(k, v)| k == "ImmediateData" && v == "Yes"), "{answers:?}");
 }
