@@ -54,12 +54,8 @@ enum Request {
     Logout { reply: oneshot::Sender<Result<(), Error>> },
 }
 
-struct Pending {
-    cmd_sn: u32,
-    kind: PendingKind,
-}
-
-enum PendingKind {
+/// A request waiting for the target's answer.
+enum Pending {
     Scsi { data_out: Bytes, result: CommandResult, reply: oneshot::Sender<Result<CommandResult, Error>>, lun: u64 },
     Text { collected: Vec<u8>, reply: oneshot::Sender<Result<Vec<(String, String)>, Error>>, lun: u64 },
     Logout { reply: oneshot::Sender<Result<(), Error>> },
@@ -171,7 +167,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
         .await;
         let err = result.err().unwrap_or(Error::Closed);
         for (_, p) in self.pending.drain() {
-            fail(p.kind, err.clone());
+            fail(p, err.clone());
         }
         for r in self.queued.drain(..) {
             match r {
@@ -268,7 +264,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
                     off += n;
                 }
                 let result = CommandResult { data: vec![0u8; read_len as usize], ..Default::default() };
-                self.pending.insert(itt, Pending { cmd_sn, kind: PendingKind::Scsi { data_out, result, reply, lun: wire_lun } });
+                self.pending.insert(itt, Pending::Scsi { data_out, result, reply, lun: wire_lun });
             }
             Request::Text { keys, reply } => {
                 let data = encode_text(&keys);
@@ -284,7 +280,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
                 };
                 let bhs = Pdu::TextRequest(t).encode(data.len() as u32);
                 write_frame(&mut self.wr, &bhs, &[], &data, &self.params).await?;
-                self.pending.insert(itt, Pending { cmd_sn, kind: PendingKind::Text { collected: Vec::new(), reply, lun: 0 } });
+                self.pending.insert(itt, Pending::Text { collected: Vec::new(), reply, lun: 0 });
             }
             Request::Logout { reply } => {
                 let l = LogoutRequest { immediate: true, reason: 0, itt, cid: 0, cmd_sn, exp_stat_sn: self.exp_stat_sn };
@@ -292,7 +288,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
                 self.cmd_sn = cmd_sn;
                 let bhs = Pdu::LogoutRequest(l).encode(0);
                 write_frame(&mut self.wr, &bhs, &[], &[], &self.params).await?;
-                self.pending.insert(itt, Pending { cmd_sn, kind: PendingKind::Logout { reply } });
+                self.pending.insert(itt, Pending::Logout { reply });
             }
         }
         Ok(())
@@ -318,7 +314,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
             Pdu::DataIn(d) => {
                 self.update_window(d.exp_cmd_sn, d.max_cmd_sn);
                 let Some(p) = self.pending.get_mut(&d.itt) else { return Ok(false) };
-                let PendingKind::Scsi { result, .. } = &mut p.kind else { return Ok(false) };
+                let Pending::Scsi { result, .. } = p else { return Ok(false) };
                 let off = d.buffer_offset as usize;
                 let end = off + raw.data.len();
                 if end > result.data.len() {
@@ -328,7 +324,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
                 if d.status_present {
                     self.status_seen(d.stat_sn);
                     let p = self.pending.remove(&d.itt).expect("present");
-                    if let PendingKind::Scsi { mut result, reply, .. } = p.kind {
+                    if let Pending::Scsi { mut result, reply, .. } = p {
                         result.status = d.status;
                         result.residual = d.residual;
                         result.overflow = d.overflow;
@@ -345,7 +341,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
                 self.update_window(r.exp_cmd_sn, r.max_cmd_sn);
                 self.status_seen(r.stat_sn);
                 if let Some(p) = self.pending.remove(&r.itt) {
-                    if let PendingKind::Scsi { mut result, reply, .. } = p.kind {
+                    if let Pending::Scsi { mut result, reply, .. } = p {
                         result.status = r.status;
                         result.residual = r.residual;
                         result.overflow = r.overflow;
@@ -369,7 +365,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
             Pdu::R2t(r) => {
                 self.update_window(r.exp_cmd_sn, r.max_cmd_sn);
                 let Some(p) = self.pending.get(&r.itt) else { return Ok(false) };
-                let PendingKind::Scsi { data_out, lun, .. } = &p.kind else { return Ok(false) };
+                let Pending::Scsi { data_out, lun, .. } = p else { return Ok(false) };
                 let data_out = data_out.clone();
                 let lun = *lun;
                 let start = r.buffer_offset as usize;
@@ -417,7 +413,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
                 self.update_window(t.exp_cmd_sn, t.max_cmd_sn);
                 self.status_seen(t.stat_sn);
                 let Some(p) = self.pending.get_mut(&t.itt) else { return Ok(false) };
-                let PendingKind::Text { collected, lun, .. } = &mut p.kind else { return Ok(false) };
+                let Pending::Text { collected, lun, .. } = p else { return Ok(false) };
                 collected.extend_from_slice(&raw.data);
                 if t.continue_bit || !t.final_bit {
                     // Ask for the rest with an empty request carrying the TTT.
@@ -437,7 +433,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
                     self.wr.flush().await?;
                 } else {
                     let p = self.pending.remove(&t.itt).expect("present");
-                    if let PendingKind::Text { collected, reply, .. } = p.kind {
+                    if let Pending::Text { collected, reply, .. } = p {
                         let r = parse_text(&collected, &Default::default()).map_err(|e| Error::Protocol(e.to_string()));
                         let _ = reply.send(r);
                     }
@@ -446,7 +442,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
             Pdu::LogoutResponse(l) => {
                 self.status_seen(l.stat_sn);
                 if let Some(p) = self.pending.remove(&l.itt) {
-                    if let PendingKind::Logout { reply } = p.kind {
+                    if let Pending::Logout { reply } = p {
                         let r = if l.response == 0 { Ok(()) } else { Err(Error::Protocol(format!("logout response {}", l.response))) };
                         let _ = reply.send(r);
                     }
@@ -459,7 +455,7 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
                     let mut b = Bhs::default();
                     b.0.copy_from_slice(&raw.data[..BHS_LEN]);
                     if let Some(p) = self.pending.remove(&b.itt()) {
-                        fail(p.kind, Error::Rejected(r.reason));
+                        fail(p, Error::Rejected(r.reason));
                     }
                 }
             }
@@ -474,16 +470,15 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
             }
             other => return Err(Error::Protocol(format!("unexpected PDU from target: {other:?}"))),
         }
-        let _ = pdu::RESERVED_TAG;
         Ok(false)
     }
 }
 
-fn fail(kind: PendingKind, err: Error) {
-    match kind {
-        PendingKind::Scsi { reply, .. } => drop(reply.send(Err(err))),
-        PendingKind::Text { reply, .. } => drop(reply.send(Err(err))),
-        PendingKind::Logout { reply } => drop(reply.send(Err(err))),
+fn fail(p: Pending, err: Error) {
+    match p {
+        Pending::Scsi { reply, .. } => drop(reply.send(Err(err))),
+        Pending::Text { reply, .. } => drop(reply.send(Err(err))),
+        Pending::Logout { reply } => drop(reply.send(Err(err))),
     }
 }
 

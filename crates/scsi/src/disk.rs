@@ -17,7 +17,7 @@ use crate::sense::{codes, key, Sense};
 use crate::{LuConfig, Nexus, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus};
 
 /// Largest transfer one command may ask for, in bytes (VPD 0xB0).
-pub const MAX_TRANSFER_BYTES: u64 = 16 << 20;
+pub(crate) const MAX_TRANSFER_BYTES: u64 = 16 << 20;
 
 type CmdResult = Result<Reply, Sense>;
 

@@ -277,9 +277,6 @@ async fn serve_stream<R, W>(
         id: outcome.session_id,
         target: outcome.target.clone(),
         params: Negotiated {
-            header_digest: p.header_digest,
-            data_digest: p.data_digest,
-            max_recv_dsl: p.max_recv_data_segment_length,
             max_send_dsl: p.max_send_data_segment_length,
             initial_r2t: p.initial_r2t,
             immediate_data: p.immediate_data,

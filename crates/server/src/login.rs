@@ -31,8 +31,6 @@ pub(crate) mod status {
     pub(crate) const NO_SESSION: (u8, u8) = (0x02, 0x0a);
     /// Invalid request during login.
     pub(crate) const INVALID_DURING_LOGIN: (u8, u8) = (0x02, 0x0b);
-    /// Out of resources (target error).
-    pub(crate) const OUT_OF_RESOURCES: (u8, u8) = (0x03, 0x02);
 }
 
 /// A finished login.
@@ -41,7 +39,6 @@ pub(crate) struct LoginOutcome {
     pub(crate) params: SessionParams,
     pub(crate) target: Option<Arc<TargetEntry>>,
     pub(crate) isid: [u8; 6],
-    pub(crate) tsih: u16,
     pub(crate) exp_cmd_sn: u32,
     pub(crate) stat_sn: u32,
     pub(crate) session_id: u64,
@@ -180,7 +177,6 @@ pub(crate) async fn login<R: AsyncRead + Unpin>(
                 params,
                 target,
                 isid: first.isid,
-                tsih,
                 exp_cmd_sn: st.exp_cmd_sn,
                 stat_sn: st.stat_sn,
                 session_id,

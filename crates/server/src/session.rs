@@ -18,7 +18,7 @@ use ethersan_proto::pdu::{
     TextResponse, TmfFunction, RESERVED_TAG,
 };
 use ethersan_proto::seq::{Admission, CmdWindow};
-use ethersan_proto::transfer::{data_in_segments, DataOutError, TransferLimits, WriteTransfer};
+use ethersan_proto::transfer::{data_in_segments, TransferLimits, WriteTransfer};
 use ethersan_scsi::{Nexus, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
@@ -33,10 +33,6 @@ pub(crate) const MAX_EDTL: u32 = 64 << 20;
 /// The values negotiated at login that the full feature phase needs.
 #[derive(Debug, Clone)]
 pub(crate) struct Negotiated {
-    pub(crate) header_digest: bool,
-    pub(crate) data_digest: bool,
-    /// What we may receive per PDU (our declaration).
-    pub(crate) max_recv_dsl: u32,
     /// What we may send per PDU (the initiator's declaration).
     pub(crate) max_send_dsl: u32,
     pub(crate) initial_r2t: bool,
@@ -104,6 +100,8 @@ struct Task {
     fail: Option<ScsiResponse>,
     /// Aborted by task management: no response is sent.
     aborted: bool,
+    /// R2Ts sent for this task (ExpDataSN of a write's response).
+    r2t_count: u32,
 }
 
 /// A task management request waiting for aborted tasks to finish.
@@ -476,7 +474,7 @@ impl Session {
         };
         let itt = cmd.itt;
         let (cmd_sn, immediate) = (cmd.cmd_sn, cmd.immediate);
-        self.tasks.insert(itt, Task { cmd, cdb, data, state, seq: None, fail, aborted: false });
+        self.tasks.insert(itt, Task { cmd, cdb, data, state, seq: None, fail, aborted: false, r2t_count: 0 });
         self.admit(cmd_sn, immediate, Ordered::Scsi(itt));
     }
 
@@ -521,6 +519,7 @@ impl Session {
             v
         });
         self.next_ttt = next;
+        task.r2t_count = t.r2t_count();
         let lun = task.cmd.lun;
         for r in reqs {
             let r2t = pdu::R2t {
@@ -565,9 +564,6 @@ impl Session {
                 // ABORTED COMMAND / DATA PHASE ERROR ends the command at once.
                 task.fail = Some(check_condition(0x0b, 0x4b, 0x00));
                 task.state = TaskState::Ready;
-                if let DataOutError::UnknownTtt(_) = e {
-                    // nothing more to do
-                }
                 if task.seq.is_some() {
                     self.ready.push_back(d.itt);
                     self.dispatch();
@@ -658,9 +654,9 @@ impl Session {
                 (produced, false, false, 0)
             }
         } else if cmd.write {
-            // Writes: the SCSI layer consumed what the CDB asked for.
-            let wanted = resp_data_out_len(&resp);
-            match wanted {
+            // Writes: residuals compare the CDB's transfer length (SPDTL,
+            // reported by the SCSI layer) with the expected length.
+            match resp.data_out_len {
                 Some(w) if w > edtl => (0, true, false, (w - edtl) as u32),
                 Some(w) if w < edtl => (0, false, true, (edtl - w) as u32),
                 _ => (0, false, false, 0),
@@ -706,10 +702,8 @@ impl Session {
             s.extend_from_slice(&resp.sense);
             Bytes::from(s)
         };
-        let exp_data_sn = match &task.state {
-            _ if cmd.read => nsegs,
-            _ => 0,
-        };
+        // ExpDataSN: Data-In PDUs sent for a read, R2Ts for a write (§11.4.8).
+        let exp_data_sn = if cmd.read { nsegs } else { task.r2t_count };
         let r = pdu::ScsiResponse {
             overflow,
             underflow,
@@ -891,19 +885,9 @@ impl Session {
     }
 }
 
-/// How many Data-Out bytes the command's CDB asked for, as the SCSI layer
-/// reports it.
-fn resp_data_out_len(resp: &ScsiResponse) -> Option<usize> {
-    resp.data_out_len
-}
-
-/// A CHECK CONDITION response with fixed-format sense.
-pub(crate) fn check_condition(key: u8, asc: u8, ascq: u8) -> ScsiResponse {
-    let mut sense = vec![0u8; 18];
-    sense[0] = 0x70;
-    sense[2] = key;
-    sense[7] = 10;
-    sense[12] = asc;
-    sense[13] = ascq;
+/// A CHECK CONDITION response for failures found by the transport, before
+/// the command reaches its logical unit (fixed-format sense).
+fn check_condition(key: u8, asc: u8, ascq: u8) -> ScsiResponse {
+    let sense = ethersan_scsi::sense::Sense::new(key, asc, ascq).to_bytes(false);
     ScsiResponse { status: ScsiStatus::CheckCondition, sense, data_in: Vec::new(), data_out_len: None }
 }
