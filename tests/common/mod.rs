@@ -14,14 +14,26 @@ pub const IQN: &str = "iqn.2026-11.org.ethersan:test";
 /// A running `ethersan serve`, stopped (SIGTERM) when dropped.
 pub struct Server {
     pub child: Child,
+    /// The first portal.
     pub addr: String,
+    /// Every portal, in `--listen` order.
+    pub addrs: Vec<String>,
     pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Server {
     /// Start with these `--lun` specs on a free port of 127.0.0.1.
     pub fn start(luns: &[&str]) -> Server {
-        let mut args: Vec<String> = vec!["serve".into(), "--listen".into(), "127.0.0.1:0".into(), "--target".into(), IQN.into()];
+        Server::start_portals(1, luns)
+    }
+
+    /// Start with `portals` loopback portals (free ports) and these LUNs.
+    pub fn start_portals(portals: usize, luns: &[&str]) -> Server {
+        let mut args: Vec<String> = vec!["serve".into(), "--target".into(), IQN.into()];
+        for _ in 0..portals {
+            args.push("--listen".into());
+            args.push("127.0.0.1:0".into());
+        }
         for l in luns {
             args.push("--lun".into());
             args.push((*l).into());
@@ -43,23 +55,33 @@ impl Server {
         let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let log2 = log.clone();
         std::thread::spawn(move || {
+            let mut addrs = Vec::new();
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if let Some(rest) = line.split("listening on ").nth(1) {
-                    let _ = tx.send(rest.trim().to_string());
+                    addrs.push(rest.trim().to_string());
+                }
+                // The connect hints follow the last portal line.
+                if line.contains("connect with") {
+                    let _ = tx.send(std::mem::take(&mut addrs));
                 }
                 log2.lock().unwrap().push(line);
             }
         });
-        let addr = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| {
+        let addrs: Vec<String> = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| {
             let _ = child.kill();
             panic!("ethersan serve did not start: {:?}", log.lock().unwrap());
         });
-        Server { child, addr, log }
+        Server { child, addr: addrs[0].clone(), addrs, log }
     }
 
     /// iSCSI URL of a LUN.
     pub fn url(&self, lun: u32) -> String {
-        format!("iscsi://{}/{}/{}", self.addr, IQN, lun)
+        self.url_via(0, lun)
+    }
+
+    /// iSCSI URL of a LUN through portal `portal`.
+    pub fn url_via(&self, portal: usize, lun: u32) -> String {
+        format!("iscsi://{}/{}/{}", self.addrs[portal], IQN, lun)
     }
 
     /// Send SIGTERM and wait (bounded); returns the exit status.

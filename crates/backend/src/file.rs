@@ -22,6 +22,9 @@ pub struct FileOptions {
     pub block_size: u32,
     /// Open read-only.
     pub read_only: bool,
+    /// Fully provision (preallocate) a regular file instead of keeping it
+    /// sparse; a fully provisioned LUN does not deallocate on UNMAP.
+    pub preallocate: bool,
 }
 
 /// A file or block device exported as a LUN.
@@ -32,6 +35,7 @@ pub struct FileDevice {
     block_size: u32,
     num_blocks: u64,
     is_block_device: bool,
+    thin: bool,
 }
 
 /// `BLKGETSIZE64` from `<linux/fs.h>`: `_IOR(0x12, 114, size_t)`.
@@ -115,7 +119,15 @@ impl FileDevice {
         if num_blocks == 0 {
             return Err(BackendError::Config(format!("{} is smaller than one block", path.display())));
         }
-        Ok(FileDevice { file, path: path.to_path_buf(), block_size: bs, num_blocks, is_block_device })
+        if opts.preallocate && !is_block_device && !opts.read_only {
+            // SAFETY: fallocate only reads its integer arguments; the fd is open.
+            let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, size as libc::off_t) };
+            if rc != 0 {
+                return Err(open_err(io::Error::last_os_error()));
+            }
+        }
+        let thin = !is_block_device && !opts.preallocate;
+        Ok(FileDevice { file, path: path.to_path_buf(), block_size: bs, num_blocks, is_block_device, thin })
     }
 
     /// Whether the store is a block device.
@@ -181,6 +193,55 @@ impl BlockDevice for FileDevice {
         }
         Ok(())
     }
+    fn thin_provisioned(&self) -> bool {
+        self.thin
+    }
+    fn unmap(&self, offset: u64, len: u64) -> Result<(), BackendError> {
+        if !self.thin {
+            return Err(BackendError::Unsupported);
+        }
+        // SAFETY: fallocate only reads its integer arguments; the fd is open.
+        let rc = unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                offset as libc::off_t,
+                len as libc::off_t,
+            )
+        };
+        if rc != 0 {
+            return Err(BackendError::Write { offset, source: io::Error::last_os_error() });
+        }
+        Ok(())
+    }
+    fn lba_status(&self, offset: u64, max: u64) -> Result<(bool, u64), BackendError> {
+        if !self.thin {
+            return Ok((true, max));
+        }
+        let end = offset.saturating_add(max).min(self.num_blocks * u64::from(self.block_size));
+        let seek = |whence| {
+            // SAFETY: lseek only reads its integer arguments; the fd is open.
+            // SEEK_DATA/SEEK_HOLE do not move anything another thread relies
+            // on: all I/O here is positional.
+            let r = unsafe { libc::lseek(self.file.as_raw_fd(), offset as libc::off_t, whence) };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                // ENXIO: no data at or after offset (a hole to the end).
+                if e.raw_os_error() == Some(libc::ENXIO) {
+                    return Ok(end);
+                }
+                return Err(BackendError::Read { offset, source: e });
+            }
+            Ok(r as u64)
+        };
+        let data = seek(libc::SEEK_DATA)?;
+        if data > offset {
+            // A hole up to the next data.
+            return Ok((false, data.min(end) - offset));
+        }
+        let hole = seek(libc::SEEK_HOLE)?;
+        Ok((true, hole.min(end).saturating_sub(offset).max(1)))
+    }
     fn describe(&self) -> String {
         format!("{} ({} blocks of {})", self.path.display(), self.num_blocks, self.block_size)
     }
@@ -193,7 +254,7 @@ mod tests {
     use std::sync::Arc;
 
     fn opts(size: Option<u64>, bs: u32) -> FileOptions {
-        FileOptions { size, block_size: bs, read_only: false }
+        FileOptions { size, block_size: bs, read_only: false, preallocate: false }
     }
 
     #[test]
@@ -243,11 +304,36 @@ mod tests {
     }
 
     #[test]
+    fn unmap_punches_holes_and_lba_status_sees_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = FileDevice::open(&dir.path().join("thin.img"), &opts(Some(16 << 20), 4096)).unwrap();
+        assert!(d.thin_provisioned());
+        assert_eq!(d.lba_status(0, 1 << 20).unwrap(), (false, 1 << 20));
+        d.write_at(4 << 20, &vec![1u8; 1 << 20], false).unwrap();
+        let (mapped, len) = d.lba_status(4 << 20, 8 << 20).unwrap();
+        assert!(mapped);
+        assert!(len >= 1 << 20 && len < 8 << 20, "{len}");
+        assert_eq!(d.lba_status(0, 8 << 20).unwrap(), (false, 4 << 20));
+        d.unmap(4 << 20, 1 << 20).unwrap();
+        assert_eq!(d.lba_status(4 << 20, 1 << 20).unwrap(), (false, 1 << 20));
+        let mut back = vec![9u8; 4096];
+        d.read_at(4 << 20, &mut back).unwrap();
+        assert!(back.iter().all(|b| *b == 0));
+        let full = FileDevice::open(
+            &dir.path().join("full.img"),
+            &FileOptions { size: Some(4 << 20), block_size: 512, read_only: false, preallocate: true },
+        )
+        .unwrap();
+        assert!(!full.thin_provisioned());
+        assert!(full.unmap(0, 4096).is_err());
+    }
+
+    #[test]
     fn read_only_refuses_writes() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("ro.img");
         FileDevice::open(&p, &opts(Some(1 << 20), 512)).unwrap();
-        let d = FileDevice::open(&p, &FileOptions { size: None, block_size: 512, read_only: true }).unwrap();
+        let d = FileDevice::open(&p, &FileOptions { size: None, block_size: 512, read_only: true, preallocate: false }).unwrap();
         assert!(d.write_at(0, &[0u8; 512], false).is_err());
         let mut b = [1u8; 512];
         d.read_at(0, &mut b).unwrap();

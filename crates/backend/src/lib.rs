@@ -73,6 +73,21 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     fn prefetch(&self, _offset: u64, _len: u64) -> Result<(), BackendError> {
         Ok(())
     }
+    /// Whether the store can deallocate blocks (thin provisioning): UNMAP and
+    /// WRITE SAME with UNMAP call [`unmap`](Self::unmap), GET LBA STATUS
+    /// calls [`lba_status`](Self::lba_status).
+    fn thin_provisioned(&self) -> bool {
+        false
+    }
+    /// Deallocate a range; afterwards it reads as zeros.
+    fn unmap(&self, _offset: u64, _len: u64) -> Result<(), BackendError> {
+        Err(BackendError::Unsupported)
+    }
+    /// Provisioning of the extent that starts at `offset`: whether it is
+    /// mapped, and how many bytes (at most `max`) share that state.
+    fn lba_status(&self, _offset: u64, max: u64) -> Result<(bool, u64), BackendError> {
+        Ok((true, max))
+    }
     /// Whether writes to the store persist (false for RAM).
     fn is_persistent(&self) -> bool {
         true

@@ -96,6 +96,7 @@ impl BlockDevice for RamDevice {
     fn is_persistent(&self) -> bool {
         false
     }
+
     fn describe(&self) -> String {
         format!("ram ({} bytes)", self.num_blocks * u64::from(self.block_size))
     }

@@ -18,6 +18,58 @@ use crate::{LuConfig, Nexus, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus};
 
 /// Largest transfer one command may ask for, in bytes (VPD 0xB0).
 pub(crate) const MAX_TRANSFER_BYTES: u64 = 16 << 20;
+/// Largest COMPARE AND WRITE, in blocks (VPD 0xB0 byte 5).
+const MAX_COMPARE_AND_WRITE: u32 = 255;
+/// Largest UNMAP range per descriptor and descriptors per command (VPD 0xB0).
+const MAX_UNMAP_BLOCKS: u64 = 1 << 20;
+const MAX_UNMAP_DESCRIPTORS: usize = 256;
+/// Bytes of medium each range lock covers.
+const STRIPE_BYTES: u64 = 1 << 20;
+const STRIPES: usize = 64;
+
+/// Range locks: every write holds the stripes it covers shared; COMPARE
+/// AND WRITE and ORWRITE hold them exclusive, so their read-modify-write is
+/// atomic against any other write to the range. Distinct ranges rarely
+/// share a stripe, so ordinary I/O does not contend.
+#[derive(Debug)]
+struct RangeLocks {
+    stripes: Vec<std::sync::RwLock<()>>,
+}
+
+enum StripeGuard<'a> {
+    Shared(#[allow(dead_code)] std::sync::RwLockReadGuard<'a, ()>),
+    Exclusive(#[allow(dead_code)] std::sync::RwLockWriteGuard<'a, ()>),
+}
+
+impl RangeLocks {
+    fn new() -> Self {
+        RangeLocks { stripes: (0..STRIPES).map(|_| std::sync::RwLock::new(())).collect() }
+    }
+
+    /// The stripes a byte range touches, in lock order (ascending, unique).
+    fn stripes_of(off: u64, len: u64) -> Vec<usize> {
+        let first = off / STRIPE_BYTES;
+        let last = (off + len.max(1) - 1) / STRIPE_BYTES;
+        let mut v: Vec<usize> = (first..=last.min(first + STRIPES as u64)).map(|s| (s % STRIPES as u64) as usize).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    fn lock(&self, off: u64, len: u64, exclusive: bool) -> Vec<StripeGuard<'_>> {
+        Self::stripes_of(off, len)
+            .into_iter()
+            .map(|i| {
+                let l = &self.stripes[i];
+                if exclusive {
+                    StripeGuard::Exclusive(l.write().unwrap_or_else(|e| e.into_inner()))
+                } else {
+                    StripeGuard::Shared(l.read().unwrap_or_else(|e| e.into_inner()))
+                }
+            })
+            .collect()
+    }
+}
 
 type CmdResult = Result<Reply, Sense>;
 
@@ -72,6 +124,7 @@ pub struct LogicalUnit {
     d_sense: AtomicBool,
     swp: AtomicBool,
     ejected: AtomicBool,
+    ranges: RangeLocks,
 }
 
 fn be16(b: &[u8]) -> u16 {
@@ -100,7 +153,8 @@ fn rw_fields(cdb: &[u8]) -> (u64, u32, u8) {
             let n = if cdb[4] == 0 { 256 } else { u32::from(cdb[4]) };
             (lba, n, 0)
         }
-        0x28 | 0x2a | 0x2e | 0x2f | 0x34 | 0x35 => (u64::from(be32(&cdb[2..6])), u32::from(be16(&cdb[7..9])), cdb[1]),
+        0x28 | 0x2a | 0x2e | 0x2f | 0x34 | 0x35 | 0x41 => (u64::from(be32(&cdb[2..6])), u32::from(be16(&cdb[7..9])), cdb[1]),
+        0x89 => (be64(&cdb[2..10]), u32::from(cdb[13]), cdb[1]),
         0xa8 | 0xaa | 0xae | 0xaf => (u64::from(be32(&cdb[2..6])), be32(&cdb[6..10]), cdb[1]),
         _ => (be64(&cdb[2..10]), be32(&cdb[10..14]), cdb[1]),
     }
@@ -132,6 +186,7 @@ impl LogicalUnit {
             d_sense: AtomicBool::new(false),
             swp: AtomicBool::new(false),
             ejected: AtomicBool::new(false),
+            ranges: RangeLocks::new(),
             dev,
             cfg,
         }
@@ -276,11 +331,17 @@ impl LogicalUnit {
                 | Op::ReadCapacity16
                 | Op::PreFetch
                 | Op::SyncCache
+                | Op::WriteSame
+                | Op::Unmap
+                | Op::GetLbaStatus
+                | Op::CompareAndWrite
+                | Op::OrWrite
         );
         if needs_medium && self.ejected.load(Ordering::Relaxed) {
             return self.check(codes::MEDIUM_NOT_PRESENT);
         }
-        let writes = matches!(def.op, Op::Write | Op::WriteVerify);
+        let writes = matches!(def.op, Op::Write | Op::WriteVerify | Op::CompareAndWrite | Op::OrWrite)
+            || (def.op == Op::WriteSame && !(cdb[0] == 0x93 && cdb[1] & 0x01 != 0));
         let result = match def.op {
             Op::TestUnitReady => Reply::none(),
             Op::RequestSense => self.request_sense(req),
@@ -299,10 +360,19 @@ impl LogicalUnit {
             Op::SyncCache => self.sync_cache(cdb),
             Op::ReportOpcodes => report_opcodes(cdb),
             Op::ReportTmfs => report_tmfs(cdb),
+            Op::WriteSame => self.write_same(cdb, req.data_out),
+            Op::Unmap => self.unmap(cdb, req.data_out),
+            Op::GetLbaStatus => self.get_lba_status(cdb),
+            Op::CompareAndWrite => self.compare_and_write(cdb, req.data_out),
+            Op::OrWrite => self.or_write(cdb, req.data_out),
+            Op::ReadDefectData => read_defect_data(cdb),
             // Routed by the target; a unit asked directly lists only LUN 0.
             Op::ReportLuns => crate::target::report_luns(cdb, &[0]).map(|data| Reply { data }),
         };
-        let data_out_len = if writes || (def.op == Op::Verify && cdb[1] & 0x06 != 0) || matches!(def.op, Op::ModeSelect6 | Op::ModeSelect10) {
+        let data_out_len = if writes
+            || (def.op == Op::Verify && cdb[1] & 0x06 != 0)
+            || matches!(def.op, Op::ModeSelect6 | Op::ModeSelect10 | Op::Unmap)
+        {
             Some(self.data_out_len(def, cdb))
         } else {
             None
@@ -323,6 +393,9 @@ impl LogicalUnit {
             Op::ModeSelect6 => usize::from(cdb[4]),
             Op::ModeSelect10 => usize::from(be16(&cdb[7..9])),
             Op::Verify if (cdb[1] >> 1) & 3 == 3 => self.bs() as usize,
+            Op::WriteSame => self.bs() as usize,
+            Op::CompareAndWrite => 2 * usize::from(cdb[13]) * self.bs() as usize,
+            Op::Unmap => usize::from(be16(&cdb[7..9])),
             _ => {
                 let (_, n, _) = rw_fields(cdb);
                 (u64::from(n) * self.bs()) as usize
@@ -385,8 +458,222 @@ impl LogicalUnit {
         let have = data_out.len().min(len) / bs * bs;
         if have > 0 {
             let fua = verify || flags & 0x08 != 0 || !self.wce.load(Ordering::Relaxed);
+            let _held = self.ranges.lock(off, have as u64, false);
             self.dev.write_at(off, &data_out[..have], fua).map_err(|e| backend_sense(&e, true))?;
         }
+        Reply::none()
+    }
+
+    /// Largest WRITE SAME, in blocks (VPD 0xB0): one maximum transfer.
+    fn max_write_same_blocks(&self) -> u64 {
+        MAX_TRANSFER_BYTES / self.bs()
+    }
+
+    fn fua(&self, flags: u8) -> bool {
+        flags & 0x08 != 0 || !self.wce.load(Ordering::Relaxed)
+    }
+
+    /// WRITE SAME (10/16): one block (or zeros with NDOB) over a range; with
+    /// UNMAP on a thin LUN, zero blocks are deallocated instead.
+    fn write_same(&self, cdb: &[u8], data_out: &[u8]) -> CmdResult {
+        let (lba, n, flags) = rw_fields(cdb);
+        if flags & 0xe0 != 0 {
+            return Err(Sense::invalid_cdb_field(1, Some(7)));
+        }
+        if flags & 0x10 != 0 {
+            // ANCHOR: anchored blocks are not supported (ANC_SUP = 0).
+            return Err(Sense::invalid_cdb_field(1, Some(4)));
+        }
+        let ndob = cdb[0] == 0x93 && flags & 0x01 != 0;
+        let unmap = flags & 0x08 != 0;
+        let cap = self.dev.num_blocks();
+        if lba > cap {
+            return Err(codes::LBA_OUT_OF_RANGE);
+        }
+        // WSNZ = 0: a zero count means "to the end of the medium".
+        let n = if n == 0 { cap - lba } else { u64::from(n) };
+        match lba.checked_add(n) {
+            Some(end) if end <= cap => {}
+            _ => return Err(codes::LBA_OUT_OF_RANGE),
+        }
+        if n > self.max_write_same_blocks() {
+            return Err(Sense::invalid_cdb_field(if cdb[0] == 0x41 { 7 } else { 10 }, None));
+        }
+        if n == 0 {
+            return Reply::none();
+        }
+        if let Some(s) = self.write_protected() {
+            return Err(s);
+        }
+        let bs = self.bs() as usize;
+        let block: Vec<u8> = if ndob {
+            vec![0u8; bs]
+        } else {
+            // Exactly one logical block of Data-Out.
+            if data_out.len() < bs {
+                return Err(codes::PARAM_LIST_LENGTH);
+            }
+            if data_out.len() > bs {
+                return Err(Sense::invalid_cdb_field(if cdb[0] == 0x41 { 7 } else { 10 }, None));
+            }
+            data_out.to_vec()
+        };
+        let off = lba * bs as u64;
+        let len = n * bs as u64;
+        let _held = self.ranges.lock(off, len, false);
+        // With UNMAP on a thin LUN the range is deallocated and reads back
+        // as zeros (LBPRZ), whatever the data block held.
+        if unmap && self.dev.thin_provisioned() {
+            self.dev.unmap(off, len).map_err(|e| backend_sense(&e, true))?;
+            if self.fua(flags) {
+                self.dev.flush().map_err(|e| backend_sense(&e, true))?;
+            }
+            return Reply::none();
+        }
+        // Write in chunks of up to 1 MiB of repeated blocks.
+        let per_chunk = ((1usize << 20) / bs).max(1);
+        let chunk: Vec<u8> = block.iter().copied().cycle().take(per_chunk * bs).collect();
+        let mut done = 0u64;
+        let fua = self.fua(flags);
+        while done < n {
+            let k = (n - done).min(per_chunk as u64) as usize;
+            self.dev.write_at(off + done * bs as u64, &chunk[..k * bs], fua).map_err(|e| backend_sense(&e, true))?;
+            done += k as u64;
+        }
+        Reply::none()
+    }
+
+    /// UNMAP: deallocate each block descriptor's range.
+    fn unmap(&self, cdb: &[u8], data: &[u8]) -> CmdResult {
+        if !self.dev.thin_provisioned() {
+            return Err(codes::INVALID_OPCODE);
+        }
+        if cdb[1] & 0x01 != 0 {
+            return Err(Sense::invalid_cdb_field(1, Some(0)));
+        }
+        let len = usize::from(be16(&cdb[7..9]));
+        if len == 0 {
+            return Reply::none();
+        }
+        if len < 8 || data.len() < len {
+            return Err(codes::PARAM_LIST_LENGTH);
+        }
+        if let Some(s) = self.write_protected() {
+            return Err(s);
+        }
+        let data = &data[..len];
+        let desc_len = usize::from(be16(&data[2..4])).min(len - 8);
+        let descs = &data[8..8 + desc_len / 16 * 16];
+        if descs.len() / 16 > MAX_UNMAP_DESCRIPTORS {
+            return Err(Sense::invalid_param_field(2));
+        }
+        let cap = self.dev.num_blocks();
+        let mut ranges = Vec::new();
+        for (i, d) in descs.chunks_exact(16).enumerate() {
+            let lba = be64(&d[0..8]);
+            let n = u64::from(be32(&d[8..12]));
+            match lba.checked_add(n) {
+                Some(end) if end <= cap => {}
+                _ => return Err(codes::LBA_OUT_OF_RANGE),
+            }
+            if n > MAX_UNMAP_BLOCKS {
+                return Err(Sense::invalid_param_field((8 + i * 16 + 8) as u16));
+            }
+            if n > 0 {
+                ranges.push((lba * self.bs(), n * self.bs()));
+            }
+        }
+        for (off, len) in ranges {
+            let _held = self.ranges.lock(off, len, false);
+            self.dev.unmap(off, len).map_err(|e| backend_sense(&e, true))?;
+        }
+        Reply::none()
+    }
+
+    /// GET LBA STATUS: mapped / deallocated extents from the backend.
+    fn get_lba_status(&self, cdb: &[u8]) -> CmdResult {
+        let lba = be64(&cdb[2..10]);
+        let alloc = be32(&cdb[10..14]) as usize;
+        let cap = self.dev.num_blocks();
+        if lba >= cap {
+            return Err(codes::LBA_OUT_OF_RANGE);
+        }
+        let bs = self.bs();
+        let mut descs = Vec::new();
+        let mut at = lba;
+        let max_descs = alloc.saturating_sub(8) / 16;
+        while at < cap && descs.len() / 16 < max_descs.max(1) {
+            let left = (cap - at).min(u64::from(u32::MAX)) * bs;
+            let (mapped, bytes) = self.dev.lba_status(at * bs, left).map_err(|e| backend_sense(&e, false))?;
+            let blocks = (bytes / bs).max(1).min(cap - at);
+            descs.extend_from_slice(&at.to_be_bytes());
+            descs.extend_from_slice(&(blocks as u32).to_be_bytes());
+            descs.push(if mapped { 0 } else { 1 });
+            descs.extend_from_slice(&[0, 0, 0]);
+            at += blocks;
+        }
+        let mut out = Vec::with_capacity(8 + descs.len());
+        out.extend_from_slice(&((descs.len() + 4) as u32).to_be_bytes());
+        out.extend_from_slice(&[0; 4]);
+        out.extend(descs);
+        Reply::data(out, alloc)
+    }
+
+    /// COMPARE AND WRITE: compare the first half of the Data-Out with the
+    /// medium and, only if equal, write the second half — atomically.
+    fn compare_and_write(&self, cdb: &[u8], data: &[u8]) -> CmdResult {
+        let (lba, n, flags) = rw_fields(cdb);
+        if flags & 0xe0 != 0 {
+            return Err(Sense::invalid_cdb_field(1, Some(7)));
+        }
+        if n > MAX_COMPARE_AND_WRITE {
+            return Err(Sense::invalid_cdb_field(13, None));
+        }
+        let (off, len) = self.range(lba, n)?;
+        if n == 0 && data.is_empty() {
+            return Reply::none();
+        }
+        if let Some(s) = self.write_protected() {
+            return Err(s);
+        }
+        // The Data-Out must be exactly the verify and write data (SBC-4 §5.3).
+        if data.len() != 2 * len {
+            return Err(Sense::invalid_cdb_field(13, None));
+        }
+        let (verify, write) = (&data[..len], &data[len..2 * len]);
+        let _held = self.ranges.lock(off, len as u64, true);
+        let mut medium = vec![0u8; len];
+        self.dev.read_at(off, &mut medium).map_err(|e| backend_sense(&e, false))?;
+        if let Some(at) = medium.iter().zip(verify).position(|(a, b)| a != b) {
+            return Err(Sense::new(key::MISCOMPARE, 0x1d, 0x00).with_info(at as u64));
+        }
+        self.dev.write_at(off, write, self.fua(flags)).map_err(|e| backend_sense(&e, true))?;
+        Reply::none()
+    }
+
+    /// ORWRITE(16): OR the Data-Out into the medium, atomically.
+    fn or_write(&self, cdb: &[u8], data: &[u8]) -> CmdResult {
+        let (lba, n, flags) = rw_fields(cdb);
+        if flags & 0xe0 != 0 {
+            return Err(Sense::invalid_cdb_field(1, Some(7)));
+        }
+        let (off, len) = self.range(lba, n)?;
+        if len == 0 {
+            return Reply::none();
+        }
+        if let Some(s) = self.write_protected() {
+            return Err(s);
+        }
+        if data.len() < len {
+            return Err(codes::INVALID_FIELD_IN_CDB);
+        }
+        let _held = self.ranges.lock(off, len as u64, true);
+        let mut medium = vec![0u8; len];
+        self.dev.read_at(off, &mut medium).map_err(|e| backend_sense(&e, false))?;
+        for (m, d) in medium.iter_mut().zip(data) {
+            *m |= d;
+        }
+        self.dev.write_at(off, &medium, self.fua(flags)).map_err(|e| backend_sense(&e, true))?;
         Reply::none()
     }
 
@@ -471,6 +758,11 @@ impl LogicalUnit {
         let mut d = vec![0u8; 32];
         d[0..8].copy_from_slice(&(self.dev.num_blocks() - 1).to_be_bytes());
         d[8..12].copy_from_slice(&self.dev.block_size().to_be_bytes());
+        // One logical block per physical block (exponent 0): every block
+        // size we export is written whole, without read-modify-write.
+        if self.dev.thin_provisioned() {
+            d[14] = 0xc0; // LBPME, LBPRZ
+        }
         Reply::data(d, alloc)
     }
 
@@ -506,7 +798,11 @@ impl LogicalUnit {
                 p[1] = 1; // medium rotation rate: non-rotating medium
                 vpd(0xb1, &p)
             }
-            0xb2 => vpd(0xb2, &[0, 0, 0, 0]),
+            0xb2 => {
+                // LBPU, LBPWS, LBPWS10 and LBPRZ on thin LUNs; provisioning type 2 (thin).
+                let thin = self.dev.thin_provisioned();
+                vpd(0xb2, &[0, if thin { 0xe4 } else { 0 }, if thin { 2 } else { 0 }, 0])
+            }
             _ => return Err(Sense::invalid_cdb_field(2, None)),
         };
         Reply::data(page, alloc)
@@ -560,6 +856,13 @@ impl LogicalUnit {
         let mut p = vec![0u8; 0x3c];
         let bs = self.bs();
         let max_blocks = (MAX_TRANSFER_BYTES / bs) as u32;
+        p[1] = MAX_COMPARE_AND_WRITE as u8;
+        if self.dev.thin_provisioned() {
+            p[16..20].copy_from_slice(&(MAX_UNMAP_BLOCKS as u32).to_be_bytes());
+            p[20..24].copy_from_slice(&(MAX_UNMAP_DESCRIPTORS as u32).to_be_bytes());
+            p[24..28].copy_from_slice(&(((4096 / bs).max(1)) as u32).to_be_bytes()); // optimal unmap granularity
+        }
+        p[32..40].copy_from_slice(&self.max_write_same_blocks().to_be_bytes());
         let granularity: u16 = if bs >= 4096 { 1 } else { 8 };
         p[2..4].copy_from_slice(&granularity.to_be_bytes()); // optimal transfer length granularity
         p[4..8].copy_from_slice(&max_blocks.to_be_bytes()); // maximum transfer length
@@ -859,6 +1162,17 @@ fn report_opcodes(cdb: &[u8]) -> CmdResult {
         _ => return Err(Sense::invalid_cdb_field(2, Some(2))),
     }
     Reply::data(out, alloc)
+}
+
+/// READ DEFECT DATA (10/12): an empty defect list in the format asked for.
+fn read_defect_data(cdb: &[u8]) -> CmdResult {
+    if cdb[0] == 0x37 {
+        let alloc = usize::from(be16(&cdb[7..9]));
+        Reply::data(vec![0, cdb[2] & 0x1f, 0, 0], alloc)
+    } else {
+        let alloc = be32(&cdb[6..10]) as usize;
+        Reply::data(vec![0, cdb[1] & 0x1f, 0, 0, 0, 0, 0, 0], alloc)
+    }
 }
 
 fn report_tmfs(cdb: &[u8]) -> CmdResult {

@@ -280,3 +280,52 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn thin_provisioning_on_a_sparse_file() {
+    use ethersan_backend::file::{FileDevice, FileOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let dev = FileDevice::open(
+        &dir.path().join("thin.img"),
+        &FileOptions { size: Some(8 << 20), block_size: 512, read_only: false, preallocate: false },
+    )
+    .unwrap();
+    let t = ScsiTarget::new(vec![Arc::new(LogicalUnit::new(Arc::new(dev), cfg(false, false)))]);
+    t.nexus_added(N);
+    exec(&t, N, &[0, 0, 0, 0, 0, 0], &[]);
+    let get_lba_status = |lba: u64| {
+        let mut c = [0u8; 16];
+        c[0] = 0x9e;
+        c[1] = 0x12;
+        c[2..10].copy_from_slice(&lba.to_be_bytes());
+        c[13] = 24;
+        let r = exec(&t, N, &c, &[]);
+        assert_eq!(r.status, ScsiStatus::Good, "{:?}", sense(&r));
+        let d = &r.data_in[8..24];
+        (u64::from_be_bytes(d[0..8].try_into().unwrap()), u32::from_be_bytes(d[8..12].try_into().unwrap()), d[12])
+    };
+    // A fresh sparse file is deallocated throughout.
+    assert_eq!(get_lba_status(0).2, 1);
+    exec(&t, N, &write10(0, 264, false), &vec![b'A'; 264 * 512]);
+    assert_eq!(get_lba_status(0), (0, 264, 0));
+    // UNMAP 8 blocks (one 4 KiB page) at LBA 0.
+    let mut param = vec![0u8, 22, 0, 16, 0, 0, 0, 0];
+    param.extend_from_slice(&0u64.to_be_bytes());
+    param.extend_from_slice(&8u32.to_be_bytes());
+    param.extend_from_slice(&[0; 4]);
+    let r = exec(&t, N, &[0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0], &param);
+    assert_eq!(r.status, ScsiStatus::Good, "{:?}", sense(&r));
+    assert_eq!(get_lba_status(0), (0, 8, 1));
+    let (lba, _, status) = get_lba_status(9);
+    assert_eq!((lba, status), (9, 0));
+    // Unmapped blocks read as zeros (LBPRZ).
+    assert!(exec(&t, N, &read10(0, 8), &[]).data_in.iter().all(|b| *b == 0));
+    // WRITE SAME with UNMAP deallocates too.
+    let mut ws = [0u8; 10];
+    ws[0] = 0x41;
+    ws[1] = 0x08;
+    ws[5] = 16;
+    ws[8] = 8;
+    assert_eq!(exec(&t, N, &ws, &[0u8; 512]).status, ScsiStatus::Good);
+    assert_eq!(get_lba_status(16), (16, 8, 1));
+}

@@ -98,6 +98,8 @@ pub struct LunConfig {
     pub serial: Option<String>,
     /// Initial write cache state (WCE).
     pub write_cache: bool,
+    /// Fully provisioned (preallocated) instead of thin.
+    pub preallocate: bool,
 }
 
 /// Protocol limits and runtime knobs, with measured or RFC-safe defaults.
@@ -265,12 +267,21 @@ impl LunConfig {
                 _ => Backing::File { path: PathBuf::from(head), size: None },
             }
         };
-        let mut lun = LunConfig { backing, read_only: false, removable: false, block_size: 512, serial: None, write_cache: true };
+        let mut lun = LunConfig {
+            backing,
+            read_only: false,
+            removable: false,
+            block_size: 512,
+            serial: None,
+            write_cache: true,
+            preallocate: false,
+        };
         for opt in parts {
             match opt {
                 "ro" => lun.read_only = true,
                 "removable" => lun.removable = true,
                 "wce=0" | "nowce" => lun.write_cache = false,
+                "full" | "prealloc" => lun.preallocate = true,
                 o if o.starts_with("bs=") => {
                     lun.block_size = match &o[3..] {
                         "512" => 512,
@@ -281,7 +292,7 @@ impl LunConfig {
                 o if o.starts_with("serial=") => lun.serial = Some(o[7..].to_string()),
                 o => {
                     return Err(ConfigError::Invalid(format!(
-                        "LUN spec {spec:?}: unknown option {o:?} (known: ro, removable, bs=512|4096, serial=S, wce=0)"
+                        "LUN spec {spec:?}: unknown option {o:?} (known: ro, removable, bs=512|4096, serial=S, wce=0, full)"
                     )))
                 }
             }
@@ -315,7 +326,12 @@ impl LunConfig {
             Backing::Ram { size } => Arc::new(RamDevice::new(*size, self.block_size)?),
             Backing::File { path, size } => Arc::new(FileDevice::open(
                 path,
-                &FileOptions { size: *size, block_size: self.block_size, read_only: self.read_only },
+                &FileOptions {
+                    size: *size,
+                    block_size: self.block_size,
+                    read_only: self.read_only,
+                    preallocate: self.preallocate,
+                },
             )?),
         })
     }
@@ -370,6 +386,7 @@ struct RawLunTable {
     block_size: Option<u32>,
     serial: Option<String>,
     write_cache: Option<bool>,
+    provisioning: Option<String>,
 }
 
 fn raw_size(s: &RawSize) -> Result<u64, ConfigError> {
@@ -462,6 +479,13 @@ impl Config {
                             block_size: tb.block_size.unwrap_or(512),
                             serial: tb.serial,
                             write_cache: tb.write_cache.unwrap_or(true),
+                            preallocate: match tb.provisioning.as_deref() {
+                                None | Some("thin") => false,
+                                Some("full") => true,
+                                Some(other) => {
+                                    return Err(at(Some(span), format!("provisioning = {other:?}: use \"thin\" or \"full\"")))
+                                }
+                            },
                         };
                         lun.check().map_err(|m| at(Some(span.clone()), m))?;
                         lun
@@ -490,6 +514,7 @@ impl Config {
                     block_size: 512,
                     serial: None,
                     write_cache: true,
+                    preallocate: false,
                 }],
             }],
             options,
