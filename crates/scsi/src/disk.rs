@@ -1070,7 +1070,9 @@ impl LogicalUnit {
             return Err(Sense::invalid_cdb_field(4, Some(1)));
         }
         let st = self.lock();
-        if !start && !st.prevent.is_empty() {
+        // While any nexus prevents removal the medium neither leaves nor
+        // (re)loads.
+        if !st.prevent.is_empty() {
             return Err(codes::REMOVAL_PREVENTED);
         }
         drop(st);
