@@ -61,6 +61,14 @@ const SUITES: &[&str] = &[
     "ReadDefectData10",
     "ReadDefectData12",
     "MultipathIO",
+    "Reserve6",
+    "PrinReadKeys",
+    "PrinServiceactionRange",
+    "PrinReportCapabilities",
+    "ProutRegister",
+    "ProutReserve",
+    "ProutClear",
+    "ProutPreempt",
 ];
 
 #[test]

@@ -34,6 +34,10 @@ pub enum Op {
     CompareAndWrite,
     OrWrite,
     ReadDefectData,
+    Reserve,
+    Release,
+    PrIn,
+    PrOut,
 }
 
 /// One supported command.
@@ -61,6 +65,9 @@ const fn sa(opcode: u8, action: u8, name: &'static str, usage: &'static [u8], op
     CommandDef { opcode, service_action: Some(action), name, cdb_len: usage.len(), usage, op }
 }
 
+const PR_IN: &[u8] = &[0x5e, 0x1f, 0, 0, 0, 0, 0, 0xff, 0xff, 0];
+const PR_OUT: &[u8] = &[0x5f, 0x1f, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0];
+
 /// Every command the logical unit implements.
 pub const COMMANDS: &[CommandDef] = &[
     c(0x00, "TEST UNIT READY", &[0x00, 0, 0, 0, 0, 0], Op::TestUnitReady),
@@ -69,6 +76,8 @@ pub const COMMANDS: &[CommandDef] = &[
     c(0x0a, "WRITE(6)", &[0x0a, 0x1f, 0xff, 0xff, 0xff, 0], Op::Write),
     c(0x12, "INQUIRY", &[0x12, 0x01, 0xff, 0xff, 0xff, 0], Op::Inquiry),
     c(0x15, "MODE SELECT(6)", &[0x15, 0x11, 0, 0, 0xff, 0], Op::ModeSelect6),
+    c(0x16, "RESERVE(6)", &[0x16, 0, 0, 0, 0, 0], Op::Reserve),
+    c(0x17, "RELEASE(6)", &[0x17, 0, 0, 0, 0, 0], Op::Release),
     c(0x1a, "MODE SENSE(6)", &[0x1a, 0x08, 0xff, 0xff, 0xff, 0], Op::ModeSense6),
     c(0x1b, "START STOP UNIT", &[0x1b, 0x01, 0, 0x0f, 0xf7, 0], Op::StartStopUnit),
     c(0x1e, "PREVENT ALLOW MEDIUM REMOVAL", &[0x1e, 0, 0, 0, 0x03, 0], Op::PreventAllow),
@@ -83,7 +92,20 @@ pub const COMMANDS: &[CommandDef] = &[
     c(0x41, "WRITE SAME(10)", &[0x41, 0xf8, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0], Op::WriteSame),
     c(0x42, "UNMAP", &[0x42, 0x01, 0, 0, 0, 0, 0x3f, 0xff, 0xff, 0], Op::Unmap),
     c(0x55, "MODE SELECT(10)", &[0x55, 0x11, 0, 0, 0, 0, 0, 0xff, 0xff, 0], Op::ModeSelect10),
+    c(0x56, "RESERVE(10)", &[0x56, 0, 0, 0, 0, 0, 0, 0, 0, 0], Op::Reserve),
+    c(0x57, "RELEASE(10)", &[0x57, 0, 0, 0, 0, 0, 0, 0, 0, 0], Op::Release),
     c(0x5a, "MODE SENSE(10)", &[0x5a, 0x18, 0xff, 0xff, 0, 0, 0, 0xff, 0xff, 0], Op::ModeSense10),
+    sa(0x5e, 0x00, "PERSISTENT RESERVE IN / READ KEYS", PR_IN, Op::PrIn),
+    sa(0x5e, 0x01, "PERSISTENT RESERVE IN / READ RESERVATION", PR_IN, Op::PrIn),
+    sa(0x5e, 0x02, "PERSISTENT RESERVE IN / REPORT CAPABILITIES", PR_IN, Op::PrIn),
+    sa(0x5e, 0x03, "PERSISTENT RESERVE IN / READ FULL STATUS", PR_IN, Op::PrIn),
+    sa(0x5f, 0x00, "PERSISTENT RESERVE OUT / REGISTER", PR_OUT, Op::PrOut),
+    sa(0x5f, 0x01, "PERSISTENT RESERVE OUT / RESERVE", PR_OUT, Op::PrOut),
+    sa(0x5f, 0x02, "PERSISTENT RESERVE OUT / RELEASE", PR_OUT, Op::PrOut),
+    sa(0x5f, 0x03, "PERSISTENT RESERVE OUT / CLEAR", PR_OUT, Op::PrOut),
+    sa(0x5f, 0x04, "PERSISTENT RESERVE OUT / PREEMPT", PR_OUT, Op::PrOut),
+    sa(0x5f, 0x05, "PERSISTENT RESERVE OUT / PREEMPT AND ABORT", PR_OUT, Op::PrOut),
+    sa(0x5f, 0x06, "PERSISTENT RESERVE OUT / REGISTER AND IGNORE EXISTING KEY", PR_OUT, Op::PrOut),
     c(0x88, "READ(16)", &[0x88, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0], Op::Read),
     c(0x89, "COMPARE AND WRITE", &[0x89, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0xff, 0x3f, 0], Op::CompareAndWrite),
     c(0x8a, "WRITE(16)", &[0x8a, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0], Op::Write),

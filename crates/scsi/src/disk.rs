@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use ethersan_backend::{BackendError, BlockDevice};
 
 use crate::commands::{self, CommandDef, Op, COMMANDS};
+use crate::reservations::{Access, PrError, Reservations};
 use crate::sense::{codes, key, Sense};
 use crate::{LuConfig, Nexus, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus};
 
@@ -125,6 +126,9 @@ pub struct LogicalUnit {
     swp: AtomicBool,
     ejected: AtomicBool,
     ranges: RangeLocks,
+    reservations: Mutex<Reservations>,
+    /// Any reservation held: commands must be checked against it.
+    reserved: AtomicBool,
 }
 
 fn be16(b: &[u8]) -> u16 {
@@ -172,6 +176,8 @@ impl LogicalUnit {
     /// Create a logical unit over `dev`.
     pub fn new(dev: Arc<dyn BlockDevice>, cfg: LuConfig) -> Self {
         let mode = ModeState { wce: cfg.write_cache, d_sense: false, swp: false };
+        // Reservations saved with APTPL are in force from the start.
+        let reservations = Reservations::with_state_file(cfg.pr_state_file.clone());
         LogicalUnit {
             state: Mutex::new(LuState {
                 ua: HashMap::new(),
@@ -187,6 +193,8 @@ impl LogicalUnit {
             swp: AtomicBool::new(false),
             ejected: AtomicBool::new(false),
             ranges: RangeLocks::new(),
+            reserved: AtomicBool::new(reservations.active()),
+            reservations: Mutex::new(reservations),
             dev,
             cfg,
         }
@@ -252,6 +260,18 @@ impl LogicalUnit {
         s
     }
 
+    fn res(&self) -> MutexGuard<'_, Reservations> {
+        self.reservations.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn publish_reserved(&self, r: &Reservations) {
+        self.reserved.store(r.active(), Ordering::Release);
+    }
+
+    pub(crate) fn set_initiator_name(&self, nexus: Nexus, name: &str) {
+        self.res().set_name(nexus, name);
+    }
+
     /// A new I_T nexus: it starts with POWER ON, RESET, OR BUS DEVICE RESET OCCURRED.
     pub(crate) fn nexus_added(&self, nexus: Nexus) {
         let mut st = self.lock();
@@ -266,10 +286,19 @@ impl LogicalUnit {
         let mut st = self.lock();
         st.prevent.remove(&nexus);
         Self::queue_ua(&mut st, &self.ua_pending, nexus, codes::NEXUS_LOSS);
+        drop(st);
+        let mut r = self.res();
+        r.drop_legacy(Some(nexus));
+        self.publish_reserved(&r);
     }
 
     /// A reset reached this unit.
     pub(crate) fn reset(&self, kind: ResetKind) {
+        {
+            let mut r = self.res();
+            r.drop_legacy(None);
+            self.publish_reserved(&r);
+        }
         let mut st = self.lock();
         st.prevent.clear();
         if kind == ResetKind::TargetCold {
@@ -305,6 +334,10 @@ impl LogicalUnit {
     pub fn execute(&self, req: &ScsiRequest<'_>) -> ScsiResponse {
         let cdb = req.cdb;
         let Some(def) = commands::lookup(cdb) else {
+            // A known opcode with an unknown service action is a bad field.
+            if cdb.first().is_some_and(|op| commands::has_service_actions(*op)) {
+                return self.check(Sense::invalid_cdb_field(1, Some(4)));
+            }
             return self.check(codes::INVALID_OPCODE);
         };
         if cdb.len() < def.cdb_len {
@@ -318,6 +351,11 @@ impl LogicalUnit {
         if !ua_exempt {
             if let Some(ua) = self.take_ua(req.nexus) {
                 return self.check(ua);
+            }
+        }
+        if self.reserved.load(Ordering::Acquire) {
+            if let Err(PrError::Conflict) = self.res().check(req.nexus, access(def.op)) {
+                return conflict();
             }
         }
         let needs_medium = matches!(
@@ -366,12 +404,44 @@ impl LogicalUnit {
             Op::CompareAndWrite => self.compare_and_write(cdb, req.data_out),
             Op::OrWrite => self.or_write(cdb, req.data_out),
             Op::ReadDefectData => read_defect_data(cdb),
+            Op::Reserve | Op::Release | Op::PrOut => {
+                let mut r = self.res();
+                let outcome = match def.op {
+                    Op::Reserve => r.reserve_legacy(req.nexus).map(|_| Vec::new()),
+                    Op::Release => r.release_legacy(req.nexus).map(|_| Vec::new()),
+                    _ => {
+                        let len = be32(&cdb[5..9]) as usize;
+                        if req.data_out.len() < len {
+                            Err(PrError::Sense(codes::PARAM_LIST_LENGTH))
+                        } else {
+                            r.pr_out(req.nexus, cdb[1] & 0x1f, cdb[2], &req.data_out[..len])
+                        }
+                    }
+                };
+                self.publish_reserved(&r);
+                drop(r);
+                match outcome {
+                    Ok(notices) => {
+                        let mut st = self.lock();
+                        for (n, s) in notices {
+                            Self::queue_ua(&mut st, &self.ua_pending, n, s);
+                        }
+                        Reply::none()
+                    }
+                    Err(PrError::Conflict) => return conflict(),
+                    Err(PrError::Sense(s)) => Err(s),
+                }
+            }
+            Op::PrIn => {
+                let alloc = usize::from(be16(&cdb[7..9]));
+                self.res().pr_in(cdb[1] & 0x1f).map(|d| Reply { data: d }).and_then(|r| Reply::data(r.data, alloc))
+            }
             // Routed by the target; a unit asked directly lists only LUN 0.
             Op::ReportLuns => crate::target::report_luns(cdb, &[0]).map(|data| Reply { data }),
         };
         let data_out_len = if writes
             || (def.op == Op::Verify && cdb[1] & 0x06 != 0)
-            || matches!(def.op, Op::ModeSelect6 | Op::ModeSelect10 | Op::Unmap)
+            || matches!(def.op, Op::ModeSelect6 | Op::ModeSelect10 | Op::Unmap | Op::PrOut)
         {
             Some(self.data_out_len(def, cdb))
         } else {
@@ -396,6 +466,7 @@ impl LogicalUnit {
             Op::WriteSame => self.bs() as usize,
             Op::CompareAndWrite => 2 * usize::from(cdb[13]) * self.bs() as usize,
             Op::Unmap => usize::from(be16(&cdb[7..9])),
+            Op::PrOut => be32(&cdb[5..9]) as usize,
             _ => {
                 let (_, n, _) = rw_fields(cdb);
                 (u64::from(n) * self.bs()) as usize
@@ -1102,6 +1173,30 @@ impl LogicalUnit {
     pub fn unit_attention_others(&self, s: Sense, except: Nexus) {
         self.ua_all(s, Some(except));
     }
+}
+
+/// How a command touches the medium, for reservation checks.
+fn access(op: Op) -> Access {
+    match op {
+        Op::Read | Op::Verify | Op::PreFetch | Op::GetLbaStatus | Op::ModeSense6 | Op::ModeSense10 | Op::ReadDefectData => {
+            Access::Read
+        }
+        Op::Write
+        | Op::WriteVerify
+        | Op::WriteSame
+        | Op::Unmap
+        | Op::CompareAndWrite
+        | Op::OrWrite
+        | Op::SyncCache
+        | Op::ModeSelect6
+        | Op::ModeSelect10
+        | Op::StartStopUnit => Access::Write,
+        _ => Access::Free,
+    }
+}
+
+fn conflict() -> ScsiResponse {
+    ScsiResponse { status: ScsiStatus::ReservationConflict, sense: Vec::new(), data_in: Vec::new(), data_out_len: None }
 }
 
 fn vpd(code: u8, body: &[u8]) -> Vec<u8> {

@@ -12,6 +12,7 @@
 
 pub mod commands;
 mod disk;
+mod reservations;
 pub mod sense;
 mod target;
 
@@ -110,6 +111,9 @@ pub struct LuConfig {
     pub target_name: String,
     /// Initial write cache state (WCE); MODE SELECT may change it.
     pub write_cache: bool,
+    /// Where persistent reservations are kept when an initiator asks for
+    /// APTPL (persist through power loss); `None`: they do not persist.
+    pub pr_state_file: Option<std::path::PathBuf>,
 }
 
 pub use disk::LogicalUnit;

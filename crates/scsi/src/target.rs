@@ -81,6 +81,13 @@ impl ScsiTarget {
         }
     }
 
+    /// Record the initiator port name of a nexus (for READ FULL STATUS).
+    pub fn set_initiator_name(&self, nexus: Nexus, name: &str) {
+        for lu in &self.luns {
+            lu.set_initiator_name(nexus, name);
+        }
+    }
+
     /// An I_T nexus ended (logout or connection loss).
     pub fn nexus_lost(&self, nexus: Nexus) {
         for lu in &self.luns {

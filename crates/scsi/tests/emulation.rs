@@ -19,6 +19,7 @@ fn cfg(removable: bool, read_only: bool) -> LuConfig {
         naa: [0x60, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
         target_name: "iqn.2026-11.org.ethersan:t".into(),
         write_cache: true,
+        pr_state_file: None,
     }
 }
 

@@ -102,6 +102,15 @@ impl Server {
                     naa,
                     target_name: t.name.clone(),
                     write_cache: l.write_cache,
+                    // APTPL state lives beside a regular file LUN's backing file.
+                    pr_state_file: match &l.backing {
+                        config::Backing::File { path, .. } if path.is_file() => {
+                            let mut p = path.clone().into_os_string();
+                            p.push(".pr");
+                            Some(p.into())
+                        }
+                        _ => None,
+                    },
                 };
                 info!(target = %t.name, lun = i, backend = %dev.describe(), "logical unit ready");
                 devices.push(dev.clone());
@@ -263,7 +272,7 @@ async fn serve_stream<R, W>(
         }
     };
     let p = &outcome.params;
-    info!(%peer, initiator = %p.initiator_name, target = ?outcome.target.as_ref().map(|t| &t.name), "session started");
+    info!(%peer, initiator = %p.initiator_name, target = ?outcome.target.as_ref().map(|t| &t.name), isid = ?outcome.isid, "session started");
     reader.header_digest = p.header_digest;
     reader.data_digest = p.data_digest;
     reader.max_data = p.max_recv_data_segment_length;

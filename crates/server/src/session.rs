@@ -183,6 +183,7 @@ impl Session {
     pub(crate) async fn run(mut self, mut events: mpsc::UnboundedReceiver<Event>) {
         if let Some(t) = &self.setup.target {
             t.scsi.nexus_added(self.setup.nexus);
+            t.scsi.set_initiator_name(self.setup.nexus, &self.setup.params.initiator_name);
         }
         while let Some(ev) = events.recv().await {
             if !self.apply(ev) {
