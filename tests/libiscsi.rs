@@ -69,6 +69,7 @@ const SUITES: &[&str] = &[
     "ProutReserve",
     "ProutClear",
     "ProutPreempt",
+    "WriteAtomic16",
 ];
 
 #[test]

@@ -19,6 +19,10 @@ use crate::{LuConfig, Nexus, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus};
 
 /// Largest transfer one command may ask for, in bytes (VPD 0xB0).
 pub(crate) const MAX_TRANSFER_BYTES: u64 = 16 << 20;
+/// Largest WRITE ATOMIC, in bytes (VPD 0xB0).
+const MAX_ATOMIC_BYTES: u64 = 1 << 20;
+/// WRITE ATOMIC alignment and granularity, in bytes: whole 4 KiB pages.
+const ATOMIC_UNIT_BYTES: u64 = 4096;
 /// Largest COMPARE AND WRITE, in blocks (VPD 0xB0 byte 5).
 const MAX_COMPARE_AND_WRITE: u32 = 255;
 /// Largest UNMAP range per descriptor and descriptors per command (VPD 0xB0).
@@ -159,6 +163,7 @@ fn rw_fields(cdb: &[u8]) -> (u64, u32, u8) {
         }
         0x28 | 0x2a | 0x2e | 0x2f | 0x34 | 0x35 | 0x41 => (u64::from(be32(&cdb[2..6])), u32::from(be16(&cdb[7..9])), cdb[1]),
         0x89 => (be64(&cdb[2..10]), u32::from(cdb[13]), cdb[1]),
+        0x9c => (be64(&cdb[2..10]), u32::from(be16(&cdb[12..14])), cdb[1]),
         0xa8 | 0xaa | 0xae | 0xaf => (u64::from(be32(&cdb[2..6])), be32(&cdb[6..10]), cdb[1]),
         _ => (be64(&cdb[2..10]), be32(&cdb[10..14]), cdb[1]),
     }
@@ -374,17 +379,19 @@ impl LogicalUnit {
                 | Op::GetLbaStatus
                 | Op::CompareAndWrite
                 | Op::OrWrite
+                | Op::WriteAtomic
         );
         if needs_medium && self.ejected.load(Ordering::Relaxed) {
             return self.check(codes::MEDIUM_NOT_PRESENT);
         }
-        let writes = matches!(def.op, Op::Write | Op::WriteVerify | Op::CompareAndWrite | Op::OrWrite)
+        let writes = matches!(def.op, Op::Write | Op::WriteVerify | Op::CompareAndWrite | Op::OrWrite | Op::WriteAtomic)
             || (def.op == Op::WriteSame && !(cdb[0] == 0x93 && cdb[1] & 0x01 != 0));
         let result = match def.op {
             Op::TestUnitReady => Reply::none(),
             Op::RequestSense => self.request_sense(req),
             Op::Read => self.read(cdb),
             Op::Write => self.write(cdb, req.data_out, false),
+            Op::WriteAtomic => self.write_atomic(cdb, req.data_out),
             Op::WriteVerify => self.write(cdb, req.data_out, true),
             Op::Verify => self.verify(cdb, req.data_out),
             Op::Inquiry => self.inquiry(cdb),
@@ -532,6 +539,41 @@ impl LogicalUnit {
             let _held = self.ranges.lock(off, have as u64, false);
             self.dev.write_at(off, &data_out[..have], fua).map_err(|e| backend_sense(&e, true))?;
         }
+        Reply::none()
+    }
+
+    /// Blocks per WRITE ATOMIC alignment/granularity unit.
+    fn atomic_unit_blocks(&self) -> u64 {
+        (ATOMIC_UNIT_BYTES / self.bs()).max(1)
+    }
+
+    /// WRITE ATOMIC(16): all or nothing with respect to every other
+    /// command: the range is held exclusively while it is written, in whole
+    /// page-aligned 4 KiB units.
+    fn write_atomic(&self, cdb: &[u8], data: &[u8]) -> CmdResult {
+        let (lba, n, flags) = rw_fields(cdb);
+        if flags & 0xe0 != 0 {
+            return Err(Sense::invalid_cdb_field(1, Some(7)));
+        }
+        let (off, len) = self.range(lba, n)?;
+        if len == 0 {
+            return Reply::none();
+        }
+        let unit = self.atomic_unit_blocks();
+        if lba % unit != 0 {
+            return Err(Sense::invalid_cdb_field(2, None));
+        }
+        if u64::from(n) % unit != 0 || len as u64 > MAX_ATOMIC_BYTES {
+            return Err(Sense::invalid_cdb_field(12, None));
+        }
+        if let Some(s) = self.write_protected() {
+            return Err(s);
+        }
+        if data.len() < len {
+            return Err(codes::INVALID_FIELD_IN_CDB);
+        }
+        let _held = self.ranges.lock(off, len as u64, true);
+        self.dev.write_at(off, &data[..len], self.fua(flags)).map_err(|e| backend_sense(&e, true))?;
         Reply::none()
     }
 
@@ -934,6 +976,12 @@ impl LogicalUnit {
             p[24..28].copy_from_slice(&(((4096 / bs).max(1)) as u32).to_be_bytes()); // optimal unmap granularity
         }
         p[32..40].copy_from_slice(&self.max_write_same_blocks().to_be_bytes());
+        // WRITE ATOMIC: maximum atomic transfer length, alignment and
+        // granularity (one 4 KiB page).
+        let atomic_blocks = (MAX_ATOMIC_BYTES / bs).max(1) as u32;
+        p[40..44].copy_from_slice(&atomic_blocks.to_be_bytes());
+        p[44..48].copy_from_slice(&(self.atomic_unit_blocks() as u32).to_be_bytes());
+        p[48..52].copy_from_slice(&(self.atomic_unit_blocks() as u32).to_be_bytes());
         let granularity: u16 = if bs >= 4096 { 1 } else { 8 };
         p[2..4].copy_from_slice(&granularity.to_be_bytes()); // optimal transfer length granularity
         p[4..8].copy_from_slice(&max_blocks.to_be_bytes()); // maximum transfer length
