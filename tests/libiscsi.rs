@@ -70,6 +70,8 @@ const SUITES: &[&str] = &[
     "ProutClear",
     "ProutPreempt",
     "WriteAtomic16",
+    "ExtendedCopy",
+    "ReceiveCopyResults",
 ];
 
 #[test]

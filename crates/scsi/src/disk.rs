@@ -337,30 +337,41 @@ impl LogicalUnit {
 
     /// Execute one command (blocking: may perform backend I/O).
     pub fn execute(&self, req: &ScsiRequest<'_>) -> ScsiResponse {
+        let def = match self.precheck(req) {
+            Ok(d) => d,
+            Err(resp) => return resp,
+        };
+        self.dispatch(def, req)
+    }
+
+    /// The checks every command passes before it runs: known opcode and
+    /// service action, no reserved bits, no pending unit attention, no
+    /// reservation conflict, medium present.
+    pub(crate) fn precheck(&self, req: &ScsiRequest<'_>) -> Result<&'static CommandDef, ScsiResponse> {
         let cdb = req.cdb;
         let Some(def) = commands::lookup(cdb) else {
             // A known opcode with an unknown service action is a bad field.
             if cdb.first().is_some_and(|op| commands::has_service_actions(*op)) {
-                return self.check(Sense::invalid_cdb_field(1, Some(4)));
+                return Err(self.check(Sense::invalid_cdb_field(1, Some(4))));
             }
-            return self.check(codes::INVALID_OPCODE);
+            return Err(self.check(codes::INVALID_OPCODE));
         };
         if cdb.len() < def.cdb_len {
-            return self.check(codes::INVALID_FIELD_IN_CDB);
+            return Err(self.check(codes::INVALID_FIELD_IN_CDB));
         }
         if let Some((byte, bit)) = commands::reserved_bits(def, cdb) {
-            return self.check(Sense::invalid_cdb_field(byte, Some(bit)));
+            return Err(self.check(Sense::invalid_cdb_field(byte, Some(bit))));
         }
         // SAM-5 §5.14: these report no unit attention.
         let ua_exempt = matches!(def.op, Op::Inquiry | Op::ReportLuns | Op::RequestSense);
         if !ua_exempt {
             if let Some(ua) = self.take_ua(req.nexus) {
-                return self.check(ua);
+                return Err(self.check(ua));
             }
         }
         if self.reserved.load(Ordering::Acquire) {
             if let Err(PrError::Conflict) = self.res().check(req.nexus, access(def.op)) {
-                return conflict();
+                return Err(conflict());
             }
         }
         let needs_medium = matches!(
@@ -382,8 +393,13 @@ impl LogicalUnit {
                 | Op::WriteAtomic
         );
         if needs_medium && self.ejected.load(Ordering::Relaxed) {
-            return self.check(codes::MEDIUM_NOT_PRESENT);
+            return Err(self.check(codes::MEDIUM_NOT_PRESENT));
         }
+        Ok(def)
+    }
+
+    fn dispatch(&self, def: &'static CommandDef, req: &ScsiRequest<'_>) -> ScsiResponse {
+        let cdb = req.cdb;
         let writes = matches!(def.op, Op::Write | Op::WriteVerify | Op::CompareAndWrite | Op::OrWrite | Op::WriteAtomic)
             || (def.op == Op::WriteSame && !(cdb[0] == 0x93 && cdb[1] & 0x01 != 0));
         let result = match def.op {
@@ -392,6 +408,8 @@ impl LogicalUnit {
             Op::Read => self.read(cdb),
             Op::Write => self.write(cdb, req.data_out, false),
             Op::WriteAtomic => self.write_atomic(cdb, req.data_out),
+            // The target's copy manager runs these (it sees every LUN).
+            Op::ExtendedCopy | Op::ReceiveCopyResults => Err(codes::INVALID_OPCODE),
             Op::WriteVerify => self.write(cdb, req.data_out, true),
             Op::Verify => self.verify(cdb, req.data_out),
             Op::Inquiry => self.inquiry(cdb),
@@ -575,6 +593,31 @@ impl LogicalUnit {
         let _held = self.ranges.lock(off, len as u64, true);
         self.dev.write_at(off, &data[..len], self.fua(flags)).map_err(|e| backend_sense(&e, true))?;
         Reply::none()
+    }
+
+    /// Whether VPD page 0x83 carries this logical-unit designator.
+    pub(crate) fn has_designator(&self, code_set: u8, kind: u8, body: &[u8]) -> bool {
+        let page = self.device_identification();
+        let mut at = 0;
+        while at + 4 <= page.len() {
+            let len = usize::from(page[at + 3]);
+            let assoc = (page[at + 1] >> 4) & 3;
+            if assoc == 0 && page[at] & 0x0f == code_set && page[at + 1] & 0x0f == kind && page.get(at + 4..at + 4 + len) == Some(body) {
+                return true;
+            }
+            at += 4 + len;
+        }
+        false
+    }
+
+    /// A write on behalf of the copy manager, under the same rules as a
+    /// WRITE from an initiator.
+    pub(crate) fn copy_write(&self, off: u64, data: &[u8]) -> Result<(), Sense> {
+        if let Some(s) = self.write_protected() {
+            return Err(s);
+        }
+        let _held = self.ranges.lock(off, data.len() as u64, false);
+        self.dev.write_at(off, data, !self.wce.load(Ordering::Relaxed)).map_err(|e| backend_sense(&e, true))
     }
 
     /// Largest WRITE SAME, in blocks (VPD 0xB0): one maximum transfer.
@@ -900,11 +943,12 @@ impl LogicalUnit {
         }
         let page = match cdb[2] {
             0x00 => {
-                let pages = [0x00, 0x80, 0x83, 0xb0, 0xb1, 0xb2];
+                let pages = [0x00, 0x80, 0x83, 0x8f, 0xb0, 0xb1, 0xb2];
                 vpd(0x00, &pages)
             }
             0x80 => vpd(0x80, &pad(&self.cfg.serial, self.cfg.serial.len().clamp(1, 252))),
             0x83 => vpd(0x83, &self.device_identification()),
+            0x8f => vpd(0x8f, &third_party_copy_page()),
             0xb0 => vpd(0xb0, &self.block_limits()),
             0xb1 => {
                 let mut p = vec![0u8; 0x3c];
@@ -928,6 +972,7 @@ impl LogicalUnit {
         d[2] = 0x06; // SPC-4
         d[3] = 0x12; // HiSup, response data format 2
         d[4] = (d.len() - 5) as u8;
+        d[5] = 0x08; // 3PC: third-party copy (EXTENDED COPY)
         d[7] = 0x02; // CmdQue
         d[8..16].copy_from_slice(&pad(&self.cfg.vendor, 8));
         d[16..32].copy_from_slice(&pad(&self.cfg.product, 16));
@@ -1238,7 +1283,8 @@ fn access(op: Op) -> Access {
         | Op::SyncCache
         | Op::ModeSelect6
         | Op::ModeSelect10
-        | Op::StartStopUnit => Access::Write,
+        | Op::StartStopUnit
+        | Op::ExtendedCopy => Access::Write,
         _ => Access::Free,
     }
 }
@@ -1252,6 +1298,21 @@ fn vpd(code: u8, body: &[u8]) -> Vec<u8> {
     p.extend_from_slice(&(body.len() as u16).to_be_bytes());
     p.extend_from_slice(body);
     p
+}
+
+/// VPD page 0x8F body: a Supported Commands descriptor listing the
+/// third-party copy commands and their service actions.
+fn third_party_copy_page() -> Vec<u8> {
+    let list: &[u8] = &[0x83, 1, 0x00, 0x84, 2, 0x00, 0x03];
+    let mut desc = vec![list.len() as u8];
+    desc.extend_from_slice(list);
+    while (desc.len() + 4) % 4 != 0 {
+        desc.push(0);
+    }
+    let mut out = vec![0x00, 0x00];
+    out.extend_from_slice(&(desc.len() as u16).to_be_bytes());
+    out.extend(desc);
+    out
 }
 
 /// Nominal and recommended command timeouts (seconds) for RCTD.

@@ -11,6 +11,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod commands;
+mod copy;
 mod disk;
 mod reservations;
 pub mod sense;

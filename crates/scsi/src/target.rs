@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use crate::commands::Op;
+use crate::copy::CopyManager;
 use crate::disk::LogicalUnit;
 use crate::sense::{codes, Sense};
 use crate::{Nexus, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus};
@@ -35,12 +37,13 @@ pub(crate) fn report_luns(cdb: &[u8], luns: &[u64]) -> Result<super::disk::Reply
 #[derive(Debug, Default)]
 pub struct ScsiTarget {
     luns: Vec<Arc<LogicalUnit>>,
+    copies: CopyManager,
 }
 
 impl ScsiTarget {
     /// Create a target whose LUN *i* is `luns[i]`.
     pub fn new(luns: Vec<Arc<LogicalUnit>>) -> Self {
-        ScsiTarget { luns }
+        ScsiTarget { luns, copies: CopyManager::default() }
     }
 
     /// The logical units, by LUN number.
@@ -67,10 +70,27 @@ impl ScsiTarget {
                 Err(s) => plain_check(s, self.lun(req.lun)),
             };
         }
-        match self.lun(req.lun) {
-            Some(lu) => lu.execute(req),
-            None => missing_lun(req),
+        let Some(lu) = self.lun(req.lun) else { return missing_lun(req) };
+        if opcode != 0x83 && opcode != 0x84 {
+            return lu.execute(req);
         }
+        let def = match lu.precheck(req) {
+            Ok(d) => d,
+            Err(resp) => return resp,
+        };
+        let ok = |data_in: Vec<u8>| ScsiResponse { status: ScsiStatus::Good, sense: Vec::new(), data_in, data_out_len: None };
+        let result = match def.op {
+            // Every LUN of this target is visible to every initiator today;
+            // LUN masking will narrow this list.
+            Op::ExtendedCopy => self.copies.extended_copy(req.nexus, req.cdb, req.data_out, &self.luns).map(|_| ok(Vec::new())),
+            Op::ReceiveCopyResults => self.copies.receive_copy_results(req.nexus, req.cdb).map(ok),
+            _ => return lu.execute(req),
+        };
+        let mut resp = result.unwrap_or_else(|s| lu.check(s));
+        if def.op == Op::ExtendedCopy {
+            resp.data_out_len = Some(u32::from_be_bytes([req.cdb[10], req.cdb[11], req.cdb[12], req.cdb[13]]) as usize);
+        }
+        resp
     }
 
     /// A new I_T nexus appeared (login): it gets a POWER ON OR RESET unit

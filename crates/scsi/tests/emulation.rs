@@ -158,7 +158,7 @@ fn inquiry_and_vpd() {
     assert_eq!(r.data_in[1], 0x80, "RMB");
     assert_eq!(&r.data_in[8..16], b"ETHERSAN");
     let r = exec(&t, N, &[0x12, 1, 0, 0, 255, 0], &[]);
-    assert_eq!(&r.data_in[4..], &[0x00, 0x80, 0x83, 0xb0, 0xb1, 0xb2]);
+    assert_eq!(&r.data_in[4..], &[0x00, 0x80, 0x83, 0x8f, 0xb0, 0xb1, 0xb2]);
     let r = exec(&t, N, &[0x12, 1, 0x80, 0, 255, 0], &[]);
     assert_eq!(&r.data_in[4..], b"abc123");
     let r = exec(&t, N, &[0x12, 1, 0x83, 0, 255, 0], &[]);
@@ -329,4 +329,80 @@ fn thin_provisioning_on_a_sparse_file() {
     ws[8] = 8;
     assert_eq!(exec(&t, N, &ws, &[0u8; 512]).status, ScsiStatus::Good);
     assert_eq!(get_lba_status(16), (16, 8, 1));
+}
+
+/// An EXTENDED COPY parameter list: one identification target descriptor
+/// per NAA given, one block-to-block segment from target 0 to target 1.
+fn xcopy_params(naas: &[[u8; 16]], blocks: u16, src_lba: u64, dst_lba: u64) -> Vec<u8> {
+    let mut p = vec![0u8; 16];
+    p[0] = 7; // list id
+    p[2..4].copy_from_slice(&((naas.len() * 32) as u16).to_be_bytes());
+    p[8..12].copy_from_slice(&28u32.to_be_bytes());
+    for naa in naas {
+        let mut d = vec![0u8; 32];
+        d[0] = 0xe4;
+        d[4] = 0x01; // binary
+        d[5] = 0x03; // NAA, logical unit
+        d[7] = 16;
+        d[8..24].copy_from_slice(naa);
+        d[29..32].copy_from_slice(&512u32.to_be_bytes()[1..]);
+        p.extend(d);
+    }
+    let mut s = vec![0u8; 28];
+    s[0] = 0x02;
+    s[2..4].copy_from_slice(&24u16.to_be_bytes());
+    s[4..6].copy_from_slice(&0u16.to_be_bytes());
+    s[6..8].copy_from_slice(&((naas.len() - 1) as u16).to_be_bytes());
+    s[10..12].copy_from_slice(&blocks.to_be_bytes());
+    s[12..20].copy_from_slice(&src_lba.to_be_bytes());
+    s[20..28].copy_from_slice(&dst_lba.to_be_bytes());
+    p.extend(s);
+    p
+}
+
+fn lu_with_naa(last: u8) -> (Arc<LogicalUnit>, [u8; 16]) {
+    let mut c = cfg(false, false);
+    c.naa[15] = last;
+    let naa = c.naa;
+    (Arc::new(LogicalUnit::new(Arc::new(RamDevice::new(1 << 20, 512).unwrap()), c)), naa)
+}
+
+#[test]
+fn extended_copy_between_luns_of_one_target_only() {
+    let (a, naa_a) = lu_with_naa(1);
+    let (b, naa_b) = lu_with_naa(2);
+    let (foreign, naa_foreign) = lu_with_naa(3);
+    let t = ScsiTarget::new(vec![a, b]);
+    let other_target = ScsiTarget::new(vec![foreign]);
+    for lun in 0..2 {
+        t.nexus_added(N);
+        t.execute(&ScsiRequest { nexus: N, lun, cdb: &[0, 0, 0, 0, 0, 0], data_out: &[], expected_len: 0 });
+    }
+    other_target.nexus_added(N);
+    exec(&t, N, &write10(0, 4, false), &[0x5a; 2048]);
+    let xcopy = |t: &ScsiTarget, params: &[u8]| {
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x83;
+        cdb[10..14].copy_from_slice(&(params.len() as u32).to_be_bytes());
+        t.execute(&ScsiRequest { nexus: N, lun: 0, cdb: &cdb, data_out: params, expected_len: params.len() as u32 })
+    };
+    // LUN 0 -> LUN 1 of the same target.
+    let r = xcopy(&t, &xcopy_params(&[naa_a, naa_b], 4, 0, 10));
+    assert_eq!(r.status, ScsiStatus::Good, "{:?}", sense(&r));
+    let r = t.execute(&ScsiRequest { nexus: N, lun: 1, cdb: &read10(10, 4), data_out: &[], expected_len: 2048 });
+    assert!(r.data_in.iter().all(|b| *b == 0x5a));
+    // RECEIVE COPY RESULTS reports it.
+    let r = exec(&t, N, &[0x84, 0x00, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 64, 0, 0], &[]);
+    assert_eq!((r.data_in[4], u16::from_be_bytes([r.data_in[5], r.data_in[6]])), (0, 1));
+    // A unit of another target cannot be named: COPY ABORTED, nothing written.
+    let r = xcopy(&t, &xcopy_params(&[naa_a, naa_foreign], 4, 0, 0));
+    assert_eq!(sense(&r), Some((0x0a, 0x0d, 0x02)));
+    let r = other_target.execute(&ScsiRequest { nexus: N, lun: 0, cdb: &read10(0, 4), data_out: &[], expected_len: 2048 });
+    assert!(r.data_in.iter().all(|b| *b == 0), "foreign LUN was written");
+    // Malformed lists get the standard sense.
+    let mut bad = xcopy_params(&[naa_a, naa_b], 4, 0, 10);
+    bad[16] = 0xe5;
+    assert_eq!(sense(&xcopy(&t, &bad)), Some((5, 0x26, 0x07)));
+    let p = xcopy_params(&[naa_a, naa_b], 4, 0, 10);
+    assert_eq!(sense(&xcopy(&t, &p[..40])), Some((5, 0x1a, 0)));
 }
