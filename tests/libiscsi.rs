@@ -72,6 +72,7 @@ const SUITES: &[&str] = &[
     "WriteAtomic16",
     "ExtendedCopy",
     "ReceiveCopyResults",
+    "Sanitize",
 ];
 
 #[test]
@@ -154,7 +155,7 @@ fn conformance_suites_pass() {
         let server = Server::start_portals(2, &[&lun]);
         let test = format!("ALL.{suite}");
         let (url0, url1) = (server.url_via(0, 0), server.url_via(1, 0));
-        let out = run("iscsi-test-cu", &["-d", "-V", "--test", &test, &url0, &url1], Duration::from_secs(240));
+        let out = run("iscsi-test-cu", &["-d", "-S", "-V", "--test", &test, &url0, &url1], Duration::from_secs(240));
         drop(server);
         let _ = std::fs::remove_file(&path);
         let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));

@@ -41,6 +41,7 @@ pub enum Op {
     WriteAtomic,
     ExtendedCopy,
     ReceiveCopyResults,
+    Sanitize,
 }
 
 /// One supported command.
@@ -69,6 +70,7 @@ const fn sa(opcode: u8, action: u8, name: &'static str, usage: &'static [u8], op
 }
 
 const PR_IN: &[u8] = &[0x5e, 0x1f, 0, 0, 0, 0, 0, 0xff, 0xff, 0];
+const SANITIZE: &[u8] = &[0x48, 0xbf, 0, 0, 0, 0, 0, 0xff, 0xff, 0];
 const RCR: &[u8] = &[0x84, 0x1f, 0xff, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0];
 const PR_OUT: &[u8] = &[0x5f, 0x1f, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0];
 
@@ -95,6 +97,10 @@ pub const COMMANDS: &[CommandDef] = &[
     c(0x37, "READ DEFECT DATA(10)", &[0x37, 0, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0], Op::ReadDefectData),
     c(0x41, "WRITE SAME(10)", &[0x41, 0xf8, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0], Op::WriteSame),
     c(0x42, "UNMAP", &[0x42, 0x01, 0, 0, 0, 0, 0x3f, 0xff, 0xff, 0], Op::Unmap),
+    sa(0x48, 0x01, "SANITIZE / OVERWRITE", SANITIZE, Op::Sanitize),
+    sa(0x48, 0x02, "SANITIZE / BLOCK ERASE", SANITIZE, Op::Sanitize),
+    sa(0x48, 0x03, "SANITIZE / CRYPTOGRAPHIC ERASE", SANITIZE, Op::Sanitize),
+    sa(0x48, 0x1f, "SANITIZE / EXIT FAILURE MODE", SANITIZE, Op::Sanitize),
     c(0x55, "MODE SELECT(10)", &[0x55, 0x11, 0, 0, 0, 0, 0, 0xff, 0xff, 0], Op::ModeSelect10),
     c(0x56, "RESERVE(10)", &[0x56, 0, 0, 0, 0, 0, 0, 0, 0, 0], Op::Reserve),
     c(0x57, "RELEASE(10)", &[0x57, 0, 0, 0, 0, 0, 0, 0, 0, 0], Op::Release),

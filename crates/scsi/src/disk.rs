@@ -28,6 +28,73 @@ const MAX_COMPARE_AND_WRITE: u32 = 255;
 /// Largest UNMAP range per descriptor and descriptors per command (VPD 0xB0).
 const MAX_UNMAP_BLOCKS: u64 = 1 << 20;
 const MAX_UNMAP_DESCRIPTORS: usize = 256;
+/// SANITIZE OVERWRITE runs at most this fast, so that it never starves
+/// the other logical units sharing the storage.
+const SANITIZE_OVERWRITE_BYTES_PER_SEC: u64 = 16 << 20;
+
+/// A SANITIZE operation in progress (SBC-4 §4.11).
+#[derive(Debug, Default)]
+struct SanitizeState {
+    running: AtomicBool,
+    /// The last sanitize failed: medium access fails until EXIT FAILURE MODE.
+    failed: AtomicBool,
+    /// Fraction done, out of 65536.
+    progress: std::sync::atomic::AtomicU32,
+}
+
+enum SanitizeJob {
+    Overwrite { pattern: Vec<u8>, passes: u8, invert: bool },
+    Erase,
+}
+
+/// Run a sanitize to completion (on its own thread when IMMED is set).
+fn run_sanitize(dev: Arc<dyn BlockDevice>, st: Arc<SanitizeState>, job: SanitizeJob) {
+    let total = dev.num_blocks() * u64::from(dev.block_size());
+    let chunk = 1u64 << 20;
+    let result = (|| -> Result<(), BackendError> {
+        match job {
+            SanitizeJob::Erase if dev.thin_provisioned() => dev.unmap(0, total)?,
+            SanitizeJob::Erase => {
+                let zeros = vec![0u8; chunk as usize];
+                let mut off = 0;
+                while off < total {
+                    let n = (total - off).min(chunk);
+                    dev.write_at(off, &zeros[..n as usize], false)?;
+                    off += n;
+                    st.progress.store(((off as u128 * 65535) / u128::from(total)) as u32, Ordering::Relaxed);
+                }
+            }
+            SanitizeJob::Overwrite { pattern, passes, invert } => {
+                let start = std::time::Instant::now();
+                let mut written = 0u64;
+                let work = total * u64::from(passes);
+                for pass in 0..passes {
+                    let flip = invert && pass % 2 == 1;
+                    let buf: Vec<u8> = pattern.iter().map(|b| if flip { !b } else { *b }).cycle().take(chunk as usize).collect();
+                    let mut off = 0;
+                    while off < total {
+                        let n = (total - off).min(chunk);
+                        dev.write_at(off, &buf[..n as usize], false)?;
+                        off += n;
+                        written += n;
+                        st.progress.store(((written as u128 * 65535) / u128::from(work)) as u32, Ordering::Relaxed);
+                        let due = std::time::Duration::from_secs_f64(written as f64 / SANITIZE_OVERWRITE_BYTES_PER_SEC as f64);
+                        if let Some(wait) = due.checked_sub(start.elapsed()) {
+                            std::thread::sleep(wait);
+                        }
+                    }
+                }
+            }
+        }
+        dev.flush()
+    })();
+    if let Err(e) = result {
+        tracing::error!(%e, "sanitize failed");
+        st.failed.store(true, Ordering::Release);
+    }
+    st.running.store(false, Ordering::Release);
+}
+
 /// Bytes of medium each range lock covers.
 const STRIPE_BYTES: u64 = 1 << 20;
 const STRIPES: usize = 64;
@@ -133,6 +200,7 @@ pub struct LogicalUnit {
     reservations: Mutex<Reservations>,
     /// Any reservation held: commands must be checked against it.
     reserved: AtomicBool,
+    sanitize: Arc<SanitizeState>,
 }
 
 fn be16(b: &[u8]) -> u16 {
@@ -199,6 +267,7 @@ impl LogicalUnit {
             ejected: AtomicBool::new(false),
             ranges: RangeLocks::new(),
             reserved: AtomicBool::new(reservations.active()),
+            sanitize: Arc::new(SanitizeState::default()),
             reservations: Mutex::new(reservations),
             dev,
             cfg,
@@ -374,6 +443,12 @@ impl LogicalUnit {
                 return Err(conflict());
             }
         }
+        if self.sanitize.running.load(Ordering::Acquire)
+            && !matches!(def.op, Op::Inquiry | Op::ReportLuns | Op::RequestSense | Op::ReportOpcodes | Op::ReportTmfs)
+        {
+            let p = self.sanitize.progress.load(Ordering::Relaxed) as u16;
+            return Err(self.check(codes::SANITIZE_IN_PROGRESS.with_progress(p)));
+        }
         let needs_medium = matches!(
             def.op,
             Op::TestUnitReady
@@ -395,6 +470,9 @@ impl LogicalUnit {
         if needs_medium && self.ejected.load(Ordering::Relaxed) {
             return Err(self.check(codes::MEDIUM_NOT_PRESENT));
         }
+        if needs_medium && self.sanitize.failed.load(Ordering::Acquire) {
+            return Err(self.check(codes::SANITIZE_FAILED));
+        }
         Ok(def)
     }
 
@@ -410,6 +488,7 @@ impl LogicalUnit {
             Op::WriteAtomic => self.write_atomic(cdb, req.data_out),
             // The target's copy manager runs these (it sees every LUN).
             Op::ExtendedCopy | Op::ReceiveCopyResults => Err(codes::INVALID_OPCODE),
+            Op::Sanitize => self.sanitize(cdb, req.data_out),
             Op::WriteVerify => self.write(cdb, req.data_out, true),
             Op::Verify => self.verify(cdb, req.data_out),
             Op::Inquiry => self.inquiry(cdb),
@@ -556,6 +635,61 @@ impl LogicalUnit {
             let fua = verify || flags & 0x08 != 0 || !self.wce.load(Ordering::Relaxed);
             let _held = self.ranges.lock(off, have as u64, false);
             self.dev.write_at(off, &data_out[..have], fua).map_err(|e| backend_sense(&e, true))?;
+        }
+        Reply::none()
+    }
+
+    /// SANITIZE: overwrite, block erase or cryptographic erase of the whole
+    /// medium (erases deallocate on thin units, else write zeros), or exit
+    /// failure mode. IMMED returns at once; the unit is NOT READY / SANITIZE
+    /// IN PROGRESS until it finishes.
+    fn sanitize(&self, cdb: &[u8], data: &[u8]) -> CmdResult {
+        let immed = cdb[1] & 0x80 != 0;
+        let action = cdb[1] & 0x1f;
+        let len = usize::from(be16(&cdb[7..9]));
+        let job = match action {
+            0x1f => {
+                if len != 0 {
+                    return Err(Sense::invalid_cdb_field(7, None));
+                }
+                self.sanitize.failed.store(false, Ordering::Release);
+                return Reply::none();
+            }
+            0x01 => {
+                if len < 4 || data.len() < len {
+                    return Err(Sense::invalid_cdb_field(7, None));
+                }
+                let passes = data[0] & 0x1f;
+                let pattern_len = usize::from(be16(&data[2..4]));
+                if data[0] & 0x60 != 0 || data[1] != 0 {
+                    return Err(Sense::invalid_param_field(0));
+                }
+                if passes == 0 || pattern_len == 0 || pattern_len > self.bs() as usize || len != pattern_len + 4 {
+                    return Err(Sense::invalid_cdb_field(7, None));
+                }
+                SanitizeJob::Overwrite { pattern: data[4..4 + pattern_len].to_vec(), passes, invert: data[0] & 0x80 != 0 }
+            }
+            _ => {
+                if len != 0 {
+                    return Err(Sense::invalid_cdb_field(7, None));
+                }
+                SanitizeJob::Erase
+            }
+        };
+        if let Some(s) = self.write_protected() {
+            return Err(s);
+        }
+        self.sanitize.progress.store(0, Ordering::Relaxed);
+        self.sanitize.running.store(true, Ordering::Release);
+        self.sanitize.failed.store(false, Ordering::Release);
+        let (dev, st) = (self.dev.clone(), self.sanitize.clone());
+        if immed {
+            std::thread::spawn(move || run_sanitize(dev, st, job));
+            return Reply::none();
+        }
+        run_sanitize(dev, st, job);
+        if self.sanitize.failed.load(Ordering::Acquire) {
+            return Err(codes::SANITIZE_FAILED);
         }
         Reply::none()
     }
@@ -925,7 +1059,12 @@ impl LogicalUnit {
     fn request_sense(&self, req: &ScsiRequest<'_>) -> CmdResult {
         let desc = req.cdb[1] & 1 != 0;
         let alloc = usize::from(req.cdb[4]);
-        let s = self.take_ua(req.nexus).unwrap_or(Sense::new(key::NO_SENSE, 0, 0));
+        let idle = if self.sanitize.running.load(Ordering::Acquire) {
+            codes::SANITIZE_IN_PROGRESS.with_progress(self.sanitize.progress.load(Ordering::Relaxed) as u16)
+        } else {
+            Sense::new(key::NO_SENSE, 0, 0)
+        };
+        let s = self.take_ua(req.nexus).unwrap_or(idle);
         let s = if self.ejected.load(Ordering::Relaxed) && s.key == key::NO_SENSE { codes::MEDIUM_NOT_PRESENT } else { s };
         Reply::data(s.to_bytes(desc), alloc)
     }
@@ -953,6 +1092,9 @@ impl LogicalUnit {
             0xb1 => {
                 let mut p = vec![0u8; 0x3c];
                 p[1] = 1; // medium rotation rate: non-rotating medium
+                // WABEREQ = WACEREQ = 01b: reads after a block or crypto
+                // erase succeed (and return zeros).
+                p[3] = 0x50;
                 vpd(0xb1, &p)
             }
             0xb2 => {
@@ -1284,7 +1426,8 @@ fn access(op: Op) -> Access {
         | Op::ModeSelect6
         | Op::ModeSelect10
         | Op::StartStopUnit
-        | Op::ExtendedCopy => Access::Write,
+        | Op::ExtendedCopy
+        | Op::Sanitize => Access::Write,
         _ => Access::Free,
     }
 }

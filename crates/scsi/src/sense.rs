@@ -39,22 +39,24 @@ pub struct Sense {
     pub info: Option<u64>,
     /// Field pointer: (in CDB rather than parameter list, byte, bit).
     pub field: Option<(bool, u16, Option<u8>)>,
+    /// Progress indication (0..=65535) for NOT READY conditions.
+    pub progress: Option<u16>,
 }
 
 impl Sense {
     /// A sense with no extra fields.
     pub const fn new(key: u8, asc: u8, ascq: u8) -> Sense {
-        Sense { key, asc, ascq, info: None, field: None }
+        Sense { key, asc, ascq, info: None, field: None, progress: None }
     }
 
     /// INVALID FIELD IN CDB pointing at `byte` (and `bit`).
     pub const fn invalid_cdb_field(byte: u16, bit: Option<u8>) -> Sense {
-        Sense { key: key::ILLEGAL_REQUEST, asc: 0x24, ascq: 0, info: None, field: Some((true, byte, bit)) }
+        Sense { key: key::ILLEGAL_REQUEST, asc: 0x24, ascq: 0, info: None, field: Some((true, byte, bit)), progress: None }
     }
 
     /// INVALID FIELD IN PARAMETER LIST pointing at `byte`.
     pub const fn invalid_param_field(byte: u16) -> Sense {
-        Sense { key: key::ILLEGAL_REQUEST, asc: 0x26, ascq: 0, info: None, field: Some((false, byte, None)) }
+        Sense { key: key::ILLEGAL_REQUEST, asc: 0x26, ascq: 0, info: None, field: Some((false, byte, None)), progress: None }
     }
 
     /// With an INFORMATION value.
@@ -63,9 +65,16 @@ impl Sense {
         self
     }
 
+    /// With a progress indication (fraction done, out of 65536).
+    pub const fn with_progress(mut self, progress: u16) -> Sense {
+        self.progress = Some(progress);
+        self
+    }
+
     /// Render as fixed (0x70) or descriptor (0x72) sense data.
     pub fn to_bytes(&self, descriptor: bool) -> Vec<u8> {
-        let sks = self.field.map(|(cdb, byte, bit)| {
+        let progress = self.progress.map(|p| [0x80, (p >> 8) as u8, p as u8]);
+        let sks = progress.or(self.field.map(|(cdb, byte, bit)| {
             let mut b0 = 0x80u8; // SKSV
             if cdb {
                 b0 |= 0x40; // C/D
@@ -75,7 +84,7 @@ impl Sense {
             }
             let f = byte.to_be_bytes();
             [b0, f[0], f[1]]
-        });
+        }));
         if descriptor {
             let mut out = vec![0x72, self.key & 0x0f, self.asc, self.ascq, 0, 0, 0, 0];
             if let Some(info) = self.info {
@@ -123,6 +132,10 @@ pub mod codes {
     pub const SAVING_NOT_SUPPORTED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x39, 0x00);
     /// MEDIUM REMOVAL PREVENTED
     pub const REMOVAL_PREVENTED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x53, 0x02);
+    /// SANITIZE IN PROGRESS
+    pub const SANITIZE_IN_PROGRESS: Sense = Sense::new(key::NOT_READY, 0x04, 0x1b);
+    /// SANITIZE COMMAND FAILED
+    pub const SANITIZE_FAILED: Sense = Sense::new(key::MEDIUM_ERROR, 0x31, 0x03);
     /// MEDIUM NOT PRESENT
     pub const MEDIUM_NOT_PRESENT: Sense = Sense::new(key::NOT_READY, 0x3a, 0x00);
     /// WRITE PROTECTED

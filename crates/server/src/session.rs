@@ -26,6 +26,9 @@ use tracing::{debug, info, warn};
 use crate::registry::{Registry, SessionControl, TargetEntry};
 use crate::wire::{Frame, ReadError, WriterMsg};
 
+/// SANITIZE operation code.
+const SANITIZE: u8 = 0x48;
+
 /// Largest Expected Data Transfer Length accepted for one command; larger
 /// commands are refused with CHECK CONDITION instead of buffering them.
 pub(crate) const MAX_EDTL: u32 = 64 << 20;
@@ -730,7 +733,11 @@ impl Session {
             let task = self.tasks.get_mut(&itt).expect("listed above");
             task.aborted = true;
             if matches!(task.state, TaskState::Running) {
-                running.push(itt);
+                // Task management does not stop a SANITIZE (SBC-4 §4.11):
+                // it goes on in the background, so nothing waits for it.
+                if task.cmd.cdb[0] != SANITIZE {
+                    running.push(itt);
+                }
                 continue;
             }
             let task = self.tasks.remove(&itt).expect("listed above");
