@@ -11,9 +11,12 @@ use std::time::{Duration, Instant};
 /// The target name the tests export.
 pub const IQN: &str = "iqn.2026-11.org.ethersan:test";
 
-/// A running `ethersan serve`, stopped (SIGTERM) when dropped.
+/// A running target — `ethersan serve`, or tgt's tgtd as a peer for
+/// comparison — stopped (SIGTERM) when dropped.
 pub struct Server {
     pub child: Child,
+    /// LUN number of the first data LUN (tgt puts its controller at 0).
+    pub lun_base: u32,
     /// The first portal.
     pub addr: String,
     /// Every portal, in `--listen` order.
@@ -71,7 +74,7 @@ impl Server {
             let _ = child.kill();
             panic!("ethersan serve did not start: {:?}", log.lock().unwrap());
         });
-        Server { child, addr: addrs[0].clone(), addrs, log }
+        Server { child, lun_base: 0, addr: addrs[0].clone(), addrs, log }
     }
 
     /// iSCSI URL of a LUN.
@@ -81,7 +84,44 @@ impl Server {
 
     /// iSCSI URL of a LUN through portal `portal`.
     pub fn url_via(&self, portal: usize, lun: u32) -> String {
-        format!("iscsi://{}/{}/{}", self.addrs[portal], IQN, lun)
+        format!("iscsi://{}/{}/{}", self.addrs[portal], IQN, lun + self.lun_base)
+    }
+
+    /// Start tgt (Debian's `tgtd`) on a free loopback port with one LUN
+    /// backed by `file`, `ro` and `removable` as asked. Its one portal
+    /// serves as both "paths".
+    pub fn start_tgt(file: &Path, read_only: bool, removable: bool) -> Server {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let control = (port % 10000 + 20000).to_string();
+        let addr = format!("127.0.0.1:{port}");
+        let child = Command::new("tgtd")
+            .args(["-f", "-C", &control, "--iscsi", &format!("portal={addr}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start tgtd (apt-get install tgt)");
+        let adm = |args: &[&str]| {
+            for _ in 0..50 {
+                let ok = Command::new("tgtadm").args(["-C", &control, "--lld", "iscsi"]).args(args).status().is_ok_and(|s| s.success());
+                if ok {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            panic!("tgtadm {args:?} failed");
+        };
+        adm(&["--op", "new", "--mode", "target", "--tid", "1", "-T", IQN]);
+        adm(&["--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", "1", "-b", file.to_str().unwrap()]);
+        let params = format!("readonly={},removable={}", u8::from(read_only), u8::from(removable));
+        adm(&["--op", "update", "--mode", "logicalunit", "--tid", "1", "--lun", "1", "--params", &params]);
+        adm(&["--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL"]);
+        Server {
+            child,
+            lun_base: 1,
+            addr: addr.clone(),
+            addrs: vec![addr.clone(), addr],
+            log: Default::default(),
+        }
     }
 
     /// Send SIGTERM and wait (bounded); returns the exit status.
