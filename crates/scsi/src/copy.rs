@@ -53,14 +53,12 @@ pub(crate) struct CopyManager {
 }
 
 fn be16(b: &[u8]) -> usize {
-    usize::from(u16::from_be_bytes([b[0], b[1]]))
+    usize::from(crate::be::be16(b))
 }
 fn be32(b: &[u8]) -> usize {
-    u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize
+    crate::be::be32(b) as usize
 }
-fn be64(b: &[u8]) -> u64 {
-    u64::from_be_bytes(b[..8].try_into().expect("8 bytes"))
-}
+use crate::be::be64;
 
 impl CopyManager {
     /// EXTENDED COPY (LID1). `visible` are the units the initiator may use.

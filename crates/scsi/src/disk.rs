@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use ethersan_backend::{BackendError, BlockDevice};
 
+use crate::be::{be16, be32, be64};
 use crate::commands::{self, CommandDef, Op, COMMANDS};
 use crate::reservations::{Access, PrError, Reservations};
 use crate::sense::{codes, key, Sense};
@@ -203,17 +204,6 @@ pub struct LogicalUnit {
     sanitize: Arc<SanitizeState>,
 }
 
-fn be16(b: &[u8]) -> u16 {
-    u16::from_be_bytes([b[0], b[1]])
-}
-fn be32(b: &[u8]) -> u32 {
-    u32::from_be_bytes([b[0], b[1], b[2], b[3]])
-}
-fn be64(b: &[u8]) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[..8]);
-    u64::from_be_bytes(a)
-}
 
 fn pad(s: &str, n: usize) -> Vec<u8> {
     let mut v: Vec<u8> = s.bytes().filter(|b| (0x20..0x7f).contains(b)).take(n).collect();

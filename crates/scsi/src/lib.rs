@@ -10,6 +10,7 @@
 //!   attentions and reservations.
 #![warn(missing_docs, unreachable_pub)]
 
+mod be;
 pub mod commands;
 mod copy;
 mod disk;

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use crate::be::be64;
 use crate::sense::{codes, key, Sense};
 use crate::Nexus;
 
@@ -247,8 +248,8 @@ impl Reservations {
         if param.len() < 24 {
             return Err(codes::PARAM_LIST_LENGTH.into());
         }
-        let rkey = u64::from_be_bytes(param[0..8].try_into().expect("8 bytes"));
-        let sakey = u64::from_be_bytes(param[8..16].try_into().expect("8 bytes"));
+        let rkey = be64(&param[0..8]);
+        let sakey = be64(&param[8..16]);
         let flags = param[20];
         let aptpl = flags & 0x01 != 0;
         if flags & 0x08 != 0 {
