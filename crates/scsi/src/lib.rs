@@ -6,17 +6,23 @@
 //!   [`ethersan_backend::BlockDevice`].
 //! - [`commands`] is the one table of supported commands; [`sense`] builds
 //!   sense data.
+//! - Unit attentions are queued per nexus (`unit_attention`), block CDBs
+//!   are parsed into one typed form (`cdb`).
 //! - [`Nexus`] identifies an I_T nexus (one iSCSI session) for unit
 //!   attentions and reservations.
 #![warn(missing_docs, unreachable_pub)]
 
 mod be;
+mod cdb;
 pub mod commands;
 mod copy;
 mod disk;
+mod missing_lun;
+mod range_lock;
 mod reservations;
 pub mod sense;
 mod target;
+mod unit_attention;
 
 pub use ethersan_backend::BlockDevice;
 

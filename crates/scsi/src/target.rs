@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::commands::Op;
 use crate::copy::CopyManager;
 use crate::disk::LogicalUnit;
-use crate::sense::{codes, Sense};
+use crate::sense::Sense;
 use crate::{Nexus, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus};
 
 /// REPORT LUNS parameter data for `luns` (peripheral addressing below 256,
@@ -70,7 +70,7 @@ impl ScsiTarget {
                 Err(s) => plain_check(s, self.lun(req.lun)),
             };
         }
-        let Some(lu) = self.lun(req.lun) else { return missing_lun(req) };
+        let Some(lu) = self.lun(req.lun) else { return crate::missing_lun::execute(req) };
         if opcode != 0x83 && opcode != 0x84 {
             return lu.execute(req);
         }
@@ -142,33 +142,9 @@ impl ScsiTarget {
     }
 }
 
-fn plain_check(s: Sense, lu: Option<&Arc<LogicalUnit>>) -> ScsiResponse {
+pub(crate) fn plain_check(s: Sense, lu: Option<&Arc<LogicalUnit>>) -> ScsiResponse {
     match lu {
         Some(lu) => lu.check(s),
         None => ScsiResponse { status: ScsiStatus::CheckCondition, sense: s.to_bytes(false), data_in: Vec::new(), data_out_len: None },
-    }
-}
-
-/// SPC-4 §4.6.4 answers for a LUN that does not exist.
-fn missing_lun(req: &ScsiRequest<'_>) -> ScsiResponse {
-    let cdb = req.cdb;
-    match cdb.first() {
-        Some(0x12) if cdb.len() >= 6 && cdb[1] & 1 == 0 => {
-            let alloc = usize::from(u16::from_be_bytes([cdb[3], cdb[4]]));
-            let mut d = vec![0u8; 36];
-            d[0] = 0x7f; // qualifier 011b, type 1Fh: no logical unit here
-            d[2] = 0x06;
-            d[3] = 0x12;
-            d[4] = 31;
-            d.truncate(alloc);
-            ScsiResponse { status: ScsiStatus::Good, sense: Vec::new(), data_in: d, data_out_len: None }
-        }
-        Some(0x03) if cdb.len() >= 6 => {
-            let alloc = usize::from(cdb[4]);
-            let mut d = codes::LUN_NOT_SUPPORTED.to_bytes(cdb[1] & 1 != 0);
-            d.truncate(alloc);
-            ScsiResponse { status: ScsiStatus::Good, sense: Vec::new(), data_in: d, data_out_len: None }
-        }
-        _ => plain_check(codes::LUN_NOT_SUPPORTED, None),
     }
 }

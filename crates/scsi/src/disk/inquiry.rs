@@ -1,0 +1,167 @@
+//! SPC-4 §6.6 INQUIRY: standard data and the vital product data pages
+//! 0x00 (supported pages), 0x80 (unit serial number), 0x83 (device
+//! identification), 0x8F (third-party copy), 0xB0 (block limits), 0xB1
+//! (block device characteristics) and 0xB2 (logical block provisioning).
+
+use super::{CmdResult, LogicalUnit, Reply, MAX_ATOMIC_BYTES, MAX_COMPARE_AND_WRITE, MAX_TRANSFER_BYTES, MAX_UNMAP_BLOCKS, MAX_UNMAP_DESCRIPTORS};
+use crate::be::be16;
+use crate::sense::Sense;
+
+impl LogicalUnit {
+    /// INQUIRY: standard data, or the VPD page EVPD asks for. A page code
+    /// without EVPD, an unknown page, or CmdDt (refused earlier by the
+    /// command table's usage mask) is INVALID FIELD IN CDB.
+    pub(super) fn inquiry(&self, cdb: &[u8]) -> CmdResult {
+        let alloc = usize::from(be16(&cdb[3..5]));
+        let evpd = cdb[1] & 1 != 0;
+        if !evpd {
+            if cdb[2] != 0 {
+                return Err(Sense::invalid_cdb_field(2, None));
+            }
+            return Reply::data(self.standard_inquiry(), alloc);
+        }
+        let page = match cdb[2] {
+            0x00 => {
+                let pages = [0x00, 0x80, 0x83, 0x8f, 0xb0, 0xb1, 0xb2];
+                vpd(0x00, &pages)
+            }
+            0x80 => vpd(0x80, &pad(&self.cfg.serial, self.cfg.serial.len().clamp(1, 252))),
+            0x83 => vpd(0x83, &self.device_identification()),
+            0x8f => vpd(0x8f, &third_party_copy_page()),
+            0xb0 => vpd(0xb0, &self.block_limits()),
+            0xb1 => {
+                let mut p = vec![0u8; 0x3c];
+                p[1] = 1; // medium rotation rate: non-rotating medium
+                // WABEREQ = WACEREQ = 01b: reads after a block or crypto
+                // erase succeed (and return zeros).
+                p[3] = 0x50;
+                vpd(0xb1, &p)
+            }
+            0xb2 => {
+                // LBPU, LBPWS, LBPWS10 and LBPRZ on thin LUNs; provisioning type 2 (thin).
+                let thin = self.dev.thin_provisioned();
+                vpd(0xb2, &[0, if thin { 0xe4 } else { 0 }, if thin { 2 } else { 0 }, 0])
+            }
+            _ => return Err(Sense::invalid_cdb_field(2, None)),
+        };
+        Reply::data(page, alloc)
+    }
+
+    /// Standard INQUIRY data (SPC-4 §6.6.2), 96 bytes.
+    fn standard_inquiry(&self) -> Vec<u8> {
+        let mut d = vec![0u8; 96];
+        d[0] = 0x00; // connected, direct-access block device
+        d[1] = if self.cfg.removable { 0x80 } else { 0 };
+        d[2] = 0x06; // SPC-4
+        d[3] = 0x12; // HiSup, response data format 2
+        d[4] = (d.len() - 5) as u8;
+        d[5] = 0x08; // 3PC: third-party copy (EXTENDED COPY)
+        d[7] = 0x02; // CmdQue
+        d[8..16].copy_from_slice(&pad(&self.cfg.vendor, 8));
+        d[16..32].copy_from_slice(&pad(&self.cfg.product, 16));
+        d[32..36].copy_from_slice(&pad(&self.cfg.revision, 4));
+        // Version descriptors: SAM-5, iSCSI, SPC-4, SBC-3.
+        for (i, v) in [0x00a0u16, 0x0960, 0x0460, 0x04c0].iter().enumerate() {
+            d[58 + 2 * i..60 + 2 * i].copy_from_slice(&v.to_be_bytes());
+        }
+        d
+    }
+
+    /// VPD 0x83 body: designators derived from configuration only, so they
+    /// are stable across restarts.
+    pub(super) fn device_identification(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut desig = |proto_codeset: u8, piv_assoc_type: u8, body: &[u8]| {
+            out.extend_from_slice(&[proto_codeset, piv_assoc_type, 0, body.len() as u8]);
+            out.extend_from_slice(body);
+        };
+        // NAA IEEE Registered Extended, logical unit.
+        desig(0x01, 0x03, &self.cfg.naa);
+        // T10 vendor ID: vendor + serial, logical unit.
+        let mut t10 = pad(&self.cfg.vendor, 8);
+        t10.extend(self.cfg.serial.bytes().take(64));
+        desig(0x02, 0x01, &t10);
+        // Relative target port 1 and target port group 1 (iSCSI, PIV).
+        desig(0x51, 0x94, &[0, 0, 0, 1]);
+        desig(0x51, 0x95, &[0, 0, 0, 1]);
+        // SCSI name string of the target device (UTF-8, NUL-padded to 4).
+        let mut name = self.cfg.target_name.clone().into_bytes();
+        name.truncate(251);
+        name.push(0);
+        while name.len() % 4 != 0 {
+            name.push(0);
+        }
+        desig(0x53, 0xa8, &name);
+        out
+    }
+
+    /// VPD 0xB0 body (SBC-3 §6.6.4).
+    fn block_limits(&self) -> Vec<u8> {
+        let mut p = vec![0u8; 0x3c];
+        let bs = self.bs();
+        let max_blocks = (MAX_TRANSFER_BYTES / bs) as u32;
+        p[1] = MAX_COMPARE_AND_WRITE as u8;
+        if self.dev.thin_provisioned() {
+            p[16..20].copy_from_slice(&(MAX_UNMAP_BLOCKS as u32).to_be_bytes());
+            p[20..24].copy_from_slice(&(MAX_UNMAP_DESCRIPTORS as u32).to_be_bytes());
+            p[24..28].copy_from_slice(&(((4096 / bs).max(1)) as u32).to_be_bytes()); // optimal unmap granularity
+        }
+        p[32..40].copy_from_slice(&self.max_write_same_blocks().to_be_bytes());
+        // WRITE ATOMIC: maximum atomic transfer length, alignment and
+        // granularity (one 4 KiB page).
+        let atomic_blocks = (MAX_ATOMIC_BYTES / bs).max(1) as u32;
+        p[40..44].copy_from_slice(&atomic_blocks.to_be_bytes());
+        p[44..48].copy_from_slice(&(self.atomic_unit_blocks() as u32).to_be_bytes());
+        p[48..52].copy_from_slice(&(self.atomic_unit_blocks() as u32).to_be_bytes());
+        let granularity: u16 = if bs >= 4096 { 1 } else { 8 };
+        p[2..4].copy_from_slice(&granularity.to_be_bytes()); // optimal transfer length granularity
+        p[4..8].copy_from_slice(&max_blocks.to_be_bytes()); // maximum transfer length
+        p[8..12].copy_from_slice(&(((1u64 << 20) / bs) as u32).to_be_bytes()); // optimal transfer length
+        p[12..16].copy_from_slice(&max_blocks.to_be_bytes()); // maximum prefetch length
+        p
+    }
+
+    /// Whether VPD page 0x83 carries this logical-unit designator.
+    pub(crate) fn has_designator(&self, code_set: u8, kind: u8, body: &[u8]) -> bool {
+        let page = self.device_identification();
+        let mut at = 0;
+        while at + 4 <= page.len() {
+            let len = usize::from(page[at + 3]);
+            let assoc = (page[at + 1] >> 4) & 3;
+            if assoc == 0 && page[at] & 0x0f == code_set && page[at + 1] & 0x0f == kind && page.get(at + 4..at + 4 + len) == Some(body) {
+                return true;
+            }
+            at += 4 + len;
+        }
+        false
+    }
+
+}
+/// A VPD page: header (peripheral byte, page code, length) and body.
+fn vpd(code: u8, body: &[u8]) -> Vec<u8> {
+    let mut p = vec![0x00, code];
+    p.extend_from_slice(&(body.len() as u16).to_be_bytes());
+    p.extend_from_slice(body);
+    p
+}
+
+/// VPD page 0x8F body: a Supported Commands descriptor listing the
+/// third-party copy commands and their service actions.
+fn third_party_copy_page() -> Vec<u8> {
+    let list: &[u8] = &[0x83, 1, 0x00, 0x84, 2, 0x00, 0x03];
+    let mut desc = vec![list.len() as u8];
+    desc.extend_from_slice(list);
+    while (desc.len() + 4) % 4 != 0 {
+        desc.push(0);
+    }
+    let mut out = vec![0x00, 0x00];
+    out.extend_from_slice(&(desc.len() as u16).to_be_bytes());
+    out.extend(desc);
+    out
+}
+/// `s` as printable ASCII, cut or space-padded to `n` bytes.
+fn pad(s: &str, n: usize) -> Vec<u8> {
+    let mut v: Vec<u8> = s.bytes().filter(|b| (0x20..0x7f).contains(b)).take(n).collect();
+    v.resize(n, b' ');
+    v
+}

@@ -1,0 +1,471 @@
+//! SBC-3 direct-access block device emulation: one logical unit over a
+//! [`BlockDevice`].
+//!
+//! The READ/WRITE path takes no lock: it reads an atomic "a unit attention
+//! is pending" flag and atomic mode bits, then does positional I/O on the
+//! backend. Mode pages and medium state sit behind one mutex that only
+//! slow-path commands touch.
+//!
+//! This module holds the unit's state, the checks every command passes and
+//! dispatch; the command families live in submodules: [`io`] (READ, WRITE,
+//! VERIFY, COMPARE AND WRITE, capacity, cache), [`provisioning`] (WRITE
+//! SAME, UNMAP, GET LBA STATUS), [`inquiry`] (standard data and VPD pages),
+//! [`mode`] (MODE SENSE/SELECT), [`medium`] (START STOP UNIT, PREVENT ALLOW
+//! MEDIUM REMOVAL, REQUEST SENSE) and [`sanitize`].
+
+mod inquiry;
+mod io;
+mod medium;
+mod mode;
+mod provisioning;
+mod sanitize;
+#[cfg(test)]
+pub(crate) mod testing;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ethersan_backend::{BackendError, BlockDevice};
+
+use crate::be::{be16, be32};
+use crate::cdb::BlockCdb;
+use crate::commands::{self, CommandDef, Op};
+use crate::range_lock::RangeLocks;
+use crate::reservations::{Access, PrError, Reservations};
+use crate::sense::{codes, Sense};
+use crate::unit_attention::UnitAttentions;
+use crate::{LuConfig, Nexus, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus};
+use mode::ModeState;
+use sanitize::SanitizeState;
+
+/// Largest transfer one command may ask for, in bytes (VPD 0xB0).
+pub(crate) const MAX_TRANSFER_BYTES: u64 = 16 << 20;
+/// Largest WRITE ATOMIC, in bytes (VPD 0xB0).
+const MAX_ATOMIC_BYTES: u64 = 1 << 20;
+/// WRITE ATOMIC alignment and granularity, in bytes: whole 4 KiB pages.
+const ATOMIC_UNIT_BYTES: u64 = 4096;
+/// Largest COMPARE AND WRITE, in blocks (VPD 0xB0 byte 5).
+const MAX_COMPARE_AND_WRITE: u32 = 255;
+/// Largest UNMAP range per descriptor and descriptors per command (VPD 0xB0).
+const MAX_UNMAP_BLOCKS: u64 = 1 << 20;
+const MAX_UNMAP_DESCRIPTORS: usize = 256;
+
+type CmdResult = Result<Reply, Sense>;
+
+/// Data-In bytes of a command.
+pub(crate) type ReplyData = Vec<u8>;
+
+/// What a successful command returns.
+#[derive(Debug, Default)]
+struct Reply {
+    data: Vec<u8>,
+}
+
+impl Reply {
+    fn none() -> CmdResult {
+        Ok(Reply::default())
+    }
+    fn data(mut data: Vec<u8>, alloc: usize) -> CmdResult {
+        data.truncate(alloc);
+        Ok(Reply { data })
+    }
+}
+
+#[derive(Debug)]
+struct LuState {
+    mode: ModeState,
+    default_mode: ModeState,
+    medium_present: bool,
+    prevent: HashSet<Nexus>,
+}
+
+/// A logical unit: SCSI emulation over a block device.
+#[derive(Debug)]
+pub struct LogicalUnit {
+    dev: Arc<dyn BlockDevice>,
+    cfg: LuConfig,
+    state: Mutex<LuState>,
+    ua: UnitAttentions,
+    wce: AtomicBool,
+    d_sense: AtomicBool,
+    swp: AtomicBool,
+    ejected: AtomicBool,
+    ranges: RangeLocks,
+    reservations: Mutex<Reservations>,
+    /// Any reservation held: commands must be checked against it.
+    reserved: AtomicBool,
+    sanitize: Arc<SanitizeState>,
+}
+
+fn backend_sense(e: &BackendError, write: bool) -> Sense {
+    match e {
+        BackendError::Write { source, .. } if source.raw_os_error() == Some(28) => codes::SPACE_ALLOCATION_FAILED,
+        _ if write => codes::WRITE_ERROR,
+        _ => codes::READ_ERROR,
+    }
+}
+
+impl LogicalUnit {
+    /// Create a logical unit over `dev`.
+    pub fn new(dev: Arc<dyn BlockDevice>, cfg: LuConfig) -> Self {
+        let mode = ModeState { wce: cfg.write_cache, d_sense: false, swp: false };
+        // Reservations saved with APTPL are in force from the start.
+        let reservations = Reservations::with_state_file(cfg.pr_state_file.clone());
+        LogicalUnit {
+            state: Mutex::new(LuState {
+                mode,
+                default_mode: mode,
+                medium_present: true,
+                prevent: HashSet::new(),
+            }),
+            ua: UnitAttentions::default(),
+            wce: AtomicBool::new(mode.wce),
+            d_sense: AtomicBool::new(false),
+            swp: AtomicBool::new(false),
+            ejected: AtomicBool::new(false),
+            ranges: RangeLocks::new(),
+            reserved: AtomicBool::new(reservations.active()),
+            sanitize: Arc::new(SanitizeState::default()),
+            reservations: Mutex::new(reservations),
+            dev,
+            cfg,
+        }
+    }
+
+    /// The backing device.
+    pub fn device(&self) -> &Arc<dyn BlockDevice> {
+        &self.dev
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &LuConfig {
+        &self.cfg
+    }
+
+    fn lock(&self) -> MutexGuard<'_, LuState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn bs(&self) -> u64 {
+        u64::from(self.dev.block_size())
+    }
+
+    /// Render sense in the format D_SENSE selects.
+    pub(crate) fn check(&self, s: Sense) -> ScsiResponse {
+        ScsiResponse {
+            status: ScsiStatus::CheckCondition,
+            sense: s.to_bytes(self.d_sense.load(Ordering::Relaxed)),
+            data_in: Vec::new(),
+            data_out_len: None,
+        }
+    }
+
+    fn res(&self) -> MutexGuard<'_, Reservations> {
+        self.reservations.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn publish_reserved(&self, r: &Reservations) {
+        self.reserved.store(r.active(), Ordering::Release);
+    }
+
+    pub(crate) fn set_initiator_name(&self, nexus: Nexus, name: &str) {
+        self.res().set_name(nexus, name);
+    }
+
+    /// A new I_T nexus: it starts with POWER ON, RESET, OR BUS DEVICE RESET
+    /// OCCURRED (SAM-5 §5.14: the first command of a new nexus learns that
+    /// the unit's state may have changed). A nexus seen before (same ISID
+    /// reinstated) keeps what is queued for it instead.
+    pub(crate) fn nexus_added(&self, nexus: Nexus) {
+        if self.ua.register(nexus) {
+            self.ua.raise(nexus, codes::POWER_ON_RESET);
+        }
+    }
+
+    /// An I_T nexus ended: its PREVENT state goes (SBC-3 §5.13) and a later
+    /// login of the same nexus learns of the loss.
+    pub(crate) fn nexus_lost(&self, nexus: Nexus) {
+        self.lock().prevent.remove(&nexus);
+        self.ua.raise(nexus, codes::NEXUS_LOSS);
+        let mut r = self.res();
+        r.drop_legacy(Some(nexus));
+        self.publish_reserved(&r);
+    }
+
+    /// A reset reached this unit (SAM-5 §6.3, §7.7, §7.11): RESERVE(6/10)
+    /// reservations and PREVENT states are released, a cold reset also
+    /// restores the default mode pages, and every nexus gets a unit
+    /// attention: BUS DEVICE RESET FUNCTION OCCURRED for a logical unit or
+    /// warm target reset, POWER ON, RESET, OR BUS DEVICE RESET OCCURRED for
+    /// a cold (hard) reset.
+    pub(crate) fn reset(&self, kind: ResetKind) {
+        {
+            let mut r = self.res();
+            r.drop_legacy(None);
+            self.publish_reserved(&r);
+        }
+        let mut st = self.lock();
+        st.prevent.clear();
+        if kind == ResetKind::TargetCold {
+            st.mode = st.default_mode;
+            self.publish_mode(st.mode);
+        }
+        drop(st);
+        let s = match kind {
+            ResetKind::LogicalUnit | ResetKind::TargetWarm => codes::LUN_RESET,
+            ResetKind::TargetCold => codes::POWER_ON_RESET,
+        };
+        self.ua.raise_all(s, None);
+    }
+
+    /// Commands of `victim` were cleared by another initiator.
+    pub(crate) fn tasks_cleared(&self, victim: Nexus) {
+        self.ua.raise(victim, codes::COMMANDS_CLEARED);
+    }
+
+    fn publish_mode(&self, m: ModeState) {
+        self.wce.store(m.wce, Ordering::Relaxed);
+        self.d_sense.store(m.d_sense, Ordering::Relaxed);
+        self.swp.store(m.swp, Ordering::Relaxed);
+    }
+
+    // ---- dispatch ----
+
+    /// Execute one command (blocking: may perform backend I/O).
+    pub fn execute(&self, req: &ScsiRequest<'_>) -> ScsiResponse {
+        let def = match self.precheck(req) {
+            Ok(d) => d,
+            Err(resp) => return resp,
+        };
+        self.dispatch(def, req)
+    }
+
+    /// The checks every command passes before it runs: known opcode and
+    /// service action, no reserved bits, no pending unit attention, no
+    /// reservation conflict, medium present.
+    pub(crate) fn precheck(&self, req: &ScsiRequest<'_>) -> Result<&'static CommandDef, ScsiResponse> {
+        let cdb = req.cdb;
+        let Some(def) = commands::lookup(cdb) else {
+            // A known opcode with an unknown service action is a bad field.
+            if cdb.first().is_some_and(|op| commands::has_service_actions(*op)) {
+                return Err(self.check(Sense::invalid_cdb_field(1, Some(4))));
+            }
+            return Err(self.check(codes::INVALID_OPCODE));
+        };
+        if cdb.len() < def.cdb_len {
+            return Err(self.check(codes::INVALID_FIELD_IN_CDB));
+        }
+        if let Some((byte, bit)) = commands::reserved_bits(def, cdb) {
+            return Err(self.check(Sense::invalid_cdb_field(byte, Some(bit))));
+        }
+        // SAM-5 §5.14: these report no unit attention.
+        let ua_exempt = matches!(def.op, Op::Inquiry | Op::ReportLuns | Op::RequestSense);
+        if !ua_exempt {
+            if let Some(ua) = self.ua.take(req.nexus) {
+                return Err(self.check(ua));
+            }
+        }
+        if self.reserved.load(Ordering::Acquire) {
+            if let Err(PrError::Conflict) = self.res().check(req.nexus, access(def.op)) {
+                return Err(conflict());
+            }
+        }
+        if self.sanitize.running.load(Ordering::Acquire)
+            && !matches!(def.op, Op::Inquiry | Op::ReportLuns | Op::RequestSense | Op::ReportOpcodes | Op::ReportTmfs)
+        {
+            let p = self.sanitize.progress.load(Ordering::Relaxed) as u16;
+            return Err(self.check(codes::SANITIZE_IN_PROGRESS.with_progress(p)));
+        }
+        let needs_medium = matches!(
+            def.op,
+            Op::TestUnitReady
+                | Op::Read
+                | Op::Write
+                | Op::WriteVerify
+                | Op::Verify
+                | Op::ReadCapacity10
+                | Op::ReadCapacity16
+                | Op::PreFetch
+                | Op::SyncCache
+                | Op::WriteSame
+                | Op::Unmap
+                | Op::GetLbaStatus
+                | Op::CompareAndWrite
+                | Op::OrWrite
+                | Op::WriteAtomic
+        );
+        if needs_medium && self.ejected.load(Ordering::Relaxed) {
+            return Err(self.check(codes::MEDIUM_NOT_PRESENT));
+        }
+        if needs_medium && self.sanitize.failed.load(Ordering::Acquire) {
+            return Err(self.check(codes::SANITIZE_FAILED));
+        }
+        Ok(def)
+    }
+
+    fn dispatch(&self, def: &'static CommandDef, req: &ScsiRequest<'_>) -> ScsiResponse {
+        let cdb = req.cdb;
+        let writes = matches!(def.op, Op::Write | Op::WriteVerify | Op::CompareAndWrite | Op::OrWrite | Op::WriteAtomic)
+            || (def.op == Op::WriteSame && !(cdb[0] == 0x93 && cdb[1] & 0x01 != 0));
+        let result = match def.op {
+            Op::TestUnitReady => Reply::none(),
+            Op::RequestSense => self.request_sense(req),
+            Op::Read => self.read(cdb),
+            Op::Write => self.write(cdb, req.data_out, false),
+            Op::WriteAtomic => self.write_atomic(cdb, req.data_out),
+            // The target's copy manager runs these (it sees every LUN).
+            Op::ExtendedCopy | Op::ReceiveCopyResults => Err(codes::INVALID_OPCODE),
+            Op::Sanitize => self.sanitize(cdb, req.data_out),
+            Op::WriteVerify => self.write(cdb, req.data_out, true),
+            Op::Verify => self.verify(cdb, req.data_out),
+            Op::Inquiry => self.inquiry(cdb),
+            Op::ModeSense6 | Op::ModeSense10 => self.mode_sense(cdb),
+            Op::ModeSelect6 | Op::ModeSelect10 => self.mode_select(cdb, req.data_out, req.nexus),
+            Op::StartStopUnit => self.start_stop(cdb, req.nexus),
+            Op::PreventAllow => self.prevent_allow(cdb, req.nexus),
+            Op::ReadCapacity10 => self.read_capacity10(cdb),
+            Op::ReadCapacity16 => self.read_capacity16(cdb),
+            Op::PreFetch => self.prefetch(cdb),
+            Op::SyncCache => self.sync_cache(cdb),
+            Op::ReportOpcodes => commands::report_supported_opcodes(cdb).map(|data| Reply { data }),
+            Op::ReportTmfs => commands::report_supported_tmfs(cdb).map(|data| Reply { data }),
+            Op::WriteSame => self.write_same(cdb, req.data_out),
+            Op::Unmap => self.unmap(cdb, req.data_out),
+            Op::GetLbaStatus => self.get_lba_status(cdb),
+            Op::CompareAndWrite => self.compare_and_write(cdb, req.data_out),
+            Op::OrWrite => self.or_write(cdb, req.data_out),
+            Op::ReadDefectData => io::read_defect_data(cdb),
+            Op::Reserve | Op::Release | Op::PrOut => {
+                let mut r = self.res();
+                let outcome = match def.op {
+                    Op::Reserve => r.reserve_legacy(req.nexus).map(|_| Vec::new()),
+                    Op::Release => r.release_legacy(req.nexus).map(|_| Vec::new()),
+                    _ => {
+                        let len = be32(&cdb[5..9]) as usize;
+                        if req.data_out.len() < len {
+                            Err(PrError::Sense(codes::PARAM_LIST_LENGTH))
+                        } else {
+                            r.pr_out(req.nexus, cdb[1] & 0x1f, cdb[2], &req.data_out[..len])
+                        }
+                    }
+                };
+                self.publish_reserved(&r);
+                drop(r);
+                match outcome {
+                    Ok(notices) => {
+                        for (n, s) in notices {
+                            self.ua.raise(n, s);
+                        }
+                        Reply::none()
+                    }
+                    Err(PrError::Conflict) => return conflict(),
+                    Err(PrError::Sense(s)) => Err(s),
+                }
+            }
+            Op::PrIn => {
+                let alloc = usize::from(be16(&cdb[7..9]));
+                self.res().pr_in(cdb[1] & 0x1f).map(|d| Reply { data: d }).and_then(|r| Reply::data(r.data, alloc))
+            }
+            // Routed by the target; a unit asked directly lists only LUN 0.
+            Op::ReportLuns => crate::target::report_luns(cdb, &[0]).map(|data| Reply { data }),
+        };
+        let data_out_len = if writes
+            || (def.op == Op::Verify && cdb[1] & 0x06 != 0)
+            || matches!(def.op, Op::ModeSelect6 | Op::ModeSelect10 | Op::Unmap | Op::PrOut)
+        {
+            Some(self.data_out_len(def, cdb))
+        } else {
+            None
+        };
+        match result {
+            Ok(r) => ScsiResponse { status: ScsiStatus::Good, sense: Vec::new(), data_in: r.data, data_out_len },
+            Err(s) => {
+                let mut resp = self.check(s);
+                resp.data_out_len = data_out_len;
+                resp
+            }
+        }
+    }
+
+    /// Bytes of Data-Out the CDB asks for (SPDTL).
+    fn data_out_len(&self, def: &CommandDef, cdb: &[u8]) -> usize {
+        match def.op {
+            Op::ModeSelect6 => usize::from(cdb[4]),
+            Op::ModeSelect10 => usize::from(be16(&cdb[7..9])),
+            Op::Verify if (cdb[1] >> 1) & 3 == 3 => self.bs() as usize,
+            Op::WriteSame => self.bs() as usize,
+            Op::CompareAndWrite => 2 * usize::from(cdb[13]) * self.bs() as usize,
+            Op::Unmap => usize::from(be16(&cdb[7..9])),
+            Op::PrOut => be32(&cdb[5..9]) as usize,
+            _ => (u64::from(BlockCdb::parse(cdb).blocks) * self.bs()) as usize,
+        }
+    }
+
+    /// Check the LBA range of a block CDB: LOGICAL BLOCK ADDRESS OUT OF
+    /// RANGE past the capacity, INVALID FIELD IN CDB (at the transfer
+    /// length) above the Block Limits maximum. Returns the byte offset and
+    /// length.
+    fn range(&self, c: &BlockCdb) -> Result<(u64, usize), Sense> {
+        let cap = self.dev.num_blocks();
+        match c.lba.checked_add(u64::from(c.blocks)) {
+            Some(end) if end <= cap => {}
+            _ => return Err(codes::LBA_OUT_OF_RANGE),
+        }
+        let bytes = u64::from(c.blocks) * self.bs();
+        if bytes > MAX_TRANSFER_BYTES {
+            return Err(Sense::invalid_cdb_field(c.length_byte, None));
+        }
+        Ok((c.lba * self.bs(), bytes as usize))
+    }
+
+    /// RDPROTECT/WRPROTECT/VRPROTECT must be zero: the unit has no
+    /// protection information (SBC-3 §4.22, PROTECT = 0 in INQUIRY).
+    fn no_protection(c: &BlockCdb) -> Result<(), Sense> {
+        if c.protect != 0 {
+            return Err(Sense::invalid_cdb_field(1, Some(7)));
+        }
+        Ok(())
+    }
+
+    fn write_protected(&self) -> Option<Sense> {
+        if self.cfg.read_only {
+            Some(codes::WRITE_PROTECTED)
+        } else if self.swp.load(Ordering::Relaxed) {
+            Some(codes::SOFTWARE_WRITE_PROTECTED)
+        } else {
+            None
+        }
+    }
+
+    /// Queue a unit attention for every nexus except `except`.
+    pub fn unit_attention_others(&self, s: Sense, except: Nexus) {
+        self.ua.raise_all(s, Some(except));
+    }
+}
+
+/// How a command touches the medium, for reservation checks.
+fn access(op: Op) -> Access {
+    match op {
+        Op::Read | Op::Verify | Op::PreFetch | Op::GetLbaStatus | Op::ModeSense6 | Op::ModeSense10 | Op::ReadDefectData => {
+            Access::Read
+        }
+        Op::Write
+        | Op::WriteVerify
+        | Op::WriteSame
+        | Op::Unmap
+        | Op::CompareAndWrite
+        | Op::OrWrite
+        | Op::SyncCache
+        | Op::ModeSelect6
+        | Op::ModeSelect10
+        | Op::StartStopUnit
+        | Op::ExtendedCopy
+        | Op::Sanitize => Access::Write,
+        _ => Access::Free,
+    }
+}
+
+fn conflict() -> ScsiResponse {
+    ScsiResponse { status: ScsiStatus::ReservationConflict, sense: Vec::new(), data_in: Vec::new(), data_out_len: None }
+}

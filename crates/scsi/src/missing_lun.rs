@@ -1,0 +1,33 @@
+//! SPC-4 §4.6.4 / SAM-5 §5.9.5: the answers for a LUN that does not exist.
+//! INQUIRY returns peripheral qualifier 011b and device type 1Fh, REQUEST
+//! SENSE returns LOGICAL UNIT NOT SUPPORTED as data, every other command
+//! (REPORT LUNS is handled by the target first) ends with CHECK CONDITION
+//! and LOGICAL UNIT NOT SUPPORTED.
+
+use crate::sense::codes;
+use crate::target::plain_check;
+use crate::{ScsiRequest, ScsiResponse, ScsiStatus};
+
+/// SPC-4 §4.6.4 answers for a LUN that does not exist.
+pub(crate) fn execute(req: &ScsiRequest<'_>) -> ScsiResponse {
+    let cdb = req.cdb;
+    match cdb.first() {
+        Some(0x12) if cdb.len() >= 6 && cdb[1] & 1 == 0 => {
+            let alloc = usize::from(u16::from_be_bytes([cdb[3], cdb[4]]));
+            let mut d = vec![0u8; 36];
+            d[0] = 0x7f; // qualifier 011b, type 1Fh: no logical unit here
+            d[2] = 0x06;
+            d[3] = 0x12;
+            d[4] = 31;
+            d.truncate(alloc);
+            ScsiResponse { status: ScsiStatus::Good, sense: Vec::new(), data_in: d, data_out_len: None }
+        }
+        Some(0x03) if cdb.len() >= 6 => {
+            let alloc = usize::from(cdb[4]);
+            let mut d = codes::LUN_NOT_SUPPORTED.to_bytes(cdb[1] & 1 != 0);
+            d.truncate(alloc);
+            ScsiResponse { status: ScsiStatus::Good, sense: Vec::new(), data_in: d, data_out_len: None }
+        }
+        _ => plain_check(codes::LUN_NOT_SUPPORTED, None),
+    }
+}
