@@ -168,7 +168,16 @@ fn conformance_suites_pass() {
         };
         let test = format!("ALL.{suite}");
         let (url0, url1) = (server.url_via(0, 0), server.url_via(1, 0));
-        let out = run("iscsi-test-cu", &["-d", "-S", "-V", "--test", &test, &url0, &url1], Duration::from_secs(240));
+        let mut args = vec!["-d", "-S", "-V", "--test", &test, &url0];
+        // Sanitize.Reservations takes a RESERVE(6) through the second
+        // session and never releases it; with a second URL that session
+        // stays logged in (libiscsi 1.19 reuses it), so the reservation
+        // would still block Sanitize.Reset. With one URL the second session
+        // is a clone that logs out, as the test intends.
+        if *suite != "Sanitize" {
+            args.push(&url1);
+        }
+        let out = run("iscsi-test-cu", &args, Duration::from_secs(240));
         drop(server);
         let _ = std::fs::remove_file(&path);
         let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));

@@ -636,6 +636,9 @@ impl Session {
             self.ordered.remove(&seq);
             self.window.complete();
         }
+        if resp.status != ScsiStatus::Good {
+            debug!(session = self.setup.id, itt, opcode = task.cmd.cdb[0], status = ?resp.status, sense = ?resp.sense.get(..14), "command failed");
+        }
         if !task.aborted {
             self.respond(&task, resp);
         }
