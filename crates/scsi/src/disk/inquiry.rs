@@ -165,3 +165,135 @@ fn pad(s: &str, n: usize) -> Vec<u8> {
     v.resize(n, b' ');
     v
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::super::testing::*;
+    use crate::sense::key;
+
+    fn inquiry(evpd: bool, page: u8, alloc: u16) -> Vec<u8> {
+        let a = alloc.to_be_bytes();
+        vec![0x12, u8::from(evpd), page, a[0], a[1], 0]
+    }
+
+    /// The designators of a VPD 0x83 page: (code set, PIV/association/type, body).
+    fn designators(page: &[u8]) -> Vec<(u8, u8, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut at = 4;
+        while at + 4 <= page.len() {
+            let len = usize::from(page[at + 3]);
+            out.push((page[at], page[at + 1], page[at + 4..at + 4 + len].to_vec()));
+            at += 4 + len;
+        }
+        assert_eq!(at, page.len());
+        out
+    }
+
+    #[test]
+    fn standard_data() {
+        for removable in [false, true] {
+            let t = target_over(Arc::new(TestDevice::new(512)), config(removable, false));
+            let d = good(exec(&t, A, &inquiry(false, 0, 255), &[]));
+            assert_eq!(d.len(), 96);
+            assert_eq!(d[0], 0, "connected direct-access device");
+            assert_eq!(d[1], if removable { 0x80 } else { 0 });
+            assert_eq!(d[2], 0x06, "SPC-4");
+            assert_eq!(d[3], 0x12, "HiSup, format 2, NormACA 0");
+            assert_eq!(usize::from(d[4]), d.len() - 5);
+            assert_eq!(d[7] & 0x02, 0x02, "CmdQue");
+            assert_eq!(&d[8..16], b"ETHERSAN");
+            assert_eq!(&d[16..32], b"unit test disk  ");
+            assert_eq!(&d[32..36], b"0001");
+            assert_eq!(&d[58..60], &[0x00, 0xa0], "SAM-5 version descriptor");
+            // Allocation length truncates.
+            assert_eq!(good(exec(&t, A, &inquiry(false, 0, 5), &[])), d[..5]);
+            assert!(good(exec(&t, A, &inquiry(false, 0, 0), &[])).is_empty());
+        }
+    }
+
+    #[test]
+    fn bad_fields_are_invalid_field_in_cdb() {
+        let (t, _) = target(512);
+        // Page code without EVPD.
+        let r = exec(&t, A, &inquiry(false, 0x80, 255), &[]);
+        check(&r, key::ILLEGAL_REQUEST, 0x24, 0);
+        assert_eq!(field_pointer(&r), [0xc0, 0, 2]);
+        // Unknown page.
+        for page in [0x01, 0x81, 0x86, 0xb3, 0xff] {
+            check(&exec(&t, A, &inquiry(true, page, 255), &[]), key::ILLEGAL_REQUEST, 0x24, 0);
+        }
+        // CmdDt.
+        let r = exec(&t, A, &[0x12, 0x02, 0, 0, 255, 0], &[]);
+        check(&r, key::ILLEGAL_REQUEST, 0x24, 0);
+        assert_eq!(field_pointer(&r), [0xc9, 0, 1]);
+    }
+
+    #[test]
+    fn supported_pages_are_all_served() {
+        for bs in BLOCK_SIZES {
+            let (t, _) = target(bs);
+            let d = good(exec(&t, A, &inquiry(true, 0, 255), &[]));
+            assert_eq!(&d[..2], &[0, 0]);
+            let pages = &d[4..4 + usize::from(d[3])];
+            for want in [0x00, 0x80, 0x83, 0xb0, 0xb1, 0xb2] {
+                assert!(pages.contains(&want), "page {want:#x} listed");
+            }
+            assert!(pages.windows(2).all(|w| w[0] < w[1]), "ascending");
+            for &p in pages {
+                let d = good(exec(&t, A, &inquiry(true, p, 0xffff), &[]));
+                assert_eq!(d[1], p);
+                assert_eq!(usize::from(u16::from_be_bytes([d[2], d[3]])), d.len() - 4);
+                // Truncation to the allocation length.
+                assert_eq!(good(exec(&t, A, &inquiry(true, p, 3), &[])), d[..3]);
+            }
+        }
+    }
+
+    #[test]
+    fn serial_number_and_identification() {
+        let (t, _) = target(512);
+        let d = good(exec(&t, A, &inquiry(true, 0x80, 255), &[]));
+        assert_eq!(&d[4..], b"SN0001");
+        let d = good(exec(&t, A, &inquiry(true, 0x83, 0xffff), &[]));
+        let ds = designators(&d);
+        let cfg = config(false, false);
+        // NAA (type 3), binary, logical unit.
+        assert!(ds.contains(&(0x01, 0x03, cfg.naa.to_vec())));
+        // T10 vendor ID (type 1), ASCII: vendor then serial.
+        assert!(ds.contains(&(0x02, 0x01, b"ETHERSANSN0001".to_vec())));
+        // Relative target port (type 4) and target port group (type 5), target port association.
+        assert!(ds.contains(&(0x51, 0x94, vec![0, 0, 0, 1])));
+        assert!(ds.contains(&(0x51, 0x95, vec![0, 0, 0, 1])));
+        // SCSI name string (type 8), UTF-8, target device, NUL-terminated, multiple of 4.
+        let name = ds.iter().find(|d| d.1 == 0xa8).expect("SCSI name string");
+        assert_eq!(name.0, 0x53);
+        assert!(name.2.starts_with(cfg.target_name.as_bytes()));
+        assert_eq!(name.2.len() % 4, 0);
+        assert_eq!(name.2[cfg.target_name.len()], 0);
+        // Same configuration, same page: stable across restarts.
+        let (again, _) = target(512);
+        assert_eq!(good(exec(&again, A, &inquiry(true, 0x83, 0xffff), &[])), d);
+    }
+
+    #[test]
+    fn block_limits_characteristics_provisioning() {
+        for bs in BLOCK_SIZES {
+            let (t, _) = target(bs);
+            let d = good(exec(&t, A, &inquiry(true, 0xb0, 0xffff), &[]));
+            assert_eq!(d.len(), 64);
+            let max = u32::from_be_bytes([d[8], d[9], d[10], d[11]]);
+            assert_eq!(u64::from(max) * u64::from(bs), super::super::MAX_TRANSFER_BYTES);
+            let granularity = u16::from_be_bytes([d[6], d[7]]);
+            assert!(granularity >= 1);
+            let optimal = u32::from_be_bytes([d[12], d[13], d[14], d[15]]);
+            assert!(optimal <= max && optimal % u32::from(granularity) == 0);
+            let d = good(exec(&t, A, &inquiry(true, 0xb1, 0xffff), &[]));
+            assert_eq!(&d[4..6], &[0, 1], "non-rotating medium");
+            let d = good(exec(&t, A, &inquiry(true, 0xb2, 0xffff), &[]));
+            assert_eq!(d[5] & 0xe0, 0, "LBPU, LBPWS, LBPWS10 off on a fully provisioned unit");
+            assert_eq!(d[6] & 0x07, 0, "provisioning type: full");
+        }
+    }
+}

@@ -278,3 +278,252 @@ pub(super) fn read_defect_data(cdb: &[u8]) -> CmdResult {
         Reply::data(vec![0, cdb[1] & 0x1f, 0, 0, 0, 0, 0, 0], alloc)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    use super::super::testing::*;
+    use crate::sense::key;
+
+    #[test]
+    fn read_write_every_size_round_trips() {
+        for bs in BLOCK_SIZES {
+            let (t, _) = target(bs);
+            let b = bs as usize;
+            let cases: [(Vec<u8>, Vec<u8>); 4] = [
+                (vec![0x0a, 0, 0, 1, 2, 0], vec![0x08, 0, 0, 1, 2, 0]),
+                (cdb10(0x2a, 0, 3, 2), cdb10(0x28, 0, 3, 2)),
+                (cdb12(0xaa, 0, 5, 2), cdb12(0xa8, 0, 5, 2)),
+                (cdb16(0x8a, 0, 7, 2), cdb16(0x88, 0, 7, 2)),
+            ];
+            for (i, (w, r)) in cases.iter().enumerate() {
+                let data = pattern(2 * b, i as u8);
+                let resp = exec(&t, A, w, &data);
+                assert_eq!(resp.data_out_len, Some(2 * b));
+                good(resp);
+                assert_eq!(good(exec(&t, A, r, &[])), data, "bs {bs} case {i}");
+            }
+            // READ(6) at LBA 1 reads what WRITE(6) put there.
+            let first = good(exec(&t, A, &cdb10(0x28, 0, 1, 1), &[]));
+            assert_eq!(first, pattern(2 * b, 0)[..b]);
+        }
+    }
+
+    #[test]
+    fn six_byte_zero_length_means_256_blocks_others_mean_none() {
+        for bs in BLOCK_SIZES {
+            let (t, dev) = target(bs);
+            assert_eq!(good(exec(&t, A, &[0x08, 0, 0, 0, 0, 0], &[])).len(), 256 * bs as usize);
+            let r = exec(&t, A, &[0x0a, 0, 0, 0, 0, 0], &vec![1u8; 256 * bs as usize]);
+            assert_eq!(r.data_out_len, Some(256 * bs as usize));
+            good(r);
+            assert!(good(exec(&t, A, &cdb10(0x28, 0, 0, 0), &[])).is_empty());
+            let writes = dev.fua.lock().unwrap().len();
+            let r = exec(&t, A, &cdb16(0x8a, 0, 0, 0), &[]);
+            assert_eq!(r.data_out_len, Some(0));
+            good(r);
+            assert_eq!(dev.fua.lock().unwrap().len(), writes, "no transfer, no write");
+        }
+    }
+
+    #[test]
+    fn protection_fields_are_invalid() {
+        let (t, _) = target(512);
+        for c in [cdb10(0x28, 0x20, 0, 1), cdb12(0xaa, 0x40, 0, 1), cdb16(0x8f, 0x80, 0, 1), cdb10(0x2e, 0x20, 0, 1)] {
+            let r = exec(&t, A, &c, &[0u8; 512]);
+            check(&r, key::ILLEGAL_REQUEST, 0x24, 0);
+            // SKSV | C/D | BPV, bit 7 of byte 1.
+            assert_eq!(field_pointer(&r), [0xcf, 0, 1]);
+        }
+    }
+
+    #[test]
+    fn ranges_past_the_end_are_out_of_range() {
+        for bs in BLOCK_SIZES {
+            let (t, _) = target(bs);
+            let blocks = DEV_BYTES / u64::from(bs);
+            let last = (blocks - 1) as u32;
+            good(exec(&t, A, &cdb10(0x28, 0, last, 1), &[]));
+            for c in [
+                cdb10(0x28, 0, last, 2),
+                cdb10(0x2a, 0, last + 1, 1),
+                cdb12(0xa8, 0, 0, u32::MAX),
+                cdb16(0x88, 0, u64::MAX, 2),
+                cdb16(0x8a, 0, u64::MAX, 1),
+                cdb10(0x2f, 0, last + 2, 0),
+                vec![0x08, 0x1f, 0xff, 0xff, 1, 0],
+            ] {
+                check(&exec(&t, A, &c, &[]), key::ILLEGAL_REQUEST, 0x21, 0);
+            }
+        }
+    }
+
+    #[test]
+    fn transfer_above_the_block_limits_maximum_is_invalid() {
+        let mut dev = TestDevice::new(512);
+        dev.claimed_blocks = Some(1 << 30);
+        let t = target_over(Arc::new(dev), config(false, false));
+        let max = (super::super::MAX_TRANSFER_BYTES / 512) as u32;
+        let r = exec(&t, A, &cdb16(0x88, 0, 1 << 20, max + 1), &[]);
+        check(&r, key::ILLEGAL_REQUEST, 0x24, 0);
+        assert_eq!(field_pointer(&r), [0xc0, 0, 10]);
+        let r = exec(&t, A, &cdb12(0xaa, 0, 0, max + 1), &[]);
+        assert_eq!(field_pointer(&r), [0xc0, 0, 6]);
+    }
+
+    #[test]
+    fn read_only_units_refuse_writes() {
+        for bs in BLOCK_SIZES {
+            let t = target_over(Arc::new(TestDevice::new(bs)), config(false, true));
+            let data = vec![0u8; bs as usize];
+            for c in [vec![0x0a, 0, 0, 0, 1, 0], cdb10(0x2a, 0, 0, 1), cdb12(0xaa, 0, 0, 1), cdb16(0x8a, 0, 0, 1), cdb10(0x2e, 0, 0, 1)] {
+                check(&exec(&t, A, &c, &data), key::DATA_PROTECT, 0x27, 0);
+            }
+            good(exec(&t, A, &cdb10(0x28, 0, 0, 1), &[]));
+        }
+    }
+
+    #[test]
+    fn backend_errors_are_medium_errors() {
+        let (t, dev) = target(4096);
+        dev.fail_reads.store(true, Ordering::Relaxed);
+        check(&exec(&t, A, &cdb10(0x28, 0, 0, 1), &[]), key::MEDIUM_ERROR, 0x11, 0);
+        check(&exec(&t, A, &cdb10(0x2f, 0, 0, 1), &[]), key::MEDIUM_ERROR, 0x11, 0);
+        dev.fail_writes.store(true, Ordering::Relaxed);
+        check(&exec(&t, A, &cdb10(0x2a, 0, 0, 1), &[0u8; 4096]), key::MEDIUM_ERROR, 0x0c, 0);
+        check(&exec(&t, A, &cdb10(0x35, 0, 0, 0), &[]), key::MEDIUM_ERROR, 0x0c, 0);
+    }
+
+    #[test]
+    fn short_data_out_writes_only_whole_blocks_that_arrived() {
+        let (t, _) = target(512);
+        good(exec(&t, A, &cdb10(0x2a, 0, 0, 4), &[0xaa; 2048]));
+        // Four blocks asked for, one and a half sent.
+        let r = exec(&t, A, &cdb10(0x2a, 0, 0, 4), &[0x55; 768]);
+        assert_eq!(r.data_out_len, Some(2048));
+        good(r);
+        let back = good(exec(&t, A, &cdb10(0x28, 0, 0, 4), &[]));
+        assert!(back[..512].iter().all(|b| *b == 0x55));
+        assert!(back[512..].iter().all(|b| *b == 0xaa), "no partial block, no garbage");
+    }
+
+    #[test]
+    fn fua_and_write_cache_decide_durability() {
+        for bs in BLOCK_SIZES {
+            let (t, dev) = target(bs);
+            let d = vec![7u8; bs as usize];
+            good(exec(&t, A, &cdb10(0x2a, 0, 0, 1), &d));
+            good(exec(&t, A, &cdb10(0x2a, 0x08, 0, 1), &d)); // FUA
+            good(exec(&t, A, &cdb10(0x2a, 0x10, 0, 1), &d)); // DPO only
+            good(exec(&t, A, &cdb10(0x2e, 0, 0, 1), &d)); // WRITE AND VERIFY
+            assert_eq!(*dev.fua.lock().unwrap(), [false, true, false, true]);
+        }
+    }
+
+    #[test]
+    fn verify_compares_with_bytchk() {
+        for bs in BLOCK_SIZES {
+            let (t, _) = target(bs);
+            let b = bs as usize;
+            let data = pattern(3 * b, 9);
+            good(exec(&t, A, &cdb10(0x2a, 0, 10, 3), &data));
+            // BYTCHK 0: medium only.
+            good(exec(&t, A, &cdb10(0x2f, 0, 10, 3), &[]));
+            // BYTCHK 1: whole range.
+            for c in [cdb10(0x2f, 0x02, 10, 3), cdb12(0xaf, 0x02, 10, 3), cdb16(0x8f, 0x02, 10, 3)] {
+                let r = exec(&t, A, &c, &data);
+                assert_eq!(r.data_out_len, Some(3 * b));
+                good(r);
+            }
+            let mut bad = data.clone();
+            bad[b + 17] ^= 0xff;
+            let r = exec(&t, A, &cdb16(0x8f, 0x02, 10, 3), &bad);
+            check(&r, key::MISCOMPARE, 0x1d, 0);
+            assert_eq!(r.sense[0], 0xf0, "VALID: INFORMATION holds the offset");
+            assert_eq!(&r.sense[3..7], &((b + 17) as u32).to_be_bytes());
+            // BYTCHK 3: one block compared with every block of the range.
+            let same = vec![0x5au8; b];
+            good(exec(&t, A, &cdb10(0x2a, 0, 20, 2), &[same.clone(), same.clone()].concat()));
+            let r = exec(&t, A, &cdb10(0x2f, 0x06, 20, 2), &same);
+            assert_eq!(r.data_out_len, Some(b));
+            good(r);
+            let r = exec(&t, A, &cdb10(0x2f, 0x06, 19, 2), &same);
+            check(&r, key::MISCOMPARE, 0x1d, 0);
+            assert_eq!(&r.sense[3..7], &0u32.to_be_bytes());
+            // BYTCHK 2 is reserved.
+            let r = exec(&t, A, &cdb10(0x2f, 0x04, 20, 1), &same);
+            check(&r, key::ILLEGAL_REQUEST, 0x24, 0);
+            // Too little Data-Out to compare.
+            check(&exec(&t, A, &cdb10(0x2f, 0x02, 10, 3), &data[..b]), key::ILLEGAL_REQUEST, 0x24, 0);
+            check(&exec(&t, A, &cdb10(0x2f, 0x06, 10, 3), &[]), key::ILLEGAL_REQUEST, 0x24, 0);
+        }
+    }
+
+    #[test]
+    fn write_and_verify_all_sizes() {
+        let (t, _) = target(512);
+        let data = pattern(1024, 3);
+        for c in [cdb10(0x2e, 0x02, 0, 2), cdb12(0xae, 0x02, 0, 2), cdb16(0x8e, 0x02, 0, 2), cdb16(0x8e, 0, 0, 2)] {
+            good(exec(&t, A, &c, &data));
+            assert_eq!(good(exec(&t, A, &cdb10(0x28, 0, 0, 2), &[])), data);
+        }
+        check(&exec(&t, A, &cdb10(0x2e, 0x04, 0, 2), &data), key::ILLEGAL_REQUEST, 0x24, 0);
+    }
+
+    #[test]
+    fn prefetch_hints_and_checks_the_range() {
+        for bs in BLOCK_SIZES {
+            let (t, dev) = target(bs);
+            let blocks = DEV_BYTES / u64::from(bs);
+            for c in [cdb10(0x34, 0, 0, 1), cdb10(0x34, 0x02, 0, 1), cdb16(0x90, 0, blocks - 256, 256), cdb16(0x90, 0x02, 0, 0)] {
+                assert_eq!(exec(&t, A, &c, &[]).status, crate::ScsiStatus::Good);
+            }
+            assert_eq!(dev.prefetches.load(Ordering::Relaxed), 4);
+            // 0 blocks at the very end: nothing to fetch, not an error.
+            good(exec(&t, A, &cdb16(0x90, 0, blocks, 0), &[]));
+            for c in [cdb10(0x34, 0, blocks as u32 + 1, 0), cdb10(0x34, 0, u32::MAX, 0), cdb16(0x90, 0, blocks - 1, 2)] {
+                check(&exec(&t, A, &c, &[]), key::ILLEGAL_REQUEST, 0x21, 0);
+            }
+        }
+    }
+
+    #[test]
+    fn synchronize_cache_flushes_after_range_checks() {
+        let (t, dev) = target(512);
+        good(exec(&t, A, &cdb10(0x35, 0, 0, 0), &[]));
+        good(exec(&t, A, &cdb16(0x91, 0x02, 8, 8), &[]));
+        assert_eq!(dev.flushes.load(Ordering::Relaxed), 2);
+        check(&exec(&t, A, &cdb16(0x91, 0, u64::MAX, 1), &[]), key::ILLEGAL_REQUEST, 0x21, 0);
+        assert_eq!(dev.flushes.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn read_capacity_10_and_16() {
+        for bs in BLOCK_SIZES {
+            let (t, _) = target(bs);
+            let last = DEV_BYTES / u64::from(bs) - 1;
+            let d = good(exec(&t, A, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]));
+            assert_eq!(d[..4], (last as u32).to_be_bytes());
+            assert_eq!(d[4..8], bs.to_be_bytes());
+            let d = good(exec(&t, A, &cdb16(0x9e, 0x10, 0, 32), &[]));
+            assert_eq!(d.len(), 32);
+            assert_eq!(d[..8], last.to_be_bytes());
+            assert_eq!(d[8..12], bs.to_be_bytes());
+            assert_eq!((d[12], d[13], d[14]), (0, 0, 0), "no protection, exponent 0, LBPME/LBPRZ 0");
+            assert_eq!(good(exec(&t, A, &cdb16(0x9e, 0x10, 0, 12), &[])).len(), 12);
+            // PMI = 0 with a nonzero LBA.
+            check(&exec(&t, A, &[0x25, 0, 0, 0, 0, 1, 0, 0, 0, 0], &[]), key::ILLEGAL_REQUEST, 0x24, 0);
+            check(&exec(&t, A, &cdb16(0x9e, 0x10, 1, 32), &[]), key::ILLEGAL_REQUEST, 0x24, 0);
+        }
+        // Too big for READ CAPACITY(10).
+        let mut dev = TestDevice::new(512);
+        dev.claimed_blocks = Some(1 << 33);
+        let t = target_over(Arc::new(dev), config(false, false));
+        let d = good(exec(&t, A, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]));
+        assert_eq!(d[..4], [0xff; 4]);
+        let d = good(exec(&t, A, &cdb16(0x9e, 0x10, 0, 32), &[]));
+        assert_eq!(d[..8], ((1u64 << 33) - 1).to_be_bytes());
+    }
+}

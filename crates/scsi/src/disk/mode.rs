@@ -208,3 +208,192 @@ impl LogicalUnit {
     }
 
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::*;
+    use crate::sense::key;
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+
+    fn sense6(dbd: bool, pc: u8, page: u8, alloc: u8) -> Vec<u8> {
+        vec![0x1a, if dbd { 0x08 } else { 0 }, pc << 6 | page, 0, alloc, 0]
+    }
+
+    fn sense10(llbaa: bool, dbd: bool, pc: u8, page: u8) -> Vec<u8> {
+        vec![0x5a, u8::from(llbaa) << 4 | u8::from(dbd) << 3, pc << 6 | page, 0, 0, 0, 0, 0xff, 0xff, 0]
+    }
+
+    /// Find `code` in the pages after the header and block descriptors.
+    fn page(data: &[u8], ten: bool, code: u8) -> Option<Vec<u8>> {
+        let (hdr, bd) = if ten { (8, usize::from(u16::from_be_bytes([data[6], data[7]]))) } else { (4, usize::from(data[3])) };
+        let mut at = hdr + bd;
+        while at + 2 <= data.len() {
+            let len = usize::from(data[at + 1]) + 2;
+            if data[at] & 0x3f == code {
+                return Some(data[at..at + len].to_vec());
+            }
+            at += len;
+        }
+        None
+    }
+
+    /// MODE SELECT(6) with PF and one page.
+    fn select6(page: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        let mut data = vec![0, 0, 0, 0];
+        data.extend_from_slice(page);
+        (vec![0x15, 0x10, 0, 0, data.len() as u8, 0], data)
+    }
+
+    #[test]
+    fn mode_sense_pages_headers_and_descriptors() {
+        for bs in BLOCK_SIZES {
+            let (t, _) = target(bs);
+            let blocks = DEV_BYTES / u64::from(bs);
+            let d = good(exec(&t, A, &sense6(false, 0, 0x3f, 255), &[]));
+            assert_eq!(usize::from(d[0]), d.len() - 1);
+            assert_eq!(d[2] & 0x80, 0, "not write protected");
+            assert_eq!(d[3], 8, "one short block descriptor");
+            assert_eq!(d[4..8], (blocks as u32).to_be_bytes());
+            assert_eq!(d[9..12], bs.to_be_bytes()[1..]);
+            for code in [0x08, 0x0a, 0x1c] {
+                assert!(page(&d, false, code).is_some(), "page {code:#x}");
+            }
+            let caching = page(&d, false, 0x08).unwrap();
+            assert_eq!(caching[2] & 0x04, 0x04, "WCE on");
+            // DBD drops the descriptor.
+            let d = good(exec(&t, A, &sense6(true, 0, 0x08, 255), &[]));
+            assert_eq!(d[3], 0);
+            assert_eq!(d[4], 0x08);
+            // MODE SENSE(10) with LLBAA: long descriptor.
+            let d = good(exec(&t, A, &sense10(true, false, 0, 0x0a), &[]));
+            assert_eq!(usize::from(u16::from_be_bytes([d[0], d[1]])), d.len() - 2);
+            assert_eq!(d[4] & 1, 1, "LONGLBA");
+            assert_eq!(u16::from_be_bytes([d[6], d[7]]), 16);
+            assert_eq!(d[8..16], blocks.to_be_bytes());
+            assert_eq!(d[20..24], bs.to_be_bytes());
+            assert_eq!(d[24], 0x0a);
+            // Allocation length truncates.
+            assert_eq!(good(exec(&t, A, &sense6(false, 0, 0x3f, 4), &[])).len(), 4);
+        }
+    }
+
+    #[test]
+    fn page_controls() {
+        let (t, _) = target(512);
+        let changeable = good(exec(&t, A, &sense6(true, 1, 0x3f, 255), &[]));
+        assert_eq!(page(&changeable, false, 0x08).unwrap()[2], 0x04, "only WCE changeable in Caching");
+        let control = page(&changeable, false, 0x0a).unwrap();
+        assert_eq!(control[2], 0x04, "D_SENSE changeable");
+        assert_eq!(control[4], 0x08, "SWP changeable");
+        assert!(page(&changeable, false, 0x1c).unwrap()[2..].iter().all(|b| *b == 0));
+        good(exec(&t, A, &sense6(true, 2, 0x3f, 255), &[]));
+        check(&exec(&t, A, &sense6(true, 3, 0x08, 255), &[]), key::ILLEGAL_REQUEST, 0x39, 0);
+        // Unknown page, bad subpage.
+        check(&exec(&t, A, &sense6(true, 0, 0x19, 255), &[]), key::ILLEGAL_REQUEST, 0x24, 0);
+        check(&exec(&t, A, &[0x1a, 0, 0x08, 0x01, 255, 0], &[]), key::ILLEGAL_REQUEST, 0x24, 0);
+    }
+
+    #[test]
+    fn read_only_units_set_wp() {
+        let t = target_over(Arc::new(TestDevice::new(4096)), config(false, true));
+        let d = good(exec(&t, A, &sense6(false, 0, 0x3f, 255), &[]));
+        assert_eq!(d[2] & 0x80, 0x80);
+        let d = good(exec(&t, A, &sense10(false, true, 0, 0x08), &[]));
+        assert_eq!(d[3] & 0x80, 0x80);
+    }
+
+    #[test]
+    fn mode_select_wce_is_honoured_and_announced_to_others() {
+        for bs in BLOCK_SIZES {
+            let (t, dev) = target(bs);
+            let current = good(exec(&t, A, &sense6(true, 0, 0x08, 255), &[]));
+            let mut caching = page(&current, false, 0x08).unwrap();
+            caching[0] &= 0x3f; // PS is reserved in MODE SELECT
+            caching[2] &= !0x04;
+            let (cdb, data) = select6(&caching);
+            let r = exec(&t, A, &cdb, &data);
+            assert_eq!(r.data_out_len, Some(data.len()));
+            good(r);
+            assert!(dev.flushes.load(Ordering::Relaxed) >= 1, "turning the cache off flushes");
+            // The other nexus hears of it once; the one that changed it does not.
+            check(&exec(&t, B, &[0, 0, 0, 0, 0, 0], &[]), key::UNIT_ATTENTION, 0x2a, 0x01);
+            good(exec(&t, B, &[0, 0, 0, 0, 0, 0], &[]));
+            good(exec(&t, A, &[0, 0, 0, 0, 0, 0], &[]));
+            let d = good(exec(&t, A, &sense6(true, 0, 0x08, 255), &[]));
+            assert_eq!(page(&d, false, 0x08).unwrap()[2] & 0x04, 0);
+            // WCE = 0: every write is forced to stable storage.
+            good(exec(&t, A, &cdb10(0x2a, 0, 0, 1), &vec![1u8; bs as usize]));
+            assert_eq!(dev.fua.lock().unwrap().last(), Some(&true));
+            // Same page again: no change, no unit attention.
+            good(exec(&t, A, &cdb, &data));
+            good(exec(&t, B, &[0, 0, 0, 0, 0, 0], &[]));
+        }
+    }
+
+    #[test]
+    fn mode_select_validation() {
+        let (t, _) = target(512);
+        let current = good(exec(&t, A, &sense6(true, 0, 0x0a, 255), &[]));
+        let mut control = page(&current, false, 0x0a).unwrap();
+        control[0] &= 0x3f;
+        let (cdb, data) = select6(&control);
+        // PF = 0 and SP = 1 are refused.
+        let mut no_pf = cdb.clone();
+        no_pf[1] = 0;
+        check(&exec(&t, A, &no_pf, &data), key::ILLEGAL_REQUEST, 0x24, 0);
+        let mut sp = cdb.clone();
+        sp[1] = 0x11;
+        check(&exec(&t, A, &sp, &data), key::ILLEGAL_REQUEST, 0x24, 0);
+        // An unchangeable field (QErr) changed.
+        let mut bad = control.clone();
+        bad[3] ^= 0x02;
+        let (c, d) = select6(&bad);
+        let r = exec(&t, A, &c, &d);
+        check(&r, key::ILLEGAL_REQUEST, 0x26, 0);
+        assert_eq!(field_pointer(&r), [0x80, 0, 4 + 3]);
+        // Wrong page length, unknown page.
+        let mut short = control.clone();
+        short[1] -= 2;
+        short.truncate(short.len() - 2);
+        let (c, d) = select6(&short);
+        check(&exec(&t, A, &c, &d), key::ILLEGAL_REQUEST, 0x26, 0);
+        let (c, d) = select6(&[0x19, 2, 0, 0]);
+        check(&exec(&t, A, &c, &d), key::ILLEGAL_REQUEST, 0x26, 0);
+        // Less Data-Out than the parameter list length.
+        check(&exec(&t, A, &cdb, &data[..5]), key::ILLEGAL_REQUEST, 0x1a, 0);
+        // Length 0: nothing to do.
+        good(exec(&t, A, &[0x15, 0x10, 0, 0, 0, 0], &[]));
+        // MODE SELECT(10) carries the same page.
+        let mut data10 = vec![0u8; 8];
+        data10.extend_from_slice(&control);
+        let n = (data10.len() as u16).to_be_bytes();
+        good(exec(&t, A, &[0x55, 0x10, 0, 0, 0, 0, 0, n[0], n[1], 0], &data10));
+    }
+
+    #[test]
+    fn d_sense_switches_to_descriptor_format() {
+        let (t, _) = target(512);
+        let current = good(exec(&t, A, &sense6(true, 0, 0x0a, 255), &[]));
+        let mut control = page(&current, false, 0x0a).unwrap();
+        control[0] &= 0x3f;
+        control[2] |= 0x04;
+        let (cdb, data) = select6(&control);
+        good(exec(&t, A, &cdb, &data));
+        let r = exec(&t, A, &[0xff, 0, 0, 0, 0, 0], &[]);
+        assert_eq!(r.sense[0], 0x72);
+        check(&r, key::ILLEGAL_REQUEST, 0x20, 0);
+        // Miscompare INFORMATION moves to a descriptor.
+        good(exec(&t, A, &cdb10(0x2a, 0, 0, 1), &[0u8; 512]));
+        let mut other = vec![0u8; 512];
+        other[3] = 1;
+        let r = exec(&t, A, &cdb10(0x2f, 0x02, 0, 1), &other);
+        check(&r, key::MISCOMPARE, 0x1d, 0);
+        assert_eq!(&r.sense[8..12], &[0x00, 0x0a, 0x80, 0]);
+        assert_eq!(&r.sense[12..20], &3u64.to_be_bytes());
+        // A cold reset restores the default: fixed format again.
+        t.reset(crate::ResetKind::TargetCold, None, A);
+        let r = exec(&t, A, &[0, 0, 0, 0, 0, 0], &[]);
+        assert_eq!(r.sense[0], 0x70);
+    }
+}

@@ -1,0 +1,195 @@
+//! Fixtures for the unit tests: a [`ScsiTarget`] over a RAM device (at
+//! 512- or 4096-byte blocks) that can record FUA and flushes, fail I/O, or
+//! claim a larger capacity than it stores.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use ethersan_backend::ram::RamDevice;
+use ethersan_backend::{BackendError, BlockDevice};
+
+use crate::{LogicalUnit, LuConfig, Nexus, ScsiRequest, ScsiResponse, ScsiStatus, ScsiTarget};
+
+/// The block sizes every test runs at.
+pub(crate) const BLOCK_SIZES: [u32; 2] = [512, 4096];
+/// Bytes of RAM behind each test LU.
+pub(crate) const DEV_BYTES: u64 = 4 << 20;
+/// The nexus most tests send from.
+pub(crate) const A: Nexus = Nexus(1);
+/// A second logged-in nexus.
+pub(crate) const B: Nexus = Nexus(2);
+
+/// A RAM device with test hooks.
+#[derive(Debug)]
+pub(crate) struct TestDevice {
+    ram: RamDevice,
+    /// Capacity reported instead of the RAM size (reads past the RAM fail).
+    pub(crate) claimed_blocks: Option<u64>,
+    pub(crate) fail_reads: AtomicBool,
+    pub(crate) fail_writes: AtomicBool,
+    /// The FUA flag of every write, in order.
+    pub(crate) fua: Mutex<Vec<bool>>,
+    pub(crate) flushes: AtomicUsize,
+    pub(crate) prefetches: AtomicUsize,
+}
+
+impl TestDevice {
+    pub(crate) fn new(bs: u32) -> Self {
+        TestDevice {
+            ram: RamDevice::new(DEV_BYTES, bs).expect("ram device"),
+            claimed_blocks: None,
+            fail_reads: AtomicBool::new(false),
+            fail_writes: AtomicBool::new(false),
+            fua: Mutex::new(Vec::new()),
+            flushes: AtomicUsize::new(0),
+            prefetches: AtomicUsize::new(0),
+        }
+    }
+}
+
+fn io_error() -> std::io::Error {
+    std::io::Error::from_raw_os_error(5)
+}
+
+impl BlockDevice for TestDevice {
+    fn block_size(&self) -> u32 {
+        self.ram.block_size()
+    }
+    fn num_blocks(&self) -> u64 {
+        self.claimed_blocks.unwrap_or_else(|| self.ram.num_blocks())
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
+        if self.fail_reads.load(Ordering::Relaxed) || offset + buf.len() as u64 > DEV_BYTES {
+            return Err(BackendError::Read { offset, source: io_error() });
+        }
+        self.ram.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8], fua: bool) -> Result<(), BackendError> {
+        if self.fail_writes.load(Ordering::Relaxed) || offset + buf.len() as u64 > DEV_BYTES {
+            return Err(BackendError::Write { offset, source: io_error() });
+        }
+        self.fua.lock().unwrap().push(fua);
+        self.ram.write_at(offset, buf, fua)
+    }
+    fn flush(&self) -> Result<(), BackendError> {
+        if self.fail_writes.load(Ordering::Relaxed) {
+            return Err(BackendError::Flush(io_error()));
+        }
+        self.flushes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+    fn prefetch(&self, _offset: u64, _len: u64) -> Result<(), BackendError> {
+        self.prefetches.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        "test".into()
+    }
+}
+
+/// The configuration tests use.
+pub(crate) fn config(removable: bool, read_only: bool) -> LuConfig {
+    LuConfig {
+        read_only,
+        removable,
+        vendor: "ETHERSAN".into(),
+        product: "unit test disk".into(),
+        revision: "0001".into(),
+        serial: "SN0001".into(),
+        naa: [0x60, 0x01, 0x40, 0x5f, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12],
+        target_name: "iqn.2026-11.org.ethersan:unit".into(),
+        write_cache: true,
+        pr_state_file: None,
+    }
+}
+
+/// A one-LUN target over `dev`, with nexuses A and B logged in and their
+/// power-on unit attentions already consumed.
+pub(crate) fn target_over(dev: Arc<TestDevice>, cfg: LuConfig) -> ScsiTarget {
+    let t = ScsiTarget::new(vec![Arc::new(LogicalUnit::new(dev, cfg))]);
+    for n in [A, B] {
+        t.nexus_added(n);
+        assert_eq!(sense(&exec(&t, n, &[0, 0, 0, 0, 0, 0], &[])), Some((6, 0x29, 0)));
+    }
+    t
+}
+
+/// A plain test target: RAM at `bs`, write cache on.
+pub(crate) fn target(bs: u32) -> (ScsiTarget, Arc<TestDevice>) {
+    let dev = Arc::new(TestDevice::new(bs));
+    (target_over(dev.clone(), config(false, false)), dev)
+}
+
+/// Run `cdb` on LUN 0 from `nexus`.
+pub(crate) fn exec(t: &ScsiTarget, nexus: Nexus, cdb: &[u8], data: &[u8]) -> ScsiResponse {
+    exec_lun(t, nexus, 0, cdb, data)
+}
+
+/// Run `cdb` on `lun` from `nexus`.
+pub(crate) fn exec_lun(t: &ScsiTarget, nexus: Nexus, lun: u64, cdb: &[u8], data: &[u8]) -> ScsiResponse {
+    t.execute(&ScsiRequest { nexus, lun, cdb, data_out: data, expected_len: 1 << 24 })
+}
+
+/// (key, ASC, ASCQ) of the response's sense data, fixed or descriptor.
+pub(crate) fn sense(r: &ScsiResponse) -> Option<(u8, u8, u8)> {
+    sense_of(&r.sense)
+}
+
+/// (key, ASC, ASCQ) of raw sense bytes.
+pub(crate) fn sense_of(s: &[u8]) -> Option<(u8, u8, u8)> {
+    match s.first()? & 0x7f {
+        0x70 if s.len() >= 14 => Some((s[2] & 0xf, s[12], s[13])),
+        0x72 if s.len() >= 4 => Some((s[1] & 0xf, s[2], s[3])),
+        _ => None,
+    }
+}
+
+/// The fixed-format sense-key-specific bytes (SKSV, C/D, BPV, bit; field).
+pub(crate) fn field_pointer(r: &ScsiResponse) -> [u8; 3] {
+    [r.sense[15], r.sense[16], r.sense[17]]
+}
+
+/// Assert GOOD and return the Data-In.
+#[track_caller]
+pub(crate) fn good(r: ScsiResponse) -> Vec<u8> {
+    assert_eq!(r.status, ScsiStatus::Good, "sense {:?}", sense(&r));
+    r.data_in
+}
+
+/// Assert CHECK CONDITION with this sense.
+#[track_caller]
+pub(crate) fn check(r: &ScsiResponse, key: u8, asc: u8, ascq: u8) {
+    assert_eq!(r.status, ScsiStatus::CheckCondition, "data {:?}", r.data_in);
+    assert_eq!(sense(r), Some((key, asc, ascq)));
+}
+
+/// A 10-byte block CDB (READ(10), WRITE(10), VERIFY(10)...).
+pub(crate) fn cdb10(op: u8, byte1: u8, lba: u32, n: u16) -> Vec<u8> {
+    let mut c = vec![op, byte1, 0, 0, 0, 0, 0, 0, 0, 0];
+    c[2..6].copy_from_slice(&lba.to_be_bytes());
+    c[7..9].copy_from_slice(&n.to_be_bytes());
+    c
+}
+
+/// A 12-byte block CDB.
+pub(crate) fn cdb12(op: u8, byte1: u8, lba: u32, n: u32) -> Vec<u8> {
+    let mut c = vec![op, byte1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    c[2..6].copy_from_slice(&lba.to_be_bytes());
+    c[6..10].copy_from_slice(&n.to_be_bytes());
+    c
+}
+
+/// A 16-byte block CDB.
+pub(crate) fn cdb16(op: u8, byte1: u8, lba: u64, n: u32) -> Vec<u8> {
+    let mut c = vec![0u8; 16];
+    c[0] = op;
+    c[1] = byte1;
+    c[2..10].copy_from_slice(&lba.to_be_bytes());
+    c[10..14].copy_from_slice(&n.to_be_bytes());
+    c
+}
+
+/// A pattern of `n` bytes that differs per block.
+pub(crate) fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 9) as u8).collect()
+}
