@@ -282,4 +282,70 @@ mod tests {
         assert_eq!(reserved_bits(d, &[0x12, 0x01, 0x80, 0, 36, 0]), None);
         assert_eq!(reserved_bits(d, &[0x12, 0, 0, 0, 36, 0x04]), Some((5, 2)));
     }
+
+    fn rsoc(rctd: bool, options: u8, opcode: u8, sa: u16, alloc: u32) -> Vec<u8> {
+        let (s, a) = (sa.to_be_bytes(), alloc.to_be_bytes());
+        vec![0xa3, 0x0c, u8::from(rctd) << 7 | options, opcode, s[0], s[1], a[0], a[1], a[2], a[3], 0, 0]
+    }
+
+    #[test]
+    fn all_commands_come_from_the_table() {
+        for rctd in [false, true] {
+            let d = report_supported_opcodes(&rsoc(rctd, 0, 0, 0, 1 << 16)).unwrap();
+            let len = u32::from_be_bytes([d[0], d[1], d[2], d[3]]) as usize;
+            assert_eq!(len, d.len() - 4);
+            let size = if rctd { 20 } else { 8 };
+            assert_eq!(len, COMMANDS.len() * size);
+            for (desc, def) in d[4..].chunks(size).zip(COMMANDS) {
+                assert_eq!(desc[0], def.opcode);
+                assert_eq!(desc[5] & 1, u8::from(def.service_action.is_some()), "SERVACTV");
+                assert_eq!(u16::from_be_bytes([desc[2], desc[3]]), u16::from(def.service_action.unwrap_or(0)));
+                assert_eq!(usize::from(u16::from_be_bytes([desc[6], desc[7]])), def.cdb_len);
+                assert_eq!(desc[5] & 2 != 0, rctd, "CTDP");
+                if rctd {
+                    assert_eq!(&desc[8..10], &[0, 0x0a], "timeouts descriptor length");
+                }
+            }
+        }
+        // Truncated to the allocation length.
+        assert_eq!(report_supported_opcodes(&rsoc(false, 0, 0, 0, 10)).unwrap().len(), 10);
+    }
+
+    #[test]
+    fn one_command_returns_its_usage_data() {
+        // Option 1: an opcode without service actions.
+        let d = report_supported_opcodes(&rsoc(false, 1, 0x28, 0, 64)).unwrap();
+        assert_eq!(d[1] & 0x07, 3, "supported as the standard says");
+        assert_eq!(u16::from_be_bytes([d[2], d[3]]), 10);
+        assert_eq!(&d[4..14], lookup(&[0x28]).unwrap().usage);
+        // Option 2: opcode and service action, with the timeouts descriptor.
+        let d = report_supported_opcodes(&rsoc(true, 2, 0x9e, 0x10, 64)).unwrap();
+        assert_eq!(d[1], 0x83);
+        assert_eq!(d[4], 0x9e);
+        assert_eq!(d.len(), 4 + 16 + 12);
+        // Not supported: SUPPORT = 1, no usage data.
+        assert_eq!(report_supported_opcodes(&rsoc(false, 1, 0xff, 0, 64)).unwrap(), [0, 1, 0, 0]);
+        assert_eq!(report_supported_opcodes(&rsoc(false, 2, 0x9e, 0x1f, 64)).unwrap(), [0, 1, 0, 0]);
+        assert_eq!(report_supported_opcodes(&rsoc(false, 2, 0x9e, 0x100, 64)).unwrap(), [0, 1, 0, 0]);
+    }
+
+    #[test]
+    fn reporting_option_mismatches_are_invalid_fields() {
+        let bad = Sense::invalid_cdb_field(2, Some(2));
+        // Option 1 for an opcode with service actions, option 2 for one without.
+        assert_eq!(report_supported_opcodes(&rsoc(false, 1, 0x9e, 0, 64)), Err(bad));
+        assert_eq!(report_supported_opcodes(&rsoc(false, 2, 0x28, 0, 64)), Err(bad));
+        for options in 3..8 {
+            assert_eq!(report_supported_opcodes(&rsoc(false, options, 0, 0, 64)), Err(bad));
+        }
+    }
+
+    #[test]
+    fn task_management_functions() {
+        let d = report_supported_tmfs(&[0xa3, 0x0d, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0]).unwrap();
+        assert_eq!(d.len(), 4);
+        assert_ne!(d[0] & 0x08, 0, "LOGICAL UNIT RESET supported");
+        let d = report_supported_tmfs(&[0xa3, 0x0d, 0x80, 0, 0, 0, 0, 0, 0, 255, 0, 0]).unwrap();
+        assert_eq!(d.len(), 16);
+    }
 }

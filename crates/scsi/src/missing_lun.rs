@@ -31,3 +31,25 @@ pub(crate) fn execute(req: &ScsiRequest<'_>) -> ScsiResponse {
         _ => plain_check(codes::LUN_NOT_SUPPORTED, None),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::disk::testing::*;
+    use crate::sense::key;
+
+    #[test]
+    fn a_missing_lun_answers_inquiry_and_request_sense_only() {
+        let (t, _) = target(512);
+        for lun in [1, 255, 1 << 40] {
+            let d = good(exec_lun(&t, A, lun, &[0x12, 0, 0, 0, 96, 0], &[]));
+            assert_eq!(d[0], 0x7f, "qualifier 011b, type 1Fh");
+            assert_eq!(d.len(), 36);
+            assert_eq!(good(exec_lun(&t, A, lun, &[0x12, 0, 0, 0, 1, 0], &[])), [0x7f]);
+            let s = good(exec_lun(&t, A, lun, &[0x03, 0, 0, 0, 252, 0], &[]));
+            assert_eq!(sense_of(&s), Some((key::ILLEGAL_REQUEST, 0x25, 0)));
+            for cdb in [vec![0, 0, 0, 0, 0, 0], cdb10(0x28, 0, 0, 1), cdb10(0x2a, 0, 0, 1), vec![0xff], vec![]] {
+                check(&exec_lun(&t, A, lun, &cdb, &[0u8; 512]), key::ILLEGAL_REQUEST, 0x25, 0);
+            }
+        }
+    }
+}

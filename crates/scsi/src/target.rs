@@ -12,6 +12,9 @@ use crate::{Nexus, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus};
 /// REPORT LUNS parameter data for `luns` (peripheral addressing below 256,
 /// flat space above).
 pub(crate) fn report_luns(cdb: &[u8], luns: &[u64]) -> Result<super::disk::ReplyData, Sense> {
+    if cdb.len() < 12 {
+        return Err(crate::sense::codes::INVALID_FIELD_IN_CDB);
+    }
     let select = cdb[2];
     if select > 2 {
         return Err(Sense::invalid_cdb_field(2, None));
@@ -146,5 +149,73 @@ pub(crate) fn plain_check(s: Sense, lu: Option<&Arc<LogicalUnit>>) -> ScsiRespon
     match lu {
         Some(lu) => lu.check(s),
         None => ScsiResponse { status: ScsiStatus::CheckCondition, sense: s.to_bytes(false), data_in: Vec::new(), data_out_len: None },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::disk::testing::*;
+    use crate::sense::key;
+    use crate::{LogicalUnit, ScsiTarget};
+
+    fn report_luns(select: u8, alloc: u32) -> Vec<u8> {
+        let a = alloc.to_be_bytes();
+        vec![0xa0, 0, select, 0, 0, 0, a[0], a[1], a[2], a[3], 0, 0]
+    }
+
+    fn two_luns() -> ScsiTarget {
+        let lu = |bs| Arc::new(LogicalUnit::new(Arc::new(TestDevice::new(bs)), config(false, false)));
+        ScsiTarget::new(vec![lu(512), lu(4096)])
+    }
+
+    #[test]
+    fn report_luns_lists_every_lun() {
+        let t = two_luns();
+        for select in [0, 2] {
+            let d = good(exec(&t, A, &report_luns(select, 1024), &[]));
+            assert_eq!(d.len(), 24);
+            assert_eq!(&d[..4], &16u32.to_be_bytes());
+            assert_eq!(&d[8..16], &[0; 8]);
+            assert_eq!(&d[16..24], &[0, 1, 0, 0, 0, 0, 0, 0]);
+        }
+        // Well-known LUNs only: none.
+        assert_eq!(good(exec(&t, A, &report_luns(1, 1024), &[])), [0u8; 8]);
+        // Truncated to the allocation length, but the length field is whole.
+        assert_eq!(good(exec(&t, A, &report_luns(0, 16), &[]))[..4], 16u32.to_be_bytes());
+        // From a LUN that does not exist, too, and without a unit attention.
+        t.nexus_added(B);
+        assert_eq!(good(exec_lun(&t, B, 9, &report_luns(0, 1024), &[])).len(), 24);
+        check(&exec(&t, B, &[0, 0, 0, 0, 0, 0], &[]), key::UNIT_ATTENTION, 0x29, 0);
+    }
+
+    #[test]
+    fn report_luns_bad_fields() {
+        let t = two_luns();
+        for alloc in [0, 15] {
+            let r = exec(&t, A, &report_luns(0, alloc), &[]);
+            check(&r, key::ILLEGAL_REQUEST, 0x24, 0);
+            assert_eq!(field_pointer(&r), [0xc0, 0, 6]);
+        }
+        let r = exec(&t, A, &report_luns(3, 1024), &[]);
+        check(&r, key::ILLEGAL_REQUEST, 0x24, 0);
+        assert_eq!(field_pointer(&r), [0xc0, 0, 2]);
+        check(&exec_lun(&t, A, 7, &report_luns(0xff, 1024), &[]), key::ILLEGAL_REQUEST, 0x24, 0);
+    }
+
+    #[test]
+    fn luns_are_independent() {
+        let t = two_luns();
+        for n in [A, B] {
+            t.nexus_added(n);
+            for lun in [0, 1] {
+                exec_lun(&t, n, lun, &[0, 0, 0, 0, 0, 0], &[]);
+            }
+        }
+        let d = good(exec_lun(&t, A, 1, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]));
+        assert_eq!(d[4..8], 4096u32.to_be_bytes());
+        good(exec_lun(&t, A, 1, &cdb10(0x2a, 0, 0, 1), &[9u8; 4096]));
+        assert_eq!(good(exec_lun(&t, A, 0, &cdb10(0x28, 0, 0, 1), &[])), vec![0u8; 512]);
     }
 }

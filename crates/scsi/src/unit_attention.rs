@@ -122,3 +122,57 @@ mod tests {
         assert_eq!(n, MAX_QUEUED);
     }
 }
+
+#[cfg(test)]
+mod lu_tests {
+    use crate::disk::testing::*;
+    use crate::sense::key;
+    use crate::{Nexus, ResetKind};
+
+    const TUR: [u8; 6] = [0, 0, 0, 0, 0, 0];
+
+    #[test]
+    fn a_new_nexus_sees_power_on_once_and_exempt_commands_keep_it() {
+        let (t, _) = target(512);
+        let c = Nexus(3);
+        t.nexus_added(c);
+        // INQUIRY, REPORT LUNS neither report nor clear it.
+        good(exec(&t, c, &[0x12, 0, 0, 0, 36, 0], &[]));
+        good(exec(&t, c, &[0xa0, 0, 0, 0, 0, 0, 0, 0, 0, 16, 0, 0], &[]));
+        check(&exec(&t, c, &cdb10(0x28, 0, 0, 1), &[]), key::UNIT_ATTENTION, 0x29, 0x00);
+        good(exec(&t, c, &TUR, &[]));
+        // The others are untouched; adding the same nexus again raises nothing.
+        good(exec(&t, A, &TUR, &[]));
+        t.nexus_added(c);
+        good(exec(&t, c, &TUR, &[]));
+    }
+
+    #[test]
+    fn resets_raise_the_sam_codes() {
+        for (kind, ascq) in [(ResetKind::LogicalUnit, 0x03), (ResetKind::TargetWarm, 0x03), (ResetKind::TargetCold, 0x00)] {
+            let (t, _) = target(4096);
+            t.reset(kind, if kind == ResetKind::LogicalUnit { Some(0) } else { None }, A);
+            for n in [A, B] {
+                check(&exec(&t, n, &TUR, &[]), key::UNIT_ATTENTION, 0x29, ascq);
+                good(exec(&t, n, &TUR, &[]));
+            }
+        }
+        // A reset of another LUN leaves this one alone.
+        let (t, _) = target(512);
+        t.reset(ResetKind::LogicalUnit, Some(5), A);
+        good(exec(&t, A, &TUR, &[]));
+    }
+
+    #[test]
+    fn nexus_loss_and_cleared_tasks() {
+        let (t, _) = target(512);
+        t.nexus_lost(B);
+        t.nexus_added(B);
+        check(&exec(&t, B, &TUR, &[]), key::UNIT_ATTENTION, 0x29, 0x07);
+        t.tasks_cleared(0, B, A);
+        check(&exec(&t, B, &TUR, &[]), key::UNIT_ATTENTION, 0x2f, 0x00);
+        // Clearing one's own tasks is no news.
+        t.tasks_cleared(0, A, A);
+        good(exec(&t, A, &TUR, &[]));
+    }
+}

@@ -469,3 +469,130 @@ fn access(op: Op) -> Access {
 fn conflict() -> ScsiResponse {
     ScsiResponse { status: ScsiStatus::ReservationConflict, sense: Vec::new(), data_in: Vec::new(), data_out_len: None }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::testing::*;
+    use crate::commands::{self, COMMANDS};
+    use crate::sense::key;
+
+    #[test]
+    fn every_opcode_outside_the_table_is_invalid_opcode() {
+        let (t, _) = target(512);
+        for op in 0..=255u8 {
+            if COMMANDS.iter().any(|d| d.opcode == op) {
+                continue;
+            }
+            let mut cdb = vec![0u8; 16];
+            cdb[0] = op;
+            let r = exec(&t, A, &cdb, &[]);
+            check(&r, key::ILLEGAL_REQUEST, 0x20, 0);
+        }
+        // A known opcode with an unknown service action: INVALID FIELD IN CDB.
+        let r = exec(&t, A, &cdb16(0x9e, 0x11, 0, 0), &[]);
+        check(&r, key::ILLEGAL_REQUEST, 0x24, 0);
+        check(&exec(&t, A, &[], &[]), key::ILLEGAL_REQUEST, 0x20, 0);
+    }
+
+    #[test]
+    fn reserved_bits_and_short_cdbs_are_invalid_fields() {
+        let (t, _) = target(512);
+        for def in COMMANDS {
+            // A CDB one byte short of its layout.
+            let mut short = def.usage[..def.cdb_len - 1].to_vec();
+            short[0] = def.opcode;
+            check(&exec(&t, A, &short, &[]), key::ILLEGAL_REQUEST, 0x24, 0);
+            // Each reserved bit, one at a time.
+            for byte in 1..def.cdb_len - 1 {
+                let reserved = !def.usage[byte];
+                if reserved == 0 {
+                    continue;
+                }
+                let bit = 7 - reserved.leading_zeros() as u8;
+                let mut cdb = vec![0u8; def.cdb_len];
+                cdb[0] = def.opcode;
+                if let Some(sa) = def.service_action {
+                    cdb[1] = sa;
+                }
+                cdb[byte] |= 1 << bit;
+                if commands::lookup(&cdb).map(|d| d.opcode) != Some(def.opcode) {
+                    continue; // the bit changed the service action
+                }
+                let r = exec(&t, A, &cdb, &[]);
+                check(&r, key::ILLEGAL_REQUEST, 0x24, 0);
+                assert_eq!(field_pointer(&r), [0xc8 | bit, 0, byte as u8], "{} byte {byte}", def.name);
+            }
+            // NACA and LINK in the control byte.
+            let mut cdb = vec![0u8; def.cdb_len];
+            cdb[0] = def.opcode;
+            if let Some(sa) = def.service_action {
+                cdb[1] = sa;
+            }
+            cdb[def.cdb_len - 1] = 0x04;
+            check(&exec(&t, A, &cdb, &[]), key::ILLEGAL_REQUEST, 0x24, 0);
+        }
+    }
+
+    #[test]
+    fn concurrent_io_from_many_nexuses() {
+        let (t, _) = target(4096);
+        let t = std::sync::Arc::new(t);
+        let threads: Vec<_> = (0..8u64)
+            .map(|i| {
+                let t = t.clone();
+                std::thread::spawn(move || {
+                    let n = crate::Nexus(100 + i);
+                    t.nexus_added(n);
+                    exec(&t, n, &[0, 0, 0, 0, 0, 0], &[]);
+                    let data = vec![i as u8; 4096 * 4];
+                    for round in 0..50u32 {
+                        let lba = (i as u32) * 64 + (round % 16) * 4;
+                        good(exec(&t, n, &cdb10(0x2a, 0, lba, 4), &data));
+                        assert_eq!(good(exec(&t, n, &cdb10(0x28, 0, lba, 4), &[])), data);
+                    }
+                })
+            })
+            .collect();
+        for th in threads {
+            th.join().unwrap();
+        }
+    }
+
+    /// CDBs that start with an opcode of the table (so they get past the
+    /// lookup) or any byte, followed by random bytes and random Data-Out.
+    fn any_cdb() -> impl Strategy<Value = (Vec<u8>, Vec<u8>, u64, bool)> {
+        let opcode = prop_oneof![
+            (0..COMMANDS.len()).prop_map(|i| COMMANDS[i].opcode),
+            any::<u8>(),
+        ];
+        (
+            opcode,
+            prop::collection::vec(any::<u8>(), 0..20),
+            prop::collection::vec(any::<u8>(), 0..9000),
+            0u64..3,
+            any::<bool>(),
+        )
+            .prop_map(|(op, mut rest, data, lun, big)| {
+                rest.insert(0, op);
+                (rest, data, lun, big)
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+        #[test]
+        fn random_cdbs_never_panic((cdb, data, lun, big) in any_cdb()) {
+            let bs = if big { 4096 } else { 512 };
+            let (t, _) = target(bs);
+            let r = exec_lun(&t, A, lun, &cdb, &data);
+            // Sense only with CHECK CONDITION; Data-In never beyond 16 MiB.
+            prop_assert_eq!(r.sense.is_empty(), r.status != crate::ScsiStatus::CheckCondition);
+            prop_assert!(r.data_in.len() <= 16 << 20);
+            // The unit still works afterwards.
+            let tur = exec(&t, A, &[0, 0, 0, 0, 0, 0], &[]);
+            prop_assert!(tur.status == crate::ScsiStatus::Good || sense(&tur).is_some());
+        }
+    }
+}
