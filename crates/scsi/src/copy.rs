@@ -85,7 +85,7 @@ impl CopyManager {
             return Err(Sense::invalid_param_field(12));
         }
         // Target descriptors: 32 bytes each.
-        if tdl % 32 != 0 {
+        if !tdl.is_multiple_of(32) {
             return Err(PARAM_LIST_LENGTH);
         }
         if tdl / 32 > MAX_TARGET_DESCRIPTORS {
@@ -142,7 +142,7 @@ impl CopyManager {
                 let (sbs, dbs) = (u64::from(src.device().block_size()), u64::from(dst.device().block_size()));
                 // DC: the block count is in destination blocks.
                 let bytes = blocks * if dc { dbs } else { sbs };
-                if bytes % sbs != 0 || bytes % dbs != 0 || bytes > MAX_SEGMENT_BYTES {
+                if !bytes.is_multiple_of(sbs) || !bytes.is_multiple_of(dbs) || bytes > MAX_SEGMENT_BYTES {
                     return Err(Sense::invalid_param_field(10));
                 }
                 let in_range = |lba: u64, bs: u64, lu: &LogicalUnit| {

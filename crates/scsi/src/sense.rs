@@ -27,7 +27,11 @@ pub mod key {
 
 /// One sense condition: key, additional sense code and qualifier, plus the
 /// optional INFORMATION field and sense-key-specific field pointer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// It is the error type of every command: a command that fails returns the
+/// `Sense` it ends with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("sense key {key:#x}, ASC/ASCQ {asc:#04x}/{ascq:#04x}")]
 pub struct Sense {
     /// Sense key.
     pub key: u8,

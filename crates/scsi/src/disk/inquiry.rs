@@ -88,7 +88,7 @@ impl LogicalUnit {
         let mut name = self.cfg.target_name.clone().into_bytes();
         name.truncate(251);
         name.push(0);
-        while name.len() % 4 != 0 {
+        while !name.len().is_multiple_of(4) {
             name.push(0);
         }
         desig(0x53, 0xa8, &name);
@@ -288,7 +288,7 @@ mod tests {
             let granularity = u16::from_be_bytes([d[6], d[7]]);
             assert!(granularity >= 1);
             let optimal = u32::from_be_bytes([d[12], d[13], d[14], d[15]]);
-            assert!(optimal <= max && optimal % u32::from(granularity) == 0);
+            assert!(optimal <= max && optimal.is_multiple_of(u32::from(granularity)));
             let d = good(exec(&t, A, &inquiry(true, 0xb1, 0xffff), &[]));
             assert_eq!(&d[4..6], &[0, 1], "non-rotating medium");
             let d = good(exec(&t, A, &inquiry(true, 0xb2, 0xffff), &[]));

@@ -69,10 +69,10 @@ impl LogicalUnit {
             return Reply::none();
         }
         let unit = self.atomic_unit_blocks();
-        if c.lba % unit != 0 {
+        if !c.lba.is_multiple_of(unit) {
             return Err(Sense::invalid_cdb_field(2, None));
         }
-        if u64::from(c.blocks) % unit != 0 || len as u64 > MAX_ATOMIC_BYTES {
+        if !u64::from(c.blocks).is_multiple_of(unit) || len as u64 > MAX_ATOMIC_BYTES {
             return Err(Sense::invalid_cdb_field(12, None));
         }
         if let Some(s) = self.write_protected() {

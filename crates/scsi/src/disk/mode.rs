@@ -30,10 +30,8 @@ impl LogicalUnit {
                 let mut p = vec![0u8; 20];
                 p[0] = 0x08;
                 p[1] = 0x12;
-                if changeable {
-                    p[2] = 0x04;
-                } else if m.wce {
-                    p[2] = 0x04;
+                if changeable || m.wce {
+                    p[2] = 0x04; // WCE (changeable, or its current value)
                 }
                 Some(p)
             }
@@ -157,6 +155,20 @@ impl LogicalUnit {
         let mut at = hdr + bd_len;
         if at > data.len() {
             return Err(codes::PARAM_LIST_LENGTH);
+        }
+        // Block descriptors may restate the block length but not change
+        // it (short descriptor: bytes 5-7; long: bytes 12-15).
+        let long = ten && data[4] & 0x01 != 0;
+        let bd_size = if long { 16 } else { 8 };
+        for (i, bd) in data[hdr..hdr + bd_len].chunks(bd_size).enumerate() {
+            let field = if long { 12..16 } else { 5..8 };
+            let Some(len) = bd.get(field.clone()) else {
+                return Err(codes::PARAM_LIST_LENGTH);
+            };
+            let length = len.iter().fold(0u32, |acc, b| acc << 8 | u32::from(*b));
+            if length != 0 && length != self.dev.block_size() {
+                return Err(Sense::invalid_param_field((hdr + i * bd_size + field.start) as u16));
+            }
         }
         let mut st = self.lock();
         let mut m = st.mode;
@@ -362,6 +374,14 @@ mod tests {
         check(&exec(&t, A, &c, &d), key::ILLEGAL_REQUEST, 0x26, 0);
         // Less Data-Out than the parameter list length.
         check(&exec(&t, A, &cdb, &data[..5]), key::ILLEGAL_REQUEST, 0x1a, 0);
+        // A block descriptor may restate the block length, not change it.
+        let mut with_bd = vec![0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0x02, 0x00];
+        with_bd.extend_from_slice(&control);
+        good(exec(&t, A, &[0x15, 0x10, 0, 0, with_bd.len() as u8, 0], &with_bd));
+        with_bd[10] = 0x10;
+        let r = exec(&t, A, &[0x15, 0x10, 0, 0, with_bd.len() as u8, 0], &with_bd);
+        check(&r, key::ILLEGAL_REQUEST, 0x26, 0);
+        assert_eq!(field_pointer(&r), [0x80, 0, 9]);
         // Length 0: nothing to do.
         good(exec(&t, A, &[0x15, 0x10, 0, 0, 0, 0], &[]));
         // MODE SELECT(10) carries the same page.
