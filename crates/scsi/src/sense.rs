@@ -128,6 +128,9 @@ pub mod codes {
     pub const LBA_OUT_OF_RANGE: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x21, 0x00);
     /// INVALID FIELD IN CDB (no pointer)
     pub const INVALID_FIELD_IN_CDB: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x24, 0x00);
+    /// INVALID FIELD IN COMMAND INFORMATION UNIT (the transport's expected
+    /// length does not fit the command)
+    pub const INVALID_FIELD_IN_IU: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x0e, 0x03);
     /// LOGICAL UNIT NOT SUPPORTED
     pub const LUN_NOT_SUPPORTED: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x25, 0x00);
     /// PARAMETER LIST LENGTH ERROR

@@ -42,9 +42,16 @@ impl LogicalUnit {
             return Err(s);
         }
         // Only what arrived is written (FCP-4 / iSCSI residual rules): whole
-        // blocks up to the Data-Out the initiator sent.
+        // blocks up to the Data-Out the initiator sent. A partial block
+        // cannot be written without inventing the rest of it, so then
+        // nothing is written and the command fails the way FCP-4 allows
+        // (INVALID FIELD IN COMMAND INFORMATION UNIT); libiscsi's residual
+        // tests accept either outcome.
         let bs = self.bs() as usize;
-        let have = data_out.len().min(len) / bs * bs;
+        if data_out.len() < len && data_out.len() % bs != 0 {
+            return Err(codes::INVALID_FIELD_IN_IU);
+        }
+        let have = data_out.len().min(len);
         if have > 0 {
             let fua = verify || self.fua(&c);
             let _held = self.ranges.lock(off, have as u64, false);
@@ -397,16 +404,35 @@ mod tests {
     }
 
     #[test]
-    fn short_data_out_writes_only_whole_blocks_that_arrived() {
+    fn a_partial_block_of_data_out_writes_nothing() {
+        for bs in BLOCK_SIZES {
+            let (t, _) = target(bs);
+            let b = bs as usize;
+            good(exec(&t, A, &cdb10(0x2a, 0, 0, 2), &vec![b'a'; 2 * b]));
+            for sent in [200, b + 200] {
+                let r = exec(&t, A, &cdb10(0x2a, 0, 0, 2), &vec![b'b'; sent]);
+                check(&r, key::ILLEGAL_REQUEST, 0x0e, 0x03);
+                assert_eq!(r.data_out_len, Some(2 * b));
+                assert_eq!(good(exec(&t, A, &cdb10(0x28, 0, 0, 2), &[])), vec![b'a'; 2 * b]);
+            }
+            // More Data-Out than asked for: only the blocks asked for are written.
+            good(exec(&t, A, &cdb10(0x2a, 0, 0, 1), &vec![b'c'; 10000]));
+            let back = good(exec(&t, A, &cdb10(0x28, 0, 0, 2), &[]));
+            assert_eq!(back, [vec![b'c'; b], vec![b'a'; b]].concat());
+        }
+    }
+
+    #[test]
+    fn short_data_out_writes_the_whole_blocks_that_arrived() {
         let (t, _) = target(512);
         good(exec(&t, A, &cdb10(0x2a, 0, 0, 4), &[0xaa; 2048]));
-        // Four blocks asked for, one and a half sent.
-        let r = exec(&t, A, &cdb10(0x2a, 0, 0, 4), &[0x55; 768]);
+        // Four blocks asked for, one sent.
+        let r = exec(&t, A, &cdb10(0x2a, 0, 0, 4), &[0x55; 512]);
         assert_eq!(r.data_out_len, Some(2048));
         good(r);
         let back = good(exec(&t, A, &cdb10(0x28, 0, 0, 4), &[]));
         assert!(back[..512].iter().all(|b| *b == 0x55));
-        assert!(back[512..].iter().all(|b| *b == 0xaa), "no partial block, no garbage");
+        assert!(back[512..].iter().all(|b| *b == 0xaa), "the blocks not sent are untouched");
     }
 
     #[test]
