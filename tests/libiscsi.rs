@@ -12,11 +12,18 @@ use common::{parse_cunit, require_tool, run, Server, SuiteResult, IQN};
 enum Lun {
     /// A writable thin-provisioned file LUN on two portals.
     Thin,
+    /// The same, reporting one logical block per physical block.
+    ThinPbs512,
     /// A read-only LUN.
     ReadOnly,
     /// A removable-medium LUN.
     Removable,
 }
+
+/// libiscsi 1.19's GetLBAStatus.UnmapSingle asks for the status at LBA
+/// i+1 and expects the first descriptor at LBA i+LBPPB, which holds only
+/// when LBPPB is 1; it runs on a LUN reporting 512-byte physical blocks.
+const PBS512_SUITES: &[&str] = &["GetLBAStatus"];
 
 /// Suites that run on a removable-medium LUN, and on a read-only LUN.
 const REMOVABLE_SUITES: &[&str] = &["NoMedia", "PreventAllow", "StartStopUnit"];
@@ -55,7 +62,6 @@ const SUITES: &[&str] = &[
     "WriteSame10",
     "WriteSame16",
     "Unmap",
-    "GetLBAStatus",
     "CompareAndWrite",
     "OrWrite",
     "ReadDefectData10",
@@ -146,6 +152,7 @@ fn conformance_suites_pass() {
     let runs = SUITES
         .iter()
         .map(|s| (*s, Lun::Thin))
+        .chain(PBS512_SUITES.iter().map(|s| (*s, Lun::ThinPbs512)))
         .chain(READ_ONLY_SUITES.iter().map(|s| (*s, Lun::ReadOnly)))
         .chain(REMOVABLE_SUITES.iter().map(|s| (*s, Lun::Removable)));
     for (i, (suite, kind)) in runs.enumerate() {
@@ -154,6 +161,7 @@ fn conformance_suites_pass() {
         let path = dir.path().join(format!("lun-{i}.img"));
         let lun = match kind {
             Lun::Thin => format!("{}:128M", path.display()),
+            Lun::ThinPbs512 => format!("{}:128M,pbs=512", path.display()),
             Lun::Removable => format!("{}:128M,removable", path.display()),
             Lun::ReadOnly => {
                 std::fs::File::create(&path).unwrap().set_len(128 << 20).unwrap();

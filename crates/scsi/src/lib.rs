@@ -122,6 +122,9 @@ pub struct LuConfig {
     /// Where persistent reservations are kept when an initiator asks for
     /// APTPL (persist through power loss); `None`: they do not persist.
     pub pr_state_file: Option<std::path::PathBuf>,
+    /// Physical block size reported in READ CAPACITY(16) (logical blocks
+    /// per physical block); 0 or the logical size: one block per block.
+    pub physical_block_size: u32,
 }
 
 pub use disk::LogicalUnit;

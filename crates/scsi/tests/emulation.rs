@@ -20,6 +20,7 @@ fn cfg(removable: bool, read_only: bool) -> LuConfig {
         target_name: "iqn.2026-11.org.ethersan:t".into(),
         write_cache: true,
         pr_state_file: None,
+        physical_block_size: 0,
     }
 }
 

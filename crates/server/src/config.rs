@@ -100,6 +100,9 @@ pub struct LunConfig {
     pub write_cache: bool,
     /// Fully provisioned (preallocated) instead of thin.
     pub preallocate: bool,
+    /// Physical block size to report: 512 or 4096 (default 4096, the page
+    /// size the backends write best), never below the logical block size.
+    pub physical_block_size: u32,
 }
 
 /// Protocol limits and runtime knobs, with measured or RFC-safe defaults.
@@ -275,6 +278,7 @@ impl LunConfig {
             serial: None,
             write_cache: true,
             preallocate: false,
+            physical_block_size: 4096,
         };
         for opt in parts {
             match opt {
@@ -282,6 +286,13 @@ impl LunConfig {
                 "removable" => lun.removable = true,
                 "wce=0" | "nowce" => lun.write_cache = false,
                 "full" | "prealloc" => lun.preallocate = true,
+                o if o.starts_with("pbs=") => {
+                    lun.physical_block_size = match &o[4..] {
+                        "512" => 512,
+                        "4096" | "4K" | "4k" => 4096,
+                        v => return Err(ConfigError::Invalid(format!("LUN spec {spec:?}: pbs={v} (use 512 or 4096)"))),
+                    }
+                }
                 o if o.starts_with("bs=") => {
                     lun.block_size = match &o[3..] {
                         "512" => 512,
@@ -292,7 +303,7 @@ impl LunConfig {
                 o if o.starts_with("serial=") => lun.serial = Some(o[7..].to_string()),
                 o => {
                     return Err(ConfigError::Invalid(format!(
-                        "LUN spec {spec:?}: unknown option {o:?} (known: ro, removable, bs=512|4096, serial=S, wce=0, full)"
+                        "LUN spec {spec:?}: unknown option {o:?} (known: ro, removable, bs=512|4096, pbs=512|4096, serial=S, wce=0, full)"
                     )))
                 }
             }
@@ -313,6 +324,12 @@ impl LunConfig {
         }
         if self.block_size != 512 && self.block_size != 4096 {
             return Err(format!("block size {} (use 512 or 4096)", self.block_size));
+        }
+        if !matches!(self.physical_block_size, 512 | 4096) || self.physical_block_size < self.block_size {
+            return Err(format!(
+                "physical block size {} (use 512 or 4096, not below the block size {})",
+                self.physical_block_size, self.block_size
+            ));
         }
         if matches!(self.backing, Backing::Ram { .. }) && self.read_only {
             return Err("a RAM LUN cannot be read-only (it would hold only zeros)".into());
@@ -387,6 +404,7 @@ struct RawLunTable {
     serial: Option<String>,
     write_cache: Option<bool>,
     provisioning: Option<String>,
+    physical_block_size: Option<u32>,
 }
 
 fn raw_size(s: &RawSize) -> Result<u64, ConfigError> {
@@ -479,6 +497,7 @@ impl Config {
                             block_size: tb.block_size.unwrap_or(512),
                             serial: tb.serial,
                             write_cache: tb.write_cache.unwrap_or(true),
+                            physical_block_size: tb.physical_block_size.unwrap_or(4096),
                             preallocate: match tb.provisioning.as_deref() {
                                 None | Some("thin") => false,
                                 Some("full") => true,
@@ -515,6 +534,7 @@ impl Config {
                     serial: None,
                     write_cache: true,
                     preallocate: false,
+                    physical_block_size: 4096,
                 }],
             }],
             options,

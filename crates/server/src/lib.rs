@@ -102,6 +102,7 @@ impl Server {
                     naa,
                     target_name: t.name.clone(),
                     write_cache: l.write_cache,
+                    physical_block_size: l.physical_block_size,
                     // APTPL state lives beside a regular file LUN's backing file.
                     pr_state_file: match &l.backing {
                         config::Backing::File { path, .. } if path.is_file() => {

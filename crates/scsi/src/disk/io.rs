@@ -266,8 +266,13 @@ impl LogicalUnit {
         let mut d = vec![0u8; 32];
         d[0..8].copy_from_slice(&self.dev.num_blocks().saturating_sub(1).to_be_bytes());
         d[8..12].copy_from_slice(&self.dev.block_size().to_be_bytes());
-        // One logical block per physical block (exponent 0): every block
-        // size we export is written whole, without read-modify-write.
+        // Logical blocks per physical block, as configured (a file on a
+        // 4 KiB-block filesystem writes whole 4 KiB pages best).
+        let bs = self.dev.block_size();
+        let pbs = self.cfg.physical_block_size;
+        if pbs > bs && pbs % bs == 0 && (pbs / bs).is_power_of_two() {
+            d[13] = (pbs / bs).trailing_zeros() as u8;
+        }
         if self.dev.thin_provisioned() {
             d[14] = 0xc0; // LBPME, LBPRZ
         }

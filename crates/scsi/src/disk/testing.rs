@@ -100,6 +100,7 @@ pub(crate) fn config(removable: bool, read_only: bool) -> LuConfig {
         target_name: "iqn.2026-11.org.ethersan:unit".into(),
         write_cache: true,
         pr_state_file: None,
+        physical_block_size: 0,
     }
 }
 
