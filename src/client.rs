@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
-use ethersan_initiator::{connect, discover, IscsiUrl, LoginOptions, Session};
+use ethersan_initiator::{discover, IscsiUrl, Session};
 use serde::Serialize;
 
 /// Initiator name the client logs in with.
@@ -10,7 +10,9 @@ pub(crate) const CLIENT_IQN: &str = "iqn.2026-11.org.ethersan:client";
 
 fn portal_of(spec: &str) -> String {
     if spec.contains("://") {
-        return IscsiUrl::parse(spec).map(|u| u.portal()).unwrap_or_else(|_| spec.to_string());
+        return IscsiUrl::parse(spec)
+            .map(|u| u.portal())
+            .unwrap_or_else(|_| spec.to_string());
     }
     if spec.starts_with('[') {
         if spec.contains("]:") {
@@ -36,8 +38,13 @@ struct DiscoveredTarget {
 /// `ethersan discover HOST[:PORT]`
 pub(crate) async fn cmd_discover(portal: &str, json: bool) -> anyhow::Result<()> {
     let addr = portal_of(portal);
-    let found = discover(&addr, CLIENT_IQN).await.with_context(|| format!("discovery at {addr}"))?;
-    let list: Vec<DiscoveredTarget> = found.into_iter().map(|(name, portals)| DiscoveredTarget { name, portals }).collect();
+    let found = discover(&addr, CLIENT_IQN)
+        .await
+        .with_context(|| format!("discovery at {addr}"))?;
+    let list: Vec<DiscoveredTarget> = found
+        .into_iter()
+        .map(|(name, portals)| DiscoveredTarget { name, portals })
+        .collect();
     if json {
         println!("{}", serde_json::to_string_pretty(&list)?);
     } else {
@@ -52,15 +59,13 @@ pub(crate) async fn cmd_discover(portal: &str, json: bool) -> anyhow::Result<()>
 }
 
 async fn open(url: &IscsiUrl) -> anyhow::Result<Session> {
-    if url.target.is_empty() {
-        bail!("the URL names no target: iscsi://host[:port]/TARGET/LUN");
-    }
-    let opts = LoginOptions { initiator_name: CLIENT_IQN.to_string(), target_name: Some(url.target.clone()), ..Default::default() };
-    connect(&url.portal(), &opts).await.with_context(|| format!("login to {} at {}", url.target, url.portal()))
+    crate::blockio::login(url).await
 }
 
 fn ascii(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).trim_end_matches([' ', '\0']).to_string()
+    String::from_utf8_lossy(b)
+        .trim_end_matches([' ', '\0'])
+        .to_string()
 }
 
 #[derive(Serialize, Default)]
@@ -82,7 +87,11 @@ async fn inquiry_data(s: &Session, lun: u64, evpd: bool, page: u8) -> anyhow::Re
     let cdb = [0x12, evpd as u8, page, 0x10, 0x00, 0];
     let r = s.command(lun, &cdb, Bytes::new(), 4096).await?;
     if r.status != 0 {
-        bail!("INQUIRY page {page:#x} on LUN {lun}: status {:#x} sense {:?}", r.status, r.sense_key());
+        bail!(
+            "INQUIRY page {page:#x} on LUN {lun}: status {:#x} sense {:?}",
+            r.status,
+            r.sense_key()
+        );
     }
     Ok(r.data)
 }
@@ -152,12 +161,18 @@ async fn report_luns(s: &Session) -> anyhow::Result<Vec<u64>> {
     cdb[6..10].copy_from_slice(&4096u32.to_be_bytes());
     let r = s.command(0, &cdb, Bytes::new(), 4096).await?;
     if r.status != 0 {
-        bail!("REPORT LUNS: status {:#x} sense {:?}", r.status, r.sense_key());
+        bail!(
+            "REPORT LUNS: status {:#x} sense {:?}",
+            r.status,
+            r.sense_key()
+        );
     }
     let len = u32::from_be_bytes(r.data[0..4].try_into()?) as usize;
     let mut luns = Vec::new();
     for e in r.data[8..(8 + len).min(r.data.len())].chunks_exact(8) {
-        luns.push(ethersan_proto::pdu::lun_from_wire(u64::from_be_bytes(e.try_into()?)));
+        luns.push(ethersan_proto::pdu::lun_from_wire(u64::from_be_bytes(
+            e.try_into()?,
+        )));
     }
     Ok(luns)
 }
@@ -185,12 +200,19 @@ pub(crate) async fn cmd_ls(url: &str, json: bool) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(&infos)?);
     } else {
-        println!("{:<5} {:<10} {:<10} {:<17} {:>10} {:>6}  serial", "LUN", "type", "vendor", "product", "size", "bs");
+        println!(
+            "{:<5} {:<10} {:<10} {:<17} {:>10} {:>6}  serial",
+            "LUN", "type", "vendor", "product", "size", "bs"
+        );
         for i in &infos {
             println!(
                 "{:<5} {:<10} {:<10} {:<17} {:>10} {:>6}  {}",
                 i.lun,
-                if i.peripheral_type == 0 { "disk".to_string() } else { format!("{:#x}", i.peripheral_type) },
+                if i.peripheral_type == 0 {
+                    "disk".to_string()
+                } else {
+                    format!("{:#x}", i.peripheral_type)
+                },
                 i.vendor,
                 i.product,
                 i.capacity_bytes.map(human).unwrap_or_default(),
@@ -213,7 +235,14 @@ pub(crate) async fn cmd_inquiry(url: &str, json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&info)?);
     } else {
         println!("LUN:          {}", info.lun);
-        println!("Type:         {}", if info.peripheral_type == 0 { "direct-access block device" } else { "other" });
+        println!(
+            "Type:         {}",
+            if info.peripheral_type == 0 {
+                "direct-access block device"
+            } else {
+                "other"
+            }
+        );
         println!("Vendor:       {}", info.vendor);
         println!("Product:      {}", info.product);
         println!("Revision:     {}", info.revision);
@@ -221,7 +250,12 @@ pub(crate) async fn cmd_inquiry(url: &str, json: bool) -> anyhow::Result<()> {
             println!("Serial:       {s}");
         }
         if let (Some(b), Some(bs)) = (info.blocks, info.block_size) {
-            println!("Capacity:     {} ({} blocks of {} bytes)", human(b * u64::from(bs)), b, bs);
+            println!(
+                "Capacity:     {} ({} blocks of {} bytes)",
+                human(b * u64::from(bs)),
+                b,
+                bs
+            );
         }
         let pages: Vec<String> = info.vpd_pages.iter().map(|p| format!("{p:#04x}")).collect();
         println!("VPD pages:    {}", pages.join(" "));

@@ -14,7 +14,10 @@ use ethersan_server::config::{Config, LunConfig, TargetConfig};
 use ethersan_server::Server;
 use tracing_subscriber::EnvFilter;
 
+mod bench;
+mod blockio;
 mod client;
+mod cp;
 
 /// Network block storage in software: an iSCSI target and client.
 #[derive(Parser, Debug)]
@@ -52,6 +55,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Copy a file or stdin to a LUN, a LUN to a file or stdout, or LUN to LUN.
+    Cp(cp::CpArgs),
+    /// Load-generate against a LUN or a local file/block device: IOPS, MB/s, latency.
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Args, Debug)]
@@ -81,7 +88,10 @@ fn serve_config(a: &ServeArgs) -> anyhow::Result<Config> {
     if !a.listen.is_empty() {
         cfg.portals = a.listen.clone();
     }
-    let target: &mut TargetConfig = cfg.targets.first_mut().context("embedded default has a target")?;
+    let target: &mut TargetConfig = cfg
+        .targets
+        .first_mut()
+        .context("embedded default has a target")?;
     if let Some(name) = &a.target {
         ethersan_server::config::validate_name(name).with_context(|| format!("--target {name}"))?;
         target.name = name.clone();
@@ -103,7 +113,8 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
         tokio::select! {
             _ = ctrl_c => {},
             _ = term.recv() => {},
@@ -124,7 +135,10 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         eprintln!("ethersan: connect with");
         eprintln!("  libiscsi/QEMU: iscsi://{addr}/{}/0", t.name);
         eprintln!("  open-iscsi:    iscsiadm -m discovery -t sendtargets -p {addr}");
-        eprintln!("                 iscsiadm -m node -T {} -p {addr} --login", t.name);
+        eprintln!(
+            "                 iscsiadm -m node -T {} -p {addr} --login",
+            t.name
+        );
     }
     server.run(shutdown_signal()).await;
     Ok(())
@@ -133,11 +147,16 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_env("ETHERSAN_LOG").unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_env_filter(
+            EnvFilter::try_from_env("ETHERSAN_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+        )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("ethersan: cannot start runtime: {e}");
@@ -150,6 +169,8 @@ fn main() -> ExitCode {
             Command::Discover { portal, json } => client::cmd_discover(&portal, json).await,
             Command::Ls { url, json } => client::cmd_ls(&url, json).await,
             Command::Inquiry { url, json } => client::cmd_inquiry(&url, json).await,
+            Command::Cp(a) => cp::cmd_cp(a).await,
+            Command::Bench(a) => bench::cmd_bench(a).await,
         }
     });
     match result {

@@ -129,7 +129,10 @@ impl Default for LoginOptions {
 
 /// An ISID of the "random" type (T=11b) from the process id and clock.
 pub fn random_isid() -> [u8; 6] {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
     static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let c = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let v = nanos ^ std::process::id().rotate_left(16) ^ c.wrapping_mul(0x9e37_79b9);
@@ -146,7 +149,11 @@ where
     let settings = InitiatorSettings {
         initiator_name: opts.initiator_name.clone(),
         target_name: opts.target_name.clone(),
-        session_type: if opts.target_name.is_some() { SessionType::Normal } else { SessionType::Discovery },
+        session_type: if opts.target_name.is_some() {
+            SessionType::Normal
+        } else {
+            SessionType::Discovery
+        },
         header_digest: opts.header_digest,
         data_digest: opts.data_digest,
         ..InitiatorSettings::default()
@@ -196,10 +203,16 @@ where
                 return Err(Error::Protocol("expected a Login Response".into()));
             };
             if resp.status_class != 0 {
-                return Err(Error::LoginRefused { class: resp.status_class, detail: resp.status_detail });
+                return Err(Error::LoginRefused {
+                    class: resp.status_class,
+                    detail: resp.status_detail,
+                });
             }
             stat_sn = resp.stat_sn.wrapping_add(1);
-            match asm.push(&raw.data, resp.continue_bit).map_err(|e| Error::Protocol(e.to_string()))? {
+            match asm
+                .push(&raw.data, resp.continue_bit)
+                .map_err(|e| Error::Protocol(e.to_string()))?
+            {
                 Some(t) => break (resp, t),
                 None => {
                     let more = LoginRequest {
@@ -222,8 +235,10 @@ where
                 }
             }
         };
-        let answer = parse_text(&text, &Default::default()).map_err(|e| Error::Protocol(e.to_string()))?;
-        neg.accept_response(&answer).map_err(|e| Error::Protocol(e.to_string()))?;
+        let answer =
+            parse_text(&text, &Default::default()).map_err(|e| Error::Protocol(e.to_string()))?;
+        neg.accept_response(&answer)
+            .map_err(|e| Error::Protocol(e.to_string()))?;
         if resp.transit && resp.nsg == 3 {
             let p = neg.finish();
             let negotiated = Negotiated {
@@ -237,7 +252,14 @@ where
                 max_burst_length: p.max_burst_length,
                 tsih: resp.tsih,
             };
-            return Ok(Session::start(rd, wr, negotiated, resp.exp_cmd_sn, stat_sn, resp.max_cmd_sn));
+            return Ok(Session::start(
+                rd,
+                wr,
+                negotiated,
+                resp.exp_cmd_sn,
+                stat_sn,
+                resp.max_cmd_sn,
+            ));
         }
         if resp.transit {
             csg = resp.nsg;
@@ -257,10 +279,18 @@ pub async fn connect(addr: &str, opts: &LoginOptions) -> Result<Session, Error> 
 }
 
 /// Discover targets at a portal: `(target name, [addresses])`.
-pub async fn discover(addr: &str, initiator_name: &str) -> Result<Vec<(String, Vec<String>)>, Error> {
-    let opts = LoginOptions { initiator_name: initiator_name.to_string(), ..Default::default() };
+pub async fn discover(
+    addr: &str,
+    initiator_name: &str,
+) -> Result<Vec<(String, Vec<String>)>, Error> {
+    let opts = LoginOptions {
+        initiator_name: initiator_name.to_string(),
+        ..Default::default()
+    };
     let s = connect(addr, &opts).await?;
-    let keys = s.text(vec![("SendTargets".to_string(), "All".to_string())]).await?;
+    let keys = s
+        .text(vec![("SendTargets".to_string(), "All".to_string())])
+        .await?;
     let _ = s.logout().await;
     let mut out: Vec<(String, Vec<String>)> = Vec::new();
     for (k, v) in keys {
@@ -284,7 +314,9 @@ impl Session {
     pub async fn clear_unit_attention(&self, lun: u64) -> Result<CommandResult, Error> {
         let mut last = CommandResult::default();
         for _ in 0..8 {
-            last = self.command(lun, &[0, 0, 0, 0, 0, 0], Bytes::new(), 0).await?;
+            last = self
+                .command(lun, &[0, 0, 0, 0, 0, 0], Bytes::new(), 0)
+                .await?;
             if last.sense_key().map(|k| k.0) != Some(6) {
                 break;
             }
@@ -300,7 +332,11 @@ impl Session {
         cdb[13] = 32;
         let r = self.command(lun, &cdb, Bytes::new(), 32).await?;
         if r.status != 0 || r.data.len() < 12 {
-            return Err(Error::Protocol(format!("READ CAPACITY(16) failed: status {:#x} sense {:?}", r.status, r.sense_key())));
+            return Err(Error::Protocol(format!(
+                "READ CAPACITY(16) failed: status {:#x} sense {:?}",
+                r.status,
+                r.sense_key()
+            )));
         }
         let last = u64::from_be_bytes(r.data[0..8].try_into().expect("8 bytes"));
         let bs = u32::from_be_bytes(r.data[8..12].try_into().expect("4 bytes"));
@@ -308,16 +344,30 @@ impl Session {
     }
 
     /// READ (16) of `blocks` blocks at `lba`.
-    pub async fn read16(&self, lun: u64, lba: u64, blocks: u32, block_size: u32) -> Result<CommandResult, Error> {
+    pub async fn read16(
+        &self,
+        lun: u64,
+        lba: u64,
+        blocks: u32,
+        block_size: u32,
+    ) -> Result<CommandResult, Error> {
         let mut cdb = [0u8; 16];
         cdb[0] = 0x88;
         cdb[2..10].copy_from_slice(&lba.to_be_bytes());
         cdb[10..14].copy_from_slice(&blocks.to_be_bytes());
-        self.command(lun, &cdb, Bytes::new(), blocks * block_size).await
+        self.command(lun, &cdb, Bytes::new(), blocks * block_size)
+            .await
     }
 
     /// WRITE (16) of `data` at `lba`, with FUA if asked.
-    pub async fn write16(&self, lun: u64, lba: u64, data: Bytes, block_size: u32, fua: bool) -> Result<CommandResult, Error> {
+    pub async fn write16(
+        &self,
+        lun: u64,
+        lba: u64,
+        data: Bytes,
+        block_size: u32,
+        fua: bool,
+    ) -> Result<CommandResult, Error> {
         let blocks = (data.len() / block_size as usize) as u32;
         let mut cdb = [0u8; 16];
         cdb[0] = 0x8a;

@@ -9,8 +9,8 @@ use std::collections::{HashMap, VecDeque};
 
 use bytes::Bytes;
 use ethersan_proto::pdu::{
-    self, lun_to_wire, pad_len, Bhs, DataOut, LogoutRequest, NopOut, Pdu, RawPdu, ScsiCommand, TaskAttr,
-    TextRequest, BHS_LEN, RESERVED_TAG,
+    self, lun_to_wire, pad_len, Bhs, DataOut, LogoutRequest, NopOut, Pdu, RawPdu, ScsiCommand,
+    TaskAttr, TextRequest, BHS_LEN, RESERVED_TAG,
 };
 use ethersan_proto::seq::sn_le;
 use ethersan_proto::text::{encode_text, parse_text};
@@ -49,16 +49,38 @@ impl CommandResult {
 }
 
 enum Request {
-    Scsi { lun: u64, cdb: Vec<u8>, data_out: Bytes, read_len: u32, reply: oneshot::Sender<Result<CommandResult, Error>> },
-    Text { keys: Vec<(String, String)>, reply: oneshot::Sender<Result<Vec<(String, String)>, Error>> },
-    Logout { reply: oneshot::Sender<Result<(), Error>> },
+    Scsi {
+        lun: u64,
+        cdb: Vec<u8>,
+        data_out: Bytes,
+        read_len: u32,
+        reply: oneshot::Sender<Result<CommandResult, Error>>,
+    },
+    Text {
+        keys: Vec<(String, String)>,
+        reply: oneshot::Sender<Result<Vec<(String, String)>, Error>>,
+    },
+    Logout {
+        reply: oneshot::Sender<Result<(), Error>>,
+    },
 }
 
 /// A request waiting for the target's answer.
 enum Pending {
-    Scsi { data_out: Bytes, result: CommandResult, reply: oneshot::Sender<Result<CommandResult, Error>>, lun: u64 },
-    Text { collected: Vec<u8>, reply: oneshot::Sender<Result<Vec<(String, String)>, Error>>, lun: u64 },
-    Logout { reply: oneshot::Sender<Result<(), Error>> },
+    Scsi {
+        data_out: Bytes,
+        result: CommandResult,
+        reply: oneshot::Sender<Result<CommandResult, Error>>,
+        lun: u64,
+    },
+    Text {
+        collected: Vec<u8>,
+        reply: oneshot::Sender<Result<Vec<(String, String)>, Error>>,
+        lun: u64,
+    },
+    Logout {
+        reply: oneshot::Sender<Result<(), Error>>,
+    },
 }
 
 /// A handle on a logged-in session. Cheap to clone; every clone can issue
@@ -71,20 +93,44 @@ pub struct Session {
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Session").field("params", &self.params).finish()
+        f.debug_struct("Session")
+            .field("params", &self.params)
+            .finish()
     }
 }
 
 impl Session {
     /// Start the driver over a logged-in stream.
-    pub(crate) fn start<R, W>(rd: R, wr: W, params: Negotiated, cmd_sn: u32, exp_stat_sn: u32, max_cmd_sn: u32) -> Session
+    pub(crate) fn start<R, W>(
+        rd: R,
+        wr: W,
+        params: Negotiated,
+        cmd_sn: u32,
+        exp_stat_sn: u32,
+        max_cmd_sn: u32,
+    ) -> Session
     where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
         let (tx, rx) = mpsc::unbounded_channel();
+        // The reader runs as its own task: a PDU read is never cancelled
+        // half-way (which would lose bytes and the framing) when the driver
+        // wakes up for a new request.
+        let (pdu_tx, pdu_rx) = mpsc::channel(256);
+        let reader_params = params.clone();
+        tokio::spawn(async move {
+            let mut rd = BufReader::with_capacity(256 * 1024, rd);
+            loop {
+                let r = read_pdu(&mut rd, &reader_params).await;
+                let failed = r.is_err();
+                if pdu_tx.send(r).await.is_err() || failed {
+                    break;
+                }
+            }
+        });
         let driver = Driver {
-            rd: BufReader::with_capacity(256 * 1024, rd),
+            pdus: pdu_rx,
             wr: BufWriter::with_capacity(256 * 1024, wr),
             params: params.clone(),
             cmd_sn,
@@ -105,10 +151,22 @@ impl Session {
 
     /// Run one SCSI command. `data_out` is sent to the target (write);
     /// `read_len` is the Data-In the command expects.
-    pub async fn command(&self, lun: u64, cdb: &[u8], data_out: Bytes, read_len: u32) -> Result<CommandResult, Error> {
+    pub async fn command(
+        &self,
+        lun: u64,
+        cdb: &[u8],
+        data_out: Bytes,
+        read_len: u32,
+    ) -> Result<CommandResult, Error> {
         let (reply, rx) = oneshot::channel();
         self.tx
-            .send(Request::Scsi { lun, cdb: cdb.to_vec(), data_out, read_len, reply })
+            .send(Request::Scsi {
+                lun,
+                cdb: cdb.to_vec(),
+                data_out,
+                read_len,
+                reply,
+            })
             .map_err(|_| Error::Closed)?;
         rx.await.map_err(|_| Error::Closed)?
     }
@@ -116,20 +174,25 @@ impl Session {
     /// Send a Text request (e.g. `SendTargets=All`) and collect the answer.
     pub async fn text(&self, keys: Vec<(String, String)>) -> Result<Vec<(String, String)>, Error> {
         let (reply, rx) = oneshot::channel();
-        self.tx.send(Request::Text { keys, reply }).map_err(|_| Error::Closed)?;
+        self.tx
+            .send(Request::Text { keys, reply })
+            .map_err(|_| Error::Closed)?;
         rx.await.map_err(|_| Error::Closed)?
     }
 
     /// Log out (close the session) and wait for the target's answer.
     pub async fn logout(&self) -> Result<(), Error> {
         let (reply, rx) = oneshot::channel();
-        self.tx.send(Request::Logout { reply }).map_err(|_| Error::Closed)?;
+        self.tx
+            .send(Request::Logout { reply })
+            .map_err(|_| Error::Closed)?;
         rx.await.map_err(|_| Error::Closed)?
     }
 }
 
-struct Driver<R, W> {
-    rd: BufReader<R>,
+struct Driver<W> {
+    /// PDUs from the reader task, in arrival order.
+    pdus: mpsc::Receiver<Result<RawPdu, Error>>,
     wr: BufWriter<W>,
     params: Negotiated,
     cmd_sn: u32,
@@ -141,7 +204,7 @@ struct Driver<R, W> {
     queued: VecDeque<Request>,
 }
 
-impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
+impl<W: AsyncWrite + Unpin> Driver<W> {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Request>) {
         let mut closed_by_user = false;
         let result: Result<(), Error> = async {
@@ -153,8 +216,8 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
                             None => { closed_by_user = true; if self.pending.is_empty() { return Ok(()); } }
                         }
                     }
-                    pdu = read_pdu(&mut self.rd, &self.params) => {
-                        let pdu = pdu?;
+                    pdu = self.pdus.recv() => {
+                        let pdu = pdu.unwrap_or(Err(Error::Closed))?;
                         if self.on_pdu(pdu).await? {
                             return Ok(());
                         }
@@ -202,17 +265,33 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
         let cmd_sn = self.cmd_sn;
         self.cmd_sn = self.cmd_sn.wrapping_add(1);
         match req {
-            Request::Scsi { lun, cdb, data_out, read_len, reply } => {
+            Request::Scsi {
+                lun,
+                cdb,
+                data_out,
+                read_len,
+                reply,
+            } => {
                 let wire_lun = lun_to_wire(lun);
                 let p = &self.params;
-                let edtl = if data_out.is_empty() { read_len } else { data_out.len() as u32 };
+                let edtl = if data_out.is_empty() {
+                    read_len
+                } else {
+                    data_out.len() as u32
+                };
                 let immediate = if p.immediate_data {
-                    data_out.len().min(p.first_burst_length as usize).min(p.max_send_dsl as usize)
+                    data_out
+                        .len()
+                        .min(p.first_burst_length as usize)
+                        .min(p.max_send_dsl as usize)
                 } else {
                     0
                 };
-                let unsolicited_end =
-                    if p.initial_r2t { immediate } else { data_out.len().min(p.first_burst_length as usize) };
+                let unsolicited_end = if p.initial_r2t {
+                    immediate
+                } else {
+                    data_out.len().min(p.first_burst_length as usize)
+                };
                 let mut cdb16 = [0u8; 16];
                 let n = cdb.len().min(16);
                 cdb16[..n].copy_from_slice(&cdb[..n]);
@@ -243,7 +322,14 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
                 };
                 let mut bhs = Pdu::ScsiCommand(cmd).encode(immediate as u32);
                 bhs.0[4] = (ahs.len() / 4) as u8;
-                write_frame(&mut self.wr, &bhs, &ahs, &data_out[..immediate], &self.params).await?;
+                write_frame(
+                    &mut self.wr,
+                    &bhs,
+                    &ahs,
+                    &data_out[..immediate],
+                    &self.params,
+                )
+                .await?;
                 // Unsolicited Data-Out up to FirstBurstLength.
                 let mut off = immediate;
                 let mut data_sn = 0;
@@ -259,12 +345,30 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
                         buffer_offset: off as u32,
                     };
                     let bhs = Pdu::DataOut(d).encode(n as u32);
-                    write_frame(&mut self.wr, &bhs, &[], &data_out[off..off + n], &self.params).await?;
+                    write_frame(
+                        &mut self.wr,
+                        &bhs,
+                        &[],
+                        &data_out[off..off + n],
+                        &self.params,
+                    )
+                    .await?;
                     data_sn += 1;
                     off += n;
                 }
-                let result = CommandResult { data: vec![0u8; read_len as usize], ..Default::default() };
-                self.pending.insert(itt, Pending::Scsi { data_out, result, reply, lun: wire_lun });
+                let result = CommandResult {
+                    data: vec![0u8; read_len as usize],
+                    ..Default::default()
+                };
+                self.pending.insert(
+                    itt,
+                    Pending::Scsi {
+                        data_out,
+                        result,
+                        reply,
+                        lun: wire_lun,
+                    },
+                );
             }
             Request::Text { keys, reply } => {
                 let data = encode_text(&keys);
@@ -280,10 +384,24 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
                 };
                 let bhs = Pdu::TextRequest(t).encode(data.len() as u32);
                 write_frame(&mut self.wr, &bhs, &[], &data, &self.params).await?;
-                self.pending.insert(itt, Pending::Text { collected: Vec::new(), reply, lun: 0 });
+                self.pending.insert(
+                    itt,
+                    Pending::Text {
+                        collected: Vec::new(),
+                        reply,
+                        lun: 0,
+                    },
+                );
             }
             Request::Logout { reply } => {
-                let l = LogoutRequest { immediate: true, reason: 0, itt, cid: 0, cmd_sn, exp_stat_sn: self.exp_stat_sn };
+                let l = LogoutRequest {
+                    immediate: true,
+                    reason: 0,
+                    itt,
+                    cid: 0,
+                    cmd_sn,
+                    exp_stat_sn: self.exp_stat_sn,
+                };
                 // Immediate: does not consume a CmdSN.
                 self.cmd_sn = cmd_sn;
                 let bhs = Pdu::LogoutRequest(l).encode(0);
@@ -296,7 +414,9 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
 
     fn update_window(&mut self, exp_cmd_sn: u32, max_cmd_sn: u32) {
         // Ignore MaxCmdSN values that would shrink the window below ExpCmdSN - 1.
-        if sn_le(exp_cmd_sn.wrapping_sub(1), max_cmd_sn) && ethersan_proto::seq::sn_lt(self.max_cmd_sn, max_cmd_sn) {
+        if sn_le(exp_cmd_sn.wrapping_sub(1), max_cmd_sn)
+            && ethersan_proto::seq::sn_lt(self.max_cmd_sn, max_cmd_sn)
+        {
             self.max_cmd_sn = max_cmd_sn;
         }
     }
@@ -313,18 +433,28 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
         match pdu {
             Pdu::DataIn(d) => {
                 self.update_window(d.exp_cmd_sn, d.max_cmd_sn);
-                let Some(p) = self.pending.get_mut(&d.itt) else { return Ok(false) };
-                let Pending::Scsi { result, .. } = p else { return Ok(false) };
+                let Some(p) = self.pending.get_mut(&d.itt) else {
+                    return Ok(false);
+                };
+                let Pending::Scsi { result, .. } = p else {
+                    return Ok(false);
+                };
                 let off = d.buffer_offset as usize;
                 let end = off + raw.data.len();
                 if end > result.data.len() {
-                    return Err(Error::Protocol(format!("Data-In beyond the buffer ({end} > {})", result.data.len())));
+                    return Err(Error::Protocol(format!(
+                        "Data-In beyond the buffer ({end} > {})",
+                        result.data.len()
+                    )));
                 }
                 result.data[off..end].copy_from_slice(&raw.data);
                 if d.status_present {
                     self.status_seen(d.stat_sn);
                     let p = self.pending.remove(&d.itt).expect("present");
-                    if let Pending::Scsi { mut result, reply, .. } = p {
+                    if let Pending::Scsi {
+                        mut result, reply, ..
+                    } = p
+                    {
                         result.status = d.status;
                         result.residual = d.residual;
                         result.overflow = d.overflow;
@@ -341,7 +471,10 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
                 self.update_window(r.exp_cmd_sn, r.max_cmd_sn);
                 self.status_seen(r.stat_sn);
                 if let Some(p) = self.pending.remove(&r.itt) {
-                    if let Pending::Scsi { mut result, reply, .. } = p {
+                    if let Pending::Scsi {
+                        mut result, reply, ..
+                    } = p
+                    {
                         result.status = r.status;
                         result.residual = r.residual;
                         result.overflow = r.overflow;
@@ -355,7 +488,10 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
                             result.sense = raw.data[2..(2 + n).min(raw.data.len())].to_vec();
                         }
                         if r.response != 0 {
-                            let _ = reply.send(Err(Error::Protocol(format!("iSCSI response {:#x}", r.response))));
+                            let _ = reply.send(Err(Error::Protocol(format!(
+                                "iSCSI response {:#x}",
+                                r.response
+                            ))));
                         } else {
                             let _ = reply.send(Ok(result));
                         }
@@ -364,8 +500,12 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
             }
             Pdu::R2t(r) => {
                 self.update_window(r.exp_cmd_sn, r.max_cmd_sn);
-                let Some(p) = self.pending.get(&r.itt) else { return Ok(false) };
-                let Pending::Scsi { data_out, lun, .. } = p else { return Ok(false) };
+                let Some(p) = self.pending.get(&r.itt) else {
+                    return Ok(false);
+                };
+                let Pending::Scsi { data_out, lun, .. } = p else {
+                    return Ok(false);
+                };
                 let data_out = data_out.clone();
                 let lun = *lun;
                 let start = r.buffer_offset as usize;
@@ -384,7 +524,14 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
                         buffer_offset: off as u32,
                     };
                     let bhs = Pdu::DataOut(d).encode(n as u32);
-                    write_frame(&mut self.wr, &bhs, &[], &data_out[off..off + n], &self.params).await?;
+                    write_frame(
+                        &mut self.wr,
+                        &bhs,
+                        &[],
+                        &data_out[off..off + n],
+                        &self.params,
+                    )
+                    .await?;
                     data_sn += 1;
                     off += n;
                 }
@@ -412,8 +559,12 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
             Pdu::TextResponse(t) => {
                 self.update_window(t.exp_cmd_sn, t.max_cmd_sn);
                 self.status_seen(t.stat_sn);
-                let Some(p) = self.pending.get_mut(&t.itt) else { return Ok(false) };
-                let Pending::Text { collected, lun, .. } = p else { return Ok(false) };
+                let Some(p) = self.pending.get_mut(&t.itt) else {
+                    return Ok(false);
+                };
+                let Pending::Text { collected, lun, .. } = p else {
+                    return Ok(false);
+                };
                 collected.extend_from_slice(&raw.data);
                 if t.continue_bit || !t.final_bit {
                     // Ask for the rest with an empty request carrying the TTT.
@@ -433,8 +584,12 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
                     self.wr.flush().await?;
                 } else {
                     let p = self.pending.remove(&t.itt).expect("present");
-                    if let Pending::Text { collected, reply, .. } = p {
-                        let r = parse_text(&collected, &Default::default()).map_err(|e| Error::Protocol(e.to_string()));
+                    if let Pending::Text {
+                        collected, reply, ..
+                    } = p
+                    {
+                        let r = parse_text(&collected, &Default::default())
+                            .map_err(|e| Error::Protocol(e.to_string()));
                         let _ = reply.send(r);
                     }
                 }
@@ -443,7 +598,11 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
                 self.status_seen(l.stat_sn);
                 if let Some(p) = self.pending.remove(&l.itt) {
                     if let Pending::Logout { reply } = p {
-                        let r = if l.response == 0 { Ok(()) } else { Err(Error::Protocol(format!("logout response {}", l.response))) };
+                        let r = if l.response == 0 {
+                            Ok(())
+                        } else {
+                            Err(Error::Protocol(format!("logout response {}", l.response)))
+                        };
                         let _ = reply.send(r);
                     }
                 }
@@ -462,13 +621,20 @@ impl<R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Driver<R, W> {
             Pdu::AsyncMessage(a) => {
                 self.status_seen(a.stat_sn);
                 if a.event == 1 || a.event == 2 || a.event == 3 {
-                    return Err(Error::Protocol(format!("target asked to end the session (async event {})", a.event)));
+                    return Err(Error::Protocol(format!(
+                        "target asked to end the session (async event {})",
+                        a.event
+                    )));
                 }
             }
             Pdu::TaskMgmtResponse(t) => {
                 self.status_seen(t.stat_sn);
             }
-            other => return Err(Error::Protocol(format!("unexpected PDU from target: {other:?}"))),
+            other => {
+                return Err(Error::Protocol(format!(
+                    "unexpected PDU from target: {other:?}"
+                )))
+            }
         }
         Ok(false)
     }
@@ -499,14 +665,18 @@ pub(crate) async fn write_frame<W: AsyncWrite + Unpin>(
         w.write_all(data).await?;
         w.write_all(&[0u8; 3][..pad_len(data.len())]).await?;
         if p.data_digest {
-            w.write_all(&ethersan_proto::digest::data_digest(data).to_le_bytes()).await?;
+            w.write_all(&ethersan_proto::digest::data_digest(data).to_le_bytes())
+                .await?;
         }
     }
     Ok(())
 }
 
 /// Read one PDU, verifying digests.
-pub(crate) async fn read_pdu<R: AsyncRead + Unpin>(r: &mut R, p: &Negotiated) -> Result<RawPdu, Error> {
+pub(crate) async fn read_pdu<R: AsyncRead + Unpin>(
+    r: &mut R,
+    p: &Negotiated,
+) -> Result<RawPdu, Error> {
     let mut bhs = Bhs::default();
     r.read_exact(&mut bhs.0).await?;
     let l = bhs.layout(p.header_digest, p.data_digest);
@@ -515,10 +685,14 @@ pub(crate) async fn read_pdu<R: AsyncRead + Unpin>(r: &mut R, p: &Negotiated) ->
     if p.header_digest {
         let mut d = [0u8; 4];
         r.read_exact(&mut d).await?;
-        bhs.verify_digest(&ahs, d).map_err(|e| Error::Protocol(e.to_string()))?;
+        bhs.verify_digest(&ahs, d)
+            .map_err(|e| Error::Protocol(e.to_string()))?;
     }
     if l.data_len > p.max_recv_dsl as usize && l.data_len > 16 << 20 {
-        return Err(Error::Protocol(format!("data segment of {} bytes from target", l.data_len)));
+        return Err(Error::Protocol(format!(
+            "data segment of {} bytes from target",
+            l.data_len
+        )));
     }
     let mut data = vec![0u8; l.data_len + l.pad_len];
     r.read_exact(&mut data).await?;

@@ -23,7 +23,9 @@ pub struct IscsiUrl {
 impl IscsiUrl {
     /// Parse a URL.
     pub fn parse(s: &str) -> Result<IscsiUrl, Error> {
-        let rest = s.strip_prefix("iscsi://").ok_or_else(|| Error::Url(format!("{s}: must start with iscsi://")))?;
+        let rest = s
+            .strip_prefix("iscsi://")
+            .ok_or_else(|| Error::Url(format!("{s}: must start with iscsi://")))?;
         let (auth, rest) = match rest.rsplit_once('@') {
             Some((a, r)) => (Some(a), r),
             None => (None, rest),
@@ -40,15 +42,23 @@ impl IscsiUrl {
             None => (rest, ""),
         };
         let (host, port) = if let Some(h) = hostport.strip_prefix('[') {
-            let (h, after) = h.split_once(']').ok_or_else(|| Error::Url(format!("{s}: unclosed '['")))?;
+            let (h, after) = h
+                .split_once(']')
+                .ok_or_else(|| Error::Url(format!("{s}: unclosed '['")))?;
             let port = match after.strip_prefix(':') {
-                Some(p) => p.parse().map_err(|_| Error::Url(format!("{s}: bad port {p:?}")))?,
+                Some(p) => p
+                    .parse()
+                    .map_err(|_| Error::Url(format!("{s}: bad port {p:?}")))?,
                 None => 3260,
             };
             (h.to_string(), port)
         } else {
             match hostport.rsplit_once(':') {
-                Some((h, p)) => (h.to_string(), p.parse().map_err(|_| Error::Url(format!("{s}: bad port {p:?}")))?),
+                Some((h, p)) => (
+                    h.to_string(),
+                    p.parse()
+                        .map_err(|_| Error::Url(format!("{s}: bad port {p:?}")))?,
+                ),
                 None => (hostport.to_string(), 3260),
             }
         };
@@ -57,10 +67,21 @@ impl IscsiUrl {
         }
         let path = path.trim_end_matches('/');
         let (target, lun) = match path.rsplit_once('/') {
-            Some((t, l)) => (t.to_string(), l.parse().map_err(|_| Error::Url(format!("{s}: bad LUN {l:?}")))?),
+            Some((t, l)) => (
+                t.to_string(),
+                l.parse()
+                    .map_err(|_| Error::Url(format!("{s}: bad LUN {l:?}")))?,
+            ),
             None => (path.to_string(), 0),
         };
-        Ok(IscsiUrl { user, secret, host, port, target, lun })
+        Ok(IscsiUrl {
+            user,
+            secret,
+            host,
+            port,
+            target,
+            lun,
+        })
     }
 
     /// `host:port` for connecting (IPv6 in brackets).
@@ -79,7 +100,8 @@ mod tests {
 
     #[test]
     fn parses_libiscsi_forms() {
-        let u = IscsiUrl::parse("iscsi://127.0.0.1:3261/iqn.2026-11.org.ethersan:default/2").unwrap();
+        let u =
+            IscsiUrl::parse("iscsi://127.0.0.1:3261/iqn.2026-11.org.ethersan:default/2").unwrap();
         assert_eq!(u.host, "127.0.0.1");
         assert_eq!(u.port, 3261);
         assert_eq!(u.target, "iqn.2026-11.org.ethersan:default");

@@ -1,0 +1,430 @@
+//! `ethersan bench TARGET`: a load generator for a LUN over iSCSI or for a
+//! local file or block device, with one engine so that network and local
+//! figures compare directly.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use clap::{Args, ValueEnum};
+use ethersan_backend::file::{FileDevice, FileOptions};
+use ethersan_backend::BlockDevice;
+use ethersan_initiator::IscsiUrl;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::blockio::{check, login, Lun};
+use crate::cp::parse_bytes;
+
+/// The access pattern.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Pattern {
+    /// Sequential reads.
+    Read,
+    /// Sequential writes.
+    Write,
+    /// Uniformly random reads.
+    Randread,
+    /// Uniformly random writes.
+    Randwrite,
+    /// Random reads and writes, `--read-pct` percent reads.
+    Mixed,
+}
+
+/// Arguments of `ethersan bench`.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct BenchArgs {
+    /// iscsi://host[:port]/IQN/LUN, or a local file or block device (the same engine, in-process).
+    target: String,
+    /// Access pattern.
+    #[arg(long, value_enum, default_value = "randread")]
+    rw: Pattern,
+    /// Percentage of reads for --rw mixed.
+    #[arg(long, default_value_t = 70, value_parser = clap::value_parser!(u8).range(0..=100))]
+    read_pct: u8,
+    /// Block size of each I/O (e.g. 4K, 128K).
+    #[arg(long, default_value = "4K", value_parser = parse_bytes)]
+    bs: u64,
+    /// Commands in flight per session (per worker group for a local target).
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    qd: u16,
+    /// Sessions (separate logins) to spread the load over.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    sessions: u16,
+    /// How long to run (e.g. 10s, 500ms, 2m); ignored with --ios.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    time: Duration,
+    /// Stop after this many I/Os instead of after --time.
+    #[arg(long)]
+    ios: Option<u64>,
+    /// Bytes of the device to use, from offset 0 (default: all of it).
+    #[arg(long, value_parser = parse_bytes)]
+    size: Option<u64>,
+    /// Writes with FUA (forced unit access).
+    #[arg(long)]
+    fua: bool,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A duration: a number with an optional ms, s or m suffix (seconds by default).
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = t.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (t, 1.0)
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("bad duration {s:?} (e.g. 10s, 500ms, 2m)"))?;
+    if !(v > 0.0 && v.is_finite()) {
+        return Err(format!("bad duration {s:?}: must be positive"));
+    }
+    Ok(Duration::from_secs_f64(v * scale))
+}
+
+/// Latency figures in microseconds.
+#[derive(Serialize, Debug, Clone)]
+pub(crate) struct Latency {
+    mean: f64,
+    p50: f64,
+    p99: f64,
+    p999: f64,
+    max: f64,
+}
+
+/// One benchmark's result.
+#[derive(Serialize, Debug, Clone)]
+pub(crate) struct Report {
+    target: String,
+    engine: &'static str,
+    rw: Pattern,
+    read_pct: u8,
+    bs: u64,
+    qd: u16,
+    sessions: u16,
+    seconds: f64,
+    ios: u64,
+    reads: u64,
+    writes: u64,
+    iops: f64,
+    mb_per_s: f64,
+    latency_us: Latency,
+}
+
+/// Where the I/O goes.
+#[derive(Clone)]
+enum Engine {
+    /// One LUN handle per session.
+    Iscsi(Vec<Lun>),
+    /// The backend's file engine, in-process.
+    Local(Arc<FileDevice>),
+}
+
+impl Engine {
+    fn capacity(&self) -> u64 {
+        match self {
+            Engine::Iscsi(l) => l[0].capacity(),
+            Engine::Local(d) => d.num_blocks() * u64::from(d.block_size()),
+        }
+    }
+
+    fn block_size(&self) -> u64 {
+        match self {
+            Engine::Iscsi(l) => u64::from(l[0].block_size),
+            Engine::Local(d) => u64::from(d.block_size()),
+        }
+    }
+}
+
+/// What one worker does per I/O.
+struct Worker {
+    engine: Engine,
+    session: usize,
+    buf: Vec<u8>,
+    data: Bytes,
+    fua: bool,
+}
+
+impl Worker {
+    async fn read(&mut self, offset: u64) -> anyhow::Result<()> {
+        match &self.engine {
+            Engine::Iscsi(luns) => {
+                let l = &luns[self.session];
+                let bs = u64::from(l.block_size);
+                let r = l
+                    .session
+                    .read16(
+                        l.lun,
+                        offset / bs,
+                        (self.buf.len() as u64 / bs) as u32,
+                        l.block_size,
+                    )
+                    .await?;
+                check("READ(16)", &r)?;
+                Ok(())
+            }
+            Engine::Local(dev) => {
+                let dev = dev.clone();
+                let mut buf = std::mem::take(&mut self.buf);
+                let (buf, r) = tokio::task::spawn_blocking(move || {
+                    let r = dev.read_at(offset, &mut buf);
+                    (buf, r)
+                })
+                .await?;
+                self.buf = buf;
+                r.context("read")?;
+                Ok(())
+            }
+        }
+    }
+
+    async fn write(&mut self, offset: u64) -> anyhow::Result<()> {
+        match &self.engine {
+            Engine::Iscsi(luns) => {
+                let l = &luns[self.session];
+                let r = l
+                    .session
+                    .write16(
+                        l.lun,
+                        offset / u64::from(l.block_size),
+                        self.data.clone(),
+                        l.block_size,
+                        self.fua,
+                    )
+                    .await?;
+                check("WRITE(16)", &r)
+            }
+            Engine::Local(dev) => {
+                let dev = dev.clone();
+                let data = self.data.clone();
+                let fua = self.fua;
+                tokio::task::spawn_blocking(move || dev.write_at(offset, &data, fua))
+                    .await?
+                    .context("write")?;
+                Ok(())
+            }
+        }
+    }
+}
+
+async fn open_engine(a: &BenchArgs) -> anyhow::Result<(Engine, &'static str)> {
+    if a.target.starts_with("iscsi://") {
+        let url = IscsiUrl::parse(&a.target)?;
+        let mut luns = Vec::with_capacity(usize::from(a.sessions));
+        for _ in 0..a.sessions {
+            let session = login(&url).await?;
+            luns.push(Lun::on(session, url.lun).await?);
+        }
+        return Ok((Engine::Iscsi(luns), "iscsi"));
+    }
+    let writes = !matches!(a.rw, Pattern::Read | Pattern::Randread);
+    let path = Path::new(&a.target);
+    if !path.exists() {
+        bail!(
+            "{}: no such file or block device (or give an iscsi:// URL)",
+            path.display()
+        );
+    }
+    let opts = FileOptions {
+        size: None,
+        block_size: 512,
+        read_only: !writes,
+        preallocate: false,
+    };
+    let dev = FileDevice::open(path, &opts).with_context(|| path.display().to_string())?;
+    Ok((Engine::Local(Arc::new(dev)), "local"))
+}
+
+/// Run one benchmark and return its figures.
+pub(crate) async fn run(a: &BenchArgs) -> anyhow::Result<Report> {
+    let (engine, engine_name) = open_engine(a).await?;
+    let block = engine.block_size();
+    if a.bs == 0 || a.bs % block != 0 {
+        bail!("--bs {} is not a multiple of the block size {block}", a.bs);
+    }
+    let span = a.size.unwrap_or(engine.capacity()).min(engine.capacity());
+    let slots = span / a.bs;
+    if slots == 0 {
+        bail!(
+            "the target ({span} bytes) is smaller than one {}-byte I/O",
+            a.bs
+        );
+    }
+    let workers = usize::from(a.sessions) * usize::from(a.qd);
+    let stop = Arc::new(AtomicBool::new(false));
+    let budget = a.ios.map(|n| Arc::new(AtomicU64::new(n)));
+    let cursor = Arc::new(AtomicU64::new(0));
+    let mut pattern = vec![0u8; a.bs as usize];
+    fastrand::Rng::with_seed(0x5eed).fill(&mut pattern);
+    let data = Bytes::from(pattern);
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(workers);
+    for i in 0..workers {
+        let mut w = Worker {
+            engine: engine.clone(),
+            session: i % usize::from(a.sessions),
+            buf: vec![0u8; a.bs as usize],
+            data: data.clone(),
+            fua: a.fua,
+        };
+        let (stop, budget, cursor) = (stop.clone(), budget.clone(), cursor.clone());
+        let (rw, read_pct, bs) = (a.rw, a.read_pct, a.bs);
+        tasks.push(tokio::spawn(async move {
+            let mut rng = fastrand::Rng::with_seed(0x1234_5678 ^ i as u64);
+            let mut hist =
+                Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3).expect("valid bounds");
+            let (mut reads, mut writes) = (0u64, 0u64);
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(b) = &budget {
+                    if b.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1))
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+                let (is_read, slot) = match rw {
+                    Pattern::Read => (true, cursor.fetch_add(1, Ordering::Relaxed) % slots),
+                    Pattern::Write => (false, cursor.fetch_add(1, Ordering::Relaxed) % slots),
+                    Pattern::Randread => (true, rng.u64(0..slots)),
+                    Pattern::Randwrite => (false, rng.u64(0..slots)),
+                    Pattern::Mixed => (rng.u8(0..100) < read_pct, rng.u64(0..slots)),
+                };
+                let t = Instant::now();
+                let r = if is_read {
+                    w.read(slot * bs).await
+                } else {
+                    w.write(slot * bs).await
+                };
+                if let Err(e) = r {
+                    stop.store(true, Ordering::Relaxed);
+                    return Err(e);
+                }
+                hist.saturating_record(t.elapsed().as_nanos() as u64);
+                if is_read {
+                    reads += 1;
+                } else {
+                    writes += 1;
+                }
+            }
+            Ok::<_, anyhow::Error>((hist, reads, writes))
+        }));
+    }
+    if a.ios.is_none() {
+        let stop = stop.clone();
+        let time = a.time;
+        tokio::spawn(async move {
+            tokio::time::sleep(time).await;
+            stop.store(true, Ordering::Relaxed);
+        });
+    }
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3).expect("valid bounds");
+    let (mut reads, mut writes) = (0u64, 0u64);
+    let mut first_error = None;
+    for t in tasks {
+        match t.await? {
+            Ok((h, r, w)) => {
+                hist.add(&h).expect("same bounds");
+                reads += r;
+                writes += w;
+            }
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    if let Engine::Iscsi(luns) = &engine {
+        for l in luns {
+            let _ = l.session.logout().await;
+        }
+    }
+    if let Some(e) = first_error {
+        return Err(e.context("benchmark stopped"));
+    }
+    let ios = reads + writes;
+    let us = |ns: u64| ns as f64 / 1000.0;
+    Ok(Report {
+        target: a.target.clone(),
+        engine: engine_name,
+        rw: a.rw,
+        read_pct: match a.rw {
+            Pattern::Read | Pattern::Randread => 100,
+            Pattern::Write | Pattern::Randwrite => 0,
+            Pattern::Mixed => a.read_pct,
+        },
+        bs: a.bs,
+        qd: a.qd,
+        sessions: a.sessions,
+        seconds,
+        ios,
+        reads,
+        writes,
+        iops: ios as f64 / seconds,
+        mb_per_s: (ios * a.bs) as f64 / seconds / 1e6,
+        latency_us: Latency {
+            mean: hist.mean() / 1000.0,
+            p50: us(hist.value_at_quantile(0.50)),
+            p99: us(hist.value_at_quantile(0.99)),
+            p999: us(hist.value_at_quantile(0.999)),
+            max: us(hist.max()),
+        },
+    })
+}
+
+fn size_text(bytes: u64) -> String {
+    if bytes % (1 << 20) == 0 {
+        format!("{}M", bytes >> 20)
+    } else if bytes % 1024 == 0 {
+        format!("{}K", bytes >> 10)
+    } else {
+        bytes.to_string()
+    }
+}
+
+/// `ethersan bench`.
+pub(crate) async fn cmd_bench(a: BenchArgs) -> anyhow::Result<()> {
+    let r = run(&a).await?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    let workload = match r.rw {
+        Pattern::Mixed => format!("mixed {}% read", r.read_pct),
+        p => format!("{p:?}").to_lowercase(),
+    };
+    println!(
+        "{:<7} {:<16} {:>5} {:>4} {:>4} {:>10} {:>9} {:>9} {:>9} {:>9}",
+        "engine", "workload", "bs", "qd", "sess", "IOPS", "MB/s", "p50 us", "p99 us", "p99.9 us"
+    );
+    println!(
+        "{:<7} {:<16} {:>5} {:>4} {:>4} {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
+        r.engine,
+        workload,
+        size_text(r.bs),
+        r.qd,
+        r.sessions,
+        r.iops,
+        r.mb_per_s,
+        r.latency_us.p50,
+        r.latency_us.p99,
+        r.latency_us.p999
+    );
+    println!(
+        "{} I/Os ({} reads, {} writes) in {:.2} s against {}",
+        r.ios, r.reads, r.writes, r.seconds, r.target
+    );
+    Ok(())
+}

@@ -1,0 +1,407 @@
+//! `ethersan cp SRC DST`: copy between a LUN and a file, stdin/stdout, or
+//! another LUN, with many commands in flight.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use clap::Args;
+use ethersan_initiator::IscsiUrl;
+use futures::stream::{self, StreamExt, TryStreamExt};
+use indicatif::{ProgressBar, ProgressStyle};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::blockio::{Local, Lun};
+
+/// Arguments of `ethersan cp`.
+#[derive(Args, Debug)]
+pub(crate) struct CpArgs {
+    /// Source: iscsi://[user[%secret]@]host[:port]/IQN/LUN, a file or block device, or - for stdin.
+    src: String,
+    /// Destination: an iscsi:// URL, a file or block device, or - for stdout.
+    dst: String,
+    /// Byte offset on the LUN side (both sides when copying LUN to LUN); a multiple of the block size.
+    #[arg(long, value_parser = parse_bytes, default_value = "0")]
+    offset: u64,
+    /// Bytes to copy (default: all of the source from the offset).
+    #[arg(long, value_parser = parse_bytes)]
+    length: Option<u64>,
+    /// Read the destination back and compare it with what was sent.
+    #[arg(long)]
+    verify: bool,
+    /// Commands in flight.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=256))]
+    depth: u16,
+    /// Bytes per command (default: 1 MiB, or less if the target's limit is lower).
+    #[arg(long, value_parser = parse_bytes)]
+    chunk: Option<u64>,
+    /// Write with FUA and end with SYNCHRONIZE CACHE on a LUN destination
+    /// (fsync on a file): the data is durable when cp returns.
+    #[arg(long)]
+    sync: bool,
+    /// No progress bar even on a terminal.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+/// A size: a number of bytes with an optional K/M/G/T suffix (0 allowed).
+pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
+    if s.trim() == "0" {
+        return Ok(0);
+    }
+    ethersan_server::config::parse_size(s).map_err(|e| e.to_string())
+}
+
+#[derive(Clone, Debug)]
+enum End {
+    Lun(Lun),
+    Local(Local, PathBuf),
+    Stdio,
+}
+
+impl End {
+    fn name(&self) -> String {
+        match self {
+            End::Lun(l) => format!("LUN {}", l.lun),
+            End::Local(_, p) => p.display().to_string(),
+            End::Stdio => "-".into(),
+        }
+    }
+}
+
+/// Read one chunk of a seekable source.
+async fn read_chunk(src: &End, at: u64, len: usize) -> anyhow::Result<Vec<u8>> {
+    match src {
+        End::Lun(l) => {
+            let bs = l.block_size as usize;
+            let padded = len.div_ceil(bs) * bs;
+            let mut data = l.read(at, padded).await?;
+            data.truncate(len);
+            Ok(data)
+        }
+        End::Local(f, p) => {
+            let data = f
+                .read(at, len)
+                .await
+                .with_context(|| p.display().to_string())?;
+            if data.len() != len {
+                bail!(
+                    "{}: ended early at byte {}",
+                    p.display(),
+                    at + data.len() as u64
+                );
+            }
+            Ok(data)
+        }
+        End::Stdio => unreachable!("stdin is read sequentially"),
+    }
+}
+
+/// Write one chunk to a seekable destination. `sparse`: a regular file
+/// destination that started empty, where all-zero chunks stay holes.
+async fn write_chunk(
+    dst: &End,
+    at: u64,
+    data: Vec<u8>,
+    fua: bool,
+    sparse: bool,
+) -> anyhow::Result<()> {
+    match dst {
+        End::Lun(l) => {
+            let bs = l.block_size as usize;
+            if data.len() % bs == 0 {
+                return l.write(at, Bytes::from(data), fua).await;
+            }
+            // A tail shorter than a block: keep the rest of the last block.
+            let whole = data.len() / bs * bs;
+            let mut data = data;
+            let tail_at = at + whole as u64;
+            let mut block = l.read(tail_at, bs).await?;
+            block[..data.len() - whole].copy_from_slice(&data[whole..]);
+            data.truncate(whole);
+            data.extend_from_slice(&block);
+            l.write(at, Bytes::from(data), fua).await
+        }
+        End::Local(f, p) => {
+            if sparse && data.iter().all(|b| *b == 0) {
+                return Ok(());
+            }
+            f.write(at, Bytes::from(data))
+                .await
+                .with_context(|| p.display().to_string())
+        }
+        End::Stdio => unreachable!("stdout is written sequentially"),
+    }
+}
+
+fn progress(total: Option<u64>, quiet: bool) -> ProgressBar {
+    if quiet || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    match total {
+        Some(t) => ProgressBar::new(t).with_style(
+            ProgressStyle::with_template(
+                "{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
+            )
+            .expect("valid template"),
+        ),
+        None => ProgressBar::new_spinner().with_style(
+            ProgressStyle::with_template("{spinner} {bytes} {binary_bytes_per_sec}")
+                .expect("valid template"),
+        ),
+    }
+}
+
+async fn open_end(spec: &str, as_dst: bool) -> anyhow::Result<End> {
+    if spec.starts_with("iscsi://") {
+        let url = IscsiUrl::parse(spec)?;
+        return Ok(End::Lun(Lun::open(&url).await?));
+    }
+    if spec == "-" {
+        return Ok(End::Stdio);
+    }
+    let path = PathBuf::from(spec);
+    let local = if as_dst {
+        Local::open_write(&path, true)?
+    } else {
+        Local::open_read(&path)?
+    };
+    Ok(End::Local(local, path))
+}
+
+/// `ethersan cp`.
+pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
+    let src = open_end(&a.src, false).await?;
+    if matches!(src, End::Local(..) | End::Stdio) && !a.dst.starts_with("iscsi://") {
+        bail!("one side of cp must be an iscsi:// URL");
+    }
+    if a.verify && a.dst == "-" {
+        bail!("--verify reads the destination back, which stdout cannot be");
+    }
+    let dst = open_end(&a.dst, true).await?;
+
+    // The LUN side(s): offset checks.
+    for end in [&src, &dst] {
+        if let End::Lun(l) = end {
+            if a.offset % u64::from(l.block_size) != 0 {
+                bail!(
+                    "--offset {} is not a multiple of the block size {}",
+                    a.offset,
+                    l.block_size
+                );
+            }
+            if a.offset > l.capacity() {
+                bail!(
+                    "--offset {} is beyond the end of {} ({} bytes)",
+                    a.offset,
+                    end.name(),
+                    l.capacity()
+                );
+            }
+        }
+    }
+    let src_at = if matches!(src, End::Lun(_)) {
+        a.offset
+    } else {
+        0
+    };
+    let dst_at = if matches!(dst, End::Lun(_)) {
+        a.offset
+    } else {
+        0
+    };
+    let available = match &src {
+        End::Lun(l) => Some(l.capacity() - a.offset),
+        End::Local(f, _) => Some(f.size),
+        End::Stdio => None,
+    };
+    let length = match (a.length, available) {
+        (Some(n), Some(av)) if n > av => {
+            bail!("--length {n} is more than the source holds ({av} bytes)")
+        }
+        (Some(n), _) => Some(n),
+        (None, av) => av,
+    };
+    if let (End::Lun(l), Some(n)) = (&dst, length) {
+        if dst_at + n > l.capacity() {
+            bail!(
+                "LUN too small: {} holds {} bytes, the copy needs {} at offset {dst_at}",
+                dst.name(),
+                l.capacity(),
+                n
+            );
+        }
+    }
+    let mut chunk = a.chunk.unwrap_or(crate::blockio::DEFAULT_MAX_TRANSFER);
+    for end in [&src, &dst] {
+        if let End::Lun(l) = end {
+            chunk = chunk.min(l.max_transfer);
+            chunk = (chunk / u64::from(l.block_size)).max(1) * u64::from(l.block_size);
+        }
+    }
+    let chunk = chunk.max(512) as usize;
+    let sparse = matches!(&dst, End::Local(f, _) if f.regular);
+    let fua = a.sync;
+    let depth = usize::from(a.depth);
+    let bar = progress(length, a.quiet);
+    let started = Instant::now();
+
+    // Every chunk's CRC32C, to compare with the destination afterwards.
+    let sums: Arc<std::sync::Mutex<Vec<(u64, usize, u32)>>> = Arc::default();
+    let record = |at: u64, data: &[u8]| {
+        if a.verify {
+            sums.lock()
+                .expect("not poisoned")
+                .push((at, data.len(), crc32c::crc32c(data)));
+        }
+    };
+
+    let copied: u64 = if let End::Stdio = src {
+        // stdin: read in order, write with many commands in flight.
+        let limit = length.unwrap_or(u64::MAX);
+        let chunks = stream::try_unfold(
+            (tokio::io::stdin(), 0u64),
+            move |(mut stdin, done)| async move {
+                let want = (limit - done).min(chunk as u64) as usize;
+                if want == 0 {
+                    return Ok(None);
+                }
+                let mut buf = vec![0u8; want];
+                let mut got = 0;
+                while got < want {
+                    let n = stdin.read(&mut buf[got..]).await.context("read stdin")?;
+                    if n == 0 {
+                        break;
+                    }
+                    got += n;
+                }
+                if got == 0 {
+                    return Ok::<_, anyhow::Error>(None);
+                }
+                buf.truncate(got);
+                Ok(Some(((done, buf), (stdin, done + got as u64))))
+            },
+        );
+        let dst_ref = &dst;
+        let bar_ref = &bar;
+        let total = std::sync::atomic::AtomicU64::new(0);
+        let total_ref = &total;
+        chunks
+            .map_ok(|(at, data)| {
+                record(at, &data);
+                async move {
+                    let n = data.len() as u64;
+                    if let End::Lun(l) = dst_ref {
+                        if dst_at + at + n > l.capacity() {
+                            bail!(
+                                "LUN too small: {} holds {} bytes, stdin had more",
+                                dst_ref.name(),
+                                l.capacity()
+                            );
+                        }
+                    }
+                    write_chunk(dst_ref, dst_at + at, data, fua, false).await?;
+                    bar_ref.inc(n);
+                    total_ref.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                    Ok(())
+                }
+            })
+            .try_buffer_unordered(depth)
+            .try_collect::<()>()
+            .await?;
+        total.into_inner()
+    } else {
+        let length = length.expect("seekable sources have a length");
+        let positions = (0..length)
+            .step_by(chunk)
+            .map(move |off| (off, (length - off).min(chunk as u64) as usize));
+        if let End::Stdio = dst {
+            // stdout: read with many commands in flight, write in order.
+            let src_ref = &src;
+            let mut out = tokio::io::stdout();
+            let mut reads = stream::iter(positions)
+                .map(|(off, len)| async move { read_chunk(src_ref, src_at + off, len).await })
+                .buffered(depth);
+            while let Some(data) = reads.next().await {
+                let data = data?;
+                out.write_all(&data).await.context("write stdout")?;
+                bar.inc(data.len() as u64);
+            }
+            out.flush().await.context("write stdout")?;
+        } else {
+            let (src_ref, dst_ref, bar_ref, record_ref) = (&src, &dst, &bar, &record);
+            stream::iter(positions)
+                .map(|(off, len)| async move {
+                    let data = read_chunk(src_ref, src_at + off, len).await?;
+                    record_ref(off, &data);
+                    write_chunk(dst_ref, dst_at + off, data, fua, sparse).await?;
+                    bar_ref.inc(len as u64);
+                    Ok::<_, anyhow::Error>(())
+                })
+                .buffer_unordered(depth)
+                .try_collect::<()>()
+                .await?;
+        }
+        length
+    };
+
+    // Finish: the destination's size and durability.
+    match &dst {
+        End::Local(f, p) => {
+            let f = f.clone();
+            let regular = f.regular;
+            let sync = a.sync;
+            tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+                if regular {
+                    f.file.set_len(copied)?;
+                }
+                if sync {
+                    f.file.sync_all()?;
+                }
+                Ok(())
+            })
+            .await?
+            .with_context(|| format!("finish {}", p.display()))?;
+        }
+        End::Lun(l) if a.sync => l.flush().await?,
+        _ => {}
+    }
+    bar.finish_and_clear();
+    let secs = started.elapsed().as_secs_f64();
+
+    if a.verify {
+        let sums = std::mem::take(&mut *sums.lock().expect("not poisoned"));
+        let dst_ref = &dst;
+        stream::iter(sums)
+            .map(|(off, len, crc)| async move {
+                let back = read_chunk(dst_ref, dst_at + off, len).await?;
+                if crc32c::crc32c(&back) != crc {
+                    let at = dst_at + off;
+                    bail!(
+                        "verify failed: {} differs from the source in the {len} bytes at byte {at}",
+                        dst_ref.name()
+                    );
+                }
+                Ok(())
+            })
+            .buffer_unordered(depth)
+            .try_collect::<()>()
+            .await?;
+    }
+    if !a.quiet {
+        let rate = copied as f64 / secs.max(1e-9) / 1e6;
+        eprintln!(
+            "ethersan cp: {copied} bytes in {secs:.2} s ({rate:.1} MB/s){}",
+            if a.verify { ", verified" } else { "" }
+        );
+    }
+    for end in [&src, &dst] {
+        if let End::Lun(l) = end {
+            let _ = l.session.logout().await;
+        }
+    }
+    Ok(())
+}
