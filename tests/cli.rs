@@ -8,7 +8,10 @@ use std::process::Command;
 use common::{Server, IQN};
 
 fn ethersan(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_ethersan")).args(args).output().expect("run ethersan")
+    Command::new(env!("CARGO_BIN_EXE_ethersan"))
+        .args(args)
+        .output()
+        .expect("run ethersan")
 }
 
 #[test]
@@ -20,10 +23,17 @@ fn bad_config_names_file_and_line() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&format!("{}:", path.display())), "{err}");
-    assert!(err.contains(":5:") || err.contains(":7:"), "no line number: {err}");
+    assert!(
+        err.contains(":5:") || err.contains(":7:"),
+        "no line number: {err}"
+    );
 
     let path2 = dir.path().join("badname.toml");
-    std::fs::write(&path2, "portals = [\"127.0.0.1:0\"]\n[[target]]\nname = \"Target_One\"\nlun = [\"ram:1M\"]\n").unwrap();
+    std::fs::write(
+        &path2,
+        "portals = [\"127.0.0.1:0\"]\n[[target]]\nname = \"Target_One\"\nlun = [\"ram:1M\"]\n",
+    )
+    .unwrap();
     let out = ethersan(&["serve", "--config", path2.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
@@ -41,14 +51,22 @@ fn client_commands_and_stable_identity() {
     let mut server = Server::start(&[&lun, "ram:4M,bs=4096"]);
 
     let out = ethersan(&["discover", "--json", &server.addr]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v[0]["name"], IQN);
     assert_eq!(v[0]["portals"][0], format!("{},1", server.addr));
 
     let url = format!("iscsi://{}/{}", server.addr, IQN);
     let out = ethersan(&["ls", "--json", &url]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v.as_array().unwrap().len(), 2);
     assert_eq!(v[0]["capacity_bytes"], 32 << 20);
@@ -56,18 +74,38 @@ fn client_commands_and_stable_identity() {
 
     let inquiry = |server: &Server| {
         let out = ethersan(&["inquiry", "--json", &server.url(0)]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         (v["serial"].clone(), v["designators"].clone())
     };
     let first = inquiry(&server);
-    assert!(first.1.as_array().unwrap().iter().any(|d| d.as_str().unwrap().starts_with("naa: 6")), "{:?}", first.1);
+    assert!(
+        first
+            .1
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d.as_str().unwrap().starts_with("naa: 6")),
+        "{:?}",
+        first.1
+    );
     assert!(server.stop().is_some_and(|s| s.success()));
     let server = Server::start(&[&lun, "ram:4M,bs=4096"]);
-    assert_eq!(inquiry(&server), first, "identifiers changed across a restart");
+    assert_eq!(
+        inquiry(&server),
+        first,
+        "identifiers changed across a restart"
+    );
 
     // A login refused: a target that does not exist.
-    let out = ethersan(&["inquiry", &format!("iscsi://{}/iqn.2026-11.org.ethersan:nope/0", server.addr)]);
+    let out = ethersan(&[
+        "inquiry",
+        &format!("iscsi://{}/iqn.2026-11.org.ethersan:nope/0", server.addr),
+    ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("target not found"));
 }

@@ -33,27 +33,52 @@ fn qemu_img_convert_and_dd_roundtrip() {
 
     let out = run(
         "qemu-img",
-        &["convert", "-n", "-f", "raw", "-O", "raw", src.to_str().unwrap(), &url],
+        &[
+            "convert",
+            "-n",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            src.to_str().unwrap(),
+            &url,
+        ],
         Duration::from_secs(120),
     );
-    assert!(out.status.success(), "qemu-img convert: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "qemu-img convert: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let back = dir.path().join("back.raw");
     let of = format!("of={}", back.display());
     let iff = format!("if={url}");
     let out = run(
         "qemu-img",
-        &["dd", "-f", "raw", "-O", "raw", "bs=1M", "count=32", &iff, &of],
+        &[
+            "dd", "-f", "raw", "-O", "raw", "bs=1M", "count=32", &iff, &of,
+        ],
         Duration::from_secs(120),
     );
-    assert!(out.status.success(), "qemu-img dd: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "qemu-img dd: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let got = std::fs::read(&back).unwrap();
     assert_eq!(got.len(), data.len());
-    assert!(got == data, "data read back through QEMU differs from what was written");
+    assert!(
+        got == data,
+        "data read back through QEMU differs from what was written"
+    );
 
     // The backing file holds the same bytes once the server has flushed.
     let mut server = server;
-    assert!(server.stop().is_some_and(|s| s.success()), "server did not exit cleanly on SIGTERM");
+    assert!(
+        server.stop().is_some_and(|s| s.success()),
+        "server did not exit cleanly on SIGTERM"
+    );
     let on_disk = std::fs::read(dir.path().join("lun0.img")).unwrap();
     assert!(on_disk[..data.len()] == data[..], "backing file differs");
 }
@@ -62,8 +87,19 @@ fn qemu_img_convert_and_dd_roundtrip() {
 fn qemu_img_reports_lun_size() {
     require_tool("qemu-img");
     let server = Server::start(&["ram:48M"]);
-    let out = run("qemu-img", &["info", "-f", "raw", &server.url(0)], Duration::from_secs(60));
+    let out = run(
+        "qemu-img",
+        &["info", "-f", "raw", &server.url(0)],
+        Duration::from_secs(60),
+    );
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "qemu-img info: {}", String::from_utf8_lossy(&out.stderr));
-    assert!(text.contains("48 MiB") || text.contains("50331648"), "{text}");
+    assert!(
+        out.status.success(),
+        "qemu-img info: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("48 MiB") || text.contains("50331648"),
+        "{text}"
+    );
 }

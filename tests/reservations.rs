@@ -31,7 +31,15 @@ fn pr_out(action: u8, scope_type: u8, key: u64, sakey: u64, aptpl: bool) -> (Vec
 }
 
 async fn pr_in(s: &Session, action: u8) -> Vec<u8> {
-    let r = s.command(0, &[0x5e, action, 0, 0, 0, 0, 0, 0x10, 0, 0], Bytes::new(), 4096).await.unwrap();
+    let r = s
+        .command(
+            0,
+            &[0x5e, action, 0, 0, 0, 0, 0, 0x10, 0, 0],
+            Bytes::new(),
+            4096,
+        )
+        .await
+        .unwrap();
     assert_eq!(r.status, 0, "PR IN failed: {:?}", r.sense_key());
     r.data
 }
@@ -46,30 +54,67 @@ async fn aptpl_reservation_survives_kill_9() {
     {
         let s = session(&server.addr, holder, isid).await;
         let (cdb, p) = pr_out(6, 0, 0, KEY, true);
-        assert_eq!(s.command(0, &cdb, p, 0).await.unwrap().status, 0, "REGISTER AND IGNORE");
+        assert_eq!(
+            s.command(0, &cdb, p, 0).await.unwrap().status,
+            0,
+            "REGISTER AND IGNORE"
+        );
         let (cdb, p) = pr_out(1, 0x01, KEY, 0, true);
-        assert_eq!(s.command(0, &cdb, p, 0).await.unwrap().status, 0, "RESERVE (write exclusive)");
+        assert_eq!(
+            s.command(0, &cdb, p, 0).await.unwrap().status,
+            0,
+            "RESERVE (write exclusive)"
+        );
     }
     // kill -9: no chance to flush or clean up.
     server.child.kill().unwrap();
     server.child.wait().unwrap();
-    assert!(dir.path().join("pr.img.pr").is_file(), "APTPL state file missing");
+    assert!(
+        dir.path().join("pr.img.pr").is_file(),
+        "APTPL state file missing"
+    );
 
     let server = Server::start(&[&lun]);
-    let other = session(&server.addr, "iqn.2026-11.org.ethersan:other", [0x80, 9, 9, 9, 9, 9]).await;
+    let other = session(
+        &server.addr,
+        "iqn.2026-11.org.ethersan:other",
+        [0x80, 9, 9, 9, 9, 9],
+    )
+    .await;
     let keys = pr_in(&other, 0).await;
-    assert_eq!(u32::from_be_bytes(keys[4..8].try_into().unwrap()), 8, "one key registered");
+    assert_eq!(
+        u32::from_be_bytes(keys[4..8].try_into().unwrap()),
+        8,
+        "one key registered"
+    );
     assert_eq!(u64::from_be_bytes(keys[8..16].try_into().unwrap()), KEY);
     let res = pr_in(&other, 1).await;
-    assert_eq!(u32::from_be_bytes(res[4..8].try_into().unwrap()), 16, "a reservation is held");
+    assert_eq!(
+        u32::from_be_bytes(res[4..8].try_into().unwrap()),
+        16,
+        "a reservation is held"
+    );
     assert_eq!(u64::from_be_bytes(res[8..16].try_into().unwrap()), KEY);
     assert_eq!(res[21] & 0x0f, 1, "write exclusive");
     // The reservation is enforced: others may read but not write.
     assert_eq!(other.read16(0, 0, 1, 512).await.unwrap().status, 0);
-    assert_eq!(other.write16(0, 0, Bytes::from(vec![1u8; 512]), 512, false).await.unwrap().status, 0x18);
+    assert_eq!(
+        other
+            .write16(0, 0, Bytes::from(vec![1u8; 512]), 512, false)
+            .await
+            .unwrap()
+            .status,
+        0x18
+    );
     // The holder (same initiator and ISID) still holds it and may write.
     let s = session(&server.addr, holder, isid).await;
-    assert_eq!(s.write16(0, 0, Bytes::from(vec![1u8; 512]), 512, false).await.unwrap().status, 0);
+    assert_eq!(
+        s.write16(0, 0, Bytes::from(vec![1u8; 512]), 512, false)
+            .await
+            .unwrap()
+            .status,
+        0
+    );
     // Unregistering clears the saved state.
     let (cdb, p) = pr_out(0, 0, KEY, 0, true);
     assert_eq!(s.command(0, &cdb, p, 0).await.unwrap().status, 0);

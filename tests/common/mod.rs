@@ -70,11 +70,19 @@ impl Server {
                 log2.lock().unwrap().push(line);
             }
         });
-        let addrs: Vec<String> = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| {
-            let _ = child.kill();
-            panic!("ethersan serve did not start: {:?}", log.lock().unwrap());
-        });
-        Server { child, lun_base: 0, addr: addrs[0].clone(), addrs, log }
+        let addrs: Vec<String> = rx
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_else(|_| {
+                let _ = child.kill();
+                panic!("ethersan serve did not start: {:?}", log.lock().unwrap());
+            });
+        Server {
+            child,
+            lun_base: 0,
+            addr: addrs[0].clone(),
+            addrs,
+            log,
+        }
     }
 
     /// iSCSI URL of a LUN.
@@ -84,14 +92,23 @@ impl Server {
 
     /// iSCSI URL of a LUN through portal `portal`.
     pub fn url_via(&self, portal: usize, lun: u32) -> String {
-        format!("iscsi://{}/{}/{}", self.addrs[portal], IQN, lun + self.lun_base)
+        format!(
+            "iscsi://{}/{}/{}",
+            self.addrs[portal],
+            IQN,
+            lun + self.lun_base
+        )
     }
 
     /// Start tgt (Debian's `tgtd`) on a free loopback port with one LUN
     /// backed by `file`, `ro` and `removable` as asked. Its one portal
     /// serves as both "paths".
     pub fn start_tgt(file: &Path, read_only: bool, removable: bool) -> Server {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let control = (port % 10000 + 20000).to_string();
         let addr = format!("127.0.0.1:{port}");
         let child = Command::new("tgtd")
@@ -102,7 +119,11 @@ impl Server {
             .expect("start tgtd (apt-get install tgt)");
         let adm = |args: &[&str]| {
             for _ in 0..50 {
-                let ok = Command::new("tgtadm").args(["-C", &control, "--lld", "iscsi"]).args(args).status().is_ok_and(|s| s.success());
+                let ok = Command::new("tgtadm")
+                    .args(["-C", &control, "--lld", "iscsi"])
+                    .args(args)
+                    .status()
+                    .is_ok_and(|s| s.success());
                 if ok {
                     return;
                 }
@@ -111,10 +132,38 @@ impl Server {
             panic!("tgtadm {args:?} failed");
         };
         adm(&["--op", "new", "--mode", "target", "--tid", "1", "-T", IQN]);
-        adm(&["--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", "1", "-b", file.to_str().unwrap()]);
-        let params = format!("readonly={},removable={}", u8::from(read_only), u8::from(removable));
-        adm(&["--op", "update", "--mode", "logicalunit", "--tid", "1", "--lun", "1", "--params", &params]);
-        adm(&["--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL"]);
+        adm(&[
+            "--op",
+            "new",
+            "--mode",
+            "logicalunit",
+            "--tid",
+            "1",
+            "--lun",
+            "1",
+            "-b",
+            file.to_str().unwrap(),
+        ]);
+        let params = format!(
+            "readonly={},removable={}",
+            u8::from(read_only),
+            u8::from(removable)
+        );
+        adm(&[
+            "--op",
+            "update",
+            "--mode",
+            "logicalunit",
+            "--tid",
+            "1",
+            "--lun",
+            "1",
+            "--params",
+            &params,
+        ]);
+        adm(&[
+            "--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL",
+        ]);
         Server {
             child,
             lun_base: 1,
@@ -156,7 +205,10 @@ pub fn require_tool(name: &str) {
     let found = std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
         .unwrap_or(false);
-    assert!(found, "{name} is not installed: run ./scripts/test, which installs it");
+    assert!(
+        found,
+        "{name} is not installed: run ./scripts/test, which installs it"
+    );
 }
 
 /// Run a command with a time limit; panics on timeout.
@@ -168,7 +220,11 @@ pub fn run(cmd: &str, args: &[&str], limit: Duration) -> Output {
         .args(args)
         .output()
         .unwrap_or_else(|e| panic!("cannot run {cmd}: {e}"));
-    assert_ne!(out.status.code(), Some(124), "{cmd} {args:?} timed out after {limit:?}");
+    assert_ne!(
+        out.status.code(),
+        Some(124),
+        "{cmd} {args:?} timed out after {limit:?}"
+    );
     out
 }
 
@@ -188,7 +244,10 @@ pub struct SuiteResult {
 /// `[SKIPPED]` between its "Test: NAME ..." line and its verdict counts as
 /// skipped even though CUnit calls it passed.
 pub fn parse_cunit(text: &str) -> SuiteResult {
-    let mut r = SuiteResult { completed: text.contains("Run Summary:"), ..Default::default() };
+    let mut r = SuiteResult {
+        completed: text.contains("Run Summary:"),
+        ..Default::default()
+    };
     let mut rest = text;
     while let Some(i) = rest.find("Test: ") {
         rest = &rest[i + 6..];

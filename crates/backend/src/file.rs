@@ -57,22 +57,35 @@ impl FileDevice {
     /// Open (or create) the backing store at `path`.
     pub fn open(path: &Path, opts: &FileOptions) -> Result<FileDevice, BackendError> {
         let bs = opts.block_size;
-        let open_err = |source| BackendError::Open { path: path.display().to_string(), source };
+        let open_err = |source| BackendError::Open {
+            path: path.display().to_string(),
+            source,
+        };
         if bs != 512 && bs != 4096 {
-            return Err(BackendError::Config(format!("block size {bs} is not 512 or 4096")));
+            return Err(BackendError::Config(format!(
+                "block size {bs} is not 512 or 4096"
+            )));
         }
         if let Some(size) = opts.size {
             if size == 0 || size % u64::from(bs) != 0 {
-                return Err(BackendError::Config(format!("size {size} is not a positive multiple of the block size {bs}")));
+                return Err(BackendError::Config(format!(
+                    "size {size} is not a positive multiple of the block size {bs}"
+                )));
             }
         }
         let exists = path.exists();
         if !exists {
             if opts.read_only {
-                return Err(open_err(io::Error::new(io::ErrorKind::NotFound, "read-only LUN backing file does not exist")));
+                return Err(open_err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    "read-only LUN backing file does not exist",
+                )));
             }
             if opts.size.is_none() {
-                return Err(BackendError::Config(format!("{} does not exist and no size was given to create it", path.display())));
+                return Err(BackendError::Config(format!(
+                    "{} does not exist and no size was given to create it",
+                    path.display()
+                )));
             }
             if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
                 std::fs::create_dir_all(parent).map_err(open_err)?;
@@ -90,7 +103,9 @@ impl FileDevice {
             let dev_size = block_device_size(&file).map_err(open_err)?;
             match opts.size {
                 Some(s) if s > dev_size => {
-                    return Err(BackendError::Config(format!("size {s} exceeds the block device's {dev_size} bytes")))
+                    return Err(BackendError::Config(format!(
+                        "size {s} exceeds the block device's {dev_size} bytes"
+                    )))
                 }
                 Some(s) => s,
                 None => dev_size,
@@ -117,7 +132,10 @@ impl FileDevice {
         };
         let num_blocks = size / u64::from(bs);
         if num_blocks == 0 {
-            return Err(BackendError::Config(format!("{} is smaller than one block", path.display())));
+            return Err(BackendError::Config(format!(
+                "{} is smaller than one block",
+                path.display()
+            )));
         }
         if opts.preallocate && !is_block_device && !opts.read_only {
             // SAFETY: fallocate only reads its integer arguments; the fd is open.
@@ -127,7 +145,14 @@ impl FileDevice {
             }
         }
         let thin = !is_block_device && !opts.preallocate;
-        Ok(FileDevice { file, path: path.to_path_buf(), block_size: bs, num_blocks, is_block_device, thin })
+        Ok(FileDevice {
+            file,
+            path: path.to_path_buf(),
+            block_size: bs,
+            num_blocks,
+            is_block_device,
+            thin,
+        })
     }
 
     /// Whether the store is a block device.
@@ -138,18 +163,29 @@ impl FileDevice {
     fn write_dsync(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
         let mut done = 0usize;
         while done < buf.len() {
-            let iov = libc::iovec { iov_base: buf[done..].as_ptr() as *mut libc::c_void, iov_len: buf.len() - done };
+            let iov = libc::iovec {
+                iov_base: buf[done..].as_ptr() as *mut libc::c_void,
+                iov_len: buf.len() - done,
+            };
             // SAFETY: the iovec points into `buf`, which outlives the call and
             // is only read by the kernel; the fd is open for the life of `self`.
             let n = unsafe {
-                libc::pwritev2(self.file.as_raw_fd(), &iov, 1, (offset + done as u64) as libc::off_t, libc::RWF_DSYNC)
+                libc::pwritev2(
+                    self.file.as_raw_fd(),
+                    &iov,
+                    1,
+                    (offset + done as u64) as libc::off_t,
+                    libc::RWF_DSYNC,
+                )
             };
             if n < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
-                if e.raw_os_error() == Some(libc::EOPNOTSUPP) || e.raw_os_error() == Some(libc::ENOSYS) {
+                if e.raw_os_error() == Some(libc::EOPNOTSUPP)
+                    || e.raw_os_error() == Some(libc::ENOSYS)
+                {
                     // Old kernel or filesystem: write, then fdatasync.
                     self.file.write_all_at(&buf[done..], offset + done as u64)?;
                     return self.file.sync_data();
@@ -174,10 +210,16 @@ impl BlockDevice for FileDevice {
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
         // read_exact_at retries on EINTR; a sparse region reads as zeros.
-        self.file.read_exact_at(buf, offset).map_err(|source| BackendError::Read { offset, source })
+        self.file
+            .read_exact_at(buf, offset)
+            .map_err(|source| BackendError::Read { offset, source })
     }
     fn write_at(&self, offset: u64, buf: &[u8], fua: bool) -> Result<(), BackendError> {
-        let r = if fua { self.write_dsync(offset, buf) } else { self.file.write_all_at(buf, offset) };
+        let r = if fua {
+            self.write_dsync(offset, buf)
+        } else {
+            self.file.write_all_at(buf, offset)
+        };
         r.map_err(|source| BackendError::Write { offset, source })
     }
     fn flush(&self) -> Result<(), BackendError> {
@@ -186,10 +228,18 @@ impl BlockDevice for FileDevice {
     fn prefetch(&self, offset: u64, len: u64) -> Result<(), BackendError> {
         // SAFETY: posix_fadvise only reads its integer arguments; the fd is open.
         let rc = unsafe {
-            libc::posix_fadvise(self.file.as_raw_fd(), offset as libc::off_t, len as libc::off_t, libc::POSIX_FADV_WILLNEED)
+            libc::posix_fadvise(
+                self.file.as_raw_fd(),
+                offset as libc::off_t,
+                len as libc::off_t,
+                libc::POSIX_FADV_WILLNEED,
+            )
         };
         if rc != 0 {
-            return Err(BackendError::Read { offset, source: io::Error::from_raw_os_error(rc) });
+            return Err(BackendError::Read {
+                offset,
+                source: io::Error::from_raw_os_error(rc),
+            });
         }
         Ok(())
     }
@@ -210,7 +260,10 @@ impl BlockDevice for FileDevice {
             )
         };
         if rc != 0 {
-            return Err(BackendError::Write { offset, source: io::Error::last_os_error() });
+            return Err(BackendError::Write {
+                offset,
+                source: io::Error::last_os_error(),
+            });
         }
         Ok(())
     }
@@ -218,7 +271,9 @@ impl BlockDevice for FileDevice {
         if !self.thin {
             return Ok((true, max));
         }
-        let end = offset.saturating_add(max).min(self.num_blocks * u64::from(self.block_size));
+        let end = offset
+            .saturating_add(max)
+            .min(self.num_blocks * u64::from(self.block_size));
         let seek = |whence| {
             // SAFETY: lseek only reads its integer arguments; the fd is open.
             // SEEK_DATA/SEEK_HOLE do not move anything another thread relies
@@ -243,7 +298,12 @@ impl BlockDevice for FileDevice {
         Ok((true, hole.min(end).saturating_sub(offset).max(1)))
     }
     fn describe(&self) -> String {
-        format!("{} ({} blocks of {})", self.path.display(), self.num_blocks, self.block_size)
+        format!(
+            "{} ({} blocks of {})",
+            self.path.display(),
+            self.num_blocks,
+            self.block_size
+        )
     }
 }
 
@@ -254,7 +314,12 @@ mod tests {
     use std::sync::Arc;
 
     fn opts(size: Option<u64>, bs: u32) -> FileOptions {
-        FileOptions { size, block_size: bs, read_only: false, preallocate: false }
+        FileOptions {
+            size,
+            block_size: bs,
+            read_only: false,
+            preallocate: false,
+        }
     }
 
     #[test]
@@ -280,13 +345,17 @@ mod tests {
     fn roundtrip_fua_and_threads() {
         let dir = tempfile::tempdir().unwrap();
         for bs in [512u32, 4096] {
-            let d = Arc::new(FileDevice::open(&dir.path().join(format!("l{bs}")), &opts(Some(8 << 20), bs)).unwrap());
+            let d = Arc::new(
+                FileDevice::open(&dir.path().join(format!("l{bs}")), &opts(Some(8 << 20), bs))
+                    .unwrap(),
+            );
             let threads: Vec<_> = (0..4u8)
                 .map(|t| {
                     let d = d.clone();
                     std::thread::spawn(move || {
                         let buf = vec![t + 1; bs as usize * 8];
-                        d.write_at(u64::from(t) * (1 << 20), &buf, t % 2 == 0).unwrap();
+                        d.write_at(u64::from(t) * (1 << 20), &buf, t % 2 == 0)
+                            .unwrap();
                     })
                 })
                 .collect();
@@ -306,7 +375,8 @@ mod tests {
     #[test]
     fn unmap_punches_holes_and_lba_status_sees_them() {
         let dir = tempfile::tempdir().unwrap();
-        let d = FileDevice::open(&dir.path().join("thin.img"), &opts(Some(16 << 20), 4096)).unwrap();
+        let d =
+            FileDevice::open(&dir.path().join("thin.img"), &opts(Some(16 << 20), 4096)).unwrap();
         assert!(d.thin_provisioned());
         assert_eq!(d.lba_status(0, 1 << 20).unwrap(), (false, 1 << 20));
         d.write_at(4 << 20, &vec![1u8; 1 << 20], false).unwrap();
@@ -321,7 +391,12 @@ mod tests {
         assert!(back.iter().all(|b| *b == 0));
         let full = FileDevice::open(
             &dir.path().join("full.img"),
-            &FileOptions { size: Some(4 << 20), block_size: 512, read_only: false, preallocate: true },
+            &FileOptions {
+                size: Some(4 << 20),
+                block_size: 512,
+                read_only: false,
+                preallocate: true,
+            },
         )
         .unwrap();
         assert!(!full.thin_provisioned());
@@ -333,7 +408,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("ro.img");
         FileDevice::open(&p, &opts(Some(1 << 20), 512)).unwrap();
-        let d = FileDevice::open(&p, &FileOptions { size: None, block_size: 512, read_only: true, preallocate: false }).unwrap();
+        let d = FileDevice::open(
+            &p,
+            &FileOptions {
+                size: None,
+                block_size: 512,
+                read_only: true,
+                preallocate: false,
+            },
+        )
+        .unwrap();
         assert!(d.write_at(0, &[0u8; 512], false).is_err());
         let mut b = [1u8; 512];
         d.read_at(0, &mut b).unwrap();

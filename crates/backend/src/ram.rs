@@ -44,7 +44,12 @@ impl RamDevice {
     }
 
     /// Visit the shard pieces covering `[offset, offset+len)`.
-    fn for_each_piece(&self, offset: u64, len: usize, mut f: impl FnMut(usize, usize, usize, usize)) {
+    fn for_each_piece(
+        &self,
+        offset: u64,
+        len: usize,
+        mut f: impl FnMut(usize, usize, usize, usize),
+    ) {
         let mut done = 0usize;
         while done < len {
             let pos = offset + done as u64;
@@ -85,7 +90,9 @@ impl BlockDevice for RamDevice {
     fn write_at(&self, offset: u64, buf: &[u8], _fua: bool) -> Result<(), BackendError> {
         self.check(offset, buf.len())?;
         self.for_each_piece(offset, buf.len(), |shard, within, done, n| {
-            let mut data = self.shards[shard].write().unwrap_or_else(|e| e.into_inner());
+            let mut data = self.shards[shard]
+                .write()
+                .unwrap_or_else(|e| e.into_inner());
             data[within..within + n].copy_from_slice(&buf[done..done + n]);
         });
         Ok(())
@@ -98,7 +105,10 @@ impl BlockDevice for RamDevice {
     }
 
     fn describe(&self) -> String {
-        format!("ram ({} bytes)", self.num_blocks * u64::from(self.block_size))
+        format!(
+            "ram ({} bytes)",
+            self.num_blocks * u64::from(self.block_size)
+        )
     }
 }
 
@@ -109,13 +119,17 @@ mod tests {
     #[test]
     fn write_then_read_across_shards() {
         let dev = RamDevice::new(3 * SHARD_BYTES, 512).unwrap();
-        let data: Vec<u8> = (0..(SHARD_BYTES as usize + 1024)).map(|i| (i % 251) as u8).collect();
+        let data: Vec<u8> = (0..(SHARD_BYTES as usize + 1024))
+            .map(|i| (i % 251) as u8)
+            .collect();
         let off = SHARD_BYTES - 512;
         dev.write_at(off, &data, false).unwrap();
         let mut back = vec![0u8; data.len()];
         dev.read_at(off, &mut back).unwrap();
         assert_eq!(back, data);
-        assert!(dev.read_at(3 * SHARD_BYTES - 512, &mut [0u8; 1024]).is_err());
+        assert!(dev
+            .read_at(3 * SHARD_BYTES - 512, &mut [0u8; 1024])
+            .is_err());
     }
 
     #[test]

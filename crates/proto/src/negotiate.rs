@@ -42,7 +42,14 @@ pub struct KeyDef {
 }
 
 const fn k(name: &'static str, kind: KeyKind, range: (u32, u32), discovery: bool) -> KeyDef {
-    KeyDef { name, kind, range, discovery, security_only: false, target_only: false }
+    KeyDef {
+        name,
+        kind,
+        range,
+        discovery,
+        security_only: false,
+        target_only: false,
+    }
 }
 
 const MAX24: u32 = (1 << 24) - 1;
@@ -50,7 +57,14 @@ const MAX24: u32 = (1 << 24) - 1;
 /// The keys this implementation knows (§13, plus RFC 7144/5046 keys it
 /// answers and the RFC 3720 marker keys older initiators still send).
 pub const KEYS: &[KeyDef] = &[
-    KeyDef { name: "AuthMethod", kind: KeyKind::List, range: (0, 0), discovery: true, security_only: true, target_only: false },
+    KeyDef {
+        name: "AuthMethod",
+        kind: KeyKind::List,
+        range: (0, 0),
+        discovery: true,
+        security_only: true,
+        target_only: false,
+    },
     k("HeaderDigest", KeyKind::List, (0, 0), true),
     k("DataDigest", KeyKind::List, (0, 0), true),
     k("MaxConnections", KeyKind::NumMin, (1, 65535), false),
@@ -58,12 +72,38 @@ pub const KEYS: &[KeyDef] = &[
     k("InitiatorAlias", KeyKind::Declarative, (0, 0), true),
     k("TargetName", KeyKind::Declarative, (0, 0), true),
     k("SessionType", KeyKind::Declarative, (0, 0), true),
-    KeyDef { name: "TargetAlias", kind: KeyKind::Declarative, range: (0, 0), discovery: true, security_only: false, target_only: true },
-    KeyDef { name: "TargetAddress", kind: KeyKind::Declarative, range: (0, 0), discovery: true, security_only: false, target_only: true },
-    KeyDef { name: "TargetPortalGroupTag", kind: KeyKind::Declarative, range: (0, 65535), discovery: true, security_only: false, target_only: true },
+    KeyDef {
+        name: "TargetAlias",
+        kind: KeyKind::Declarative,
+        range: (0, 0),
+        discovery: true,
+        security_only: false,
+        target_only: true,
+    },
+    KeyDef {
+        name: "TargetAddress",
+        kind: KeyKind::Declarative,
+        range: (0, 0),
+        discovery: true,
+        security_only: false,
+        target_only: true,
+    },
+    KeyDef {
+        name: "TargetPortalGroupTag",
+        kind: KeyKind::Declarative,
+        range: (0, 65535),
+        discovery: true,
+        security_only: false,
+        target_only: true,
+    },
     k("InitialR2T", KeyKind::BoolOr, (0, 0), false),
     k("ImmediateData", KeyKind::BoolAnd, (0, 0), false),
-    k("MaxRecvDataSegmentLength", KeyKind::Declarative, (512, MAX24), true),
+    k(
+        "MaxRecvDataSegmentLength",
+        KeyKind::Declarative,
+        (512, MAX24),
+        true,
+    ),
     k("MaxBurstLength", KeyKind::NumMin, (512, MAX24), false),
     k("FirstBurstLength", KeyKind::NumMin, (512, MAX24), false),
     k("DefaultTime2Wait", KeyKind::NumMax, (0, 3600), true),
@@ -389,7 +429,10 @@ impl TargetNegotiator {
     }
 
     /// Answer the keys of an operational-stage request.
-    pub fn operational_keys(&mut self, keys: &[(String, String)]) -> Result<Pairs, NegotiationError> {
+    pub fn operational_keys(
+        &mut self,
+        keys: &[(String, String)],
+    ) -> Result<Pairs, NegotiationError> {
         if self.settings.auth != AuthPolicy::None && !self.auth_done {
             return Err(NegotiationError::AuthFailed);
         }
@@ -411,18 +454,29 @@ impl TargetNegotiator {
     fn declarations(&mut self, out: &mut Pairs, operational: bool) {
         if !self.declared_tpgt && !self.is_discovery() && self.params.target_name.is_some() {
             self.declared_tpgt = true;
-            out.push(("TargetPortalGroupTag".into(), self.settings.portal_group_tag.to_string()));
+            out.push((
+                "TargetPortalGroupTag".into(),
+                self.settings.portal_group_tag.to_string(),
+            ));
             if let Some(a) = &self.settings.target_alias {
                 out.push(("TargetAlias".into(), a.clone()));
             }
         }
         if operational && !self.declared_mrdsl {
             self.declared_mrdsl = true;
-            out.push(("MaxRecvDataSegmentLength".into(), self.settings.max_recv_data_segment_length.to_string()));
+            out.push((
+                "MaxRecvDataSegmentLength".into(),
+                self.settings.max_recv_data_segment_length.to_string(),
+            ));
         }
     }
 
-    fn answer(&mut self, key: &str, value: &str, security: bool) -> Result<Option<(String, String)>, NegotiationError> {
+    fn answer(
+        &mut self,
+        key: &str,
+        value: &str,
+        security: bool,
+    ) -> Result<Option<(String, String)>, NegotiationError> {
         if !self.seen.insert(key.to_string()) {
             return Err(NegotiationError::Duplicate(key.to_string()));
         }
@@ -480,8 +534,15 @@ impl TargetNegotiator {
                 }
             }
             "HeaderDigest" | "DataDigest" => {
-                let acceptable = if key == "HeaderDigest" { &s.header_digests } else { &s.data_digests };
-                let pick = value.split(',').filter_map(Digest::parse).find(|d| acceptable.contains(d));
+                let acceptable = if key == "HeaderDigest" {
+                    &s.header_digests
+                } else {
+                    &s.data_digests
+                };
+                let pick = value
+                    .split(',')
+                    .filter_map(Digest::parse)
+                    .find(|d| acceptable.contains(d));
                 match pick {
                     Some(d) => {
                         if key == "HeaderDigest" {
@@ -504,7 +565,9 @@ impl TargetNegotiator {
             },
             _ => match def.kind {
                 KeyKind::BoolAnd | KeyKind::BoolOr => {
-                    let Some(theirs) = parse_bool(value) else { return reject() };
+                    let Some(theirs) = parse_bool(value) else {
+                        return reject();
+                    };
                     let ours = match key {
                         "InitialR2T" => s.initial_r2t,
                         "ImmediateData" => s.immediate_data,
@@ -512,7 +575,11 @@ impl TargetNegotiator {
                         // Markers and iSER are not supported.
                         _ => false,
                     };
-                    let result = if def.kind == KeyKind::BoolAnd { theirs && ours } else { theirs || ours };
+                    let result = if def.kind == KeyKind::BoolAnd {
+                        theirs && ours
+                    } else {
+                        theirs || ours
+                    };
                     match key {
                         "InitialR2T" => p.initial_r2t = result,
                         "ImmediateData" => p.immediate_data = result,
@@ -523,7 +590,9 @@ impl TargetNegotiator {
                     ans(yes_no(result))
                 }
                 KeyKind::NumMin | KeyKind::NumMax => {
-                    let Some(n) = parse_num(value) else { return reject() };
+                    let Some(n) = parse_num(value) else {
+                        return reject();
+                    };
                     if n < u64::from(def.range.0) || n > u64::from(def.range.1) {
                         return reject();
                     }
@@ -539,7 +608,11 @@ impl TargetNegotiator {
                         "iSCSIProtocolLevel" => 1,
                         _ => n,
                     };
-                    let result = if def.kind == KeyKind::NumMin { n.min(ours) } else { n.max(ours) };
+                    let result = if def.kind == KeyKind::NumMin {
+                        n.min(ours)
+                    } else {
+                        n.max(ours)
+                    };
                     match key {
                         "MaxConnections" => p.max_connections = result,
                         "MaxBurstLength" => p.max_burst_length = result,
@@ -552,7 +625,9 @@ impl TargetNegotiator {
                     }
                     ans(result.to_string())
                 }
-                KeyKind::List | KeyKind::Declarative => Ok(Some((key.to_string(), "NotUnderstood".into()))),
+                KeyKind::List | KeyKind::Declarative => {
+                    Ok(Some((key.to_string(), "NotUnderstood".into())))
+                }
             },
         }
     }
@@ -651,7 +726,13 @@ impl InitiatorNegotiator {
             max_send_data_segment_length: settings.max_recv_data_segment_length,
             ..SessionParams::default()
         };
-        InitiatorNegotiator { settings, params, pending: Vec::new(), portal_group_tag: None, target_alias: None }
+        InitiatorNegotiator {
+            settings,
+            params,
+            pending: Vec::new(),
+            portal_group_tag: None,
+            target_alias: None,
+        }
     }
 
     /// Keys for the security stage.
@@ -683,7 +764,10 @@ impl InitiatorNegotiator {
             ("DefaultTime2Wait".to_string(), "0".to_string()),
             ("DefaultTime2Retain".to_string(), "0".to_string()),
             ("ErrorRecoveryLevel".to_string(), "0".to_string()),
-            ("MaxRecvDataSegmentLength".to_string(), s.max_recv_data_segment_length.to_string()),
+            (
+                "MaxRecvDataSegmentLength".to_string(),
+                s.max_recv_data_segment_length.to_string(),
+            ),
         ];
         if s.session_type == SessionType::Normal {
             v.extend([
@@ -691,8 +775,14 @@ impl InitiatorNegotiator {
                 ("InitialR2T".to_string(), yes_no(s.initial_r2t)),
                 ("ImmediateData".to_string(), yes_no(s.immediate_data)),
                 ("MaxBurstLength".to_string(), s.max_burst_length.to_string()),
-                ("FirstBurstLength".to_string(), s.first_burst_length.to_string()),
-                ("MaxOutstandingR2T".to_string(), s.max_outstanding_r2t.to_string()),
+                (
+                    "FirstBurstLength".to_string(),
+                    s.first_burst_length.to_string(),
+                ),
+                (
+                    "MaxOutstandingR2T".to_string(),
+                    s.max_outstanding_r2t.to_string(),
+                ),
                 ("DataPDUInOrder".to_string(), "Yes".to_string()),
                 ("DataSequenceInOrder".to_string(), "Yes".to_string()),
             ]);
@@ -702,7 +792,10 @@ impl InitiatorNegotiator {
 
     /// Take in the target's answers and declarations.
     pub fn accept_response(&mut self, keys: &[(String, String)]) -> Result<(), NegotiationError> {
-        let bad = |k: &str, v: &str| NegotiationError::BadAnswer { key: k.to_string(), value: v.to_string() };
+        let bad = |k: &str, v: &str| NegotiationError::BadAnswer {
+            key: k.to_string(),
+            value: v.to_string(),
+        };
         for (key, value) in keys {
             let (key, value) = (key.as_str(), value.as_str());
             if matches!(value, "Reject" | "Irrelevant" | "NotUnderstood") {
@@ -711,20 +804,36 @@ impl InitiatorNegotiator {
             let p = &mut self.params;
             match key {
                 "AuthMethod" if value != "None" => return Err(bad(key, value)),
-                "HeaderDigest" => p.header_digest = Digest::parse(value).ok_or_else(|| bad(key, value))? == Digest::Crc32c,
-                "DataDigest" => p.data_digest = Digest::parse(value).ok_or_else(|| bad(key, value))? == Digest::Crc32c,
+                "HeaderDigest" => {
+                    p.header_digest =
+                        Digest::parse(value).ok_or_else(|| bad(key, value))? == Digest::Crc32c
+                }
+                "DataDigest" => {
+                    p.data_digest =
+                        Digest::parse(value).ok_or_else(|| bad(key, value))? == Digest::Crc32c
+                }
                 "MaxRecvDataSegmentLength" => {
-                    let n = parse_num(value).filter(|n| (512..=u64::from(MAX24)).contains(n)).ok_or_else(|| bad(key, value))?;
+                    let n = parse_num(value)
+                        .filter(|n| (512..=u64::from(MAX24)).contains(n))
+                        .ok_or_else(|| bad(key, value))?;
                     p.max_recv_data_segment_length = n as u32;
                 }
-                "TargetPortalGroupTag" => self.portal_group_tag = parse_num(value).map(|n| n as u16),
+                "TargetPortalGroupTag" => {
+                    self.portal_group_tag = parse_num(value).map(|n| n as u16)
+                }
                 "TargetAlias" => self.target_alias = Some(value.to_string()),
                 "InitialR2T" => p.initial_r2t = parse_bool(value).ok_or_else(|| bad(key, value))?,
-                "ImmediateData" => p.immediate_data = parse_bool(value).ok_or_else(|| bad(key, value))?,
-                "DataPDUInOrder" => p.data_pdu_in_order = parse_bool(value).ok_or_else(|| bad(key, value))?,
-                "DataSequenceInOrder" => p.data_sequence_in_order = parse_bool(value).ok_or_else(|| bad(key, value))?,
-                "MaxBurstLength" | "FirstBurstLength" | "MaxOutstandingR2T" | "MaxConnections" | "DefaultTime2Wait"
-                | "DefaultTime2Retain" | "ErrorRecoveryLevel" => {
+                "ImmediateData" => {
+                    p.immediate_data = parse_bool(value).ok_or_else(|| bad(key, value))?
+                }
+                "DataPDUInOrder" => {
+                    p.data_pdu_in_order = parse_bool(value).ok_or_else(|| bad(key, value))?
+                }
+                "DataSequenceInOrder" => {
+                    p.data_sequence_in_order = parse_bool(value).ok_or_else(|| bad(key, value))?
+                }
+                "MaxBurstLength" | "FirstBurstLength" | "MaxOutstandingR2T" | "MaxConnections"
+                | "DefaultTime2Wait" | "DefaultTime2Retain" | "ErrorRecoveryLevel" => {
                     let n = parse_num(value).ok_or_else(|| bad(key, value))? as u32;
                     match key {
                         "MaxBurstLength" => p.max_burst_length = n,
@@ -772,7 +881,9 @@ mod tests {
     use proptest::prelude::*;
 
     fn pairs(v: &[(&str, &str)]) -> Pairs {
-        v.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        v.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     fn get<'a>(p: &'a Pairs, k: &str) -> Option<&'a str> {
@@ -835,8 +946,18 @@ mod tests {
     #[test]
     fn header_digest_preference_follows_initiator_order() {
         let mut n = TargetNegotiator::new(TargetSettings::default());
-        n.security_keys(&pairs(&[("InitiatorName", "iqn.a:b"), ("SessionType", "Discovery"), ("AuthMethod", "None")])).unwrap();
-        let op = n.operational_keys(&pairs(&[("HeaderDigest", "CRC32C,None"), ("MaxBurstLength", "4096")])).unwrap();
+        n.security_keys(&pairs(&[
+            ("InitiatorName", "iqn.a:b"),
+            ("SessionType", "Discovery"),
+            ("AuthMethod", "None"),
+        ]))
+        .unwrap();
+        let op = n
+            .operational_keys(&pairs(&[
+                ("HeaderDigest", "CRC32C,None"),
+                ("MaxBurstLength", "4096"),
+            ]))
+            .unwrap();
         assert_eq!(get(&op, "HeaderDigest"), Some("CRC32C"));
         // Discovery sessions: session-wide data keys are irrelevant.
         assert_eq!(get(&op, "MaxBurstLength"), Some("Irrelevant"));
@@ -847,14 +968,23 @@ mod tests {
     fn errors() {
         let mut n = TargetNegotiator::new(TargetSettings::default());
         assert_eq!(
-            n.security_keys(&pairs(&[("InitiatorName", "iqn.a:b"), ("InitiatorName", "iqn.a:c")])),
+            n.security_keys(&pairs(&[
+                ("InitiatorName", "iqn.a:b"),
+                ("InitiatorName", "iqn.a:c")
+            ])),
             Err(NegotiationError::Duplicate("InitiatorName".into()))
         );
         let mut n = TargetNegotiator::new(TargetSettings::default());
-        n.security_keys(&pairs(&[("InitiatorName", "iqn.a:b"), ("AuthMethod", "None")])).unwrap();
+        n.security_keys(&pairs(&[
+            ("InitiatorName", "iqn.a:b"),
+            ("AuthMethod", "None"),
+        ]))
+        .unwrap();
         assert_eq!(n.finish().unwrap_err().login_status(), (0x02, 0x07));
         let mut n = TargetNegotiator::new(TargetSettings::default());
-        assert!(n.security_keys(&pairs(&[("TargetAddress", "1.2.3.4")])).is_err());
+        assert!(n
+            .security_keys(&pairs(&[("TargetAddress", "1.2.3.4")]))
+            .is_err());
         let mut n = TargetNegotiator::new(TargetSettings::default());
         let r = n.security_keys(&pairs(&[("AuthMethod", "CHAP")])).unwrap();
         assert_eq!(get(&r, "AuthMethod"), Some("Reject"));
@@ -882,8 +1012,14 @@ mod tests {
         assert_eq!(tp.initial_r2t, ip.initial_r2t);
         assert_eq!(tp.max_outstanding_r2t, ip.max_outstanding_r2t);
         // Each side's receive limit is the other's send limit.
-        assert_eq!(tp.max_recv_data_segment_length, ip.max_recv_data_segment_length);
-        assert_eq!(tp.max_send_data_segment_length, ip.max_send_data_segment_length);
+        assert_eq!(
+            tp.max_recv_data_segment_length,
+            ip.max_recv_data_segment_length
+        );
+        assert_eq!(
+            tp.max_send_data_segment_length,
+            ip.max_send_data_segment_length
+        );
         assert_eq!(i.portal_group_tag, Some(1));
     }
 

@@ -124,7 +124,13 @@ impl Default for Bhs {
 
 impl std::fmt::Debug for Bhs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Bhs(op={:#04x}, itt={:#x}, dsl={})", self.opcode(), self.itt(), self.data_len())
+        write!(
+            f,
+            "Bhs(op={:#04x}, itt={:#x}, dsl={})",
+            self.opcode(),
+            self.itt(),
+            self.data_len()
+        )
     }
 }
 
@@ -1093,7 +1099,8 @@ impl Pdu {
             Pdu::TextRequest(p) => {
                 b.0[0] = opcode::TEXT_REQUEST;
                 imm(&mut b, p.immediate);
-                b.0[1] = (if p.final_bit { 0x80 } else { 0 }) | (if p.continue_bit { 0x40 } else { 0 });
+                b.0[1] =
+                    (if p.final_bit { 0x80 } else { 0 }) | (if p.continue_bit { 0x40 } else { 0 });
                 b.put_u64(8, p.lun);
                 b.put_u32(16, p.itt);
                 b.put_u32(20, p.ttt);
@@ -1182,7 +1189,8 @@ impl Pdu {
             }
             Pdu::TextResponse(p) => {
                 b.0[0] = opcode::TEXT_RESPONSE;
-                b.0[1] = (if p.final_bit { 0x80 } else { 0 }) | (if p.continue_bit { 0x40 } else { 0 });
+                b.0[1] =
+                    (if p.final_bit { 0x80 } else { 0 }) | (if p.continue_bit { 0x40 } else { 0 });
                 b.put_u64(8, p.lun);
                 b.put_u32(16, p.itt);
                 b.put_u32(20, p.ttt);
@@ -1271,7 +1279,13 @@ fn login_flags(t: bool, c: bool, csg: u8, nsg: u8) -> u8 {
 /// Serialize a whole PDU (header, optional header digest, data, padding,
 /// optional data digest) into `out`. Convenient for control PDUs and tests;
 /// the data path may write header and data separately instead.
-pub fn write_pdu(out: &mut Vec<u8>, bhs: &Bhs, data: &[u8], header_digest: bool, data_digest: bool) {
+pub fn write_pdu(
+    out: &mut Vec<u8>,
+    bhs: &Bhs,
+    data: &[u8],
+    header_digest: bool,
+    data_digest: bool,
+) {
     out.extend_from_slice(&bhs.0);
     if header_digest {
         out.extend_from_slice(&bhs.digest(&[]).to_le_bytes());
@@ -1309,7 +1323,12 @@ pub enum Framed {
 /// Split one PDU off the front of `buf` (for in-memory drivers and tests).
 /// A data segment above `max_data` is an error reported by the caller's
 /// policy, so it is returned as [`PduError::InvalidField`].
-pub fn frame(buf: &[u8], header_digest: bool, data_digest: bool, max_data: u32) -> Result<Framed, PduError> {
+pub fn frame(
+    buf: &[u8],
+    header_digest: bool,
+    data_digest: bool,
+    max_data: u32,
+) -> Result<Framed, PduError> {
     if buf.len() < BHS_LEN {
         return Ok(Framed::NeedMore(BHS_LEN));
     }
@@ -1317,7 +1336,9 @@ pub fn frame(buf: &[u8], header_digest: bool, data_digest: bool, max_data: u32) 
     bhs.0.copy_from_slice(&buf[..BHS_LEN]);
     let l = bhs.layout(header_digest, data_digest);
     if l.data_len > max_data as usize {
-        return Err(PduError::InvalidField("data segment longer than MaxRecvDataSegmentLength"));
+        return Err(PduError::InvalidField(
+            "data segment longer than MaxRecvDataSegmentLength",
+        ));
     }
     let total = BHS_LEN + l.header_rest() + l.data_part();
     if buf.len() < total {
@@ -1429,7 +1450,14 @@ mod tests {
 
     #[test]
     fn framing_with_digests() {
-        let p = Pdu::NopIn(NopIn { lun: 0, itt: 1, ttt: RESERVED_TAG, stat_sn: 1, exp_cmd_sn: 1, max_cmd_sn: 2 });
+        let p = Pdu::NopIn(NopIn {
+            lun: 0,
+            itt: 1,
+            ttt: RESERVED_TAG,
+            stat_sn: 1,
+            exp_cmd_sn: 1,
+            max_cmd_sn: 2,
+        });
         let data = b"hello";
         let bhs = p.encode(data.len() as u32);
         let mut wire = Vec::new();
@@ -1449,10 +1477,16 @@ mod tests {
         }
         let mut bad = wire.clone();
         bad[20] ^= 1;
-        assert!(matches!(frame(&bad, true, true, 8192), Err(PduError::HeaderDigest { .. })));
+        assert!(matches!(
+            frame(&bad, true, true, 8192),
+            Err(PduError::HeaderDigest { .. })
+        ));
         let mut bad = wire.clone();
         bad[53] ^= 1;
-        assert!(matches!(frame(&bad, true, true, 8192), Err(PduError::DataDigest { .. })));
+        assert!(matches!(
+            frame(&bad, true, true, 8192),
+            Err(PduError::DataDigest { .. })
+        ));
         assert!(frame(&wire, true, true, 4).is_err());
     }
 

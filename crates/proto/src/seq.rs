@@ -45,7 +45,12 @@ impl<T> CmdWindow<T> {
     /// A window expecting `first_cmd_sn` next and allowing `depth` commands
     /// in flight (at least 1).
     pub fn new(first_cmd_sn: u32, depth: u32) -> Self {
-        CmdWindow { exp_cmd_sn: first_cmd_sn, depth: depth.max(1), outstanding: 0, held: BTreeMap::new() }
+        CmdWindow {
+            exp_cmd_sn: first_cmd_sn,
+            depth: depth.max(1),
+            outstanding: 0,
+            held: BTreeMap::new(),
+        }
     }
 
     /// ExpCmdSN to report.

@@ -14,7 +14,11 @@ pub struct TextLimits {
 
 impl Default for TextLimits {
     fn default() -> Self {
-        TextLimits { max_key_len: 63, max_value_len: 8192, max_pairs: 256 }
+        TextLimits {
+            max_key_len: 63,
+            max_value_len: 8192,
+            max_pairs: 256,
+        }
     }
 }
 
@@ -45,7 +49,9 @@ pub enum TextError {
 }
 
 fn key_ok(k: &str) -> bool {
-    !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric() || b".-+@_#".contains(&b))
+    !k.is_empty()
+        && k.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b".-+@_#".contains(&b))
 }
 
 /// Parse `key=value\0...`. A missing final NUL and zero padding are tolerated.
@@ -56,7 +62,9 @@ pub fn parse_text(data: &[u8], limits: &TextLimits) -> Result<Vec<(String, Strin
             continue;
         }
         let s = std::str::from_utf8(item).map_err(|_| TextError::NotUtf8)?;
-        let (k, v) = s.split_once('=').ok_or_else(|| TextError::NoEquals(s.chars().take(64).collect()))?;
+        let (k, v) = s
+            .split_once('=')
+            .ok_or_else(|| TextError::NoEquals(s.chars().take(64).collect()))?;
         if !key_ok(k) {
             return Err(TextError::BadKey(k.chars().take(64).collect()));
         }
@@ -99,7 +107,10 @@ impl Default for TextAssembler {
 impl TextAssembler {
     /// An assembler that refuses texts longer than `max` bytes.
     pub fn new(max: usize) -> Self {
-        TextAssembler { buf: Vec::new(), max }
+        TextAssembler {
+            buf: Vec::new(),
+            max,
+        }
     }
 
     /// Add one PDU's data. Returns the whole text once the PDU without the
@@ -129,33 +140,57 @@ mod tests {
 
     #[test]
     fn roundtrip_and_tolerance() {
-        let pairs = vec![("InitiatorName".to_string(), "iqn.x:y".to_string()), ("MaxBurstLength".into(), "262144".into())];
+        let pairs = vec![
+            ("InitiatorName".to_string(), "iqn.x:y".to_string()),
+            ("MaxBurstLength".into(), "262144".into()),
+        ];
         let enc = encode_text(&pairs);
         assert_eq!(parse_text(&enc, &TextLimits::default()).unwrap(), pairs);
         let mut padded = enc.clone();
         padded.extend_from_slice(&[0, 0]);
         assert_eq!(parse_text(&padded, &TextLimits::default()).unwrap(), pairs);
-        assert_eq!(parse_text(b"A=1", &TextLimits::default()).unwrap(), vec![("A".to_string(), "1".to_string())]);
+        assert_eq!(
+            parse_text(b"A=1", &TextLimits::default()).unwrap(),
+            vec![("A".to_string(), "1".to_string())]
+        );
     }
 
     #[test]
     fn rejects_bad_text() {
         let l = TextLimits::default();
-        assert!(matches!(parse_text(b"novalue\0", &l), Err(TextError::NoEquals(_))));
+        assert!(matches!(
+            parse_text(b"novalue\0", &l),
+            Err(TextError::NoEquals(_))
+        ));
         assert!(matches!(parse_text(b"=x\0", &l), Err(TextError::BadKey(_))));
-        assert!(matches!(parse_text(b"a b=x\0", &l), Err(TextError::BadKey(_))));
-        assert!(matches!(parse_text(&[0xff, b'=', b'1'], &l), Err(TextError::NotUtf8)));
+        assert!(matches!(
+            parse_text(b"a b=x\0", &l),
+            Err(TextError::BadKey(_))
+        ));
+        assert!(matches!(
+            parse_text(&[0xff, b'=', b'1'], &l),
+            Err(TextError::NotUtf8)
+        ));
         let long = format!("{}=1", "k".repeat(64));
-        assert!(matches!(parse_text(long.as_bytes(), &l), Err(TextError::TooLong(_))));
+        assert!(matches!(
+            parse_text(long.as_bytes(), &l),
+            Err(TextError::TooLong(_))
+        ));
     }
 
     #[test]
     fn assembler() {
         let mut a = TextAssembler::new(10);
         assert_eq!(a.push(b"A=1\0", true).unwrap(), None);
-        assert_eq!(a.push(b"B=2\0", false).unwrap(), Some(b"A=1\0B=2\0".to_vec()));
+        assert_eq!(
+            a.push(b"B=2\0", false).unwrap(),
+            Some(b"A=1\0B=2\0".to_vec())
+        );
         assert_eq!(a.push(b"", true), Err(TextError::EmptyContinue));
-        assert_eq!(a.push(b"0123456789A", false), Err(TextError::TextTooLong(10)));
+        assert_eq!(
+            a.push(b"0123456789A", false),
+            Err(TextError::TextTooLong(10))
+        );
     }
 
     proptest! {

@@ -93,7 +93,10 @@ impl WriteTransfer {
         let unsol_end = if limits.initial_r2t || final_bit {
             immediate_len.min(edtl)
         } else {
-            limits.first_burst_length.min(edtl).max(immediate_len.min(edtl))
+            limits
+                .first_burst_length
+                .min(edtl)
+                .max(immediate_len.min(edtl))
         };
         WriteTransfer {
             edtl,
@@ -131,14 +134,26 @@ impl WriteTransfer {
 
     /// Validate a Data-Out PDU. On `Ok` the caller copies the data to
     /// `offset` in its buffer.
-    pub fn on_data_out(&mut self, ttt: u32, data_sn: u32, offset: u32, len: u32, final_bit: bool) -> Result<(), DataOutError> {
-        let end = offset.checked_add(len).ok_or(DataOutError::OutOfRange { offset, len })?;
+    pub fn on_data_out(
+        &mut self,
+        ttt: u32,
+        data_sn: u32,
+        offset: u32,
+        len: u32,
+        final_bit: bool,
+    ) -> Result<(), DataOutError> {
+        let end = offset
+            .checked_add(len)
+            .ok_or(DataOutError::OutOfRange { offset, len })?;
         if ttt == crate::pdu::RESERVED_TAG {
             if !self.unsol_open {
                 return Err(DataOutError::Unsolicited);
             }
             if data_sn != self.unsol_next_data_sn {
-                return Err(DataOutError::DataSn { expected: self.unsol_next_data_sn, got: data_sn });
+                return Err(DataOutError::DataSn {
+                    expected: self.unsol_next_data_sn,
+                    got: data_sn,
+                });
             }
             if offset != self.unsol_received || end > self.unsol_end {
                 return Err(DataOutError::OutOfRange { offset, len });
@@ -151,10 +166,17 @@ impl WriteTransfer {
             }
             return Ok(());
         }
-        let idx = self.active.iter().position(|a| a.req.ttt == ttt).ok_or(DataOutError::UnknownTtt(ttt))?;
+        let idx = self
+            .active
+            .iter()
+            .position(|a| a.req.ttt == ttt)
+            .ok_or(DataOutError::UnknownTtt(ttt))?;
         let a = &mut self.active[idx];
         if data_sn != a.next_data_sn {
-            return Err(DataOutError::DataSn { expected: a.next_data_sn, got: data_sn });
+            return Err(DataOutError::DataSn {
+                expected: a.next_data_sn,
+                got: data_sn,
+            });
         }
         if offset != a.req.offset + a.received || end > a.req.offset + a.req.len {
             return Err(DataOutError::OutOfRange { offset, len });
@@ -175,12 +197,23 @@ impl WriteTransfer {
     /// supplies a fresh Target Transfer Tag for each.
     pub fn next_r2ts(&mut self, mut next_ttt: impl FnMut() -> u32) -> Vec<R2tRequest> {
         let mut out = Vec::new();
-        while self.next_solicit < self.edtl && (self.active.len() as u32) < self.limits.max_outstanding_r2t.max(1) {
+        while self.next_solicit < self.edtl
+            && (self.active.len() as u32) < self.limits.max_outstanding_r2t.max(1)
+        {
             let len = (self.edtl - self.next_solicit).min(self.limits.max_burst_length.max(512));
-            let req = R2tRequest { ttt: next_ttt(), r2t_sn: self.next_r2t_sn, offset: self.next_solicit, len };
+            let req = R2tRequest {
+                ttt: next_ttt(),
+                r2t_sn: self.next_r2t_sn,
+                offset: self.next_solicit,
+                len,
+            };
             self.next_r2t_sn = self.next_r2t_sn.wrapping_add(1);
             self.next_solicit += len;
-            self.active.push(ActiveR2t { req, received: 0, next_data_sn: 0 });
+            self.active.push(ActiveR2t {
+                req,
+                received: 0,
+                next_data_sn: 0,
+            });
             out.push(req);
         }
         out
@@ -204,7 +237,11 @@ pub struct DataInSegment {
 
 /// Plan the Data-In PDUs for `len` bytes: each at most `max_pdu` bytes (the
 /// initiator's MaxRecvDataSegmentLength), sequences of at most `max_burst`.
-pub fn data_in_segments(len: u32, max_pdu: u32, max_burst: u32) -> impl Iterator<Item = DataInSegment> {
+pub fn data_in_segments(
+    len: u32,
+    max_pdu: u32,
+    max_burst: u32,
+) -> impl Iterator<Item = DataInSegment> {
     let max_pdu = max_pdu.max(512);
     let max_burst = max_burst.max(max_pdu);
     let mut offset = 0u32;
@@ -225,7 +262,13 @@ pub fn data_in_segments(len: u32, max_pdu: u32, max_burst: u32) -> impl Iterator
         }
         let sn = data_sn;
         data_sn += 1;
-        Some(DataInSegment { offset: seg_off, len: n, data_sn: sn, final_bit, last })
+        Some(DataInSegment {
+            offset: seg_off,
+            len: n,
+            data_sn: sn,
+            final_bit,
+            last,
+        })
     })
 }
 
@@ -235,7 +278,12 @@ mod tests {
     use crate::pdu::RESERVED_TAG;
 
     fn limits(initial_r2t: bool) -> TransferLimits {
-        TransferLimits { initial_r2t, first_burst_length: 8192, max_burst_length: 16384, max_outstanding_r2t: 2 }
+        TransferLimits {
+            initial_r2t,
+            first_burst_length: 8192,
+            max_burst_length: 16384,
+            max_outstanding_r2t: 2,
+        }
     }
 
     #[test]
@@ -254,12 +302,21 @@ mod tests {
         });
         // Unsolicited region is the first 8192 bytes; two R2Ts of 16 KiB after it.
         assert_eq!(r2ts.len(), 2);
-        assert_eq!(r2ts[0], R2tRequest { ttt: 101, r2t_sn: 0, offset: 8192, len: 16384 });
+        assert_eq!(
+            r2ts[0],
+            R2tRequest {
+                ttt: 101,
+                r2t_sn: 0,
+                offset: 8192,
+                len: 16384
+            }
+        );
         assert_eq!(r2ts[1].offset, 8192 + 16384);
         t.on_data_out(RESERVED_TAG, 0, 4096, 4096, true).unwrap();
         assert!(t.on_data_out(RESERVED_TAG, 1, 8192, 4096, true).is_err());
         for (i, off) in (8192..8192 + 16384).step_by(8192).enumerate() {
-            t.on_data_out(101, i as u32, off, 8192, off + 8192 == 8192 + 16384).unwrap();
+            t.on_data_out(101, i as u32, off, 8192, off + 8192 == 8192 + 16384)
+                .unwrap();
         }
         let more = t.next_r2ts(|| 200);
         assert_eq!(more.len(), 1);
@@ -267,7 +324,15 @@ mod tests {
         t.on_data_out(102, 0, 8192 + 16384, 16384, true).unwrap();
         assert!(!t.is_complete());
         let last = t.next_r2ts(|| 201);
-        assert_eq!(last, vec![R2tRequest { ttt: 201, r2t_sn: 3, offset: 57344, len: 8192 }]);
+        assert_eq!(
+            last,
+            vec![R2tRequest {
+                ttt: 201,
+                r2t_sn: 3,
+                offset: 57344,
+                len: 8192
+            }]
+        );
         assert_eq!(t.next_r2ts(|| 202), vec![]);
         t.on_data_out(200, 0, 8192 + 32768, 16384, true).unwrap();
         assert!(!t.is_complete());
@@ -280,10 +345,25 @@ mod tests {
         let mut t = WriteTransfer::new(8192, 0, true, limits(true));
         let r = t.next_r2ts(|| 7);
         assert_eq!(r.len(), 1);
-        assert_eq!(t.on_data_out(7, 1, 0, 4096, false), Err(DataOutError::DataSn { expected: 0, got: 1 }));
+        assert_eq!(
+            t.on_data_out(7, 1, 0, 4096, false),
+            Err(DataOutError::DataSn {
+                expected: 0,
+                got: 1
+            })
+        );
         t.on_data_out(7, 0, 0, 4096, false).unwrap();
-        assert_eq!(t.on_data_out(7, 0, 4096, 4096, true), Err(DataOutError::DataSn { expected: 1, got: 0 }));
-        assert_eq!(t.on_data_out(9, 1, 4096, 4096, true), Err(DataOutError::UnknownTtt(9)));
+        assert_eq!(
+            t.on_data_out(7, 0, 4096, 4096, true),
+            Err(DataOutError::DataSn {
+                expected: 1,
+                got: 0
+            })
+        );
+        assert_eq!(
+            t.on_data_out(9, 1, 4096, 4096, true),
+            Err(DataOutError::UnknownTtt(9))
+        );
         assert!(t.on_data_out(RESERVED_TAG, 0, 0, 512, true).is_err());
         t.on_data_out(7, 1, 4096, 4096, true).unwrap();
         assert!(t.is_complete());
@@ -293,9 +373,18 @@ mod tests {
     fn data_in_plan() {
         let segs: Vec<_> = data_in_segments(20000, 8192, 16384).collect();
         assert_eq!(segs.len(), 3);
-        assert_eq!((segs[0].offset, segs[0].len, segs[0].final_bit), (0, 8192, false));
-        assert_eq!((segs[1].offset, segs[1].len, segs[1].final_bit), (8192, 8192, true));
-        assert_eq!((segs[2].offset, segs[2].len, segs[2].final_bit, segs[2].last), (16384, 3616, true, true));
+        assert_eq!(
+            (segs[0].offset, segs[0].len, segs[0].final_bit),
+            (0, 8192, false)
+        );
+        assert_eq!(
+            (segs[1].offset, segs[1].len, segs[1].final_bit),
+            (8192, 8192, true)
+        );
+        assert_eq!(
+            (segs[2].offset, segs[2].len, segs[2].final_bit, segs[2].last),
+            (16384, 3616, true, true)
+        );
         assert_eq!(data_in_segments(0, 8192, 8192).count(), 0);
     }
 }

@@ -75,7 +75,10 @@ mod tests {
     #[test]
     fn six_byte_forms() {
         let c = BlockCdb::parse(&[0x08, 0x1f, 0xff, 0xfe, 0, 0]);
-        assert_eq!((c.lba, c.blocks, c.protect, c.flags), (0x1f_fffe, 256, 0, 0));
+        assert_eq!(
+            (c.lba, c.blocks, c.protect, c.flags),
+            (0x1f_fffe, 256, 0, 0)
+        );
         let c = BlockCdb::parse(&[0x0a, 0, 0, 7, 3, 0]);
         assert_eq!((c.lba, c.blocks, c.length_byte), (7, 3, 4));
     }
@@ -85,7 +88,10 @@ mod tests {
         let c = BlockCdb::parse(&[0x28, 0x18, 0, 0, 1, 0, 0, 0, 8, 0]);
         assert_eq!((c.lba, c.blocks, c.fua(), c.protect), (256, 8, true, 0));
         let c = BlockCdb::parse(&[0xa8, 0x20, 0, 0, 0, 2, 0, 1, 0, 0, 0, 0]);
-        assert_eq!((c.lba, c.blocks, c.protect, c.length_byte), (2, 65536, 1, 6));
+        assert_eq!(
+            (c.lba, c.blocks, c.protect, c.length_byte),
+            (2, 65536, 1, 6)
+        );
         let c = BlockCdb::parse(&[0x8f, 0x06, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0]);
         assert_eq!((c.lba, c.blocks, c.bytchk()), (1 << 56, 9, 3));
         let c = BlockCdb::parse(&[0x34, 0x02, 0, 0, 0, 0, 0, 0, 0, 0]);

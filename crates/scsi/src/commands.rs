@@ -65,88 +65,473 @@ pub struct CommandDef {
 }
 
 const fn c(opcode: u8, name: &'static str, usage: &'static [u8], op: Op) -> CommandDef {
-    CommandDef { opcode, service_action: None, name, cdb_len: usage.len(), usage, op }
+    CommandDef {
+        opcode,
+        service_action: None,
+        name,
+        cdb_len: usage.len(),
+        usage,
+        op,
+    }
 }
 
-const fn sa(opcode: u8, action: u8, name: &'static str, usage: &'static [u8], op: Op) -> CommandDef {
-    CommandDef { opcode, service_action: Some(action), name, cdb_len: usage.len(), usage, op }
+const fn sa(
+    opcode: u8,
+    action: u8,
+    name: &'static str,
+    usage: &'static [u8],
+    op: Op,
+) -> CommandDef {
+    CommandDef {
+        opcode,
+        service_action: Some(action),
+        name,
+        cdb_len: usage.len(),
+        usage,
+        op,
+    }
 }
 
 const PR_IN: &[u8] = &[0x5e, 0x1f, 0, 0, 0, 0, 0, 0xff, 0xff, 0];
 const SANITIZE: &[u8] = &[0x48, 0xbf, 0, 0, 0, 0, 0, 0xff, 0xff, 0];
-const RCR: &[u8] = &[0x84, 0x1f, 0xff, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0];
+const RCR: &[u8] = &[
+    0x84, 0x1f, 0xff, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0,
+];
 const PR_OUT: &[u8] = &[0x5f, 0x1f, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0];
 
 /// Every command the logical unit implements.
 pub const COMMANDS: &[CommandDef] = &[
-    c(0x00, "TEST UNIT READY", &[0x00, 0, 0, 0, 0, 0], Op::TestUnitReady),
-    c(0x03, "REQUEST SENSE", &[0x03, 0x01, 0, 0, 0xff, 0], Op::RequestSense),
-    c(0x08, "READ(6)", &[0x08, 0x1f, 0xff, 0xff, 0xff, 0], Op::Read),
-    c(0x0a, "WRITE(6)", &[0x0a, 0x1f, 0xff, 0xff, 0xff, 0], Op::Write),
-    c(0x12, "INQUIRY", &[0x12, 0x01, 0xff, 0xff, 0xff, 0], Op::Inquiry),
-    c(0x15, "MODE SELECT(6)", &[0x15, 0x11, 0, 0, 0xff, 0], Op::ModeSelect6),
+    c(
+        0x00,
+        "TEST UNIT READY",
+        &[0x00, 0, 0, 0, 0, 0],
+        Op::TestUnitReady,
+    ),
+    c(
+        0x03,
+        "REQUEST SENSE",
+        &[0x03, 0x01, 0, 0, 0xff, 0],
+        Op::RequestSense,
+    ),
+    c(
+        0x08,
+        "READ(6)",
+        &[0x08, 0x1f, 0xff, 0xff, 0xff, 0],
+        Op::Read,
+    ),
+    c(
+        0x0a,
+        "WRITE(6)",
+        &[0x0a, 0x1f, 0xff, 0xff, 0xff, 0],
+        Op::Write,
+    ),
+    c(
+        0x12,
+        "INQUIRY",
+        &[0x12, 0x01, 0xff, 0xff, 0xff, 0],
+        Op::Inquiry,
+    ),
+    c(
+        0x15,
+        "MODE SELECT(6)",
+        &[0x15, 0x11, 0, 0, 0xff, 0],
+        Op::ModeSelect6,
+    ),
     c(0x16, "RESERVE(6)", &[0x16, 0, 0, 0, 0, 0], Op::Reserve),
     c(0x17, "RELEASE(6)", &[0x17, 0, 0, 0, 0, 0], Op::Release),
-    c(0x1a, "MODE SENSE(6)", &[0x1a, 0x08, 0xff, 0xff, 0xff, 0], Op::ModeSense6),
-    c(0x1b, "START STOP UNIT", &[0x1b, 0x01, 0, 0x0f, 0xf7, 0], Op::StartStopUnit),
-    c(0x1e, "PREVENT ALLOW MEDIUM REMOVAL", &[0x1e, 0, 0, 0, 0x03, 0], Op::PreventAllow),
-    c(0x25, "READ CAPACITY(10)", &[0x25, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0x01, 0], Op::ReadCapacity10),
-    c(0x28, "READ(10)", &[0x28, 0xfe, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0], Op::Read),
-    c(0x2a, "WRITE(10)", &[0x2a, 0xfa, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0], Op::Write),
-    c(0x2e, "WRITE AND VERIFY(10)", &[0x2e, 0xf6, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0], Op::WriteVerify),
-    c(0x2f, "VERIFY(10)", &[0x2f, 0xf6, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0], Op::Verify),
-    c(0x34, "PRE-FETCH(10)", &[0x34, 0x02, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0], Op::PreFetch),
-    c(0x35, "SYNCHRONIZE CACHE(10)", &[0x35, 0x06, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0], Op::SyncCache),
-    c(0x37, "READ DEFECT DATA(10)", &[0x37, 0, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0], Op::ReadDefectData),
-    c(0x41, "WRITE SAME(10)", &[0x41, 0xf8, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0], Op::WriteSame),
-    c(0x42, "UNMAP", &[0x42, 0x01, 0, 0, 0, 0, 0x3f, 0xff, 0xff, 0], Op::Unmap),
+    c(
+        0x1a,
+        "MODE SENSE(6)",
+        &[0x1a, 0x08, 0xff, 0xff, 0xff, 0],
+        Op::ModeSense6,
+    ),
+    c(
+        0x1b,
+        "START STOP UNIT",
+        &[0x1b, 0x01, 0, 0x0f, 0xf7, 0],
+        Op::StartStopUnit,
+    ),
+    c(
+        0x1e,
+        "PREVENT ALLOW MEDIUM REMOVAL",
+        &[0x1e, 0, 0, 0, 0x03, 0],
+        Op::PreventAllow,
+    ),
+    c(
+        0x25,
+        "READ CAPACITY(10)",
+        &[0x25, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0x01, 0],
+        Op::ReadCapacity10,
+    ),
+    c(
+        0x28,
+        "READ(10)",
+        &[0x28, 0xfe, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0],
+        Op::Read,
+    ),
+    c(
+        0x2a,
+        "WRITE(10)",
+        &[0x2a, 0xfa, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0],
+        Op::Write,
+    ),
+    c(
+        0x2e,
+        "WRITE AND VERIFY(10)",
+        &[0x2e, 0xf6, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0],
+        Op::WriteVerify,
+    ),
+    c(
+        0x2f,
+        "VERIFY(10)",
+        &[0x2f, 0xf6, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0],
+        Op::Verify,
+    ),
+    c(
+        0x34,
+        "PRE-FETCH(10)",
+        &[0x34, 0x02, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0],
+        Op::PreFetch,
+    ),
+    c(
+        0x35,
+        "SYNCHRONIZE CACHE(10)",
+        &[0x35, 0x06, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0],
+        Op::SyncCache,
+    ),
+    c(
+        0x37,
+        "READ DEFECT DATA(10)",
+        &[0x37, 0, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0],
+        Op::ReadDefectData,
+    ),
+    c(
+        0x41,
+        "WRITE SAME(10)",
+        &[0x41, 0xf8, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0],
+        Op::WriteSame,
+    ),
+    c(
+        0x42,
+        "UNMAP",
+        &[0x42, 0x01, 0, 0, 0, 0, 0x3f, 0xff, 0xff, 0],
+        Op::Unmap,
+    ),
     sa(0x48, 0x01, "SANITIZE / OVERWRITE", SANITIZE, Op::Sanitize),
     sa(0x48, 0x02, "SANITIZE / BLOCK ERASE", SANITIZE, Op::Sanitize),
-    sa(0x48, 0x03, "SANITIZE / CRYPTOGRAPHIC ERASE", SANITIZE, Op::Sanitize),
-    sa(0x48, 0x1f, "SANITIZE / EXIT FAILURE MODE", SANITIZE, Op::Sanitize),
-    c(0x55, "MODE SELECT(10)", &[0x55, 0x11, 0, 0, 0, 0, 0, 0xff, 0xff, 0], Op::ModeSelect10),
-    c(0x56, "RESERVE(10)", &[0x56, 0, 0, 0, 0, 0, 0, 0, 0, 0], Op::Reserve),
-    c(0x57, "RELEASE(10)", &[0x57, 0, 0, 0, 0, 0, 0, 0, 0, 0], Op::Release),
-    c(0x5a, "MODE SENSE(10)", &[0x5a, 0x18, 0xff, 0xff, 0, 0, 0, 0xff, 0xff, 0], Op::ModeSense10),
-    sa(0x5e, 0x00, "PERSISTENT RESERVE IN / READ KEYS", PR_IN, Op::PrIn),
-    sa(0x5e, 0x01, "PERSISTENT RESERVE IN / READ RESERVATION", PR_IN, Op::PrIn),
-    sa(0x5e, 0x02, "PERSISTENT RESERVE IN / REPORT CAPABILITIES", PR_IN, Op::PrIn),
-    sa(0x5e, 0x03, "PERSISTENT RESERVE IN / READ FULL STATUS", PR_IN, Op::PrIn),
-    sa(0x5f, 0x00, "PERSISTENT RESERVE OUT / REGISTER", PR_OUT, Op::PrOut),
-    sa(0x5f, 0x01, "PERSISTENT RESERVE OUT / RESERVE", PR_OUT, Op::PrOut),
-    sa(0x5f, 0x02, "PERSISTENT RESERVE OUT / RELEASE", PR_OUT, Op::PrOut),
-    sa(0x5f, 0x03, "PERSISTENT RESERVE OUT / CLEAR", PR_OUT, Op::PrOut),
-    sa(0x5f, 0x04, "PERSISTENT RESERVE OUT / PREEMPT", PR_OUT, Op::PrOut),
-    sa(0x5f, 0x05, "PERSISTENT RESERVE OUT / PREEMPT AND ABORT", PR_OUT, Op::PrOut),
-    sa(0x5f, 0x06, "PERSISTENT RESERVE OUT / REGISTER AND IGNORE EXISTING KEY", PR_OUT, Op::PrOut),
-    sa(0x83, 0x00, "EXTENDED COPY(LID1)", &[0x83, 0x1f, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0], Op::ExtendedCopy),
-    sa(0x84, 0x00, "RECEIVE COPY RESULTS / COPY STATUS", RCR, Op::ReceiveCopyResults),
-    sa(0x84, 0x03, "RECEIVE COPY RESULTS / OPERATING PARAMETERS", RCR, Op::ReceiveCopyResults),
-    c(0x88, "READ(16)", &[0x88, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0], Op::Read),
-    c(0x89, "COMPARE AND WRITE", &[0x89, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0xff, 0x3f, 0], Op::CompareAndWrite),
-    c(0x8a, "WRITE(16)", &[0x8a, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0], Op::Write),
-    c(0x8b, "ORWRITE(16)", &[0x8b, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0], Op::OrWrite),
-    c(0x8e, "WRITE AND VERIFY(16)", &[0x8e, 0xf6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0], Op::WriteVerify),
-    c(0x8f, "VERIFY(16)", &[0x8f, 0xf6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0], Op::Verify),
-    c(0x90, "PRE-FETCH(16)", &[0x90, 0x02, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0], Op::PreFetch),
-    c(0x91, "SYNCHRONIZE CACHE(16)", &[0x91, 0x06, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0], Op::SyncCache),
-    c(0x93, "WRITE SAME(16)", &[0x93, 0xf9, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0], Op::WriteSame),
-    c(0x9c, "WRITE ATOMIC(16)", &[0x9c, 0xf8, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0xff, 0xff, 0x3f, 0], Op::WriteAtomic),
-    sa(0x9e, 0x10, "READ CAPACITY(16)", &[0x9e, 0x1f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 0], Op::ReadCapacity16),
-    sa(0x9e, 0x12, "GET LBA STATUS", &[0x9e, 0x1f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0], Op::GetLbaStatus),
-    c(0xa0, "REPORT LUNS", &[0xa0, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0], Op::ReportLuns),
-    sa(0xa3, 0x0c, "REPORT SUPPORTED OPERATION CODES", &[0xa3, 0x1f, 0x87, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0], Op::ReportOpcodes),
-    sa(0xa3, 0x0d, "REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS", &[0xa3, 0x1f, 0x80, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0], Op::ReportTmfs),
-    c(0xa8, "READ(12)", &[0xa8, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0], Op::Read),
-    c(0xaa, "WRITE(12)", &[0xaa, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0], Op::Write),
-    c(0xb7, "READ DEFECT DATA(12)", &[0xb7, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0], Op::ReadDefectData),
-    c(0xae, "WRITE AND VERIFY(12)", &[0xae, 0xf6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0], Op::WriteVerify),
-    c(0xaf, "VERIFY(12)", &[0xaf, 0xf6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0], Op::Verify),
+    sa(
+        0x48,
+        0x03,
+        "SANITIZE / CRYPTOGRAPHIC ERASE",
+        SANITIZE,
+        Op::Sanitize,
+    ),
+    sa(
+        0x48,
+        0x1f,
+        "SANITIZE / EXIT FAILURE MODE",
+        SANITIZE,
+        Op::Sanitize,
+    ),
+    c(
+        0x55,
+        "MODE SELECT(10)",
+        &[0x55, 0x11, 0, 0, 0, 0, 0, 0xff, 0xff, 0],
+        Op::ModeSelect10,
+    ),
+    c(
+        0x56,
+        "RESERVE(10)",
+        &[0x56, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        Op::Reserve,
+    ),
+    c(
+        0x57,
+        "RELEASE(10)",
+        &[0x57, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        Op::Release,
+    ),
+    c(
+        0x5a,
+        "MODE SENSE(10)",
+        &[0x5a, 0x18, 0xff, 0xff, 0, 0, 0, 0xff, 0xff, 0],
+        Op::ModeSense10,
+    ),
+    sa(
+        0x5e,
+        0x00,
+        "PERSISTENT RESERVE IN / READ KEYS",
+        PR_IN,
+        Op::PrIn,
+    ),
+    sa(
+        0x5e,
+        0x01,
+        "PERSISTENT RESERVE IN / READ RESERVATION",
+        PR_IN,
+        Op::PrIn,
+    ),
+    sa(
+        0x5e,
+        0x02,
+        "PERSISTENT RESERVE IN / REPORT CAPABILITIES",
+        PR_IN,
+        Op::PrIn,
+    ),
+    sa(
+        0x5e,
+        0x03,
+        "PERSISTENT RESERVE IN / READ FULL STATUS",
+        PR_IN,
+        Op::PrIn,
+    ),
+    sa(
+        0x5f,
+        0x00,
+        "PERSISTENT RESERVE OUT / REGISTER",
+        PR_OUT,
+        Op::PrOut,
+    ),
+    sa(
+        0x5f,
+        0x01,
+        "PERSISTENT RESERVE OUT / RESERVE",
+        PR_OUT,
+        Op::PrOut,
+    ),
+    sa(
+        0x5f,
+        0x02,
+        "PERSISTENT RESERVE OUT / RELEASE",
+        PR_OUT,
+        Op::PrOut,
+    ),
+    sa(
+        0x5f,
+        0x03,
+        "PERSISTENT RESERVE OUT / CLEAR",
+        PR_OUT,
+        Op::PrOut,
+    ),
+    sa(
+        0x5f,
+        0x04,
+        "PERSISTENT RESERVE OUT / PREEMPT",
+        PR_OUT,
+        Op::PrOut,
+    ),
+    sa(
+        0x5f,
+        0x05,
+        "PERSISTENT RESERVE OUT / PREEMPT AND ABORT",
+        PR_OUT,
+        Op::PrOut,
+    ),
+    sa(
+        0x5f,
+        0x06,
+        "PERSISTENT RESERVE OUT / REGISTER AND IGNORE EXISTING KEY",
+        PR_OUT,
+        Op::PrOut,
+    ),
+    sa(
+        0x83,
+        0x00,
+        "EXTENDED COPY(LID1)",
+        &[
+            0x83, 0x1f, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0,
+        ],
+        Op::ExtendedCopy,
+    ),
+    sa(
+        0x84,
+        0x00,
+        "RECEIVE COPY RESULTS / COPY STATUS",
+        RCR,
+        Op::ReceiveCopyResults,
+    ),
+    sa(
+        0x84,
+        0x03,
+        "RECEIVE COPY RESULTS / OPERATING PARAMETERS",
+        RCR,
+        Op::ReceiveCopyResults,
+    ),
+    c(
+        0x88,
+        "READ(16)",
+        &[
+            0x88, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+            0x3f, 0,
+        ],
+        Op::Read,
+    ),
+    c(
+        0x89,
+        "COMPARE AND WRITE",
+        &[
+            0x89, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0xff, 0x3f, 0,
+        ],
+        Op::CompareAndWrite,
+    ),
+    c(
+        0x8a,
+        "WRITE(16)",
+        &[
+            0x8a, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+            0x3f, 0,
+        ],
+        Op::Write,
+    ),
+    c(
+        0x8b,
+        "ORWRITE(16)",
+        &[
+            0x8b, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+            0x3f, 0,
+        ],
+        Op::OrWrite,
+    ),
+    c(
+        0x8e,
+        "WRITE AND VERIFY(16)",
+        &[
+            0x8e, 0xf6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+            0x3f, 0,
+        ],
+        Op::WriteVerify,
+    ),
+    c(
+        0x8f,
+        "VERIFY(16)",
+        &[
+            0x8f, 0xf6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+            0x3f, 0,
+        ],
+        Op::Verify,
+    ),
+    c(
+        0x90,
+        "PRE-FETCH(16)",
+        &[
+            0x90, 0x02, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+            0x3f, 0,
+        ],
+        Op::PreFetch,
+    ),
+    c(
+        0x91,
+        "SYNCHRONIZE CACHE(16)",
+        &[
+            0x91, 0x06, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+            0x3f, 0,
+        ],
+        Op::SyncCache,
+    ),
+    c(
+        0x93,
+        "WRITE SAME(16)",
+        &[
+            0x93, 0xf9, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+            0x3f, 0,
+        ],
+        Op::WriteSame,
+    ),
+    c(
+        0x9c,
+        "WRITE ATOMIC(16)",
+        &[
+            0x9c, 0xf8, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0xff, 0xff, 0x3f, 0,
+        ],
+        Op::WriteAtomic,
+    ),
+    sa(
+        0x9e,
+        0x10,
+        "READ CAPACITY(16)",
+        &[
+            0x9e, 0x1f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+            0x01, 0,
+        ],
+        Op::ReadCapacity16,
+    ),
+    sa(
+        0x9e,
+        0x12,
+        "GET LBA STATUS",
+        &[
+            0x9e, 0x1f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0,
+            0,
+        ],
+        Op::GetLbaStatus,
+    ),
+    c(
+        0xa0,
+        "REPORT LUNS",
+        &[0xa0, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0],
+        Op::ReportLuns,
+    ),
+    sa(
+        0xa3,
+        0x0c,
+        "REPORT SUPPORTED OPERATION CODES",
+        &[
+            0xa3, 0x1f, 0x87, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0,
+        ],
+        Op::ReportOpcodes,
+    ),
+    sa(
+        0xa3,
+        0x0d,
+        "REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS",
+        &[0xa3, 0x1f, 0x80, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0],
+        Op::ReportTmfs,
+    ),
+    c(
+        0xa8,
+        "READ(12)",
+        &[
+            0xa8, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0,
+        ],
+        Op::Read,
+    ),
+    c(
+        0xaa,
+        "WRITE(12)",
+        &[
+            0xaa, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0,
+        ],
+        Op::Write,
+    ),
+    c(
+        0xb7,
+        "READ DEFECT DATA(12)",
+        &[0xb7, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0],
+        Op::ReadDefectData,
+    ),
+    c(
+        0xae,
+        "WRITE AND VERIFY(12)",
+        &[
+            0xae, 0xf6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0,
+        ],
+        Op::WriteVerify,
+    ),
+    c(
+        0xaf,
+        "VERIFY(12)",
+        &[
+            0xaf, 0xf6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0,
+        ],
+        Op::Verify,
+    ),
 ];
 
 /// Whether any command uses this opcode with service actions.
 pub fn has_service_actions(opcode: u8) -> bool {
-    COMMANDS.iter().any(|d| d.opcode == opcode && d.service_action.is_some())
+    COMMANDS
+        .iter()
+        .any(|d| d.opcode == opcode && d.service_action.is_some())
 }
 
 /// Find the row for a CDB (by opcode, and service action where the opcode
@@ -154,13 +539,17 @@ pub fn has_service_actions(opcode: u8) -> bool {
 pub fn lookup(cdb: &[u8]) -> Option<&'static CommandDef> {
     let op = *cdb.first()?;
     let action = cdb.get(1).map(|b| b & 0x1f);
-    COMMANDS.iter().find(|d| d.opcode == op && (d.service_action.is_none() || d.service_action == action))
+    COMMANDS
+        .iter()
+        .find(|d| d.opcode == op && (d.service_action.is_none() || d.service_action == action))
 }
 
 /// Find a row by opcode and optional service action (for REPORT SUPPORTED
 /// OPERATION CODES).
 pub fn find(opcode: u8, action: Option<u8>) -> Option<&'static CommandDef> {
-    COMMANDS.iter().find(|d| d.opcode == opcode && d.service_action == action)
+    COMMANDS
+        .iter()
+        .find(|d| d.opcode == opcode && d.service_action == action)
 }
 
 /// Check the CDB against the usage data: a bit set where the command has
@@ -220,8 +609,16 @@ pub(crate) fn report_supported_opcodes(cdb: &[u8]) -> Result<Vec<u8>, Sense> {
             if options == 2 && !has_sa && find(req_op, None).is_some() {
                 return Err(Sense::invalid_cdb_field(2, Some(2)));
             }
-            let action = if options == 2 { Some(req_sa as u8).filter(|_| req_sa < 0x20) } else { None };
-            let found = if options == 2 && req_sa >= 0x20 { None } else { find(req_op, action) };
+            let action = if options == 2 {
+                Some(req_sa as u8).filter(|_| req_sa < 0x20)
+            } else {
+                None
+            };
+            let found = if options == 2 && req_sa >= 0x20 {
+                None
+            } else {
+                find(req_op, action)
+            };
             match found {
                 Some(d) => {
                     out.push(0);
@@ -267,7 +664,10 @@ mod tests {
                 assert_eq!(d.usage[1] & 0x1f, 0x1f, "{}", d.name);
                 assert!(a < 0x20);
             }
-            let dups = COMMANDS.iter().filter(|o| o.opcode == d.opcode && o.service_action == d.service_action).count();
+            let dups = COMMANDS
+                .iter()
+                .filter(|o| o.opcode == d.opcode && o.service_action == d.service_action)
+                .count();
             assert_eq!(dups, 1, "{}", d.name);
         }
         assert_eq!(lookup(&[0x9e, 0x10]).unwrap().op, Op::ReadCapacity16);
@@ -285,7 +685,20 @@ mod tests {
 
     fn rsoc(rctd: bool, options: u8, opcode: u8, sa: u16, alloc: u32) -> Vec<u8> {
         let (s, a) = (sa.to_be_bytes(), alloc.to_be_bytes());
-        vec![0xa3, 0x0c, u8::from(rctd) << 7 | options, opcode, s[0], s[1], a[0], a[1], a[2], a[3], 0, 0]
+        vec![
+            0xa3,
+            0x0c,
+            u8::from(rctd) << 7 | options,
+            opcode,
+            s[0],
+            s[1],
+            a[0],
+            a[1],
+            a[2],
+            a[3],
+            0,
+            0,
+        ]
     }
 
     #[test]
@@ -298,9 +711,19 @@ mod tests {
             assert_eq!(len, COMMANDS.len() * size);
             for (desc, def) in d[4..].chunks(size).zip(COMMANDS) {
                 assert_eq!(desc[0], def.opcode);
-                assert_eq!(desc[5] & 1, u8::from(def.service_action.is_some()), "SERVACTV");
-                assert_eq!(u16::from_be_bytes([desc[2], desc[3]]), u16::from(def.service_action.unwrap_or(0)));
-                assert_eq!(usize::from(u16::from_be_bytes([desc[6], desc[7]])), def.cdb_len);
+                assert_eq!(
+                    desc[5] & 1,
+                    u8::from(def.service_action.is_some()),
+                    "SERVACTV"
+                );
+                assert_eq!(
+                    u16::from_be_bytes([desc[2], desc[3]]),
+                    u16::from(def.service_action.unwrap_or(0))
+                );
+                assert_eq!(
+                    usize::from(u16::from_be_bytes([desc[6], desc[7]])),
+                    def.cdb_len
+                );
                 assert_eq!(desc[5] & 2 != 0, rctd, "CTDP");
                 if rctd {
                     assert_eq!(&desc[8..10], &[0, 0x0a], "timeouts descriptor length");
@@ -308,7 +731,12 @@ mod tests {
             }
         }
         // Truncated to the allocation length.
-        assert_eq!(report_supported_opcodes(&rsoc(false, 0, 0, 0, 10)).unwrap().len(), 10);
+        assert_eq!(
+            report_supported_opcodes(&rsoc(false, 0, 0, 0, 10))
+                .unwrap()
+                .len(),
+            10
+        );
     }
 
     #[test]
@@ -324,19 +752,37 @@ mod tests {
         assert_eq!(d[4], 0x9e);
         assert_eq!(d.len(), 4 + 16 + 12);
         // Not supported: SUPPORT = 1, no usage data.
-        assert_eq!(report_supported_opcodes(&rsoc(false, 1, 0xff, 0, 64)).unwrap(), [0, 1, 0, 0]);
-        assert_eq!(report_supported_opcodes(&rsoc(false, 2, 0x9e, 0x1f, 64)).unwrap(), [0, 1, 0, 0]);
-        assert_eq!(report_supported_opcodes(&rsoc(false, 2, 0x9e, 0x100, 64)).unwrap(), [0, 1, 0, 0]);
+        assert_eq!(
+            report_supported_opcodes(&rsoc(false, 1, 0xff, 0, 64)).unwrap(),
+            [0, 1, 0, 0]
+        );
+        assert_eq!(
+            report_supported_opcodes(&rsoc(false, 2, 0x9e, 0x1f, 64)).unwrap(),
+            [0, 1, 0, 0]
+        );
+        assert_eq!(
+            report_supported_opcodes(&rsoc(false, 2, 0x9e, 0x100, 64)).unwrap(),
+            [0, 1, 0, 0]
+        );
     }
 
     #[test]
     fn reporting_option_mismatches_are_invalid_fields() {
         let bad = Sense::invalid_cdb_field(2, Some(2));
         // Option 1 for an opcode with service actions, option 2 for one without.
-        assert_eq!(report_supported_opcodes(&rsoc(false, 1, 0x9e, 0, 64)), Err(bad));
-        assert_eq!(report_supported_opcodes(&rsoc(false, 2, 0x28, 0, 64)), Err(bad));
+        assert_eq!(
+            report_supported_opcodes(&rsoc(false, 1, 0x9e, 0, 64)),
+            Err(bad)
+        );
+        assert_eq!(
+            report_supported_opcodes(&rsoc(false, 2, 0x28, 0, 64)),
+            Err(bad)
+        );
         for options in 3..8 {
-            assert_eq!(report_supported_opcodes(&rsoc(false, options, 0, 0, 64)), Err(bad));
+            assert_eq!(
+                report_supported_opcodes(&rsoc(false, options, 0, 0, 64)),
+                Err(bad)
+            );
         }
     }
 

@@ -18,7 +18,8 @@ pub(crate) const MAX_TARGET_DESCRIPTORS: usize = 2;
 /// Most segment descriptors in one command.
 pub(crate) const MAX_SEGMENT_DESCRIPTORS: usize = 64;
 /// Most bytes of descriptors (targets at 32 bytes, segments at 28).
-pub(crate) const MAX_DESCRIPTOR_LIST: usize = 32 * MAX_TARGET_DESCRIPTORS + 28 * MAX_SEGMENT_DESCRIPTORS;
+pub(crate) const MAX_DESCRIPTOR_LIST: usize =
+    32 * MAX_TARGET_DESCRIPTORS + 28 * MAX_SEGMENT_DESCRIPTORS;
 /// Largest segment, in bytes.
 const MAX_SEGMENT_BYTES: u64 = 16 << 20;
 
@@ -62,7 +63,13 @@ use crate::be::be64;
 
 impl CopyManager {
     /// EXTENDED COPY (LID1). `visible` are the units the initiator may use.
-    pub(crate) fn extended_copy(&self, nexus: Nexus, cdb: &[u8], data: &[u8], visible: &[Arc<LogicalUnit>]) -> Result<(), Sense> {
+    pub(crate) fn extended_copy(
+        &self,
+        nexus: Nexus,
+        cdb: &[u8],
+        data: &[u8],
+        visible: &[Arc<LogicalUnit>],
+    ) -> Result<(), Sense> {
         let len = be32(&cdb[10..14]);
         if len == 0 {
             return Ok(());
@@ -103,7 +110,10 @@ impl CopyManager {
             // Designator: code set, association/type, length, body.
             let (code_set, dtype, dlen) = (d[4] & 0x0f, d[5] & 0x0f, usize::from(d[7]));
             let body = &d[8..(8 + dlen).min(28)];
-            let found = visible.iter().find(|lu| lu.has_designator(code_set, dtype, body)).cloned();
+            let found = visible
+                .iter()
+                .find(|lu| lu.has_designator(code_set, dtype, body))
+                .cloned();
             // The descriptor's block size must match the unit's.
             let bs = u32::from_be_bytes([0, d[29], d[30], d[31]]);
             targets.push(found.filter(|lu| bs == 0 || lu.device().block_size() == bs));
@@ -130,7 +140,11 @@ impl CopyManager {
         if segments.len() > MAX_SEGMENT_DESCRIPTORS {
             return Err(TOO_MANY_SEGMENTS);
         }
-        let mut status = CopyStatus { failed: false, segments: 0, bytes: 0 };
+        let mut status = CopyStatus {
+            failed: false,
+            segments: 0,
+            bytes: 0,
+        };
         let result = (|| {
             for s in &segments {
                 let dc = s[1] & 0x02 != 0;
@@ -139,22 +153,32 @@ impl CopyManager {
                 let (src_lba, dst_lba) = (be64(&s[12..20]), be64(&s[20..28]));
                 let src = targets.get(src_i).cloned().flatten().ok_or(NOT_REACHABLE)?;
                 let dst = targets.get(dst_i).cloned().flatten().ok_or(NOT_REACHABLE)?;
-                let (sbs, dbs) = (u64::from(src.device().block_size()), u64::from(dst.device().block_size()));
+                let (sbs, dbs) = (
+                    u64::from(src.device().block_size()),
+                    u64::from(dst.device().block_size()),
+                );
                 // DC: the block count is in destination blocks.
                 let bytes = blocks * if dc { dbs } else { sbs };
-                if !bytes.is_multiple_of(sbs) || !bytes.is_multiple_of(dbs) || bytes > MAX_SEGMENT_BYTES {
+                if !bytes.is_multiple_of(sbs)
+                    || !bytes.is_multiple_of(dbs)
+                    || bytes > MAX_SEGMENT_BYTES
+                {
                     return Err(Sense::invalid_param_field(10));
                 }
                 let in_range = |lba: u64, bs: u64, lu: &LogicalUnit| {
-                    lba.checked_add(bytes / bs).is_some_and(|e| e <= lu.device().num_blocks())
+                    lba.checked_add(bytes / bs)
+                        .is_some_and(|e| e <= lu.device().num_blocks())
                 };
                 if !in_range(src_lba, sbs, &src) || !in_range(dst_lba, dbs, &dst) {
                     return Err(COPY_FAILED);
                 }
                 if bytes > 0 {
                     let mut buf = vec![0u8; bytes as usize];
-                    src.device().read_at(src_lba * sbs, &mut buf).map_err(|_| COPY_FAILED)?;
-                    dst.copy_write(dst_lba * dbs, &buf).map_err(|_| COPY_FAILED)?;
+                    src.device()
+                        .read_at(src_lba * sbs, &mut buf)
+                        .map_err(|_| COPY_FAILED)?;
+                    dst.copy_write(dst_lba * dbs, &buf)
+                        .map_err(|_| COPY_FAILED)?;
                 }
                 status.segments += 1;
                 status.bytes += bytes;
@@ -162,7 +186,10 @@ impl CopyManager {
             Ok(())
         })();
         status.failed = result.is_err();
-        self.results.lock().unwrap_or_else(|e| e.into_inner()).insert((nexus, list_id), status);
+        self.results
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((nexus, list_id), status);
         result
     }
 
@@ -174,7 +201,9 @@ impl CopyManager {
         let mut d = match action {
             0x00 => {
                 let results = self.results.lock().unwrap_or_else(|e| e.into_inner());
-                let s = results.get(&(nexus, list_id)).ok_or(Sense::invalid_cdb_field(2, None))?;
+                let s = results
+                    .get(&(nexus, list_id))
+                    .ok_or(Sense::invalid_cdb_field(2, None))?;
                 let mut d = vec![0u8; 12];
                 d[0..4].copy_from_slice(&8u32.to_be_bytes());
                 d[4] = u8::from(s.failed); // 0: completed without errors

@@ -20,13 +20,23 @@ pub(crate) fn execute(req: &ScsiRequest<'_>) -> ScsiResponse {
             d[3] = 0x12;
             d[4] = 31;
             d.truncate(alloc);
-            ScsiResponse { status: ScsiStatus::Good, sense: Vec::new(), data_in: d, data_out_len: None }
+            ScsiResponse {
+                status: ScsiStatus::Good,
+                sense: Vec::new(),
+                data_in: d,
+                data_out_len: None,
+            }
         }
         Some(0x03) if cdb.len() >= 6 => {
             let alloc = usize::from(cdb[4]);
             let mut d = codes::LUN_NOT_SUPPORTED.to_bytes(cdb[1] & 1 != 0);
             d.truncate(alloc);
-            ScsiResponse { status: ScsiStatus::Good, sense: Vec::new(), data_in: d, data_out_len: None }
+            ScsiResponse {
+                status: ScsiStatus::Good,
+                sense: Vec::new(),
+                data_in: d,
+                data_out_len: None,
+            }
         }
         _ => plain_check(codes::LUN_NOT_SUPPORTED, None),
     }
@@ -44,11 +54,25 @@ mod tests {
             let d = good(exec_lun(&t, A, lun, &[0x12, 0, 0, 0, 96, 0], &[]));
             assert_eq!(d[0], 0x7f, "qualifier 011b, type 1Fh");
             assert_eq!(d.len(), 36);
-            assert_eq!(good(exec_lun(&t, A, lun, &[0x12, 0, 0, 0, 1, 0], &[])), [0x7f]);
+            assert_eq!(
+                good(exec_lun(&t, A, lun, &[0x12, 0, 0, 0, 1, 0], &[])),
+                [0x7f]
+            );
             let s = good(exec_lun(&t, A, lun, &[0x03, 0, 0, 0, 252, 0], &[]));
             assert_eq!(sense_of(&s), Some((key::ILLEGAL_REQUEST, 0x25, 0)));
-            for cdb in [vec![0, 0, 0, 0, 0, 0], cdb10(0x28, 0, 0, 1), cdb10(0x2a, 0, 0, 1), vec![0xff], vec![]] {
-                check(&exec_lun(&t, A, lun, &cdb, &[0u8; 512]), key::ILLEGAL_REQUEST, 0x25, 0);
+            for cdb in [
+                vec![0, 0, 0, 0, 0, 0],
+                cdb10(0x28, 0, 0, 1),
+                cdb10(0x2a, 0, 0, 1),
+                vec![0xff],
+                vec![],
+            ] {
+                check(
+                    &exec_lun(&t, A, lun, &cdb, &[0u8; 512]),
+                    key::ILLEGAL_REQUEST,
+                    0x25,
+                    0,
+                );
             }
         }
     }

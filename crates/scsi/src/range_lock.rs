@@ -22,14 +22,18 @@ pub(crate) enum StripeGuard<'a> {
 
 impl RangeLocks {
     pub(crate) fn new() -> Self {
-        RangeLocks { stripes: (0..STRIPES).map(|_| std::sync::RwLock::new(())).collect() }
+        RangeLocks {
+            stripes: (0..STRIPES).map(|_| std::sync::RwLock::new(())).collect(),
+        }
     }
 
     /// The stripes a byte range touches, in lock order (ascending, unique).
     fn stripes_of(off: u64, len: u64) -> Vec<usize> {
         let first = off / STRIPE_BYTES;
         let last = (off + len.max(1) - 1) / STRIPE_BYTES;
-        let mut v: Vec<usize> = (first..=last.min(first + STRIPES as u64)).map(|s| (s % STRIPES as u64) as usize).collect();
+        let mut v: Vec<usize> = (first..=last.min(first + STRIPES as u64))
+            .map(|s| (s % STRIPES as u64) as usize)
+            .collect();
         v.sort_unstable();
         v.dedup();
         v

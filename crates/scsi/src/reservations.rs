@@ -76,14 +76,22 @@ fn registrants_only(kind: u8) -> bool {
 }
 
 fn exclusive_access(kind: u8) -> bool {
-    matches!(kind, pr_type::EXCLUSIVE_ACCESS | pr_type::EA_REGISTRANTS_ONLY | pr_type::EA_ALL_REGISTRANTS)
+    matches!(
+        kind,
+        pr_type::EXCLUSIVE_ACCESS | pr_type::EA_REGISTRANTS_ONLY | pr_type::EA_ALL_REGISTRANTS
+    )
 }
 
 fn valid_type(kind: u8) -> bool {
     use pr_type::*;
     matches!(
         kind,
-        WRITE_EXCLUSIVE | EXCLUSIVE_ACCESS | WE_REGISTRANTS_ONLY | EA_REGISTRANTS_ONLY | WE_ALL_REGISTRANTS | EA_ALL_REGISTRANTS
+        WRITE_EXCLUSIVE
+            | EXCLUSIVE_ACCESS
+            | WE_REGISTRANTS_ONLY
+            | EA_REGISTRANTS_ONLY
+            | WE_ALL_REGISTRANTS
+            | EA_ALL_REGISTRANTS
     )
 }
 
@@ -93,7 +101,10 @@ pub(crate) type Notices = Vec<(Nexus, Sense)>;
 impl Reservations {
     /// State kept in `state_file` (APTPL), loaded if present.
     pub(crate) fn with_state_file(path: Option<PathBuf>) -> Self {
-        let mut r = Reservations { state_file: path, ..Default::default() };
+        let mut r = Reservations {
+            state_file: path,
+            ..Default::default()
+        };
         if let Some(p) = r.state_file.clone() {
             r.load(&p);
         }
@@ -193,7 +204,11 @@ impl Reservations {
             1 => match self.holder {
                 Some(h) => {
                     out.extend_from_slice(&16u32.to_be_bytes());
-                    let key = if all_registrants(h.kind) { 0 } else { self.keys.get(&h.nexus).copied().unwrap_or(0) };
+                    let key = if all_registrants(h.kind) {
+                        0
+                    } else {
+                        self.keys.get(&h.nexus).copied().unwrap_or(0)
+                    };
                     out.extend_from_slice(&key.to_be_bytes());
                     out.extend_from_slice(&[0, 0, 0, 0, 0, h.kind & 0x0f, 0, 0]);
                 }
@@ -216,14 +231,18 @@ impl Reservations {
                 regs.sort();
                 for (n, k) in regs {
                     let holder = self.is_holder(*n);
-                    let kind = if holder { self.holder.map(|h| h.kind).unwrap_or(0) } else { 0 };
+                    let kind = if holder {
+                        self.holder.map(|h| h.kind).unwrap_or(0)
+                    } else {
+                        0
+                    };
                     descs.extend_from_slice(&k.to_be_bytes());
                     descs.extend_from_slice(&[0; 4]);
                     descs.push(u8::from(holder));
                     descs.push(kind & 0x0f);
                     descs.extend_from_slice(&[0; 4]);
                     descs.extend_from_slice(&1u16.to_be_bytes()); // relative target port 1
-                    // iSCSI TransportID (format 00b): the initiator name.
+                                                                  // iSCSI TransportID (format 00b): the initiator name.
                     let mut name = self.names.get(n).cloned().unwrap_or_default().into_bytes();
                     name.push(0);
                     while name.len() % 4 != 0 {
@@ -244,7 +263,13 @@ impl Reservations {
     }
 
     /// PERSISTENT RESERVE OUT. Returns the unit attentions to queue.
-    pub(crate) fn pr_out(&mut self, n: Nexus, action: u8, scope_type: u8, param: &[u8]) -> Result<Notices, PrError> {
+    pub(crate) fn pr_out(
+        &mut self,
+        n: Nexus,
+        action: u8,
+        scope_type: u8,
+        param: &[u8],
+    ) -> Result<Notices, PrError> {
         if param.len() < 24 {
             return Err(codes::PARAM_LIST_LENGTH.into());
         }
@@ -337,14 +362,23 @@ impl Reservations {
                     return Err(Sense::invalid_cdb_field(2, Some(0)).into());
                 }
                 let holder = self.holder;
-                let holder_key = holder.filter(|h| !all_registrants(h.kind)).and_then(|h| self.keys.get(&h.nexus).copied());
+                let holder_key = holder
+                    .filter(|h| !all_registrants(h.kind))
+                    .and_then(|h| self.keys.get(&h.nexus).copied());
                 let victims: Vec<Nexus> = if sakey == 0 {
                     match holder {
-                        Some(h) if all_registrants(h.kind) => self.keys.keys().copied().filter(|o| *o != n).collect(),
+                        Some(h) if all_registrants(h.kind) => {
+                            self.keys.keys().copied().filter(|o| *o != n).collect()
+                        }
                         _ => return Err(Sense::invalid_param_field(8).into()),
                     }
                 } else {
-                    let v: Vec<Nexus> = self.keys.iter().filter(|(_, k)| **k == sakey).map(|(o, _)| *o).collect();
+                    let v: Vec<Nexus> = self
+                        .keys
+                        .iter()
+                        .filter(|(_, k)| **k == sakey)
+                        .map(|(o, _)| *o)
+                        .collect();
                     if v.is_empty() {
                         return Err(PrError::Conflict);
                     }
@@ -401,7 +435,12 @@ impl Reservations {
         let mut regs: Vec<(&Nexus, &u64)> = self.keys.iter().collect();
         regs.sort();
         for (n, k) in regs {
-            text.push_str(&format!("key {:016x} {:016x} {}\n", n.0, k, self.names.get(n).map(String::as_str).unwrap_or("")));
+            text.push_str(&format!(
+                "key {:016x} {:016x} {}\n",
+                n.0,
+                k,
+                self.names.get(n).map(String::as_str).unwrap_or("")
+            ));
         }
         if let Some(h) = self.holder {
             text.push_str(&format!("holder {:016x} {}\n", h.nexus.0, h.kind));
@@ -412,13 +451,16 @@ impl Reservations {
     }
 
     fn load(&mut self, path: &Path) {
-        let Ok(text) = std::fs::read_to_string(path) else { return };
+        let Ok(text) = std::fs::read_to_string(path) else {
+            return;
+        };
         for line in text.lines() {
             let f: Vec<&str> = line.split_whitespace().collect();
             match f.as_slice() {
                 ["generation", g] => self.generation = g.parse().unwrap_or(0),
                 ["key", n, k, rest @ ..] => {
-                    if let (Ok(n), Ok(k)) = (u64::from_str_radix(n, 16), u64::from_str_radix(k, 16)) {
+                    if let (Ok(n), Ok(k)) = (u64::from_str_radix(n, 16), u64::from_str_radix(k, 16))
+                    {
                         self.keys.insert(Nexus(n), k);
                         if let Some(name) = rest.first() {
                             self.names.insert(Nexus(n), (*name).to_string());
@@ -427,10 +469,15 @@ impl Reservations {
                 }
                 ["holder", n, t] => {
                     if let (Ok(n), Ok(t)) = (u64::from_str_radix(n, 16), t.parse()) {
-                        self.holder = Some(Holder { nexus: Nexus(n), kind: t });
+                        self.holder = Some(Holder {
+                            nexus: Nexus(n),
+                            kind: t,
+                        });
                     }
                 }
-                _ => tracing::warn!(path = %path.display(), line, "ignoring unreadable reservation line"),
+                _ => {
+                    tracing::warn!(path = %path.display(), line, "ignoring unreadable reservation line")
+                }
             }
         }
         self.aptpl = !self.keys.is_empty();

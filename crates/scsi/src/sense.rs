@@ -50,17 +50,38 @@ pub struct Sense {
 impl Sense {
     /// A sense with no extra fields.
     pub const fn new(key: u8, asc: u8, ascq: u8) -> Sense {
-        Sense { key, asc, ascq, info: None, field: None, progress: None }
+        Sense {
+            key,
+            asc,
+            ascq,
+            info: None,
+            field: None,
+            progress: None,
+        }
     }
 
     /// INVALID FIELD IN CDB pointing at `byte` (and `bit`).
     pub const fn invalid_cdb_field(byte: u16, bit: Option<u8>) -> Sense {
-        Sense { key: key::ILLEGAL_REQUEST, asc: 0x24, ascq: 0, info: None, field: Some((true, byte, bit)), progress: None }
+        Sense {
+            key: key::ILLEGAL_REQUEST,
+            asc: 0x24,
+            ascq: 0,
+            info: None,
+            field: Some((true, byte, bit)),
+            progress: None,
+        }
     }
 
     /// INVALID FIELD IN PARAMETER LIST pointing at `byte`.
     pub const fn invalid_param_field(byte: u16) -> Sense {
-        Sense { key: key::ILLEGAL_REQUEST, asc: 0x26, ascq: 0, info: None, field: Some((false, byte, None)), progress: None }
+        Sense {
+            key: key::ILLEGAL_REQUEST,
+            asc: 0x26,
+            ascq: 0,
+            info: None,
+            field: Some((false, byte, None)),
+            progress: None,
+        }
     }
 
     /// With an INFORMATION value.

@@ -24,12 +24,20 @@ pub(crate) fn report_luns(cdb: &[u8], luns: &[u64]) -> Result<super::disk::Reply
         return Err(Sense::invalid_cdb_field(6, None));
     }
     // Select 1 (well-known LUNs only): we have none.
-    let listed: Vec<u64> = if select == 1 { Vec::new() } else { luns.to_vec() };
+    let listed: Vec<u64> = if select == 1 {
+        Vec::new()
+    } else {
+        luns.to_vec()
+    };
     let mut d = Vec::with_capacity(8 + 8 * listed.len());
     d.extend_from_slice(&((listed.len() * 8) as u32).to_be_bytes());
     d.extend_from_slice(&[0; 4]);
     for l in listed {
-        let wire: u64 = if l < 256 { l << 48 } else { (0x4000 | (l & 0x3fff)) << 48 };
+        let wire: u64 = if l < 256 {
+            l << 48
+        } else {
+            (0x4000 | (l & 0x3fff)) << 48
+        };
         d.extend_from_slice(&wire.to_be_bytes());
     }
     d.truncate(alloc);
@@ -46,7 +54,10 @@ pub struct ScsiTarget {
 impl ScsiTarget {
     /// Create a target whose LUN *i* is `luns[i]`.
     pub fn new(luns: Vec<Arc<LogicalUnit>>) -> Self {
-        ScsiTarget { luns, copies: CopyManager::default() }
+        ScsiTarget {
+            luns,
+            copies: CopyManager::default(),
+        }
     }
 
     /// The logical units, by LUN number.
@@ -64,16 +75,25 @@ impl ScsiTarget {
     pub fn execute(&self, req: &ScsiRequest<'_>) -> ScsiResponse {
         let opcode = req.cdb.first().copied().unwrap_or(0xff);
         if opcode == 0xa0 {
-            if let Some((byte, bit)) = crate::commands::lookup(req.cdb).and_then(|d| crate::commands::reserved_bits(d, req.cdb)) {
+            if let Some((byte, bit)) = crate::commands::lookup(req.cdb)
+                .and_then(|d| crate::commands::reserved_bits(d, req.cdb))
+            {
                 return plain_check(Sense::invalid_cdb_field(byte, Some(bit)), self.lun(req.lun));
             }
             let all: Vec<u64> = (0..self.luns.len() as u64).collect();
             return match report_luns(req.cdb, &all) {
-                Ok(data) => ScsiResponse { status: ScsiStatus::Good, sense: Vec::new(), data_in: data, data_out_len: None },
+                Ok(data) => ScsiResponse {
+                    status: ScsiStatus::Good,
+                    sense: Vec::new(),
+                    data_in: data,
+                    data_out_len: None,
+                },
                 Err(s) => plain_check(s, self.lun(req.lun)),
             };
         }
-        let Some(lu) = self.lun(req.lun) else { return crate::missing_lun::execute(req) };
+        let Some(lu) = self.lun(req.lun) else {
+            return crate::missing_lun::execute(req);
+        };
         if opcode != 0x83 && opcode != 0x84 {
             return lu.execute(req);
         }
@@ -81,17 +101,29 @@ impl ScsiTarget {
             Ok(d) => d,
             Err(resp) => return resp,
         };
-        let ok = |data_in: Vec<u8>| ScsiResponse { status: ScsiStatus::Good, sense: Vec::new(), data_in, data_out_len: None };
+        let ok = |data_in: Vec<u8>| ScsiResponse {
+            status: ScsiStatus::Good,
+            sense: Vec::new(),
+            data_in,
+            data_out_len: None,
+        };
         let result = match def.op {
             // Every LUN of this target is visible to every initiator today;
             // LUN masking will narrow this list.
-            Op::ExtendedCopy => self.copies.extended_copy(req.nexus, req.cdb, req.data_out, &self.luns).map(|_| ok(Vec::new())),
+            Op::ExtendedCopy => self
+                .copies
+                .extended_copy(req.nexus, req.cdb, req.data_out, &self.luns)
+                .map(|_| ok(Vec::new())),
             Op::ReceiveCopyResults => self.copies.receive_copy_results(req.nexus, req.cdb).map(ok),
             _ => return lu.execute(req),
         };
         let mut resp = result.unwrap_or_else(|s| lu.check(s));
         if def.op == Op::ExtendedCopy {
-            resp.data_out_len = Some(u32::from_be_bytes([req.cdb[10], req.cdb[11], req.cdb[12], req.cdb[13]]) as usize);
+            resp.data_out_len =
+                Some(
+                    u32::from_be_bytes([req.cdb[10], req.cdb[11], req.cdb[12], req.cdb[13]])
+                        as usize,
+                );
         }
         resp
     }
@@ -148,7 +180,12 @@ impl ScsiTarget {
 pub(crate) fn plain_check(s: Sense, lu: Option<&Arc<LogicalUnit>>) -> ScsiResponse {
     match lu {
         Some(lu) => lu.check(s),
-        None => ScsiResponse { status: ScsiStatus::CheckCondition, sense: s.to_bytes(false), data_in: Vec::new(), data_out_len: None },
+        None => ScsiResponse {
+            status: ScsiStatus::CheckCondition,
+            sense: s.to_bytes(false),
+            data_in: Vec::new(),
+            data_out_len: None,
+        },
     }
 }
 
@@ -166,7 +203,12 @@ mod tests {
     }
 
     fn two_luns() -> ScsiTarget {
-        let lu = |bs| Arc::new(LogicalUnit::new(Arc::new(TestDevice::new(bs)), config(false, false)));
+        let lu = |bs| {
+            Arc::new(LogicalUnit::new(
+                Arc::new(TestDevice::new(bs)),
+                config(false, false),
+            ))
+        };
         ScsiTarget::new(vec![lu(512), lu(4096)])
     }
 
@@ -183,11 +225,22 @@ mod tests {
         // Well-known LUNs only: none.
         assert_eq!(good(exec(&t, A, &report_luns(1, 1024), &[])), [0u8; 8]);
         // Truncated to the allocation length, but the length field is whole.
-        assert_eq!(good(exec(&t, A, &report_luns(0, 16), &[]))[..4], 16u32.to_be_bytes());
+        assert_eq!(
+            good(exec(&t, A, &report_luns(0, 16), &[]))[..4],
+            16u32.to_be_bytes()
+        );
         // From a LUN that does not exist, too, and without a unit attention.
         t.nexus_added(B);
-        assert_eq!(good(exec_lun(&t, B, 9, &report_luns(0, 1024), &[])).len(), 24);
-        check(&exec(&t, B, &[0, 0, 0, 0, 0, 0], &[]), key::UNIT_ATTENTION, 0x29, 0);
+        assert_eq!(
+            good(exec_lun(&t, B, 9, &report_luns(0, 1024), &[])).len(),
+            24
+        );
+        check(
+            &exec(&t, B, &[0, 0, 0, 0, 0, 0], &[]),
+            key::UNIT_ATTENTION,
+            0x29,
+            0,
+        );
     }
 
     #[test]
@@ -201,7 +254,12 @@ mod tests {
         let r = exec(&t, A, &report_luns(3, 1024), &[]);
         check(&r, key::ILLEGAL_REQUEST, 0x24, 0);
         assert_eq!(field_pointer(&r), [0xc0, 0, 2]);
-        check(&exec_lun(&t, A, 7, &report_luns(0xff, 1024), &[]), key::ILLEGAL_REQUEST, 0x24, 0);
+        check(
+            &exec_lun(&t, A, 7, &report_luns(0xff, 1024), &[]),
+            key::ILLEGAL_REQUEST,
+            0x24,
+            0,
+        );
     }
 
     #[test]
@@ -216,6 +274,9 @@ mod tests {
         let d = good(exec_lun(&t, A, 1, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]));
         assert_eq!(d[4..8], 4096u32.to_be_bytes());
         good(exec_lun(&t, A, 1, &cdb10(0x2a, 0, 0, 1), &[9u8; 4096]));
-        assert_eq!(good(exec_lun(&t, A, 0, &cdb10(0x28, 0, 0, 1), &[])), vec![0u8; 512]);
+        assert_eq!(
+            good(exec_lun(&t, A, 0, &cdb10(0x28, 0, 0, 1), &[])),
+            vec![0u8; 512]
+        );
     }
 }

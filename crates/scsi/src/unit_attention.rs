@@ -59,7 +59,12 @@ impl UnitAttentions {
     /// Queue `s` for every known nexus, optionally except one.
     pub(crate) fn raise_all(&self, s: Sense, except: Option<Nexus>) {
         let mut q = self.lock();
-        let targets: Vec<Nexus> = q.known.iter().copied().filter(|n| Some(*n) != except).collect();
+        let targets: Vec<Nexus> = q
+            .known
+            .iter()
+            .copied()
+            .filter(|n| Some(*n) != except)
+            .collect();
         for n in targets {
             self.push(&mut q, n, s);
         }
@@ -76,7 +81,10 @@ impl UnitAttentions {
             return None;
         }
         let mut q = self.lock();
-        let s = q.pending.get_mut(&nexus).and_then(|queue| queue.pop_front());
+        let s = q
+            .pending
+            .get_mut(&nexus)
+            .and_then(|queue| queue.pop_front());
         q.pending.retain(|_, queue| !queue.is_empty());
         if q.pending.is_empty() {
             self.any.store(false, Ordering::Release);
@@ -139,7 +147,12 @@ mod lu_tests {
         // INQUIRY, REPORT LUNS neither report nor clear it.
         good(exec(&t, c, &[0x12, 0, 0, 0, 36, 0], &[]));
         good(exec(&t, c, &[0xa0, 0, 0, 0, 0, 0, 0, 0, 0, 16, 0, 0], &[]));
-        check(&exec(&t, c, &cdb10(0x28, 0, 0, 1), &[]), key::UNIT_ATTENTION, 0x29, 0x00);
+        check(
+            &exec(&t, c, &cdb10(0x28, 0, 0, 1), &[]),
+            key::UNIT_ATTENTION,
+            0x29,
+            0x00,
+        );
         good(exec(&t, c, &TUR, &[]));
         // The others are untouched; adding the same nexus again raises nothing.
         good(exec(&t, A, &TUR, &[]));
@@ -149,9 +162,21 @@ mod lu_tests {
 
     #[test]
     fn resets_raise_the_sam_codes() {
-        for (kind, ascq) in [(ResetKind::LogicalUnit, 0x03), (ResetKind::TargetWarm, 0x03), (ResetKind::TargetCold, 0x00)] {
+        for (kind, ascq) in [
+            (ResetKind::LogicalUnit, 0x03),
+            (ResetKind::TargetWarm, 0x03),
+            (ResetKind::TargetCold, 0x00),
+        ] {
             let (t, _) = target(4096);
-            t.reset(kind, if kind == ResetKind::LogicalUnit { Some(0) } else { None }, A);
+            t.reset(
+                kind,
+                if kind == ResetKind::LogicalUnit {
+                    Some(0)
+                } else {
+                    None
+                },
+                A,
+            );
             for n in [A, B] {
                 check(&exec(&t, n, &TUR, &[]), key::UNIT_ATTENTION, 0x29, ascq);
                 good(exec(&t, n, &TUR, &[]));

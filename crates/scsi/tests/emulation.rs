@@ -5,7 +5,9 @@ use std::sync::{Arc, Mutex};
 
 use ethersan_backend::ram::RamDevice;
 use ethersan_backend::{BackendError, BlockDevice};
-use ethersan_scsi::{LogicalUnit, LuConfig, Nexus, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus, ScsiTarget};
+use ethersan_scsi::{
+    LogicalUnit, LuConfig, Nexus, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus, ScsiTarget,
+};
 use proptest::prelude::*;
 
 fn cfg(removable: bool, read_only: bool) -> LuConfig {
@@ -60,7 +62,10 @@ const OTHER: Nexus = Nexus(2);
 
 fn target(bs: u32, removable: bool, read_only: bool) -> ScsiTarget {
     let dev = Arc::new(RamDevice::new(4 << 20, bs).unwrap());
-    let t = ScsiTarget::new(vec![Arc::new(LogicalUnit::new(dev, cfg(removable, read_only)))]);
+    let t = ScsiTarget::new(vec![Arc::new(LogicalUnit::new(
+        dev,
+        cfg(removable, read_only),
+    ))]);
     t.nexus_added(N);
     t.nexus_added(OTHER);
     // Clear the power-on unit attention of both nexuses.
@@ -72,7 +77,13 @@ fn target(bs: u32, removable: bool, read_only: bool) -> ScsiTarget {
 }
 
 fn exec(t: &ScsiTarget, nexus: Nexus, cdb: &[u8], data: &[u8]) -> ScsiResponse {
-    t.execute(&ScsiRequest { nexus, lun: 0, cdb, data_out: data, expected_len: 1 << 20 })
+    t.execute(&ScsiRequest {
+        nexus,
+        lun: 0,
+        cdb,
+        data_out: data,
+        expected_len: 1 << 20,
+    })
 }
 
 fn sense(r: &ScsiResponse) -> Option<(u8, u8, u8)> {
@@ -112,7 +123,10 @@ fn read_write_roundtrip_both_block_sizes() {
         assert_eq!(r.data_in, data);
         let r = exec(&t, N, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]);
         let blocks = (4u64 << 20) / u64::from(bs);
-        assert_eq!(u32::from_be_bytes(r.data_in[0..4].try_into().unwrap()) as u64, blocks - 1);
+        assert_eq!(
+            u32::from_be_bytes(r.data_in[0..4].try_into().unwrap()) as u64,
+            blocks - 1
+        );
         assert_eq!(u32::from_be_bytes(r.data_in[4..8].try_into().unwrap()), bs);
         let mut rc16 = [0u8; 16];
         rc16[0] = 0x9e;
@@ -120,7 +134,10 @@ fn read_write_roundtrip_both_block_sizes() {
         rc16[13] = 32;
         let r = exec(&t, N, &rc16, &[]);
         assert_eq!(r.data_in.len(), 32);
-        assert_eq!(u64::from_be_bytes(r.data_in[0..8].try_into().unwrap()), blocks - 1);
+        assert_eq!(
+            u64::from_be_bytes(r.data_in[0..8].try_into().unwrap()),
+            blocks - 1
+        );
     }
 }
 
@@ -128,13 +145,31 @@ fn read_write_roundtrip_both_block_sizes() {
 fn bad_requests_get_the_standard_sense() {
     let t = target(512, false, false);
     let blocks = (4u32 << 20) / 512;
-    assert_eq!(sense(&exec(&t, N, &read10(blocks, 1), &[])), Some((5, 0x21, 0)));
-    assert_eq!(sense(&exec(&t, N, &read10(blocks - 1, 2), &[])), Some((5, 0x21, 0)));
-    assert_eq!(exec(&t, N, &read10(blocks, 0), &[]).status, ScsiStatus::Good);
-    assert_eq!(sense(&exec(&t, N, &read10(blocks + 1, 0), &[])), Some((5, 0x21, 0)));
+    assert_eq!(
+        sense(&exec(&t, N, &read10(blocks, 1), &[])),
+        Some((5, 0x21, 0))
+    );
+    assert_eq!(
+        sense(&exec(&t, N, &read10(blocks - 1, 2), &[])),
+        Some((5, 0x21, 0))
+    );
+    assert_eq!(
+        exec(&t, N, &read10(blocks, 0), &[]).status,
+        ScsiStatus::Good
+    );
+    assert_eq!(
+        sense(&exec(&t, N, &read10(blocks + 1, 0), &[])),
+        Some((5, 0x21, 0))
+    );
     // Unknown opcode, reserved bits, protection fields, NACA.
-    assert_eq!(sense(&exec(&t, N, &[0xc0, 0, 0, 0, 0, 0], &[])), Some((5, 0x20, 0)));
-    assert_eq!(sense(&exec(&t, N, &[0x12, 0x02, 0, 0, 36, 0], &[])), Some((5, 0x24, 0)));
+    assert_eq!(
+        sense(&exec(&t, N, &[0xc0, 0, 0, 0, 0, 0], &[])),
+        Some((5, 0x20, 0))
+    );
+    assert_eq!(
+        sense(&exec(&t, N, &[0x12, 0x02, 0, 0, 36, 0], &[])),
+        Some((5, 0x24, 0))
+    );
     let mut c = read10(0, 1);
     c[1] = 0x20;
     assert_eq!(sense(&exec(&t, N, &c, &[])), Some((5, 0x24, 0)));
@@ -142,8 +177,14 @@ fn bad_requests_get_the_standard_sense() {
     c[9] = 0x04;
     assert_eq!(sense(&exec(&t, N, &c, &[])), Some((5, 0x24, 0)));
     // Unsupported VPD page; REPORT LUNS with a tiny allocation length.
-    assert_eq!(sense(&exec(&t, N, &[0x12, 1, 0x99, 0, 255, 0], &[])), Some((5, 0x24, 0)));
-    assert_eq!(sense(&exec(&t, N, &[0xa0, 0, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0], &[])), Some((5, 0x24, 0)));
+    assert_eq!(
+        sense(&exec(&t, N, &[0x12, 1, 0x99, 0, 255, 0], &[])),
+        Some((5, 0x24, 0))
+    );
+    assert_eq!(
+        sense(&exec(&t, N, &[0xa0, 0, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0], &[])),
+        Some((5, 0x24, 0))
+    );
     // A transfer longer than the LUN is out of range.
     let mut c = [0u8; 16];
     c[0] = 0x88;
@@ -163,19 +204,42 @@ fn inquiry_and_vpd() {
     let r = exec(&t, N, &[0x12, 1, 0x80, 0, 255, 0], &[]);
     assert_eq!(&r.data_in[4..], b"abc123");
     let r = exec(&t, N, &[0x12, 1, 0x83, 0, 255, 0], &[]);
-    assert_eq!(&r.data_in[4..8], &[0x01, 0x03, 0, 16], "NAA designator first");
+    assert_eq!(
+        &r.data_in[4..8],
+        &[0x01, 0x03, 0, 16],
+        "NAA designator first"
+    );
     assert_eq!(&r.data_in[8..24], &cfg(false, false).naa);
     assert_eq!(exec(&t, N, &[0x12, 0, 0, 0, 5, 0], &[]).data_in.len(), 5);
-    let r = t.execute(&ScsiRequest { nexus: N, lun: 7, cdb: &[0x12, 0, 0, 0, 36, 0], data_out: &[], expected_len: 36 });
+    let r = t.execute(&ScsiRequest {
+        nexus: N,
+        lun: 7,
+        cdb: &[0x12, 0, 0, 0, 36, 0],
+        data_out: &[],
+        expected_len: 36,
+    });
     assert_eq!(r.data_in[0], 0x7f);
-    let r = t.execute(&ScsiRequest { nexus: N, lun: 7, cdb: &[0, 0, 0, 0, 0, 0], data_out: &[], expected_len: 0 });
+    let r = t.execute(&ScsiRequest {
+        nexus: N,
+        lun: 7,
+        cdb: &[0, 0, 0, 0, 0, 0],
+        data_out: &[],
+        expected_len: 0,
+    });
     assert_eq!(sense(&r), Some((5, 0x25, 0)));
 }
 
 #[test]
 fn wce_off_makes_every_write_durable_and_tells_other_nexuses() {
-    let dev = Arc::new(Recording { inner: RamDevice::new(1 << 20, 512).unwrap(), fua: Mutex::new(vec![]), flushes: Mutex::new(0) });
-    let t = ScsiTarget::new(vec![Arc::new(LogicalUnit::new(dev.clone(), cfg(false, false)))]);
+    let dev = Arc::new(Recording {
+        inner: RamDevice::new(1 << 20, 512).unwrap(),
+        fua: Mutex::new(vec![]),
+        flushes: Mutex::new(0),
+    });
+    let t = ScsiTarget::new(vec![Arc::new(LogicalUnit::new(
+        dev.clone(),
+        cfg(false, false),
+    ))]);
     for n in [N, OTHER] {
         t.nexus_added(n);
         exec(&t, n, &[0, 0, 0, 0, 0, 0], &[]);
@@ -195,9 +259,20 @@ fn wce_off_makes_every_write_durable_and_tells_other_nexuses() {
     assert_eq!(*dev.flushes.lock().unwrap(), 1, "turning WCE off flushes");
     exec(&t, N, &write10(0, 1, false), &[1u8; 512]);
     assert_eq!(*dev.fua.lock().unwrap(), vec![false, true, true]);
-    assert_eq!(sense(&exec(&t, OTHER, &[0, 0, 0, 0, 0, 0], &[])), Some((6, 0x2a, 1)));
+    assert_eq!(
+        sense(&exec(&t, OTHER, &[0, 0, 0, 0, 0, 0], &[])),
+        Some((6, 0x2a, 1))
+    );
     param[4 + 2] |= 0x01; // RCD is not changeable
-    assert_eq!(sense(&exec(&t, N, &[0x15, 0x10, 0, 0, param.len() as u8, 0], &param)), Some((5, 0x26, 0)));
+    assert_eq!(
+        sense(&exec(
+            &t,
+            N,
+            &[0x15, 0x10, 0, 0, param.len() as u8, 0],
+            &param
+        )),
+        Some((5, 0x26, 0))
+    );
     exec(&t, N, &[0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]);
     assert_eq!(*dev.flushes.lock().unwrap(), 2);
 }
@@ -209,7 +284,10 @@ fn d_sense_switches_to_descriptor_format() {
     let mut param = vec![0u8, 0, 0, 0];
     param.extend(&r.data_in[4..]);
     param[4 + 2] |= 0x04;
-    assert_eq!(exec(&t, N, &[0x15, 0x10, 0, 0, param.len() as u8, 0], &param).status, ScsiStatus::Good);
+    assert_eq!(
+        exec(&t, N, &[0x15, 0x10, 0, 0, param.len() as u8, 0], &param).status,
+        ScsiStatus::Good
+    );
     let r = exec(&t, N, &[0xc0, 0, 0, 0, 0, 0], &[]);
     assert_eq!(r.sense[0], 0x72);
     assert_eq!(sense(&r), Some((5, 0x20, 0)));
@@ -218,20 +296,48 @@ fn d_sense_switches_to_descriptor_format() {
 #[test]
 fn removable_medium_and_read_only() {
     let t = target(512, true, false);
-    assert_eq!(exec(&t, N, &[0x1e, 0, 0, 0, 1, 0], &[]).status, ScsiStatus::Good);
-    assert_eq!(sense(&exec(&t, N, &[0x1b, 0, 0, 0, 0x02, 0], &[])), Some((5, 0x53, 2)), "eject prevented");
-    assert_eq!(exec(&t, N, &[0x1e, 0, 0, 0, 0, 0], &[]).status, ScsiStatus::Good);
-    assert_eq!(exec(&t, N, &[0x1b, 0, 0, 0, 0x02, 0], &[]).status, ScsiStatus::Good);
-    assert_eq!(sense(&exec(&t, N, &[0, 0, 0, 0, 0, 0], &[])), Some((2, 0x3a, 0)));
+    assert_eq!(
+        exec(&t, N, &[0x1e, 0, 0, 0, 1, 0], &[]).status,
+        ScsiStatus::Good
+    );
+    assert_eq!(
+        sense(&exec(&t, N, &[0x1b, 0, 0, 0, 0x02, 0], &[])),
+        Some((5, 0x53, 2)),
+        "eject prevented"
+    );
+    assert_eq!(
+        exec(&t, N, &[0x1e, 0, 0, 0, 0, 0], &[]).status,
+        ScsiStatus::Good
+    );
+    assert_eq!(
+        exec(&t, N, &[0x1b, 0, 0, 0, 0x02, 0], &[]).status,
+        ScsiStatus::Good
+    );
+    assert_eq!(
+        sense(&exec(&t, N, &[0, 0, 0, 0, 0, 0], &[])),
+        Some((2, 0x3a, 0))
+    );
     assert_eq!(sense(&exec(&t, N, &read10(0, 1), &[])), Some((2, 0x3a, 0)));
-    assert_eq!(exec(&t, N, &[0x1b, 0, 0, 0, 0x03, 0], &[]).status, ScsiStatus::Good);
-    assert_eq!(exec(&t, N, &[0, 0, 0, 0, 0, 0], &[]).status, ScsiStatus::Good);
+    assert_eq!(
+        exec(&t, N, &[0x1b, 0, 0, 0, 0x03, 0], &[]).status,
+        ScsiStatus::Good
+    );
+    assert_eq!(
+        exec(&t, N, &[0, 0, 0, 0, 0, 0], &[]).status,
+        ScsiStatus::Good
+    );
 
     let ro = target(512, false, true);
-    assert_eq!(sense(&exec(&ro, N, &write10(0, 1, false), &[0u8; 512])), Some((7, 0x27, 0)));
+    assert_eq!(
+        sense(&exec(&ro, N, &write10(0, 1, false), &[0u8; 512])),
+        Some((7, 0x27, 0))
+    );
     let r = exec(&ro, N, &[0x1a, 0, 0x3f, 0, 255, 0], &[]);
     assert_eq!(r.data_in[2] & 0x80, 0x80, "WP bit");
-    assert_eq!(sense(&exec(&ro, N, &[0x1b, 0, 0, 0, 0x02, 0], &[])), Some((5, 0x24, 0)));
+    assert_eq!(
+        sense(&exec(&ro, N, &[0x1b, 0, 0, 0, 0x02, 0], &[])),
+        Some((5, 0x24, 0))
+    );
 }
 
 #[test]
@@ -253,11 +359,20 @@ fn verify_reports_the_first_miscompare() {
 fn resets_raise_unit_attentions() {
     let t = target(512, false, false);
     t.reset(ResetKind::LogicalUnit, Some(0), N);
-    assert_eq!(sense(&exec(&t, OTHER, &[0, 0, 0, 0, 0, 0], &[])), Some((6, 0x29, 3)));
-    assert_eq!(exec(&t, N, &[0x12, 0, 0, 0, 36, 0], &[]).status, ScsiStatus::Good);
+    assert_eq!(
+        sense(&exec(&t, OTHER, &[0, 0, 0, 0, 0, 0], &[])),
+        Some((6, 0x29, 3))
+    );
+    assert_eq!(
+        exec(&t, N, &[0x12, 0, 0, 0, 36, 0], &[]).status,
+        ScsiStatus::Good
+    );
     let r = exec(&t, N, &[0x03, 0, 0, 0, 18, 0], &[]);
     assert_eq!((r.data_in[2], r.data_in[12], r.data_in[13]), (6, 0x29, 3));
-    assert_eq!(exec(&t, N, &[0, 0, 0, 0, 0, 0], &[]).status, ScsiStatus::Good);
+    assert_eq!(
+        exec(&t, N, &[0, 0, 0, 0, 0, 0], &[]).status,
+        ScsiStatus::Good
+    );
 }
 
 #[test]
@@ -266,10 +381,23 @@ fn report_supported_opcodes_comes_from_the_table() {
     let r = exec(&t, N, &[0xa3, 0x0c, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0], &[]);
     let len = u32::from_be_bytes(r.data_in[0..4].try_into().unwrap()) as usize;
     assert_eq!(len, ethersan_scsi::commands::COMMANDS.len() * 8);
-    let r = exec(&t, N, &[0xa3, 0x0c, 0x01, 0x28, 0, 0, 0, 0, 1, 0, 0, 0], &[]);
+    let r = exec(
+        &t,
+        N,
+        &[0xa3, 0x0c, 0x01, 0x28, 0, 0, 0, 0, 1, 0, 0, 0],
+        &[],
+    );
     assert_eq!(r.data_in[1] & 0x07, 0x03);
     assert_eq!(&r.data_in[4..6], &[0x28, 0xfe]);
-    assert_eq!(sense(&exec(&t, N, &[0xa3, 0x0c, 0x01, 0x9e, 0, 0, 0, 0, 1, 0, 0, 0], &[])), Some((5, 0x24, 0)));
+    assert_eq!(
+        sense(&exec(
+            &t,
+            N,
+            &[0xa3, 0x0c, 0x01, 0x9e, 0, 0, 0, 0, 1, 0, 0, 0],
+            &[]
+        )),
+        Some((5, 0x24, 0))
+    );
 }
 
 proptest! {
@@ -289,10 +417,18 @@ fn thin_provisioning_on_a_sparse_file() {
     let dir = tempfile::tempdir().unwrap();
     let dev = FileDevice::open(
         &dir.path().join("thin.img"),
-        &FileOptions { size: Some(8 << 20), block_size: 512, read_only: false, preallocate: false },
+        &FileOptions {
+            size: Some(8 << 20),
+            block_size: 512,
+            read_only: false,
+            preallocate: false,
+        },
     )
     .unwrap();
-    let t = ScsiTarget::new(vec![Arc::new(LogicalUnit::new(Arc::new(dev), cfg(false, false)))]);
+    let t = ScsiTarget::new(vec![Arc::new(LogicalUnit::new(
+        Arc::new(dev),
+        cfg(false, false),
+    ))]);
     t.nexus_added(N);
     exec(&t, N, &[0, 0, 0, 0, 0, 0], &[]);
     let get_lba_status = |lba: u64| {
@@ -304,7 +440,11 @@ fn thin_provisioning_on_a_sparse_file() {
         let r = exec(&t, N, &c, &[]);
         assert_eq!(r.status, ScsiStatus::Good, "{:?}", sense(&r));
         let d = &r.data_in[8..24];
-        (u64::from_be_bytes(d[0..8].try_into().unwrap()), u32::from_be_bytes(d[8..12].try_into().unwrap()), d[12])
+        (
+            u64::from_be_bytes(d[0..8].try_into().unwrap()),
+            u32::from_be_bytes(d[8..12].try_into().unwrap()),
+            d[12],
+        )
     };
     // A fresh sparse file is deallocated throughout.
     assert_eq!(get_lba_status(0).2, 1);
@@ -321,7 +461,10 @@ fn thin_provisioning_on_a_sparse_file() {
     let (lba, _, status) = get_lba_status(9);
     assert_eq!((lba, status), (9, 0));
     // Unmapped blocks read as zeros (LBPRZ).
-    assert!(exec(&t, N, &read10(0, 8), &[]).data_in.iter().all(|b| *b == 0));
+    assert!(exec(&t, N, &read10(0, 8), &[])
+        .data_in
+        .iter()
+        .all(|b| *b == 0));
     // WRITE SAME with UNMAP deallocates too.
     let mut ws = [0u8; 10];
     ws[0] = 0x41;
@@ -365,7 +508,13 @@ fn lu_with_naa(last: u8) -> (Arc<LogicalUnit>, [u8; 16]) {
     let mut c = cfg(false, false);
     c.naa[15] = last;
     let naa = c.naa;
-    (Arc::new(LogicalUnit::new(Arc::new(RamDevice::new(1 << 20, 512).unwrap()), c)), naa)
+    (
+        Arc::new(LogicalUnit::new(
+            Arc::new(RamDevice::new(1 << 20, 512).unwrap()),
+            c,
+        )),
+        naa,
+    )
 }
 
 #[test]
@@ -377,7 +526,13 @@ fn extended_copy_between_luns_of_one_target_only() {
     let other_target = ScsiTarget::new(vec![foreign]);
     for lun in 0..2 {
         t.nexus_added(N);
-        t.execute(&ScsiRequest { nexus: N, lun, cdb: &[0, 0, 0, 0, 0, 0], data_out: &[], expected_len: 0 });
+        t.execute(&ScsiRequest {
+            nexus: N,
+            lun,
+            cdb: &[0, 0, 0, 0, 0, 0],
+            data_out: &[],
+            expected_len: 0,
+        });
     }
     other_target.nexus_added(N);
     exec(&t, N, &write10(0, 4, false), &[0x5a; 2048]);
@@ -385,20 +540,49 @@ fn extended_copy_between_luns_of_one_target_only() {
         let mut cdb = [0u8; 16];
         cdb[0] = 0x83;
         cdb[10..14].copy_from_slice(&(params.len() as u32).to_be_bytes());
-        t.execute(&ScsiRequest { nexus: N, lun: 0, cdb: &cdb, data_out: params, expected_len: params.len() as u32 })
+        t.execute(&ScsiRequest {
+            nexus: N,
+            lun: 0,
+            cdb: &cdb,
+            data_out: params,
+            expected_len: params.len() as u32,
+        })
     };
     // LUN 0 -> LUN 1 of the same target.
     let r = xcopy(&t, &xcopy_params(&[naa_a, naa_b], 4, 0, 10));
     assert_eq!(r.status, ScsiStatus::Good, "{:?}", sense(&r));
-    let r = t.execute(&ScsiRequest { nexus: N, lun: 1, cdb: &read10(10, 4), data_out: &[], expected_len: 2048 });
+    let r = t.execute(&ScsiRequest {
+        nexus: N,
+        lun: 1,
+        cdb: &read10(10, 4),
+        data_out: &[],
+        expected_len: 2048,
+    });
     assert!(r.data_in.iter().all(|b| *b == 0x5a));
     // RECEIVE COPY RESULTS reports it.
-    let r = exec(&t, N, &[0x84, 0x00, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 64, 0, 0], &[]);
-    assert_eq!((r.data_in[4], u16::from_be_bytes([r.data_in[5], r.data_in[6]])), (0, 1));
+    let r = exec(
+        &t,
+        N,
+        &[0x84, 0x00, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 64, 0, 0],
+        &[],
+    );
+    assert_eq!(
+        (
+            r.data_in[4],
+            u16::from_be_bytes([r.data_in[5], r.data_in[6]])
+        ),
+        (0, 1)
+    );
     // A unit of another target cannot be named: COPY ABORTED, nothing written.
     let r = xcopy(&t, &xcopy_params(&[naa_a, naa_foreign], 4, 0, 0));
     assert_eq!(sense(&r), Some((0x0a, 0x0d, 0x02)));
-    let r = other_target.execute(&ScsiRequest { nexus: N, lun: 0, cdb: &read10(0, 4), data_out: &[], expected_len: 2048 });
+    let r = other_target.execute(&ScsiRequest {
+        nexus: N,
+        lun: 0,
+        cdb: &read10(0, 4),
+        data_out: &[],
+        expected_len: 2048,
+    });
     assert!(r.data_in.iter().all(|b| *b == 0), "foreign LUN was written");
     // Malformed lists get the standard sense.
     let mut bad = xcopy_params(&[naa_a, naa_b], 4, 0, 10);

@@ -171,7 +171,12 @@ impl Options {
                 Ok(())
             }
         };
-        in_range("max_recv_data_segment_length", self.max_recv_data_segment_length, 512, MAX24)?;
+        in_range(
+            "max_recv_data_segment_length",
+            self.max_recv_data_segment_length,
+            512,
+            MAX24,
+        )?;
         in_range("max_burst_length", self.max_burst_length, 512, MAX24)?;
         in_range("first_burst_length", self.first_burst_length, 512, MAX24)?;
         in_range("max_outstanding_r2t", self.max_outstanding_r2t, 1, 65535)?;
@@ -179,7 +184,10 @@ impl Options {
         if self.first_burst_length > self.max_burst_length {
             return Err("first_burst_length must not exceed max_burst_length".into());
         }
-        for (name, v) in [("header_digest", &self.header_digest), ("data_digest", &self.data_digest)] {
+        for (name, v) in [
+            ("header_digest", &self.header_digest),
+            ("data_digest", &self.data_digest),
+        ] {
             if v.split(',').any(|d| d != "None" && d != "CRC32C") || v.is_empty() {
                 return Err(format!("{name} = {v:?}: use a list of None and CRC32C"));
             }
@@ -195,7 +203,10 @@ impl Options {
 /// optional trailing "iB" or "B" is accepted).
 pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
     let t = s.trim();
-    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
     let (num, mult) = match t.char_indices().last() {
         Some((i, c)) if c.is_ascii_alphabetic() => {
             let m: u64 = match c.to_ascii_uppercase() {
@@ -203,20 +214,32 @@ pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
                 'M' => 1 << 20,
                 'G' => 1 << 30,
                 'T' => 1 << 40,
-                _ => return Err(ConfigError::Invalid(format!("bad size {s:?}: unknown unit '{c}' (use K, M, G, T)"))),
+                _ => {
+                    return Err(ConfigError::Invalid(format!(
+                        "bad size {s:?}: unknown unit '{c}' (use K, M, G, T)"
+                    )))
+                }
             };
             (&t[..i], m)
         }
         _ => (t, 1),
     };
-    let n: u64 = num.parse().map_err(|_| ConfigError::Invalid(format!("bad size {s:?}")))?;
-    n.checked_mul(mult).filter(|v| *v > 0).ok_or_else(|| ConfigError::Invalid(format!("bad size {s:?}")))
+    let n: u64 = num
+        .parse()
+        .map_err(|_| ConfigError::Invalid(format!("bad size {s:?}")))?;
+    n.checked_mul(mult)
+        .filter(|v| *v > 0)
+        .ok_or_else(|| ConfigError::Invalid(format!("bad size {s:?}")))
 }
 
 /// Check an iSCSI name (RFC 7143 §4.2.7): `iqn.YYYY-MM.reverse.domain[:x]`,
 /// `eui.` + 16 hex digits, or `naa.` + 16 or 32 hex digits; at most 223 bytes.
 pub fn validate_name(name: &str) -> Result<(), ConfigError> {
-    let bad = |why: &str| Err(ConfigError::Invalid(format!("invalid iSCSI name {name:?}: {why}")));
+    let bad = |why: &str| {
+        Err(ConfigError::Invalid(format!(
+            "invalid iSCSI name {name:?}: {why}"
+        )))
+    };
     if name.len() > 223 {
         return bad("longer than 223 bytes");
     }
@@ -230,7 +253,10 @@ pub fn validate_name(name: &str) -> Result<(), ConfigError> {
         if !date_ok {
             return bad("expected iqn.YYYY-MM.reverse.domain");
         }
-        if !name.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b".-:".contains(&c)) {
+        if !name
+            .bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b".-:".contains(&c))
+        {
             return bad("only lower-case letters, digits, '.', '-' and ':' are allowed");
         }
         Ok(())
@@ -258,16 +284,26 @@ impl LunConfig {
         let mut parts = spec.split(',');
         let head = parts.next().unwrap_or("");
         if head.is_empty() {
-            return Err(ConfigError::Invalid(format!("LUN spec {spec:?} names no backing store")));
+            return Err(ConfigError::Invalid(format!(
+                "LUN spec {spec:?} names no backing store"
+            )));
         }
         let backing = if let Some(size) = head.strip_prefix("ram:") {
-            Backing::Ram { size: parse_size(size)? }
+            Backing::Ram {
+                size: parse_size(size)?,
+            }
         } else {
             match head.rsplit_once(':') {
                 Some((path, size)) if !path.is_empty() && parse_size(size).is_ok() => {
-                    Backing::File { path: PathBuf::from(path), size: Some(parse_size(size)?) }
+                    Backing::File {
+                        path: PathBuf::from(path),
+                        size: Some(parse_size(size)?),
+                    }
                 }
-                _ => Backing::File { path: PathBuf::from(head), size: None },
+                _ => Backing::File {
+                    path: PathBuf::from(head),
+                    size: None,
+                },
             }
         };
         let mut lun = LunConfig {
@@ -319,13 +355,18 @@ impl LunConfig {
         };
         if let Some(s) = size {
             if s % u64::from(self.block_size) != 0 {
-                return Err(format!("size {s} is not a multiple of the block size {}", self.block_size));
+                return Err(format!(
+                    "size {s} is not a multiple of the block size {}",
+                    self.block_size
+                ));
             }
         }
         if self.block_size != 512 && self.block_size != 4096 {
             return Err(format!("block size {} (use 512 or 4096)", self.block_size));
         }
-        if !matches!(self.physical_block_size, 512 | 4096) || self.physical_block_size < self.block_size {
+        if !matches!(self.physical_block_size, 512 | 4096)
+            || self.physical_block_size < self.block_size
+        {
             return Err(format!(
                 "physical block size {} (use 512 or 4096, not below the block size {})",
                 self.physical_block_size, self.block_size
@@ -417,14 +458,22 @@ fn raw_size(s: &RawSize) -> Result<u64, ConfigError> {
 fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
     let line = before.matches('\n').count() + 1;
-    let col = before.rsplit('\n').next().map(|l| l.chars().count()).unwrap_or(0) + 1;
+    let col = before
+        .rsplit('\n')
+        .next()
+        .map(|l| l.chars().count())
+        .unwrap_or(0)
+        + 1;
     (line, col)
 }
 
 impl Config {
     /// Read and check a TOML file.
     pub fn from_toml_file(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
         Config::from_toml_str(&text, &path.display().to_string())
     }
 
@@ -432,9 +481,15 @@ impl Config {
     pub fn from_toml_str(text: &str, origin: &str) -> Result<Config, ConfigError> {
         let at = |span: Option<Range<usize>>, msg: String| {
             let (line, col) = line_col(text, span.map(|s| s.start).unwrap_or(0));
-            ConfigError::At { origin: origin.to_string(), line, col, msg }
+            ConfigError::At {
+                origin: origin.to_string(),
+                line,
+                col,
+                msg,
+            }
         };
-        let raw: RawConfig = toml::from_str(text).map_err(|e| at(e.span(), e.message().to_string()))?;
+        let raw: RawConfig =
+            toml::from_str(text).map_err(|e| at(e.span(), e.message().to_string()))?;
         let options = match raw.options {
             Some(o) => {
                 let span = o.span();
@@ -446,14 +501,22 @@ impl Config {
         };
         let mut portals = Vec::new();
         for p in &raw.portals {
-            let addr: SocketAddr = p
-                .get_ref()
-                .parse()
-                .map_err(|_| at(Some(p.span()), format!("portal {:?} is not ADDR:PORT (IPv6 as [::1]:3260)", p.get_ref())))?;
+            let addr: SocketAddr = p.get_ref().parse().map_err(|_| {
+                at(
+                    Some(p.span()),
+                    format!(
+                        "portal {:?} is not ADDR:PORT (IPv6 as [::1]:3260)",
+                        p.get_ref()
+                    ),
+                )
+            })?;
             portals.push(addr);
         }
         if portals.is_empty() {
-            return Err(at(None, "no portals: add e.g. portals = [\"127.0.0.1:3260\"]".into()));
+            return Err(at(
+                None,
+                "no portals: add e.g. portals = [\"127.0.0.1:3260\"]".into(),
+            ));
         }
         if raw.targets.is_empty() {
             return Err(at(None, "no targets: add a [[target]] table".into()));
@@ -464,16 +527,23 @@ impl Config {
             let t = t.into_inner();
             validate_name(t.name.get_ref()).map_err(|e| at(Some(t.name.span()), e.to_string()))?;
             if targets.iter().any(|o| &o.name == t.name.get_ref()) {
-                return Err(at(Some(t.name.span()), format!("duplicate target name {:?}", t.name.get_ref())));
+                return Err(at(
+                    Some(t.name.span()),
+                    format!("duplicate target name {:?}", t.name.get_ref()),
+                ));
             }
             if t.luns.is_empty() {
-                return Err(at(Some(tspan), format!("target {:?} has no [[target.lun]]", t.name.get_ref())));
+                return Err(at(
+                    Some(tspan),
+                    format!("target {:?} has no [[target.lun]]", t.name.get_ref()),
+                ));
             }
             let mut luns = Vec::new();
             for l in t.luns {
                 let span = l.span();
                 let lun = match l.into_inner() {
-                    RawLun::Spec(s) => LunConfig::from_spec(&s).map_err(|e| at(Some(span.clone()), e.to_string()))?,
+                    RawLun::Spec(s) => LunConfig::from_spec(&s)
+                        .map_err(|e| at(Some(span.clone()), e.to_string()))?,
                     RawLun::Table(tb) => {
                         let backing = match (&tb.path, &tb.ram) {
                             (Some(p), None) => Backing::File {
@@ -490,44 +560,62 @@ impl Config {
                                 ))
                             }
                         };
-                        let lun = LunConfig {
-                            backing,
-                            read_only: tb.read_only,
-                            removable: tb.removable,
-                            block_size: tb.block_size.unwrap_or(512),
-                            serial: tb.serial,
-                            write_cache: tb.write_cache.unwrap_or(true),
-                            physical_block_size: tb.physical_block_size.unwrap_or(4096),
-                            preallocate: match tb.provisioning.as_deref() {
-                                None | Some("thin") => false,
-                                Some("full") => true,
-                                Some(other) => {
-                                    return Err(at(Some(span), format!("provisioning = {other:?}: use \"thin\" or \"full\"")))
-                                }
-                            },
-                        };
+                        let lun =
+                            LunConfig {
+                                backing,
+                                read_only: tb.read_only,
+                                removable: tb.removable,
+                                block_size: tb.block_size.unwrap_or(512),
+                                serial: tb.serial,
+                                write_cache: tb.write_cache.unwrap_or(true),
+                                physical_block_size: tb.physical_block_size.unwrap_or(4096),
+                                preallocate: match tb.provisioning.as_deref() {
+                                    None | Some("thin") => false,
+                                    Some("full") => true,
+                                    Some(other) => return Err(at(
+                                        Some(span),
+                                        format!(
+                                            "provisioning = {other:?}: use \"thin\" or \"full\""
+                                        ),
+                                    )),
+                                },
+                            };
                         lun.check().map_err(|m| at(Some(span.clone()), m))?;
                         lun
                     }
                 };
                 luns.push(lun);
             }
-            targets.push(TargetConfig { name: t.name.into_inner(), alias: t.alias, luns });
+            targets.push(TargetConfig {
+                name: t.name.into_inner(),
+                alias: t.alias,
+                luns,
+            });
         }
-        Ok(Config { portals, targets, options })
+        Ok(Config {
+            portals,
+            targets,
+            options,
+        })
     }
 
     /// The embedded default: 127.0.0.1:3260, target
     /// `iqn.2026-11.org.ethersan:default`, LUN 0 a 1 GiB sparse file in `data_dir`.
     pub fn embedded_default(data_dir: &Path) -> Config {
-        let options = Options { data_dir: data_dir.to_path_buf(), ..Options::default() };
+        let options = Options {
+            data_dir: data_dir.to_path_buf(),
+            ..Options::default()
+        };
         Config {
             portals: vec![SocketAddr::from(([127, 0, 0, 1], 3260))],
             targets: vec![TargetConfig {
                 name: "iqn.2026-11.org.ethersan:default".into(),
                 alias: Some("ethersan default".into()),
                 luns: vec![LunConfig {
-                    backing: Backing::File { path: data_dir.join("default-lun0.img"), size: Some(1 << 30) },
+                    backing: Backing::File {
+                        path: data_dir.join("default-lun0.img"),
+                        size: Some(1 << 30),
+                    },
                     read_only: false,
                     removable: false,
                     block_size: 512,
@@ -573,11 +661,26 @@ mod tests {
         let l = LunConfig::from_spec("ram:64M").unwrap();
         assert_eq!(l.backing, Backing::Ram { size: 64 << 20 });
         let l = LunConfig::from_spec("/tmp/a:b/disk.img:1G,ro,removable,bs=4096").unwrap();
-        assert_eq!(l.backing, Backing::File { path: "/tmp/a:b/disk.img".into(), size: Some(1 << 30) });
+        assert_eq!(
+            l.backing,
+            Backing::File {
+                path: "/tmp/a:b/disk.img".into(),
+                size: Some(1 << 30)
+            }
+        );
         assert!(l.read_only && l.removable && l.block_size == 4096);
         let l = LunConfig::from_spec("/dev/sdb").unwrap();
-        assert_eq!(l.backing, Backing::File { path: "/dev/sdb".into(), size: None });
-        assert!(LunConfig::from_spec("ram:64M,fast").unwrap_err().to_string().contains("unknown option"));
+        assert_eq!(
+            l.backing,
+            Backing::File {
+                path: "/dev/sdb".into(),
+                size: None
+            }
+        );
+        assert!(LunConfig::from_spec("ram:64M,fast")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown option"));
         assert!(LunConfig::from_spec("ram:1000,bs=4096").is_err());
         assert!(LunConfig::from_spec("x:1G,bs=1024").is_err());
         assert!(LunConfig::from_spec("").is_err());
@@ -586,17 +689,28 @@ mod tests {
     #[test]
     fn toml_errors_name_the_line() {
         let text = "portals = [\"127.0.0.1:3260\"]\n\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\n[[target.lun]]\nram = \"64M\"\nsise = 3\n";
-        let e = Config::from_toml_str(text, "bad.toml").unwrap_err().to_string();
-        assert!(e.starts_with("bad.toml:5:") || e.starts_with("bad.toml:7:"), "{e}");
+        let e = Config::from_toml_str(text, "bad.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("bad.toml:5:") || e.starts_with("bad.toml:7:"),
+            "{e}"
+        );
         assert!(e.contains("sise") || e.contains("did not match"), "{e}");
         let text = "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"Target\"\nluns = []\n";
-        let e = Config::from_toml_str(text, "t.toml").unwrap_err().to_string();
+        let e = Config::from_toml_str(text, "t.toml")
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("t.toml:"), "{e}");
         let text = "portals = [\"127.0.0.1\"]\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\n[[target.lun]]\nram = \"64M\"\n";
-        let e = Config::from_toml_str(text, "p.toml").unwrap_err().to_string();
+        let e = Config::from_toml_str(text, "p.toml")
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("p.toml:1:"), "{e}");
         let text = "portals = [\"127.0.0.1:3260\"]\n[options]\nqueue_depth = 0\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\nlun = [\"ram:1M\"]\n";
-        let e = Config::from_toml_str(text, "o.toml").unwrap_err().to_string();
+        let e = Config::from_toml_str(text, "o.toml")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("queue_depth"), "{e}");
     }
 

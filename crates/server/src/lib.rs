@@ -83,7 +83,11 @@ impl Server {
         for t in &config.targets {
             let mut luns = Vec::new();
             for (i, l) in t.luns.iter().enumerate() {
-                let dev = l.open().map_err(|source| ServerError::Backend { target: t.name.clone(), lun: i, source })?;
+                let dev = l.open().map_err(|source| ServerError::Backend {
+                    target: t.name.clone(),
+                    lun: i,
+                    source,
+                })?;
                 let h1 = stable_hash(&[t.name.as_bytes(), &(i as u64).to_be_bytes()]);
                 let h2 = stable_hash(&[&h1.to_be_bytes(), t.name.as_bytes()]);
                 let mut naa = [0u8; 16];
@@ -117,23 +121,38 @@ impl Server {
                 devices.push(dev.clone());
                 luns.push(Arc::new(LogicalUnit::new(dev, cfg)));
             }
-            targets.push(Arc::new(TargetEntry { name: t.name.clone(), alias: t.alias.clone(), scsi: Arc::new(ScsiTarget::new(luns)) }));
+            targets.push(Arc::new(TargetEntry {
+                name: t.name.clone(),
+                alias: t.alias.clone(),
+                scsi: Arc::new(ScsiTarget::new(luns)),
+            }));
         }
         let mut listeners = Vec::new();
         let mut addrs = Vec::new();
         for p in &config.portals {
-            let l = TcpListener::bind(p).await.map_err(|source| ServerError::Bind { addr: *p, source })?;
+            let l = TcpListener::bind(p)
+                .await
+                .map_err(|source| ServerError::Bind { addr: *p, source })?;
             addrs.push(l.local_addr().unwrap_or(*p));
             listeners.push(l);
         }
         let registry = Arc::new(Registry::new(targets, addrs));
         let settings = Arc::new(target_settings(&config.options));
-        Ok(Server { registry, listeners, devices, options: config.options.clone(), settings })
+        Ok(Server {
+            registry,
+            listeners,
+            devices,
+            options: config.options.clone(),
+            settings,
+        })
     }
 
     /// The bound portal addresses (with the real port when 0 was asked for).
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
-        self.listeners.iter().filter_map(|l| l.local_addr().ok()).collect()
+        self.listeners
+            .iter()
+            .filter_map(|l| l.local_addr().ok())
+            .collect()
     }
 
     /// The registry of targets and sessions.
@@ -148,7 +167,15 @@ impl Server {
         R: tokio::io::AsyncRead + Unpin + Send + 'static,
         W: tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        serve_stream(rd, wr, peer.to_string(), self.registry.clone(), self.options.clone(), self.settings.clone()).await
+        serve_stream(
+            rd,
+            wr,
+            peer.to_string(),
+            self.registry.clone(),
+            self.options.clone(),
+            self.settings.clone(),
+        )
+        .await
     }
 
     /// Serve until `shutdown` resolves, then stop accepting, end every
@@ -205,11 +232,13 @@ impl Server {
 
 fn digests(list: &str) -> Vec<ethersan_proto::negotiate::Digest> {
     use ethersan_proto::negotiate::Digest;
-    list.split(',').filter_map(|d| match d.trim() {
-        "None" => Some(Digest::None),
-        "CRC32C" => Some(Digest::Crc32c),
-        _ => None,
-    }).collect()
+    list.split(',')
+        .filter_map(|d| match d.trim() {
+            "None" => Some(Digest::None),
+            "CRC32C" => Some(Digest::Crc32c),
+            _ => None,
+        })
+        .collect()
 }
 
 fn target_settings(o: &Options) -> TargetSettings {
@@ -277,11 +306,18 @@ async fn serve_stream<R, W>(
     reader.header_digest = p.header_digest;
     reader.data_digest = p.data_digest;
     reader.max_data = p.max_recv_data_segment_length;
-    let _ = out.send(wire::WriterMsg::Digests { header: p.header_digest, data: p.data_digest });
+    let _ = out.send(wire::WriterMsg::Digests {
+        header: p.header_digest,
+        data: p.data_digest,
+    });
     let nexus_key = stable_hash(&[
         p.initiator_name.as_bytes(),
         &outcome.isid,
-        outcome.target.as_ref().map(|t| t.name.as_bytes()).unwrap_or(b""),
+        outcome
+            .target
+            .as_ref()
+            .map(|t| t.name.as_bytes())
+            .unwrap_or(b""),
     ]);
     let setup = SessionSetup {
         id: outcome.session_id,
@@ -301,7 +337,8 @@ async fn serve_stream<R, W>(
         stat_sn: outcome.stat_sn,
         options: SessionOptions {
             queue_depth: options.queue_depth,
-            nop_interval: (options.nop_interval_secs > 0).then(|| Duration::from_secs(options.nop_interval_secs)),
+            nop_interval: (options.nop_interval_secs > 0)
+                .then(|| Duration::from_secs(options.nop_interval_secs)),
             nop_timeout: Duration::from_secs(options.nop_timeout_secs.max(1)),
         },
     };
@@ -310,7 +347,11 @@ async fn serve_stream<R, W>(
     let reader_task = tokio::spawn(async move {
         loop {
             let r = reader.read().await;
-            let stop = r.is_err() && !matches!(r, Err(wire::ReadError::DataDigest(..)) | Err(wire::ReadError::TooLong { .. }));
+            let stop = r.is_err()
+                && !matches!(
+                    r,
+                    Err(wire::ReadError::DataDigest(..)) | Err(wire::ReadError::TooLong { .. })
+                );
             if rd_tx.send(Event::Pdu(r)).is_err() || stop {
                 break;
             }

@@ -9,7 +9,9 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use ethersan_proto::negotiate::{NegotiationError, SessionParams, TargetNegotiator, TargetSettings};
+use ethersan_proto::negotiate::{
+    NegotiationError, SessionParams, TargetNegotiator, TargetSettings,
+};
 use ethersan_proto::pdu::{LoginRequest, LoginResponse, Pdu, RawPdu};
 use ethersan_proto::text::{encode_text, parse_text, TextAssembler};
 use tokio::io::AsyncRead;
@@ -74,7 +76,12 @@ pub(crate) async fn login<R: AsyncRead + Unpin>(
 ) -> Result<LoginOutcome, LoginError> {
     let mut neg = TargetNegotiator::new(settings.clone());
     let mut asm = TextAssembler::default();
-    let mut st = Stage { first: None, stat_sn: 0, exp_cmd_sn: 0, csg: 0 };
+    let mut st = Stage {
+        first: None,
+        stat_sn: 0,
+        exp_cmd_sn: 0,
+        csg: 0,
+    };
     let mut target: Option<Arc<TargetEntry>> = None;
     // Response text waiting to be sent in pieces (C bit).
     let mut pending_out: Option<(Vec<u8>, LoginResponse)> = None;
@@ -107,7 +114,10 @@ pub(crate) async fn login<R: AsyncRead + Unpin>(
         if req.isid != first.isid {
             return Err(reject(out, &st, Some(&req), status::INITIATOR_ERROR));
         }
-        if req.csg != st.csg || req.csg == 2 || (req.transit && (req.nsg <= req.csg || req.nsg == 2)) {
+        if req.csg != st.csg
+            || req.csg == 2
+            || (req.transit && (req.nsg <= req.csg || req.nsg == 2))
+        {
             return Err(reject(out, &st, Some(&req), status::INITIATOR_ERROR));
         }
         // The initiator asks for the rest of a long response.
@@ -135,7 +145,11 @@ pub(crate) async fn login<R: AsyncRead + Unpin>(
                 return Err(reject(out, &st, Some(&req), status::INITIATOR_ERROR));
             }
         };
-        let answer = if req.csg == 0 { neg.security_keys(&keys) } else { neg.operational_keys(&keys) };
+        let answer = if req.csg == 0 {
+            neg.security_keys(&keys)
+        } else {
+            neg.operational_keys(&keys)
+        };
         let mut answer = match answer {
             Ok(a) => a,
             Err(e) => return Err(reject(out, &st, Some(&req), negotiation_status(&e))),
@@ -166,8 +180,12 @@ pub(crate) async fn login<R: AsyncRead + Unpin>(
             if !params.is_discovery() && target.is_none() {
                 return Err(reject(out, &st, Some(&req), (0x02, 0x07)));
             }
-            let (session_id, tsih) =
-                registry.add_session(target.as_ref().map(|t| t.name.as_str()), &params.initiator_name, first.isid, events);
+            let (session_id, tsih) = registry.add_session(
+                target.as_ref().map(|t| t.name.as_str()),
+                &params.initiator_name,
+                first.isid,
+                events,
+            );
             let mut resp = base_response(&st, &req, true, req.csg, 3);
             resp.tsih = tsih;
             let data = encode_text(&answer);
@@ -240,17 +258,30 @@ fn send_piece(
     }
 }
 
-fn send(out: &mpsc::UnboundedSender<WriterMsg>, st: &mut Stage, mut resp: LoginResponse, data: Vec<u8>) {
+fn send(
+    out: &mpsc::UnboundedSender<WriterMsg>,
+    st: &mut Stage,
+    mut resp: LoginResponse,
+    data: Vec<u8>,
+) {
     resp.stat_sn = st.stat_sn;
     resp.exp_cmd_sn = st.exp_cmd_sn;
     resp.max_cmd_sn = st.exp_cmd_sn;
     st.stat_sn = st.stat_sn.wrapping_add(1);
     let bhs = Pdu::LoginResponse(resp).encode(data.len() as u32);
-    let _ = out.send(WriterMsg::Frame(Frame { bhs, data: Bytes::from(data) }));
+    let _ = out.send(WriterMsg::Frame(Frame {
+        bhs,
+        data: Bytes::from(data),
+    }));
 }
 
 /// Send a Login reject and return the matching error.
-fn reject(out: &mpsc::UnboundedSender<WriterMsg>, st: &Stage, req: Option<&LoginRequest>, status: (u8, u8)) -> LoginError {
+fn reject(
+    out: &mpsc::UnboundedSender<WriterMsg>,
+    st: &Stage,
+    req: Option<&LoginRequest>,
+    status: (u8, u8),
+) -> LoginError {
     let resp = LoginResponse {
         isid: req.map(|r| r.isid).unwrap_or_default(),
         itt: req.map(|r| r.itt).unwrap_or(0),
@@ -263,7 +294,10 @@ fn reject(out: &mpsc::UnboundedSender<WriterMsg>, st: &Stage, req: Option<&Login
         ..Default::default()
     };
     let bhs = Pdu::LoginResponse(resp).encode(0);
-    let _ = out.send(WriterMsg::Frame(Frame { bhs, data: Bytes::new() }));
+    let _ = out.send(WriterMsg::Frame(Frame {
+        bhs,
+        data: Bytes::new(),
+    }));
     let _ = out.send(WriterMsg::Close);
     LoginError::Rejected(status.0, status.1)
 }

@@ -54,7 +54,13 @@ pub struct Registry {
 impl Registry {
     /// A registry for these targets, reachable through these portals.
     pub fn new(targets: Vec<Arc<TargetEntry>>, portals: Vec<SocketAddr>) -> Self {
-        Registry { targets, portals, portal_group_tag: 1, sessions: Mutex::new(HashMap::new()), next_id: AtomicU64::new(1) }
+        Registry {
+            targets,
+            portals,
+            portal_group_tag: 1,
+            sessions: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+        }
     }
 
     /// The exported targets.
@@ -96,7 +102,9 @@ impl Registry {
         let mut s = self.lock();
         let old: Vec<u64> = s
             .iter()
-            .filter(|(_, h)| h.initiator == initiator && h.isid == isid && h.target.as_deref() == target)
+            .filter(|(_, h)| {
+                h.initiator == initiator && h.isid == isid && h.target.as_deref() == target
+            })
             .map(|(k, _)| *k)
             .collect();
         for k in old {
@@ -104,7 +112,16 @@ impl Registry {
                 let _ = h.tx.send(Event::Control(SessionControl::Shutdown));
             }
         }
-        s.insert(id, SessionHandle { target: target.map(str::to_string), initiator: initiator.to_string(), isid, tsih, tx });
+        s.insert(
+            id,
+            SessionHandle {
+                target: target.map(str::to_string),
+                initiator: initiator.to_string(),
+                isid,
+                tsih,
+                tx,
+            },
+        );
         (id, tsih)
     }
 
@@ -147,17 +164,30 @@ impl Registry {
     /// `TargetAddress` values for every portal, `addr:port,tpgt` with IPv6
     /// addresses in brackets (§13.8).
     pub fn target_addresses(&self) -> Vec<String> {
-        self.portals.iter().map(|p| format!("{},{}", p, self.portal_group_tag)).collect()
+        self.portals
+            .iter()
+            .map(|p| format!("{},{}", p, self.portal_group_tag))
+            .collect()
     }
 
     /// Answer a SendTargets text request (RFC 7143 Appendix C): `All` lists
     /// every target, a name lists that target, an empty value lists the
     /// session's own target.
-    pub(crate) fn send_targets(&self, query: &str, own: Option<&TargetEntry>, _initiator: &str) -> Vec<(String, String)> {
+    pub(crate) fn send_targets(
+        &self,
+        query: &str,
+        own: Option<&TargetEntry>,
+        _initiator: &str,
+    ) -> Vec<(String, String)> {
         let chosen: Vec<&TargetEntry> = match query {
             "All" => self.targets.iter().map(|t| t.as_ref()).collect(),
             "" => own.into_iter().collect(),
-            name => self.targets.iter().filter(|t| t.name == name).map(|t| t.as_ref()).collect(),
+            name => self
+                .targets
+                .iter()
+                .filter(|t| t.name == name)
+                .map(|t| t.as_ref())
+                .collect(),
         };
         let addrs = self.target_addresses();
         let mut out = Vec::new();

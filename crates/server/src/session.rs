@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use ethersan_proto::pdu::{
-    self, lun_from_wire, reject_reason, tmf_response, DataIn, DataOut, LogoutRequest, LogoutResponse, NopIn,
-    NopOut, Pdu, RawPdu, Reject, ScsiCommand, TaskAttr, TaskMgmtRequest, TaskMgmtResponse, TextRequest,
-    TextResponse, TmfFunction, RESERVED_TAG,
+    self, lun_from_wire, reject_reason, tmf_response, DataIn, DataOut, LogoutRequest,
+    LogoutResponse, NopIn, NopOut, Pdu, RawPdu, Reject, ScsiCommand, TaskAttr, TaskMgmtRequest,
+    TaskMgmtResponse, TextRequest, TextResponse, TmfFunction, RESERVED_TAG,
 };
 use ethersan_proto::seq::{Admission, CmdWindow};
 use ethersan_proto::transfer::{data_in_segments, TransferLimits, WriteTransfer};
@@ -186,7 +186,8 @@ impl Session {
     pub(crate) async fn run(mut self, mut events: mpsc::UnboundedReceiver<Event>) {
         if let Some(t) = &self.setup.target {
             t.scsi.nexus_added(self.setup.nexus);
-            t.scsi.set_initiator_name(self.setup.nexus, &self.setup.params.initiator_name);
+            t.scsi
+                .set_initiator_name(self.setup.nexus, &self.setup.params.initiator_name);
         }
         while let Some(ev) = events.recv().await {
             if !self.apply(ev) {
@@ -262,7 +263,10 @@ impl Session {
                 true
             }
             ReadError::TooLong { bhs, len, limit } => {
-                warn!(session = self.setup.id, len, limit, "data segment over MaxRecvDataSegmentLength");
+                warn!(
+                    session = self.setup.id,
+                    len, limit, "data segment over MaxRecvDataSegmentLength"
+                );
                 self.reject(&bhs, reject_reason::PROTOCOL_ERROR);
                 true
             }
@@ -270,10 +274,15 @@ impl Session {
     }
 
     fn on_tick(&mut self) -> bool {
-        let Some(interval) = self.setup.options.nop_interval else { return true };
+        let Some(interval) = self.setup.options.nop_interval else {
+            return true;
+        };
         if let Some((_, sent)) = self.ping {
             if sent.elapsed() > self.setup.options.nop_timeout {
-                warn!(session = self.setup.id, "initiator did not answer NOP-In; dropping connection");
+                warn!(
+                    session = self.setup.id,
+                    "initiator did not answer NOP-In; dropping connection"
+                );
                 return false;
             }
             return true;
@@ -335,7 +344,10 @@ impl Session {
             }
         };
         if self.setup.params.discovery
-            && !matches!(pdu, Pdu::TextRequest(_) | Pdu::LogoutRequest(_) | Pdu::NopOut(_))
+            && !matches!(
+                pdu,
+                Pdu::TextRequest(_) | Pdu::LogoutRequest(_) | Pdu::NopOut(_)
+            )
         {
             self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR);
             return true;
@@ -354,7 +366,9 @@ impl Session {
                 }
             }
             Pdu::TaskMgmtRequest(t) => self.admit(t.cmd_sn, t.immediate, Ordered::Tmf(t.clone())),
-            Pdu::TextRequest(t) => self.admit(t.cmd_sn, t.immediate, Ordered::Text(t.clone(), raw.data)),
+            Pdu::TextRequest(t) => {
+                self.admit(t.cmd_sn, t.immediate, Ordered::Text(t.clone(), raw.data))
+            }
             Pdu::LogoutRequest(l) => self.admit(l.cmd_sn, l.immediate, Ordered::Logout(l.clone())),
             Pdu::Snack(_) => {
                 // ErrorRecoveryLevel 0: no SNACK support (§11.16).
@@ -375,11 +389,17 @@ impl Session {
             }
             Admission::Held => {}
             Admission::Dropped(Ordered::Scsi(itt)) => {
-                debug!(session = self.setup.id, cmd_sn, "command outside the CmdSN window ignored");
+                debug!(
+                    session = self.setup.id,
+                    cmd_sn, "command outside the CmdSN window ignored"
+                );
                 self.tasks.remove(&itt);
             }
             Admission::Dropped(_) => {
-                debug!(session = self.setup.id, cmd_sn, "PDU outside the CmdSN window ignored");
+                debug!(
+                    session = self.setup.id,
+                    cmd_sn, "PDU outside the CmdSN window ignored"
+                );
             }
         }
     }
@@ -478,7 +498,19 @@ impl Session {
         };
         let itt = cmd.itt;
         let (cmd_sn, immediate) = (cmd.cmd_sn, cmd.immediate);
-        self.tasks.insert(itt, Task { cmd, cdb, data, state, seq: None, fail, aborted: false, r2t_count: 0 });
+        self.tasks.insert(
+            itt,
+            Task {
+                cmd,
+                cdb,
+                data,
+                state,
+                seq: None,
+                fail,
+                aborted: false,
+                r2t_count: 0,
+            },
+        );
         self.admit(cmd_sn, immediate, Ordered::Scsi(itt));
     }
 
@@ -510,8 +542,12 @@ impl Session {
     /// Send the R2Ts a collecting task may have outstanding.
     fn solicit(&mut self, itt: u32) {
         let mut ttts = Vec::new();
-        let Some(task) = self.tasks.get_mut(&itt) else { return };
-        let TaskState::Collecting(t) = &mut task.state else { return };
+        let Some(task) = self.tasks.get_mut(&itt) else {
+            return;
+        };
+        let TaskState::Collecting(t) = &mut task.state else {
+            return;
+        };
         let mut next = self.next_ttt;
         let reqs = t.next_r2ts(|| {
             let v = next;
@@ -546,8 +582,16 @@ impl Session {
             // Data for a task that was aborted or failed: discard.
             return;
         };
-        let TaskState::Collecting(t) = &mut task.state else { return };
-        match t.on_data_out(d.ttt, d.data_sn, d.buffer_offset, data.len() as u32, d.final_bit) {
+        let TaskState::Collecting(t) = &mut task.state else {
+            return;
+        };
+        match t.on_data_out(
+            d.ttt,
+            d.data_sn,
+            d.buffer_offset,
+            data.len() as u32,
+            d.final_bit,
+        ) {
             Ok(()) => {
                 if task.fail.is_none() {
                     let off = d.buffer_offset as usize;
@@ -587,7 +631,8 @@ impl Session {
             };
             let seq = task.seq.expect("ready tasks are admitted");
             let blocked_by_ordered = self.ordered.range(..seq).next().is_some();
-            let ordered_waits = task.cmd.attr == TaskAttr::Ordered && self.outstanding.range(..seq).next().is_some();
+            let ordered_waits = task.cmd.attr == TaskAttr::Ordered
+                && self.outstanding.range(..seq).next().is_some();
             if blocked_by_ordered || ordered_waits {
                 i += 1;
                 continue;
@@ -598,7 +643,9 @@ impl Session {
     }
 
     fn start(&mut self, itt: u32) {
-        let Some(task) = self.tasks.get_mut(&itt) else { return };
+        let Some(task) = self.tasks.get_mut(&itt) else {
+            return;
+        };
         if let Some(resp) = task.fail.take() {
             let _ = self.done_tx.send(Event::Done(itt, resp));
             task.state = TaskState::Running;
@@ -607,7 +654,11 @@ impl Session {
         }
         task.state = TaskState::Running;
         self.running += 1;
-        let target = self.setup.target.clone().expect("SCSI tasks only in normal sessions");
+        let target = self
+            .setup
+            .target
+            .clone()
+            .expect("SCSI tasks only in normal sessions");
         let nexus = self.setup.nexus;
         let cdb = std::mem::take(&mut task.cdb);
         let data = std::mem::take(&mut task.data);
@@ -615,22 +666,32 @@ impl Session {
         let expected_len = task.cmd.expected_len;
         let tx = self.done_tx.clone();
         tokio::task::spawn_blocking(move || {
-            let req = ScsiRequest { nexus, lun, cdb: &cdb, data_out: &data, expected_len };
+            let req = ScsiRequest {
+                nexus,
+                lun,
+                cdb: &cdb,
+                data_out: &data,
+                expected_len,
+            };
             // A bug in command emulation must not take the session down
             // with it: report it as a target failure instead.
-            let resp = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| target.scsi.execute(&req)))
-                .unwrap_or_else(|_| {
-                    tracing::error!(itt, "command emulation panicked");
-                    // HARDWARE ERROR / INTERNAL TARGET FAILURE
-                    check_condition(0x04, 0x44, 0x00)
-                });
+            let resp = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                target.scsi.execute(&req)
+            }))
+            .unwrap_or_else(|_| {
+                tracing::error!(itt, "command emulation panicked");
+                // HARDWARE ERROR / INTERNAL TARGET FAILURE
+                check_condition(0x04, 0x44, 0x00)
+            });
             let _ = tx.send(Event::Done(itt, resp));
         });
     }
 
     fn on_done(&mut self, itt: u32, resp: ScsiResponse) {
         self.running = self.running.saturating_sub(1);
-        let Some(task) = self.tasks.remove(&itt) else { return };
+        let Some(task) = self.tasks.remove(&itt) else {
+            return;
+        };
         if let Some(seq) = task.seq {
             self.outstanding.remove(&seq);
             self.ordered.remove(&seq);
@@ -674,7 +735,8 @@ impl Session {
         let data = Bytes::from(resp.data_in);
         let collapse = resp.status == ScsiStatus::Good && resp.sense.is_empty() && send_len > 0;
         let p = &self.setup.params;
-        let segs: Vec<_> = data_in_segments(send_len as u32, p.max_send_dsl, p.max_burst_length).collect();
+        let segs: Vec<_> =
+            data_in_segments(send_len as u32, p.max_send_dsl, p.max_burst_length).collect();
         let nsegs = segs.len() as u32;
         for seg in segs {
             let status_here = collapse && seg.last;
@@ -730,7 +792,12 @@ impl Session {
     /// Abort (silently) every task matching `pred`; returns their ITTs that
     /// are still running and must be waited for.
     fn abort_tasks(&mut self, pred: impl Fn(&Task) -> bool) -> Vec<u32> {
-        let victims: Vec<u32> = self.tasks.iter().filter(|(_, t)| !t.aborted && pred(t)).map(|(i, _)| *i).collect();
+        let victims: Vec<u32> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| !t.aborted && pred(t))
+            .map(|(i, _)| *i)
+            .collect();
         let mut running = Vec::new();
         for itt in victims {
             let task = self.tasks.get_mut(&itt).expect("listed above");
@@ -757,14 +824,22 @@ impl Session {
     fn on_tmf(&mut self, t: TaskMgmtRequest) {
         let lun = lun_from_wire(t.lun);
         let target = self.setup.target.clone();
-        let lun_exists = target.as_ref().is_some_and(|tg| (lun as usize) < tg.scsi.luns().len());
+        let lun_exists = target
+            .as_ref()
+            .is_some_and(|tg| (lun as usize) < tg.scsi.luns().len());
         let nexus = self.setup.nexus;
         let (response, waiting_for) = match t.function {
             TmfFunction::AbortTask => {
-                let found = self.tasks.get(&t.referenced_task_tag).is_some_and(|task| lun_from_wire(task.cmd.lun) == lun);
+                let found = self
+                    .tasks
+                    .get(&t.referenced_task_tag)
+                    .is_some_and(|task| lun_from_wire(task.cmd.lun) == lun);
                 if found {
                     let itt = t.referenced_task_tag;
-                    (tmf_response::COMPLETE, self.abort_tasks(|task| task.cmd.itt == itt))
+                    (
+                        tmf_response::COMPLETE,
+                        self.abort_tasks(|task| task.cmd.itt == itt),
+                    )
                 } else {
                     (tmf_response::NO_TASK, Vec::new())
                 }
@@ -772,32 +847,51 @@ impl Session {
             TmfFunction::AbortTaskSet | TmfFunction::ClearTaskSet if lun_exists => {
                 let w = self.abort_tasks(|task| lun_from_wire(task.cmd.lun) == lun);
                 if t.function == TmfFunction::ClearTaskSet {
-                    self.registry.abort_lun_others(self.setup.id, target.as_ref().map(|t| t.name.as_str()), Some(lun));
+                    self.registry.abort_lun_others(
+                        self.setup.id,
+                        target.as_ref().map(|t| t.name.as_str()),
+                        Some(lun),
+                    );
                 }
                 (tmf_response::COMPLETE, w)
             }
             TmfFunction::LogicalUnitReset if lun_exists => {
                 let w = self.abort_tasks(|task| lun_from_wire(task.cmd.lun) == lun);
-                self.registry.abort_lun_others(self.setup.id, target.as_ref().map(|t| t.name.as_str()), Some(lun));
+                self.registry.abort_lun_others(
+                    self.setup.id,
+                    target.as_ref().map(|t| t.name.as_str()),
+                    Some(lun),
+                );
                 if let Some(tg) = &target {
                     tg.scsi.reset(ResetKind::LogicalUnit, Some(lun), nexus);
                 }
                 (tmf_response::COMPLETE, w)
             }
-            TmfFunction::AbortTaskSet | TmfFunction::ClearTaskSet | TmfFunction::LogicalUnitReset => {
-                (tmf_response::NO_LUN, Vec::new())
-            }
+            TmfFunction::AbortTaskSet
+            | TmfFunction::ClearTaskSet
+            | TmfFunction::LogicalUnitReset => (tmf_response::NO_LUN, Vec::new()),
             TmfFunction::TargetWarmReset | TmfFunction::TargetColdReset => {
                 let w = self.abort_tasks(|_| true);
-                self.registry.abort_lun_others(self.setup.id, target.as_ref().map(|t| t.name.as_str()), None);
-                let kind = if t.function == TmfFunction::TargetColdReset { ResetKind::TargetCold } else { ResetKind::TargetWarm };
+                self.registry.abort_lun_others(
+                    self.setup.id,
+                    target.as_ref().map(|t| t.name.as_str()),
+                    None,
+                );
+                let kind = if t.function == TmfFunction::TargetColdReset {
+                    ResetKind::TargetCold
+                } else {
+                    ResetKind::TargetWarm
+                };
                 if let Some(tg) = &target {
                     tg.scsi.reset(kind, None, nexus);
                 }
                 if kind == ResetKind::TargetCold {
                     // A cold reset drops every connection to the target,
                     // this one too once the response has gone out.
-                    self.registry.shutdown_target_others(self.setup.id, target.as_ref().map(|t| t.name.as_str()));
+                    self.registry.shutdown_target_others(
+                        self.setup.id,
+                        target.as_ref().map(|t| t.name.as_str()),
+                    );
                     self.closing = true;
                 }
                 (tmf_response::COMPLETE, w)
@@ -806,7 +900,11 @@ impl Session {
             TmfFunction::TaskReassign => (tmf_response::REASSIGN_NOT_SUPPORTED, Vec::new()),
             TmfFunction::Other(_) => (tmf_response::REJECTED, Vec::new()),
         };
-        self.pending_tmfs.push(PendingTmf { req: t, waiting_for, response });
+        self.pending_tmfs.push(PendingTmf {
+            req: t,
+            waiting_for,
+            response,
+        });
         self.finish_tmfs(RESERVED_TAG);
         self.dispatch();
     }
@@ -817,7 +915,9 @@ impl Session {
             p.waiting_for.retain(|i| *i != finished_itt);
         }
         let ready: Vec<PendingTmf> = {
-            let (done, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending_tmfs).into_iter().partition(|p| p.waiting_for.is_empty());
+            let (done, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending_tmfs)
+                .into_iter()
+                .partition(|p| p.waiting_for.is_empty());
             self.pending_tmfs = wait;
             done
         };
@@ -843,11 +943,16 @@ impl Session {
         let body = match self.text_continuation.take() {
             Some((ttt, rest)) if t.ttt == ttt => rest,
             _ => {
-                let pairs = ethersan_proto::text::parse_text(&data, &Default::default()).unwrap_or_default();
+                let pairs = ethersan_proto::text::parse_text(&data, &Default::default())
+                    .unwrap_or_default();
                 let mut out: Vec<(String, String)> = Vec::new();
                 for (k, v) in pairs {
                     if k == "SendTargets" {
-                        out.extend(self.registry.send_targets(&v, self.setup.target.as_deref(), &self.setup.params.initiator_name));
+                        out.extend(self.registry.send_targets(
+                            &v,
+                            self.setup.target.as_deref(),
+                            &self.setup.params.initiator_name,
+                        ));
                     } else {
                         out.push((k, "NotUnderstood".to_string()));
                     }
@@ -855,7 +960,11 @@ impl Session {
                 ethersan_proto::text::encode_text(&out)
             }
         };
-        let (chunk, rest) = if body.len() > max { (body[..max].to_vec(), Some(body[max..].to_vec())) } else { (body, None) };
+        let (chunk, rest) = if body.len() > max {
+            (body[..max].to_vec(), Some(body[max..].to_vec()))
+        } else {
+            (body, None)
+        };
         let more = rest.is_some();
         let ttt = if more { self.alloc_ttt() } else { RESERVED_TAG };
         if let Some(rest) = rest {
@@ -900,5 +1009,10 @@ impl Session {
 /// the command reaches its logical unit (fixed-format sense).
 fn check_condition(key: u8, asc: u8, ascq: u8) -> ScsiResponse {
     let sense = ethersan_scsi::sense::Sense::new(key, asc, ascq).to_bytes(false);
-    ScsiResponse { status: ScsiStatus::CheckCondition, sense, data_in: Vec::new(), data_out_len: None }
+    ScsiResponse {
+        status: ScsiStatus::CheckCondition,
+        sense,
+        data_in: Vec::new(),
+        data_out_len: None,
+    }
 }

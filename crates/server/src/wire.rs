@@ -54,7 +54,12 @@ pub(crate) struct PduReader<R> {
 
 impl<R: AsyncRead + Unpin> PduReader<R> {
     pub(crate) fn new(r: R, max_data: u32) -> Self {
-        PduReader { r: BufReader::with_capacity(256 * 1024, r), header_digest: false, data_digest: false, max_data }
+        PduReader {
+            r: BufReader::with_capacity(256 * 1024, r),
+            header_digest: false,
+            data_digest: false,
+            max_data,
+        }
     }
 
     /// Read one whole PDU.
@@ -74,7 +79,8 @@ impl<R: AsyncRead + Unpin> PduReader<R> {
         if self.header_digest {
             let mut d = [0u8; 4];
             self.r.read_exact(&mut d).await?;
-            bhs.verify_digest(&ahs, d).map_err(ReadError::HeaderDigest)?;
+            bhs.verify_digest(&ahs, d)
+                .map_err(ReadError::HeaderDigest)?;
         }
         let len = layout.data_len as u32;
         if len > self.max_data {
@@ -86,7 +92,11 @@ impl<R: AsyncRead + Unpin> PduReader<R> {
             if left > 0 {
                 return Err(ReadError::Io(std::io::ErrorKind::UnexpectedEof.into()));
             }
-            return Err(ReadError::TooLong { bhs, len, limit: self.max_data });
+            return Err(ReadError::TooLong {
+                bhs,
+                len,
+                limit: self.max_data,
+            });
         }
         let mut data = vec![0u8; layout.data_len + layout.pad_len];
         self.r.read_exact(&mut data).await?;
@@ -122,7 +132,12 @@ pub(crate) enum WriterMsg {
 
 /// Start the task that owns the write half. It sends every queued frame
 /// with one flush per batch. Returns when the channel closes or on error.
-pub(crate) fn spawn_writer<W>(w: W) -> (mpsc::UnboundedSender<WriterMsg>, tokio::task::JoinHandle<std::io::Result<()>>)
+pub(crate) fn spawn_writer<W>(
+    w: W,
+) -> (
+    mpsc::UnboundedSender<WriterMsg>,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+)
 where
     W: AsyncWrite + Unpin + Send + 'static,
 {
@@ -155,7 +170,12 @@ where
     (tx, handle)
 }
 
-async fn write_frame<W: AsyncWrite + Unpin>(w: &mut BufWriter<W>, f: &Frame, hd: bool, dd: bool) -> std::io::Result<()> {
+async fn write_frame<W: AsyncWrite + Unpin>(
+    w: &mut BufWriter<W>,
+    f: &Frame,
+    hd: bool,
+    dd: bool,
+) -> std::io::Result<()> {
     w.write_all(&f.bhs.0).await?;
     if hd {
         w.write_all(&f.bhs.digest(&[]).to_le_bytes()).await?;
@@ -167,7 +187,8 @@ async fn write_frame<W: AsyncWrite + Unpin>(w: &mut BufWriter<W>, f: &Frame, hd:
             w.write_all(&[0u8; 3][..pad]).await?;
         }
         if dd {
-            w.write_all(&digest::data_digest(&f.data).to_le_bytes()).await?;
+            w.write_all(&digest::data_digest(&f.data).to_le_bytes())
+                .await?;
         }
     }
     Ok(())

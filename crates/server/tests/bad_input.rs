@@ -16,15 +16,27 @@ use tokio::net::TcpStream;
 
 const IQN: &str = "iqn.2026-11.org.ethersan:bad";
 
-async fn start() -> (String, tokio::task::JoinHandle<()>, tokio::sync::oneshot::Sender<()>) {
+async fn start() -> (
+    String,
+    tokio::task::JoinHandle<()>,
+    tokio::sync::oneshot::Sender<()>,
+) {
     start_with("nop_interval_secs = 0").await
 }
 
-async fn start_with(options: &str) -> (String, tokio::task::JoinHandle<()>, tokio::sync::oneshot::Sender<()>) {
+async fn start_with(
+    options: &str,
+) -> (
+    String,
+    tokio::task::JoinHandle<()>,
+    tokio::sync::oneshot::Sender<()>,
+) {
     let text = format!(
         "portals = [\"127.0.0.1:0\"]\n[options]\n{options}\nmax_recv_data_segment_length = 8192\n[[target]]\nname = \"{IQN}\"\nlun = [\"ram:8M\"]\n"
     );
-    let srv = Server::bind(&Config::from_toml_str(&text, "test").unwrap()).await.unwrap();
+    let srv = Server::bind(&Config::from_toml_str(&text, "test").unwrap())
+        .await
+        .unwrap();
     let addr = srv.local_addrs()[0].to_string();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let h = tokio::spawn(async move {
@@ -37,9 +49,20 @@ async fn start_with(options: &str) -> (String, tokio::task::JoinHandle<()>, toki
 }
 
 async fn good_session(addr: &str) -> Session {
-    let s = connect(addr, &LoginOptions { target_name: Some(IQN.into()), ..LoginOptions::default() }).await.unwrap();
+    let s = connect(
+        addr,
+        &LoginOptions {
+            target_name: Some(IQN.into()),
+            ..LoginOptions::default()
+        },
+    )
+    .await
+    .unwrap();
     for _ in 0..3 {
-        let r = s.command(0, &[0, 0, 0, 0, 0, 0], Bytes::new(), 0).await.unwrap();
+        let r = s
+            .command(0, &[0, 0, 0, 0, 0, 0], Bytes::new(), 0)
+            .await
+            .unwrap();
         if r.status == 0 {
             break;
         }
@@ -49,7 +72,13 @@ async fn good_session(addr: &str) -> Session {
 
 async fn io_still_works(s: &Session) {
     let data = Bytes::from(vec![0x5a; 4096]);
-    assert_eq!(s.write16(0, 8, data.clone(), 512, false).await.unwrap().status, 0);
+    assert_eq!(
+        s.write16(0, 8, data.clone(), 512, false)
+            .await
+            .unwrap()
+            .status,
+        0
+    );
     let r = s.read16(0, 8, 8, 512).await.unwrap();
     assert_eq!(r.status, 0);
     assert!(r.data == data[..]);
@@ -58,7 +87,9 @@ async fn io_still_works(s: &Session) {
 /// Read one PDU header (and skip its data) with a time limit; None on close.
 async fn read_pdu(sock: &mut TcpStream) -> Option<(Bhs, Vec<u8>)> {
     let mut bhs = Bhs::default();
-    let r = tokio::time::timeout(Duration::from_secs(5), sock.read_exact(&mut bhs.0)).await.expect("no answer within 5 s");
+    let r = tokio::time::timeout(Duration::from_secs(5), sock.read_exact(&mut bhs.0))
+        .await
+        .expect("no answer within 5 s");
     r.ok()?;
     let l = bhs.layout(false, false);
     let mut rest = vec![0u8; l.ahs_len + l.data_len + l.pad_len];
@@ -69,7 +100,10 @@ async fn read_pdu(sock: &mut TcpStream) -> Option<(Bhs, Vec<u8>)> {
 async fn expect_closed(sock: &mut TcpStream) {
     let mut buf = [0u8; 64];
     loop {
-        match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf)).await.expect("connection not closed") {
+        match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf))
+            .await
+            .expect("connection not closed")
+        {
             Ok(0) | Err(_) => return,
             Ok(_) => continue,
         }
@@ -100,7 +134,13 @@ async fn raw_login(addr: &str) -> TcpStream {
         exp_stat_sn: 0,
     };
     let mut out = Vec::new();
-    pdu::write_pdu(&mut out, &Pdu::LoginRequest(req).encode(keys.len() as u32), &keys, false, false);
+    pdu::write_pdu(
+        &mut out,
+        &Pdu::LoginRequest(req).encode(keys.len() as u32),
+        &keys,
+        false,
+        false,
+    );
     sock.write_all(&out).await.unwrap();
     let (bhs, _) = read_pdu(&mut sock).await.expect("login response");
     match Pdu::decode(&bhs).unwrap() {
@@ -117,7 +157,14 @@ async fn non_login_pdu_before_login_is_rejected() {
     let (addr, _h, _stop) = start().await;
     let good = good_session(&addr).await;
     let mut sock = TcpStream::connect(&addr).await.unwrap();
-    let nop = NopOut { immediate: true, lun: 0, itt: 5, ttt: RESERVED_TAG, cmd_sn: 1, exp_stat_sn: 0 };
+    let nop = NopOut {
+        immediate: true,
+        lun: 0,
+        itt: 5,
+        ttt: RESERVED_TAG,
+        cmd_sn: 1,
+        exp_stat_sn: 0,
+    };
     sock.write_all(&Pdu::NopOut(nop).encode(0).0).await.unwrap();
     let (bhs, _) = read_pdu(&mut sock).await.expect("a login reject");
     match Pdu::decode(&bhs).unwrap() {
@@ -132,7 +179,11 @@ async fn non_login_pdu_before_login_is_rejected() {
 async fn garbage_and_truncated_pdus_close_only_that_connection() {
     let (addr, _h, _stop) = start().await;
     let good = good_session(&addr).await;
-    for junk in [vec![0xffu8; 4096], vec![0x03, 0x87, 0, 0], b"GET / HTTP/1.1\r\n\r\n".to_vec()] {
+    for junk in [
+        vec![0xffu8; 4096],
+        vec![0x03, 0x87, 0, 0],
+        b"GET / HTTP/1.1\r\n\r\n".to_vec(),
+    ] {
         let mut sock = TcpStream::connect(&addr).await.unwrap();
         sock.write_all(&junk).await.unwrap();
         sock.shutdown().await.unwrap();
@@ -168,10 +219,23 @@ async fn unknown_opcode_and_oversized_segment_get_reject() {
     }
     assert_eq!(&data[..48], &b.0[..], "Reject carries the offending header");
     // A NOP-Out whose data segment exceeds our MaxRecvDataSegmentLength (8192).
-    let nop = NopOut { immediate: true, lun: 0, itt: 10, ttt: RESERVED_TAG, cmd_sn: 1, exp_stat_sn: 0 };
+    let nop = NopOut {
+        immediate: true,
+        lun: 0,
+        itt: 10,
+        ttt: RESERVED_TAG,
+        cmd_sn: 1,
+        exp_stat_sn: 0,
+    };
     let big = vec![7u8; 16384];
     let mut out = Vec::new();
-    pdu::write_pdu(&mut out, &Pdu::NopOut(nop).encode(big.len() as u32), &big, false, false);
+    pdu::write_pdu(
+        &mut out,
+        &Pdu::NopOut(nop).encode(big.len() as u32),
+        &big,
+        false,
+        false,
+    );
     sock.write_all(&out).await.unwrap();
     let (bhs, _) = read_pdu(&mut sock).await.expect("a Reject");
     match Pdu::decode(&bhs).unwrap() {
@@ -179,7 +243,14 @@ async fn unknown_opcode_and_oversized_segment_get_reject() {
         other => panic!("expected Reject, got {other:?}"),
     }
     // The connection is still framed and alive: a normal ping is answered.
-    let nop = NopOut { immediate: true, lun: 0, itt: 11, ttt: RESERVED_TAG, cmd_sn: 1, exp_stat_sn: 0 };
+    let nop = NopOut {
+        immediate: true,
+        lun: 0,
+        itt: 11,
+        ttt: RESERVED_TAG,
+        cmd_sn: 1,
+        exp_stat_sn: 0,
+    };
     let mut out = Vec::new();
     pdu::write_pdu(&mut out, &Pdu::NopOut(nop).encode(4), b"ping", false, false);
     sock.write_all(&out).await.unwrap();
@@ -213,7 +284,13 @@ async fn invalid_login_keys_get_login_reject() {
         exp_stat_sn: 0,
     };
     let mut out = Vec::new();
-    pdu::write_pdu(&mut out, &Pdu::LoginRequest(req.clone()).encode(keys.len() as u32), &keys, false, false);
+    pdu::write_pdu(
+        &mut out,
+        &Pdu::LoginRequest(req.clone()).encode(keys.len() as u32),
+        &keys,
+        false,
+        false,
+    );
     sock.write_all(&out).await.unwrap();
     let (bhs, _) = read_pdu(&mut sock).await.expect("login reject");
     match Pdu::decode(&bhs).unwrap() {
@@ -224,7 +301,13 @@ async fn invalid_login_keys_get_login_reject() {
     let mut sock = TcpStream::connect(&addr).await.unwrap();
     let keys = b"InitiatorName\0".to_vec();
     let mut out = Vec::new();
-    pdu::write_pdu(&mut out, &Pdu::LoginRequest(req.clone()).encode(keys.len() as u32), &keys, false, false);
+    pdu::write_pdu(
+        &mut out,
+        &Pdu::LoginRequest(req.clone()).encode(keys.len() as u32),
+        &keys,
+        false,
+        false,
+    );
     sock.write_all(&out).await.unwrap();
     let (bhs, _) = read_pdu(&mut sock).await.expect("login reject");
     match Pdu::decode(&bhs).unwrap() {
@@ -236,7 +319,9 @@ async fn invalid_login_keys_get_login_reject() {
     let mut v = req.clone();
     v.version_min = 3;
     v.version_max = 3;
-    sock.write_all(&Pdu::LoginRequest(v).encode(0).0).await.unwrap();
+    sock.write_all(&Pdu::LoginRequest(v).encode(0).0)
+        .await
+        .unwrap();
     let (bhs, _) = read_pdu(&mut sock).await.expect("login reject");
     match Pdu::decode(&bhs).unwrap() {
         Pdu::LoginResponse(r) => assert_eq!((r.status_class, r.status_detail), (2, 5)),
@@ -247,7 +332,9 @@ async fn invalid_login_keys_get_login_reject() {
     let mut c = req;
     c.continue_bit = true;
     c.transit = false;
-    sock.write_all(&Pdu::LoginRequest(c).encode(0).0).await.unwrap();
+    sock.write_all(&Pdu::LoginRequest(c).encode(0).0)
+        .await
+        .unwrap();
     let (bhs, _) = read_pdu(&mut sock).await.expect("login reject");
     match Pdu::decode(&bhs).unwrap() {
         Pdu::LoginResponse(r) => assert_eq!(r.status_class, 2),
@@ -263,8 +350,14 @@ async fn shutdown_ends_sessions_and_returns() {
     let good = Arc::new(good_session(&addr).await);
     io_still_works(&good).await;
     stop.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(15), h).await.expect("server did not stop").unwrap();
-    assert!(good.read16(0, 0, 1, 512).await.is_err(), "session survived shutdown");
+    tokio::time::timeout(Duration::from_secs(15), h)
+        .await
+        .expect("server did not stop")
+        .unwrap();
+    assert!(
+        good.read16(0, 0, 1, 512).await.is_err(),
+        "session survived shutdown"
+    );
 }
 
 #[tokio::test]
@@ -314,7 +407,13 @@ async fn login_text_split_over_pdus_with_the_c_bit() {
         exp_stat_sn: 0,
     };
     let mut out = Vec::new();
-    pdu::write_pdu(&mut out, &Pdu::LoginRequest(req.clone()).encode(a.len() as u32), a, false, false);
+    pdu::write_pdu(
+        &mut out,
+        &Pdu::LoginRequest(req.clone()).encode(a.len() as u32),
+        a,
+        false,
+        false,
+    );
     sock.write_all(&out).await.unwrap();
     // The target acknowledges the partial text with an empty response.
     let (bhs, data) = read_pdu(&mut sock).await.expect("empty login response");
@@ -327,7 +426,13 @@ async fn login_text_split_over_pdus_with_the_c_bit() {
     req.transit = true;
     req.nsg = 3;
     let mut out = Vec::new();
-    pdu::write_pdu(&mut out, &Pdu::LoginRequest(req).encode(b.len() as u32), b, false, false);
+    pdu::write_pdu(
+        &mut out,
+        &Pdu::LoginRequest(req).encode(b.len() as u32),
+        b,
+        false,
+        false,
+    );
     sock.write_all(&out).await.unwrap();
     let (bhs, data) = read_pdu(&mut sock).await.expect("final login response");
     match Pdu::decode(&bhs).unwrap() {
@@ -335,5 +440,10 @@ async fn login_text_split_over_pdus_with_the_c_bit() {
         other => panic!("{other:?}"),
     }
     let answers = ethersan_proto::text::parse_text(&data, &Default::default()).unwrap();
-    assert!(answers.iter().any(|(k, v)| k == "ImmediateData" && v == "Yes"), "{answers:?}");
+    assert!(
+        answers
+            .iter()
+            .any(|(k, v)| k == "ImmediateData" && v == "Yes"),
+        "{answers:?}"
+    );
 }

@@ -19,7 +19,10 @@ async fn server(extra_options: &str) -> Arc<Server> {
 }
 
 /// Connect a fresh initiator to `srv` through an in-memory pipe.
-async fn connect(srv: &Arc<Server>, opts: LoginOptions) -> Result<Session, ethersan_initiator::Error> {
+async fn connect(
+    srv: &Arc<Server>,
+    opts: LoginOptions,
+) -> Result<Session, ethersan_initiator::Error> {
     let (client, target) = tokio::io::duplex(1 << 20);
     let (trd, twr) = tokio::io::split(target);
     let srv = srv.clone();
@@ -38,17 +41,27 @@ fn normal(digests: bool) -> LoginOptions {
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 9) as u8).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 9) as u8)
+        .collect()
 }
 
 /// Clear the POWER ON unit attention a new nexus starts with.
 async fn clear_ua(s: &Session, lun: u64) {
     for _ in 0..4 {
-        let r = s.command(lun, &[0, 0, 0, 0, 0, 0], Bytes::new(), 0).await.unwrap();
+        let r = s
+            .command(lun, &[0, 0, 0, 0, 0, 0], Bytes::new(), 0)
+            .await
+            .unwrap();
         if r.status == 0 {
             return;
         }
-        assert_eq!(r.sense_key().map(|k| k.0), Some(6), "expected a unit attention, got {:?}", r.sense_key());
+        assert_eq!(
+            r.sense_key().map(|k| k.0),
+            Some(6),
+            "expected a unit attention, got {:?}",
+            r.sense_key()
+        );
     }
     panic!("unit attention never cleared");
 }
@@ -64,9 +77,15 @@ async fn write_read_roundtrip_with_and_without_digests() {
         assert_eq!((blocks, bs), (16 << 20 >> 9, 512));
         // 2 MiB: immediate data, unsolicited Data-Out, then R2T bursts.
         let data = pattern(2 << 20, digests as u8);
-        let w = s.write16(0, 100, Bytes::from(data.clone()), bs, true).await.unwrap();
+        let w = s
+            .write16(0, 100, Bytes::from(data.clone()), bs, true)
+            .await
+            .unwrap();
         assert_eq!(w.status, 0, "write failed: {:?}", w.sense_key());
-        let r = s.read16(0, 100, (data.len() / 512) as u32, bs).await.unwrap();
+        let r = s
+            .read16(0, 100, (data.len() / 512) as u32, bs)
+            .await
+            .unwrap();
         assert_eq!(r.status, 0);
         assert!(r.data == data, "read back differs");
         s.logout().await.unwrap();
@@ -83,7 +102,10 @@ async fn many_commands_in_flight() {
         let s = s.clone();
         tasks.push(tokio::spawn(async move {
             let data = pattern(8192, i as u8);
-            let w = s.write16(1, i * 2, Bytes::from(data.clone()), 4096, false).await.unwrap();
+            let w = s
+                .write16(1, i * 2, Bytes::from(data.clone()), 4096, false)
+                .await
+                .unwrap();
             assert_eq!(w.status, 0);
             let r = s.read16(1, i * 2, 2, 4096).await.unwrap();
             assert_eq!(r.status, 0);
@@ -100,19 +122,34 @@ async fn many_commands_in_flight() {
 async fn discovery_lists_targets_and_portals() {
     let srv = server("").await;
     let s = connect(&srv, LoginOptions::default()).await.unwrap();
-    let keys = s.text(vec![("SendTargets".into(), "All".into())]).await.unwrap();
+    let keys = s
+        .text(vec![("SendTargets".into(), "All".into())])
+        .await
+        .unwrap();
     assert_eq!(keys[0], ("TargetName".to_string(), IQN.to_string()));
-    assert!(keys.iter().any(|(k, v)| k == "TargetAddress" && v.starts_with("127.0.0.1:") && v.ends_with(",1")), "{keys:?}");
+    assert!(
+        keys.iter()
+            .any(|(k, v)| k == "TargetAddress" && v.starts_with("127.0.0.1:") && v.ends_with(",1")),
+        "{keys:?}"
+    );
     // SCSI commands have no place in a discovery session.
-    assert!(s.command(0, &[0, 0, 0, 0, 0, 0], Bytes::new(), 0).await.is_err());
+    assert!(s
+        .command(0, &[0, 0, 0, 0, 0, 0], Bytes::new(), 0)
+        .await
+        .is_err());
 }
 
 #[tokio::test]
 async fn unknown_target_is_refused_with_not_found() {
     let srv = server("").await;
-    let opts = LoginOptions { target_name: Some("iqn.2026-11.org.ethersan:nope".into()), ..LoginOptions::default() };
+    let opts = LoginOptions {
+        target_name: Some("iqn.2026-11.org.ethersan:nope".into()),
+        ..LoginOptions::default()
+    };
     match connect(&srv, opts).await {
-        Err(ethersan_initiator::Error::LoginRefused { class, detail }) => assert_eq!((class, detail), (2, 3)),
+        Err(ethersan_initiator::Error::LoginRefused { class, detail }) => {
+            assert_eq!((class, detail), (2, 3))
+        }
         other => panic!("expected a login reject, got {other:?}"),
     }
 }
@@ -123,14 +160,23 @@ async fn scsi_errors_carry_the_right_sense() {
     let s = connect(&srv, normal(false)).await.unwrap();
     clear_ua(&s, 0).await;
     // READ(10) past the end: LOGICAL BLOCK ADDRESS OUT OF RANGE.
-    let r = s.command(0, &[0x28, 0, 0, 0, 0x80, 0, 0, 0, 1, 0], Bytes::new(), 512).await.unwrap();
+    let r = s
+        .command(0, &[0x28, 0, 0, 0, 0x80, 0, 0, 0, 1, 0], Bytes::new(), 512)
+        .await
+        .unwrap();
     assert_eq!(r.status, 2);
     assert_eq!(r.sense_key(), Some((5, 0x21, 0)));
     // Unknown opcode.
-    let r = s.command(0, &[0xc7, 0, 0, 0, 0, 0], Bytes::new(), 0).await.unwrap();
+    let r = s
+        .command(0, &[0xc7, 0, 0, 0, 0, 0], Bytes::new(), 0)
+        .await
+        .unwrap();
     assert_eq!(r.sense_key(), Some((5, 0x20, 0)));
     // A LUN that does not exist.
-    let r = s.command(9, &[0, 0, 0, 0, 0, 0], Bytes::new(), 0).await.unwrap();
+    let r = s
+        .command(9, &[0, 0, 0, 0, 0, 0], Bytes::new(), 0)
+        .await
+        .unwrap();
     assert_eq!(r.sense_key(), Some((5, 0x25, 0)));
     // The session is still good.
     let r = s.read16(0, 0, 1, 512).await.unwrap();

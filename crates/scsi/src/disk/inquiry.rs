@@ -3,7 +3,10 @@
 //! identification), 0x8F (third-party copy), 0xB0 (block limits), 0xB1
 //! (block device characteristics) and 0xB2 (logical block provisioning).
 
-use super::{CmdResult, LogicalUnit, Reply, MAX_ATOMIC_BYTES, MAX_COMPARE_AND_WRITE, MAX_TRANSFER_BYTES, MAX_UNMAP_BLOCKS, MAX_UNMAP_DESCRIPTORS};
+use super::{
+    CmdResult, LogicalUnit, Reply, MAX_ATOMIC_BYTES, MAX_COMPARE_AND_WRITE, MAX_TRANSFER_BYTES,
+    MAX_UNMAP_BLOCKS, MAX_UNMAP_DESCRIPTORS,
+};
 use crate::be::be16;
 use crate::sense::Sense;
 
@@ -25,22 +28,28 @@ impl LogicalUnit {
                 let pages = [0x00, 0x80, 0x83, 0x8f, 0xb0, 0xb1, 0xb2];
                 vpd(0x00, &pages)
             }
-            0x80 => vpd(0x80, &pad(&self.cfg.serial, self.cfg.serial.len().clamp(1, 252))),
+            0x80 => vpd(
+                0x80,
+                &pad(&self.cfg.serial, self.cfg.serial.len().clamp(1, 252)),
+            ),
             0x83 => vpd(0x83, &self.device_identification()),
             0x8f => vpd(0x8f, &third_party_copy_page()),
             0xb0 => vpd(0xb0, &self.block_limits()),
             0xb1 => {
                 let mut p = vec![0u8; 0x3c];
                 p[1] = 1; // medium rotation rate: non-rotating medium
-                // WABEREQ = WACEREQ = 01b: reads after a block or crypto
-                // erase succeed (and return zeros).
+                          // WABEREQ = WACEREQ = 01b: reads after a block or crypto
+                          // erase succeed (and return zeros).
                 p[3] = 0x50;
                 vpd(0xb1, &p)
             }
             0xb2 => {
                 // LBPU, LBPWS, LBPWS10 and LBPRZ on thin LUNs; provisioning type 2 (thin).
                 let thin = self.dev.thin_provisioned();
-                vpd(0xb2, &[0, if thin { 0xe4 } else { 0 }, if thin { 2 } else { 0 }, 0])
+                vpd(
+                    0xb2,
+                    &[0, if thin { 0xe4 } else { 0 }, if thin { 2 } else { 0 }, 0],
+                )
             }
             _ => return Err(Sense::invalid_cdb_field(2, None)),
         };
@@ -104,7 +113,8 @@ impl LogicalUnit {
         if self.dev.thin_provisioned() {
             p[16..20].copy_from_slice(&(MAX_UNMAP_BLOCKS as u32).to_be_bytes());
             p[20..24].copy_from_slice(&(MAX_UNMAP_DESCRIPTORS as u32).to_be_bytes());
-            p[24..28].copy_from_slice(&(((4096 / bs).max(1)) as u32).to_be_bytes()); // optimal unmap granularity
+            p[24..28].copy_from_slice(&(((4096 / bs).max(1)) as u32).to_be_bytes());
+            // optimal unmap granularity
         }
         p[32..40].copy_from_slice(&self.max_write_same_blocks().to_be_bytes());
         // WRITE ATOMIC: maximum atomic transfer length, alignment and
@@ -128,14 +138,17 @@ impl LogicalUnit {
         while at + 4 <= page.len() {
             let len = usize::from(page[at + 3]);
             let assoc = (page[at + 1] >> 4) & 3;
-            if assoc == 0 && page[at] & 0x0f == code_set && page[at + 1] & 0x0f == kind && page.get(at + 4..at + 4 + len) == Some(body) {
+            if assoc == 0
+                && page[at] & 0x0f == code_set
+                && page[at + 1] & 0x0f == kind
+                && page.get(at + 4..at + 4 + len) == Some(body)
+            {
                 return true;
             }
             at += 4 + len;
         }
         false
     }
-
 }
 /// A VPD page: header (peripheral byte, page code, length) and body.
 fn vpd(code: u8, body: &[u8]) -> Vec<u8> {
@@ -161,7 +174,11 @@ fn third_party_copy_page() -> Vec<u8> {
 }
 /// `s` as printable ASCII, cut or space-padded to `n` bytes.
 fn pad(s: &str, n: usize) -> Vec<u8> {
-    let mut v: Vec<u8> = s.bytes().filter(|b| (0x20..0x7f).contains(b)).take(n).collect();
+    let mut v: Vec<u8> = s
+        .bytes()
+        .filter(|b| (0x20..0x7f).contains(b))
+        .take(n)
+        .collect();
     v.resize(n, b' ');
     v
 }
@@ -222,7 +239,12 @@ mod tests {
         assert_eq!(field_pointer(&r), [0xc0, 0, 2]);
         // Unknown page.
         for page in [0x01, 0x81, 0x86, 0xb3, 0xff] {
-            check(&exec(&t, A, &inquiry(true, page, 255), &[]), key::ILLEGAL_REQUEST, 0x24, 0);
+            check(
+                &exec(&t, A, &inquiry(true, page, 255), &[]),
+                key::ILLEGAL_REQUEST,
+                0x24,
+                0,
+            );
         }
         // CmdDt.
         let r = exec(&t, A, &[0x12, 0x02, 0, 0, 255, 0], &[]);
@@ -284,7 +306,10 @@ mod tests {
             let d = good(exec(&t, A, &inquiry(true, 0xb0, 0xffff), &[]));
             assert_eq!(d.len(), 64);
             let max = u32::from_be_bytes([d[8], d[9], d[10], d[11]]);
-            assert_eq!(u64::from(max) * u64::from(bs), super::super::MAX_TRANSFER_BYTES);
+            assert_eq!(
+                u64::from(max) * u64::from(bs),
+                super::super::MAX_TRANSFER_BYTES
+            );
             let granularity = u16::from_be_bytes([d[6], d[7]]);
             assert!(granularity >= 1);
             let optimal = u32::from_be_bytes([d[12], d[13], d[14], d[15]]);
@@ -292,7 +317,11 @@ mod tests {
             let d = good(exec(&t, A, &inquiry(true, 0xb1, 0xffff), &[]));
             assert_eq!(&d[4..6], &[0, 1], "non-rotating medium");
             let d = good(exec(&t, A, &inquiry(true, 0xb2, 0xffff), &[]));
-            assert_eq!(d[5] & 0xe0, 0, "LBPU, LBPWS, LBPWS10 off on a fully provisioned unit");
+            assert_eq!(
+                d[5] & 0xe0,
+                0,
+                "LBPU, LBPWS, LBPWS10 off on a fully provisioned unit"
+            );
             assert_eq!(d[6] & 0x07, 0, "provisioning type: full");
         }
     }

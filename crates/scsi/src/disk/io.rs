@@ -8,7 +8,10 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{backend_sense, CmdResult, LogicalUnit, Reply, ATOMIC_UNIT_BYTES, MAX_ATOMIC_BYTES, MAX_COMPARE_AND_WRITE};
+use super::{
+    backend_sense, CmdResult, LogicalUnit, Reply, ATOMIC_UNIT_BYTES, MAX_ATOMIC_BYTES,
+    MAX_COMPARE_AND_WRITE,
+};
 use crate::be::{be16, be32, be64};
 use crate::cdb::BlockCdb;
 use crate::sense::{codes, Sense};
@@ -21,7 +24,9 @@ impl LogicalUnit {
         let (off, len) = self.range(&c)?;
         let mut data = vec![0u8; len];
         if len > 0 {
-            self.dev.read_at(off, &mut data).map_err(|e| backend_sense(&e, false))?;
+            self.dev
+                .read_at(off, &mut data)
+                .map_err(|e| backend_sense(&e, false))?;
         }
         Ok(Reply { data })
     }
@@ -55,7 +60,9 @@ impl LogicalUnit {
         if have > 0 {
             let fua = verify || self.fua(&c);
             let _held = self.ranges.lock(off, have as u64, false);
-            self.dev.write_at(off, &data_out[..have], fua).map_err(|e| backend_sense(&e, true))?;
+            self.dev
+                .write_at(off, &data_out[..have], fua)
+                .map_err(|e| backend_sense(&e, true))?;
         }
         Reply::none()
     }
@@ -89,7 +96,9 @@ impl LogicalUnit {
             return Err(codes::INVALID_FIELD_IN_CDB);
         }
         let _held = self.ranges.lock(off, len as u64, true);
-        self.dev.write_at(off, &data[..len], self.fua(&c)).map_err(|e| backend_sense(&e, true))?;
+        self.dev
+            .write_at(off, &data[..len], self.fua(&c))
+            .map_err(|e| backend_sense(&e, true))?;
         Reply::none()
     }
 
@@ -100,7 +109,9 @@ impl LogicalUnit {
             return Err(s);
         }
         let _held = self.ranges.lock(off, data.len() as u64, false);
-        self.dev.write_at(off, data, !self.wce.load(Ordering::Relaxed)).map_err(|e| backend_sense(&e, true))
+        self.dev
+            .write_at(off, data, !self.wce.load(Ordering::Relaxed))
+            .map_err(|e| backend_sense(&e, true))
     }
 
     /// Whether a write must reach stable storage before it completes: FUA
@@ -131,11 +142,15 @@ impl LogicalUnit {
         let (verify, write) = (&data[..len], &data[len..2 * len]);
         let _held = self.ranges.lock(off, len as u64, true);
         let mut medium = vec![0u8; len];
-        self.dev.read_at(off, &mut medium).map_err(|e| backend_sense(&e, false))?;
+        self.dev
+            .read_at(off, &mut medium)
+            .map_err(|e| backend_sense(&e, false))?;
         if let Some(at) = medium.iter().zip(verify).position(|(a, b)| a != b) {
             return Err(codes::MISCOMPARE_VERIFY.with_info(at as u64));
         }
-        self.dev.write_at(off, write, self.fua(&c)).map_err(|e| backend_sense(&e, true))?;
+        self.dev
+            .write_at(off, write, self.fua(&c))
+            .map_err(|e| backend_sense(&e, true))?;
         Reply::none()
     }
 
@@ -155,11 +170,15 @@ impl LogicalUnit {
         }
         let _held = self.ranges.lock(off, len as u64, true);
         let mut medium = vec![0u8; len];
-        self.dev.read_at(off, &mut medium).map_err(|e| backend_sense(&e, false))?;
+        self.dev
+            .read_at(off, &mut medium)
+            .map_err(|e| backend_sense(&e, false))?;
         for (m, d) in medium.iter_mut().zip(data) {
             *m |= d;
         }
-        self.dev.write_at(off, &medium, self.fua(&c)).map_err(|e| backend_sense(&e, true))?;
+        self.dev
+            .write_at(off, &medium, self.fua(&c))
+            .map_err(|e| backend_sense(&e, true))?;
         Reply::none()
     }
 
@@ -179,7 +198,9 @@ impl LogicalUnit {
             return Reply::none();
         }
         let mut medium = vec![0u8; len];
-        self.dev.read_at(off, &mut medium).map_err(|e| backend_sense(&e, false))?;
+        self.dev
+            .read_at(off, &mut medium)
+            .map_err(|e| backend_sense(&e, false))?;
         let bs = self.bs() as usize;
         let first_diff = match bytchk {
             0 => None,
@@ -196,7 +217,10 @@ impl LogicalUnit {
                     return Err(Sense::invalid_cdb_field(c.length_byte, None));
                 }
                 medium.chunks(bs).enumerate().find_map(|(i, blk)| {
-                    blk.iter().zip(&data_out[..bs]).position(|(a, b)| a != b).map(|p| i * bs + p)
+                    blk.iter()
+                        .zip(&data_out[..bs])
+                        .position(|(a, b)| a != b)
+                        .map(|p| i * bs + p)
                 })
             }
         };
@@ -215,7 +239,11 @@ impl LogicalUnit {
             Some(end) if end <= cap && c.lba <= cap => {}
             _ => return Err(codes::LBA_OUT_OF_RANGE),
         }
-        let blocks = if c.blocks == 0 { cap - c.lba } else { u64::from(c.blocks) };
+        let blocks = if c.blocks == 0 {
+            cap - c.lba
+        } else {
+            u64::from(c.blocks)
+        };
         Ok((c.lba * self.bs(), blocks * self.bs()))
     }
 
@@ -327,7 +355,10 @@ mod tests {
     fn six_byte_zero_length_means_256_blocks_others_mean_none() {
         for bs in BLOCK_SIZES {
             let (t, dev) = target(bs);
-            assert_eq!(good(exec(&t, A, &[0x08, 0, 0, 0, 0, 0], &[])).len(), 256 * bs as usize);
+            assert_eq!(
+                good(exec(&t, A, &[0x08, 0, 0, 0, 0, 0], &[])).len(),
+                256 * bs as usize
+            );
             let r = exec(&t, A, &[0x0a, 0, 0, 0, 0, 0], &vec![1u8; 256 * bs as usize]);
             assert_eq!(r.data_out_len, Some(256 * bs as usize));
             good(r);
@@ -336,14 +367,23 @@ mod tests {
             let r = exec(&t, A, &cdb16(0x8a, 0, 0, 0), &[]);
             assert_eq!(r.data_out_len, Some(0));
             good(r);
-            assert_eq!(dev.fua.lock().unwrap().len(), writes, "no transfer, no write");
+            assert_eq!(
+                dev.fua.lock().unwrap().len(),
+                writes,
+                "no transfer, no write"
+            );
         }
     }
 
     #[test]
     fn protection_fields_are_invalid() {
         let (t, _) = target(512);
-        for c in [cdb10(0x28, 0x20, 0, 1), cdb12(0xaa, 0x40, 0, 1), cdb16(0x8f, 0x80, 0, 1), cdb10(0x2e, 0x20, 0, 1)] {
+        for c in [
+            cdb10(0x28, 0x20, 0, 1),
+            cdb12(0xaa, 0x40, 0, 1),
+            cdb16(0x8f, 0x80, 0, 1),
+            cdb10(0x2e, 0x20, 0, 1),
+        ] {
             let r = exec(&t, A, &c, &[0u8; 512]);
             check(&r, key::ILLEGAL_REQUEST, 0x24, 0);
             // SKSV | C/D | BPV, bit 7 of byte 1.
@@ -390,7 +430,13 @@ mod tests {
         for bs in BLOCK_SIZES {
             let t = target_over(Arc::new(TestDevice::new(bs)), config(false, true));
             let data = vec![0u8; bs as usize];
-            for c in [vec![0x0a, 0, 0, 0, 1, 0], cdb10(0x2a, 0, 0, 1), cdb12(0xaa, 0, 0, 1), cdb16(0x8a, 0, 0, 1), cdb10(0x2e, 0, 0, 1)] {
+            for c in [
+                vec![0x0a, 0, 0, 0, 1, 0],
+                cdb10(0x2a, 0, 0, 1),
+                cdb12(0xaa, 0, 0, 1),
+                cdb16(0x8a, 0, 0, 1),
+                cdb10(0x2e, 0, 0, 1),
+            ] {
                 check(&exec(&t, A, &c, &data), key::DATA_PROTECT, 0x27, 0);
             }
             good(exec(&t, A, &cdb10(0x28, 0, 0, 1), &[]));
@@ -401,11 +447,31 @@ mod tests {
     fn backend_errors_are_medium_errors() {
         let (t, dev) = target(4096);
         dev.fail_reads.store(true, Ordering::Relaxed);
-        check(&exec(&t, A, &cdb10(0x28, 0, 0, 1), &[]), key::MEDIUM_ERROR, 0x11, 0);
-        check(&exec(&t, A, &cdb10(0x2f, 0, 0, 1), &[]), key::MEDIUM_ERROR, 0x11, 0);
+        check(
+            &exec(&t, A, &cdb10(0x28, 0, 0, 1), &[]),
+            key::MEDIUM_ERROR,
+            0x11,
+            0,
+        );
+        check(
+            &exec(&t, A, &cdb10(0x2f, 0, 0, 1), &[]),
+            key::MEDIUM_ERROR,
+            0x11,
+            0,
+        );
         dev.fail_writes.store(true, Ordering::Relaxed);
-        check(&exec(&t, A, &cdb10(0x2a, 0, 0, 1), &[0u8; 4096]), key::MEDIUM_ERROR, 0x0c, 0);
-        check(&exec(&t, A, &cdb10(0x35, 0, 0, 0), &[]), key::MEDIUM_ERROR, 0x0c, 0);
+        check(
+            &exec(&t, A, &cdb10(0x2a, 0, 0, 1), &[0u8; 4096]),
+            key::MEDIUM_ERROR,
+            0x0c,
+            0,
+        );
+        check(
+            &exec(&t, A, &cdb10(0x35, 0, 0, 0), &[]),
+            key::MEDIUM_ERROR,
+            0x0c,
+            0,
+        );
     }
 
     #[test]
@@ -418,7 +484,10 @@ mod tests {
                 let r = exec(&t, A, &cdb10(0x2a, 0, 0, 2), &vec![b'b'; sent]);
                 check(&r, key::ILLEGAL_REQUEST, 0x0e, 0x03);
                 assert_eq!(r.data_out_len, Some(2 * b));
-                assert_eq!(good(exec(&t, A, &cdb10(0x28, 0, 0, 2), &[])), vec![b'a'; 2 * b]);
+                assert_eq!(
+                    good(exec(&t, A, &cdb10(0x28, 0, 0, 2), &[])),
+                    vec![b'a'; 2 * b]
+                );
             }
             // More Data-Out than asked for: only the blocks asked for are written.
             good(exec(&t, A, &cdb10(0x2a, 0, 0, 1), &vec![b'c'; 10000]));
@@ -437,7 +506,10 @@ mod tests {
         good(r);
         let back = good(exec(&t, A, &cdb10(0x28, 0, 0, 4), &[]));
         assert!(back[..512].iter().all(|b| *b == 0x55));
-        assert!(back[512..].iter().all(|b| *b == 0xaa), "the blocks not sent are untouched");
+        assert!(
+            back[512..].iter().all(|b| *b == 0xaa),
+            "the blocks not sent are untouched"
+        );
     }
 
     #[test]
@@ -463,7 +535,11 @@ mod tests {
             // BYTCHK 0: medium only.
             good(exec(&t, A, &cdb10(0x2f, 0, 10, 3), &[]));
             // BYTCHK 1: whole range.
-            for c in [cdb10(0x2f, 0x02, 10, 3), cdb12(0xaf, 0x02, 10, 3), cdb16(0x8f, 0x02, 10, 3)] {
+            for c in [
+                cdb10(0x2f, 0x02, 10, 3),
+                cdb12(0xaf, 0x02, 10, 3),
+                cdb16(0x8f, 0x02, 10, 3),
+            ] {
                 let r = exec(&t, A, &c, &data);
                 assert_eq!(r.data_out_len, Some(3 * b));
                 good(r);
@@ -476,7 +552,12 @@ mod tests {
             assert_eq!(&r.sense[3..7], &((b + 17) as u32).to_be_bytes());
             // BYTCHK 3: one block compared with every block of the range.
             let same = vec![0x5au8; b];
-            good(exec(&t, A, &cdb10(0x2a, 0, 20, 2), &[same.clone(), same.clone()].concat()));
+            good(exec(
+                &t,
+                A,
+                &cdb10(0x2a, 0, 20, 2),
+                &[same.clone(), same.clone()].concat(),
+            ));
             let r = exec(&t, A, &cdb10(0x2f, 0x06, 20, 2), &same);
             assert_eq!(r.data_out_len, Some(b));
             good(r);
@@ -487,8 +568,18 @@ mod tests {
             let r = exec(&t, A, &cdb10(0x2f, 0x04, 20, 1), &same);
             check(&r, key::ILLEGAL_REQUEST, 0x24, 0);
             // Too little Data-Out to compare.
-            check(&exec(&t, A, &cdb10(0x2f, 0x02, 10, 3), &data[..b]), key::ILLEGAL_REQUEST, 0x24, 0);
-            check(&exec(&t, A, &cdb10(0x2f, 0x06, 10, 3), &[]), key::ILLEGAL_REQUEST, 0x24, 0);
+            check(
+                &exec(&t, A, &cdb10(0x2f, 0x02, 10, 3), &data[..b]),
+                key::ILLEGAL_REQUEST,
+                0x24,
+                0,
+            );
+            check(
+                &exec(&t, A, &cdb10(0x2f, 0x06, 10, 3), &[]),
+                key::ILLEGAL_REQUEST,
+                0x24,
+                0,
+            );
         }
     }
 
@@ -496,11 +587,21 @@ mod tests {
     fn write_and_verify_all_sizes() {
         let (t, _) = target(512);
         let data = pattern(1024, 3);
-        for c in [cdb10(0x2e, 0x02, 0, 2), cdb12(0xae, 0x02, 0, 2), cdb16(0x8e, 0x02, 0, 2), cdb16(0x8e, 0, 0, 2)] {
+        for c in [
+            cdb10(0x2e, 0x02, 0, 2),
+            cdb12(0xae, 0x02, 0, 2),
+            cdb16(0x8e, 0x02, 0, 2),
+            cdb16(0x8e, 0, 0, 2),
+        ] {
             good(exec(&t, A, &c, &data));
             assert_eq!(good(exec(&t, A, &cdb10(0x28, 0, 0, 2), &[])), data);
         }
-        check(&exec(&t, A, &cdb10(0x2e, 0x04, 0, 2), &data), key::ILLEGAL_REQUEST, 0x24, 0);
+        check(
+            &exec(&t, A, &cdb10(0x2e, 0x04, 0, 2), &data),
+            key::ILLEGAL_REQUEST,
+            0x24,
+            0,
+        );
     }
 
     #[test]
@@ -508,13 +609,22 @@ mod tests {
         for bs in BLOCK_SIZES {
             let (t, dev) = target(bs);
             let blocks = DEV_BYTES / u64::from(bs);
-            for c in [cdb10(0x34, 0, 0, 1), cdb10(0x34, 0x02, 0, 1), cdb16(0x90, 0, blocks - 256, 256), cdb16(0x90, 0x02, 0, 0)] {
+            for c in [
+                cdb10(0x34, 0, 0, 1),
+                cdb10(0x34, 0x02, 0, 1),
+                cdb16(0x90, 0, blocks - 256, 256),
+                cdb16(0x90, 0x02, 0, 0),
+            ] {
                 assert_eq!(exec(&t, A, &c, &[]).status, crate::ScsiStatus::Good);
             }
             assert_eq!(dev.prefetches.load(Ordering::Relaxed), 4);
             // 0 blocks at the very end: nothing to fetch, not an error.
             good(exec(&t, A, &cdb16(0x90, 0, blocks, 0), &[]));
-            for c in [cdb10(0x34, 0, blocks as u32 + 1, 0), cdb10(0x34, 0, u32::MAX, 0), cdb16(0x90, 0, blocks - 1, 2)] {
+            for c in [
+                cdb10(0x34, 0, blocks as u32 + 1, 0),
+                cdb10(0x34, 0, u32::MAX, 0),
+                cdb16(0x90, 0, blocks - 1, 2),
+            ] {
                 check(&exec(&t, A, &c, &[]), key::ILLEGAL_REQUEST, 0x21, 0);
             }
         }
@@ -526,7 +636,12 @@ mod tests {
         good(exec(&t, A, &cdb10(0x35, 0, 0, 0), &[]));
         good(exec(&t, A, &cdb16(0x91, 0x02, 8, 8), &[]));
         assert_eq!(dev.flushes.load(Ordering::Relaxed), 2);
-        check(&exec(&t, A, &cdb16(0x91, 0, u64::MAX, 1), &[]), key::ILLEGAL_REQUEST, 0x21, 0);
+        check(
+            &exec(&t, A, &cdb16(0x91, 0, u64::MAX, 1), &[]),
+            key::ILLEGAL_REQUEST,
+            0x21,
+            0,
+        );
         assert_eq!(dev.flushes.load(Ordering::Relaxed), 2);
     }
 
@@ -542,11 +657,25 @@ mod tests {
             assert_eq!(d.len(), 32);
             assert_eq!(d[..8], last.to_be_bytes());
             assert_eq!(d[8..12], bs.to_be_bytes());
-            assert_eq!((d[12], d[13], d[14]), (0, 0, 0), "no protection, exponent 0, LBPME/LBPRZ 0");
+            assert_eq!(
+                (d[12], d[13], d[14]),
+                (0, 0, 0),
+                "no protection, exponent 0, LBPME/LBPRZ 0"
+            );
             assert_eq!(good(exec(&t, A, &cdb16(0x9e, 0x10, 0, 12), &[])).len(), 12);
             // PMI = 0 with a nonzero LBA.
-            check(&exec(&t, A, &[0x25, 0, 0, 0, 0, 1, 0, 0, 0, 0], &[]), key::ILLEGAL_REQUEST, 0x24, 0);
-            check(&exec(&t, A, &cdb16(0x9e, 0x10, 1, 32), &[]), key::ILLEGAL_REQUEST, 0x24, 0);
+            check(
+                &exec(&t, A, &[0x25, 0, 0, 0, 0, 1, 0, 0, 0, 0], &[]),
+                key::ILLEGAL_REQUEST,
+                0x24,
+                0,
+            );
+            check(
+                &exec(&t, A, &cdb16(0x9e, 0x10, 1, 32), &[]),
+                key::ILLEGAL_REQUEST,
+                0x24,
+                0,
+            );
         }
         // Too big for READ CAPACITY(10).
         let mut dev = TestDevice::new(512);

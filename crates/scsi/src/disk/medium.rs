@@ -15,12 +15,17 @@ impl LogicalUnit {
         let desc = req.cdb[1] & 1 != 0;
         let alloc = usize::from(req.cdb[4]);
         let idle = if self.sanitize.running.load(Ordering::Acquire) {
-            codes::SANITIZE_IN_PROGRESS.with_progress(self.sanitize.progress.load(Ordering::Relaxed) as u16)
+            codes::SANITIZE_IN_PROGRESS
+                .with_progress(self.sanitize.progress.load(Ordering::Relaxed) as u16)
         } else {
             Sense::new(key::NO_SENSE, 0, 0)
         };
         let s = self.ua.take(req.nexus).unwrap_or(idle);
-        let s = if self.ejected.load(Ordering::Relaxed) && s.key == key::NO_SENSE { codes::MEDIUM_NOT_PRESENT } else { s };
+        let s = if self.ejected.load(Ordering::Relaxed) && s.key == key::NO_SENSE {
+            codes::MEDIUM_NOT_PRESENT
+        } else {
+            s
+        };
         Reply::data(s.to_bytes(desc), alloc)
     }
 
@@ -69,7 +74,6 @@ impl LogicalUnit {
         }
         Reply::none()
     }
-
 }
 
 #[cfg(test)]
@@ -83,7 +87,14 @@ mod tests {
     const TUR: [u8; 6] = [0, 0, 0, 0, 0, 0];
 
     fn ssu(immed: bool, pc: u8, loej: bool, start: bool) -> Vec<u8> {
-        vec![0x1b, u8::from(immed), 0, 0, pc << 4 | u8::from(loej) << 1 | u8::from(start), 0]
+        vec![
+            0x1b,
+            u8::from(immed),
+            0,
+            0,
+            pc << 4 | u8::from(loej) << 1 | u8::from(start),
+            0,
+        ]
     }
 
     fn prevent(on: bool) -> Vec<u8> {
@@ -101,8 +112,18 @@ mod tests {
             for immed in [true, false] {
                 good(exec(&t, A, &ssu(immed, 0, true, false), &[]));
                 check(&exec(&t, A, &TUR, &[]), key::NOT_READY, 0x3a, 0);
-                check(&exec(&t, B, &cdb10(0x28, 0, 0, 1), &[]), key::NOT_READY, 0x3a, 0);
-                check(&exec(&t, A, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]), key::NOT_READY, 0x3a, 0);
+                check(
+                    &exec(&t, B, &cdb10(0x28, 0, 0, 1), &[]),
+                    key::NOT_READY,
+                    0x3a,
+                    0,
+                );
+                check(
+                    &exec(&t, A, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]),
+                    key::NOT_READY,
+                    0x3a,
+                    0,
+                );
                 // INQUIRY still answers; REQUEST SENSE reports the state.
                 good(exec(&t, A, &[0x12, 0, 0, 0, 36, 0], &[]));
                 let s = good(exec(&t, A, &[0x03, 0, 0, 0, 252, 0], &[]));
@@ -140,12 +161,27 @@ mod tests {
     fn prevent_blocks_removal_until_allowed_lost_or_reset() {
         let t = removable(4096);
         good(exec(&t, A, &prevent(true), &[]));
-        check(&exec(&t, A, &ssu(false, 0, true, false), &[]), key::ILLEGAL_REQUEST, 0x53, 0x02);
-        check(&exec(&t, B, &ssu(false, 0, true, false), &[]), key::ILLEGAL_REQUEST, 0x53, 0x02);
+        check(
+            &exec(&t, A, &ssu(false, 0, true, false), &[]),
+            key::ILLEGAL_REQUEST,
+            0x53,
+            0x02,
+        );
+        check(
+            &exec(&t, B, &ssu(false, 0, true, false), &[]),
+            key::ILLEGAL_REQUEST,
+            0x53,
+            0x02,
+        );
         good(exec(&t, A, &TUR, &[]));
         // Allow from another nexus does not lift A's prevent.
         good(exec(&t, B, &prevent(false), &[]));
-        check(&exec(&t, B, &ssu(false, 0, true, false), &[]), key::ILLEGAL_REQUEST, 0x53, 0x02);
+        check(
+            &exec(&t, B, &ssu(false, 0, true, false), &[]),
+            key::ILLEGAL_REQUEST,
+            0x53,
+            0x02,
+        );
         good(exec(&t, A, &prevent(false), &[]));
         good(exec(&t, A, &ssu(false, 0, true, false), &[]));
         good(exec(&t, A, &ssu(false, 0, true, true), &[]));
@@ -155,7 +191,11 @@ mod tests {
         good(exec(&t, B, &ssu(false, 0, true, false), &[]));
         good(exec(&t, B, &ssu(false, 0, true, true), &[]));
         // Every reset releases it.
-        for kind in [ResetKind::LogicalUnit, ResetKind::TargetWarm, ResetKind::TargetCold] {
+        for kind in [
+            ResetKind::LogicalUnit,
+            ResetKind::TargetWarm,
+            ResetKind::TargetCold,
+        ] {
             good(exec(&t, B, &prevent(true), &[]));
             t.reset(kind, Some(0), A);
             while exec(&t, B, &TUR, &[]).status != crate::ScsiStatus::Good {}
@@ -163,7 +203,12 @@ mod tests {
             good(exec(&t, B, &ssu(false, 0, true, true), &[]));
         }
         // PREVENT field values 2 and 3 are not for disks.
-        check(&exec(&t, B, &[0x1e, 0, 0, 0, 2, 0], &[]), key::ILLEGAL_REQUEST, 0x24, 0);
+        check(
+            &exec(&t, B, &[0x1e, 0, 0, 0, 2, 0], &[]),
+            key::ILLEGAL_REQUEST,
+            0x24,
+            0,
+        );
     }
 
     #[test]
@@ -180,6 +225,6 @@ mod tests {
         good(exec(&t, A, &TUR, &[]));
         // Allocation length truncates.
         assert_eq!(good(exec(&t, B, &[0x03, 0, 0, 0, 8, 0], &[])).len(), 8);
-        good(exec(&t, B, &TUR, &[]), );
+        good(exec(&t, B, &TUR, &[]));
     }
 }

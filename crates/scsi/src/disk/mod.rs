@@ -100,7 +100,9 @@ pub struct LogicalUnit {
 
 fn backend_sense(e: &BackendError, write: bool) -> Sense {
     match e {
-        BackendError::Write { source, .. } if source.raw_os_error() == Some(28) => codes::SPACE_ALLOCATION_FAILED,
+        BackendError::Write { source, .. } if source.raw_os_error() == Some(28) => {
+            codes::SPACE_ALLOCATION_FAILED
+        }
         _ if write => codes::WRITE_ERROR,
         _ => codes::READ_ERROR,
     }
@@ -109,7 +111,11 @@ fn backend_sense(e: &BackendError, write: bool) -> Sense {
 impl LogicalUnit {
     /// Create a logical unit over `dev`.
     pub fn new(dev: Arc<dyn BlockDevice>, cfg: LuConfig) -> Self {
-        let mode = ModeState { wce: cfg.write_cache, d_sense: false, swp: false };
+        let mode = ModeState {
+            wce: cfg.write_cache,
+            d_sense: false,
+            swp: false,
+        };
         // Reservations saved with APTPL are in force from the start.
         let reservations = Reservations::with_state_file(cfg.pr_state_file.clone());
         LogicalUnit {
@@ -244,11 +250,17 @@ impl LogicalUnit {
     /// The checks every command passes before it runs: known opcode and
     /// service action, no reserved bits, no pending unit attention, no
     /// reservation conflict, medium present.
-    pub(crate) fn precheck(&self, req: &ScsiRequest<'_>) -> Result<&'static CommandDef, ScsiResponse> {
+    pub(crate) fn precheck(
+        &self,
+        req: &ScsiRequest<'_>,
+    ) -> Result<&'static CommandDef, ScsiResponse> {
         let cdb = req.cdb;
         let Some(def) = commands::lookup(cdb) else {
             // A known opcode with an unknown service action is a bad field.
-            if cdb.first().is_some_and(|op| commands::has_service_actions(*op)) {
+            if cdb
+                .first()
+                .is_some_and(|op| commands::has_service_actions(*op))
+            {
                 return Err(self.check(Sense::invalid_cdb_field(1, Some(4))));
             }
             return Err(self.check(codes::INVALID_OPCODE));
@@ -272,7 +284,14 @@ impl LogicalUnit {
             }
         }
         if self.sanitize.running.load(Ordering::Acquire)
-            && !matches!(def.op, Op::Inquiry | Op::ReportLuns | Op::RequestSense | Op::ReportOpcodes | Op::ReportTmfs)
+            && !matches!(
+                def.op,
+                Op::Inquiry
+                    | Op::ReportLuns
+                    | Op::RequestSense
+                    | Op::ReportOpcodes
+                    | Op::ReportTmfs
+            )
         {
             let p = self.sanitize.progress.load(Ordering::Relaxed) as u16;
             return Err(self.check(codes::SANITIZE_IN_PROGRESS.with_progress(p)));
@@ -306,8 +325,10 @@ impl LogicalUnit {
 
     fn dispatch(&self, def: &'static CommandDef, req: &ScsiRequest<'_>) -> ScsiResponse {
         let cdb = req.cdb;
-        let writes = matches!(def.op, Op::Write | Op::WriteVerify | Op::CompareAndWrite | Op::OrWrite | Op::WriteAtomic)
-            || (def.op == Op::WriteSame && !(cdb[0] == 0x93 && cdb[1] & 0x01 != 0));
+        let writes = matches!(
+            def.op,
+            Op::Write | Op::WriteVerify | Op::CompareAndWrite | Op::OrWrite | Op::WriteAtomic
+        ) || (def.op == Op::WriteSame && !(cdb[0] == 0x93 && cdb[1] & 0x01 != 0));
         let result = match def.op {
             Op::TestUnitReady => Reply::none(),
             Op::RequestSense => self.request_sense(req),
@@ -365,21 +386,31 @@ impl LogicalUnit {
             }
             Op::PrIn => {
                 let alloc = usize::from(be16(&cdb[7..9]));
-                self.res().pr_in(cdb[1] & 0x1f).map(|d| Reply { data: d }).and_then(|r| Reply::data(r.data, alloc))
+                self.res()
+                    .pr_in(cdb[1] & 0x1f)
+                    .map(|d| Reply { data: d })
+                    .and_then(|r| Reply::data(r.data, alloc))
             }
             // Routed by the target; a unit asked directly lists only LUN 0.
             Op::ReportLuns => crate::target::report_luns(cdb, &[0]).map(|data| Reply { data }),
         };
         let data_out_len = if writes
             || (def.op == Op::Verify && cdb[1] & 0x06 != 0)
-            || matches!(def.op, Op::ModeSelect6 | Op::ModeSelect10 | Op::Unmap | Op::PrOut)
-        {
+            || matches!(
+                def.op,
+                Op::ModeSelect6 | Op::ModeSelect10 | Op::Unmap | Op::PrOut
+            ) {
             Some(self.data_out_len(def, cdb))
         } else {
             None
         };
         match result {
-            Ok(r) => ScsiResponse { status: ScsiStatus::Good, sense: Vec::new(), data_in: r.data, data_out_len },
+            Ok(r) => ScsiResponse {
+                status: ScsiStatus::Good,
+                sense: Vec::new(),
+                data_in: r.data,
+                data_out_len,
+            },
             Err(s) => {
                 let mut resp = self.check(s);
                 resp.data_out_len = data_out_len;
@@ -447,9 +478,13 @@ impl LogicalUnit {
 /// How a command touches the medium, for reservation checks.
 fn access(op: Op) -> Access {
     match op {
-        Op::Read | Op::Verify | Op::PreFetch | Op::GetLbaStatus | Op::ModeSense6 | Op::ModeSense10 | Op::ReadDefectData => {
-            Access::Read
-        }
+        Op::Read
+        | Op::Verify
+        | Op::PreFetch
+        | Op::GetLbaStatus
+        | Op::ModeSense6
+        | Op::ModeSense10
+        | Op::ReadDefectData => Access::Read,
         Op::Write
         | Op::WriteVerify
         | Op::WriteSame
@@ -467,7 +502,12 @@ fn access(op: Op) -> Access {
 }
 
 fn conflict() -> ScsiResponse {
-    ScsiResponse { status: ScsiStatus::ReservationConflict, sense: Vec::new(), data_in: Vec::new(), data_out_len: None }
+    ScsiResponse {
+        status: ScsiStatus::ReservationConflict,
+        sense: Vec::new(),
+        data_in: Vec::new(),
+        data_out_len: None,
+    }
 }
 
 #[cfg(test)]
@@ -522,7 +562,12 @@ mod tests {
                 }
                 let r = exec(&t, A, &cdb, &[]);
                 check(&r, key::ILLEGAL_REQUEST, 0x24, 0);
-                assert_eq!(field_pointer(&r), [0xc8 | bit, 0, byte as u8], "{} byte {byte}", def.name);
+                assert_eq!(
+                    field_pointer(&r),
+                    [0xc8 | bit, 0, byte as u8],
+                    "{} byte {byte}",
+                    def.name
+                );
             }
             // NACA and LINK in the control byte.
             let mut cdb = vec![0u8; def.cdb_len];

@@ -70,7 +70,11 @@ impl LogicalUnit {
         let pc = cdb[2] >> 6;
         let code = cdb[2] & 0x3f;
         let sub = cdb[3];
-        let alloc = if ten { usize::from(be16(&cdb[7..9])) } else { usize::from(cdb[4]) };
+        let alloc = if ten {
+            usize::from(be16(&cdb[7..9]))
+        } else {
+            usize::from(cdb[4])
+        };
         if pc == 3 {
             return Err(codes::SAVING_NOT_SUPPORTED);
         }
@@ -94,7 +98,9 @@ impl LogicalUnit {
             if sub != 0 {
                 return Err(Sense::invalid_cdb_field(3, None));
             }
-            pages = self.mode_page(code, pc, &m).ok_or(Sense::invalid_cdb_field(2, Some(5)))?;
+            pages = self
+                .mode_page(code, pc, &m)
+                .ok_or(Sense::invalid_cdb_field(2, Some(5)))?;
         }
         let wp = self.cfg.read_only || m.swp;
         let dev_specific = (if wp { 0x80 } else { 0 }) | 0x10; // WP, DPOFUA
@@ -132,7 +138,11 @@ impl LogicalUnit {
     /// raises MODE PARAMETERS CHANGED for the other nexuses.
     pub(super) fn mode_select(&self, cdb: &[u8], data: &[u8], nexus: Nexus) -> CmdResult {
         let ten = cdb[0] == 0x55;
-        let len = if ten { usize::from(be16(&cdb[7..9])) } else { usize::from(cdb[4]) };
+        let len = if ten {
+            usize::from(be16(&cdb[7..9]))
+        } else {
+            usize::from(cdb[4])
+        };
         if cdb[1] & 0x01 != 0 {
             // SP: we cannot save parameters.
             return Err(Sense::invalid_cdb_field(1, Some(0)));
@@ -151,7 +161,11 @@ impl LogicalUnit {
         if data.len() < hdr {
             return Err(codes::PARAM_LIST_LENGTH);
         }
-        let bd_len = if ten { usize::from(be16(&data[6..8])) } else { usize::from(data[3]) };
+        let bd_len = if ten {
+            usize::from(be16(&data[6..8]))
+        } else {
+            usize::from(data[3])
+        };
         let mut at = hdr + bd_len;
         if at > data.len() {
             return Err(codes::PARAM_LIST_LENGTH);
@@ -167,7 +181,9 @@ impl LogicalUnit {
             };
             let length = len.iter().fold(0u32, |acc, b| acc << 8 | u32::from(*b));
             if length != 0 && length != self.dev.block_size() {
-                return Err(Sense::invalid_param_field((hdr + i * bd_size + field.start) as u16));
+                return Err(Sense::invalid_param_field(
+                    (hdr + i * bd_size + field.start) as u16,
+                ));
             }
         }
         let mut st = self.lock();
@@ -185,7 +201,9 @@ impl LogicalUnit {
                 return Err(codes::PARAM_LIST_LENGTH);
             }
             let given = &data[at..at + plen];
-            let current = self.mode_page(code, 0, &m).ok_or(Sense::invalid_param_field(at as u16))?;
+            let current = self
+                .mode_page(code, 0, &m)
+                .ok_or(Sense::invalid_param_field(at as u16))?;
             let mask = self.mode_page(code, 1, &m).expect("page exists");
             if given.len() != current.len() {
                 return Err(Sense::invalid_param_field((at + 1) as u16));
@@ -210,7 +228,8 @@ impl LogicalUnit {
             st.mode = m;
             self.publish_mode(m);
             drop(st);
-            self.ua.raise_all(codes::MODE_PARAMETERS_CHANGED, Some(nexus));
+            self.ua
+                .raise_all(codes::MODE_PARAMETERS_CHANGED, Some(nexus));
             if was_wce && !m.wce {
                 // Turning the cache off: what was cached must be durable now.
                 self.dev.flush().map_err(|e| backend_sense(&e, true))?;
@@ -218,7 +237,6 @@ impl LogicalUnit {
         }
         Reply::none()
     }
-
 }
 
 #[cfg(test)]
@@ -229,16 +247,38 @@ mod tests {
     use std::sync::Arc;
 
     fn sense6(dbd: bool, pc: u8, page: u8, alloc: u8) -> Vec<u8> {
-        vec![0x1a, if dbd { 0x08 } else { 0 }, pc << 6 | page, 0, alloc, 0]
+        vec![
+            0x1a,
+            if dbd { 0x08 } else { 0 },
+            pc << 6 | page,
+            0,
+            alloc,
+            0,
+        ]
     }
 
     fn sense10(llbaa: bool, dbd: bool, pc: u8, page: u8) -> Vec<u8> {
-        vec![0x5a, u8::from(llbaa) << 4 | u8::from(dbd) << 3, pc << 6 | page, 0, 0, 0, 0, 0xff, 0xff, 0]
+        vec![
+            0x5a,
+            u8::from(llbaa) << 4 | u8::from(dbd) << 3,
+            pc << 6 | page,
+            0,
+            0,
+            0,
+            0,
+            0xff,
+            0xff,
+            0,
+        ]
     }
 
     /// Find `code` in the pages after the header and block descriptors.
     fn page(data: &[u8], ten: bool, code: u8) -> Option<Vec<u8>> {
-        let (hdr, bd) = if ten { (8, usize::from(u16::from_be_bytes([data[6], data[7]]))) } else { (4, usize::from(data[3])) };
+        let (hdr, bd) = if ten {
+            (8, usize::from(u16::from_be_bytes([data[6], data[7]])))
+        } else {
+            (4, usize::from(data[3]))
+        };
         let mut at = hdr + bd;
         while at + 2 <= data.len() {
             let len = usize::from(data[at + 1]) + 2;
@@ -294,16 +334,37 @@ mod tests {
     fn page_controls() {
         let (t, _) = target(512);
         let changeable = good(exec(&t, A, &sense6(true, 1, 0x3f, 255), &[]));
-        assert_eq!(page(&changeable, false, 0x08).unwrap()[2], 0x04, "only WCE changeable in Caching");
+        assert_eq!(
+            page(&changeable, false, 0x08).unwrap()[2],
+            0x04,
+            "only WCE changeable in Caching"
+        );
         let control = page(&changeable, false, 0x0a).unwrap();
         assert_eq!(control[2], 0x04, "D_SENSE changeable");
         assert_eq!(control[4], 0x08, "SWP changeable");
-        assert!(page(&changeable, false, 0x1c).unwrap()[2..].iter().all(|b| *b == 0));
+        assert!(page(&changeable, false, 0x1c).unwrap()[2..]
+            .iter()
+            .all(|b| *b == 0));
         good(exec(&t, A, &sense6(true, 2, 0x3f, 255), &[]));
-        check(&exec(&t, A, &sense6(true, 3, 0x08, 255), &[]), key::ILLEGAL_REQUEST, 0x39, 0);
+        check(
+            &exec(&t, A, &sense6(true, 3, 0x08, 255), &[]),
+            key::ILLEGAL_REQUEST,
+            0x39,
+            0,
+        );
         // Unknown page, bad subpage.
-        check(&exec(&t, A, &sense6(true, 0, 0x19, 255), &[]), key::ILLEGAL_REQUEST, 0x24, 0);
-        check(&exec(&t, A, &[0x1a, 0, 0x08, 0x01, 255, 0], &[]), key::ILLEGAL_REQUEST, 0x24, 0);
+        check(
+            &exec(&t, A, &sense6(true, 0, 0x19, 255), &[]),
+            key::ILLEGAL_REQUEST,
+            0x24,
+            0,
+        );
+        check(
+            &exec(&t, A, &[0x1a, 0, 0x08, 0x01, 255, 0], &[]),
+            key::ILLEGAL_REQUEST,
+            0x24,
+            0,
+        );
     }
 
     #[test]
@@ -327,9 +388,17 @@ mod tests {
             let r = exec(&t, A, &cdb, &data);
             assert_eq!(r.data_out_len, Some(data.len()));
             good(r);
-            assert!(dev.flushes.load(Ordering::Relaxed) >= 1, "turning the cache off flushes");
+            assert!(
+                dev.flushes.load(Ordering::Relaxed) >= 1,
+                "turning the cache off flushes"
+            );
             // The other nexus hears of it once; the one that changed it does not.
-            check(&exec(&t, B, &[0, 0, 0, 0, 0, 0], &[]), key::UNIT_ATTENTION, 0x2a, 0x01);
+            check(
+                &exec(&t, B, &[0, 0, 0, 0, 0, 0], &[]),
+                key::UNIT_ATTENTION,
+                0x2a,
+                0x01,
+            );
             good(exec(&t, B, &[0, 0, 0, 0, 0, 0], &[]));
             good(exec(&t, A, &[0, 0, 0, 0, 0, 0], &[]));
             let d = good(exec(&t, A, &sense6(true, 0, 0x08, 255), &[]));
@@ -373,11 +442,21 @@ mod tests {
         let (c, d) = select6(&[0x19, 2, 0, 0]);
         check(&exec(&t, A, &c, &d), key::ILLEGAL_REQUEST, 0x26, 0);
         // Less Data-Out than the parameter list length.
-        check(&exec(&t, A, &cdb, &data[..5]), key::ILLEGAL_REQUEST, 0x1a, 0);
+        check(
+            &exec(&t, A, &cdb, &data[..5]),
+            key::ILLEGAL_REQUEST,
+            0x1a,
+            0,
+        );
         // A block descriptor may restate the block length, not change it.
         let mut with_bd = vec![0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0x02, 0x00];
         with_bd.extend_from_slice(&control);
-        good(exec(&t, A, &[0x15, 0x10, 0, 0, with_bd.len() as u8, 0], &with_bd));
+        good(exec(
+            &t,
+            A,
+            &[0x15, 0x10, 0, 0, with_bd.len() as u8, 0],
+            &with_bd,
+        ));
         with_bd[10] = 0x10;
         let r = exec(&t, A, &[0x15, 0x10, 0, 0, with_bd.len() as u8, 0], &with_bd);
         check(&r, key::ILLEGAL_REQUEST, 0x26, 0);
@@ -388,7 +467,12 @@ mod tests {
         let mut data10 = vec![0u8; 8];
         data10.extend_from_slice(&control);
         let n = (data10.len() as u16).to_be_bytes();
-        good(exec(&t, A, &[0x55, 0x10, 0, 0, 0, 0, 0, n[0], n[1], 0], &data10));
+        good(exec(
+            &t,
+            A,
+            &[0x55, 0x10, 0, 0, 0, 0, 0, n[0], n[1], 0],
+            &data10,
+        ));
     }
 
     #[test]

@@ -1,7 +1,10 @@
 //! SBC-3 §4.7 logical block provisioning: WRITE SAME (10/16), UNMAP and
 //! GET LBA STATUS. UNMAP is offered only when the backend can deallocate.
 
-use super::{backend_sense, CmdResult, LogicalUnit, Reply, MAX_TRANSFER_BYTES, MAX_UNMAP_BLOCKS, MAX_UNMAP_DESCRIPTORS};
+use super::{
+    backend_sense, CmdResult, LogicalUnit, Reply, MAX_TRANSFER_BYTES, MAX_UNMAP_BLOCKS,
+    MAX_UNMAP_DESCRIPTORS,
+};
 use crate::be::{be16, be32, be64};
 use crate::cdb::BlockCdb;
 use crate::sense::{codes, Sense};
@@ -35,7 +38,10 @@ impl LogicalUnit {
             _ => return Err(codes::LBA_OUT_OF_RANGE),
         }
         if n > self.max_write_same_blocks() {
-            return Err(Sense::invalid_cdb_field(if cdb[0] == 0x41 { 7 } else { 10 }, None));
+            return Err(Sense::invalid_cdb_field(
+                if cdb[0] == 0x41 { 7 } else { 10 },
+                None,
+            ));
         }
         if n == 0 {
             return Reply::none();
@@ -52,7 +58,10 @@ impl LogicalUnit {
                 return Err(codes::PARAM_LIST_LENGTH);
             }
             if data_out.len() > bs {
-                return Err(Sense::invalid_cdb_field(if cdb[0] == 0x41 { 7 } else { 10 }, None));
+                return Err(Sense::invalid_cdb_field(
+                    if cdb[0] == 0x41 { 7 } else { 10 },
+                    None,
+                ));
             }
             data_out.to_vec()
         };
@@ -62,7 +71,9 @@ impl LogicalUnit {
         // With UNMAP on a thin LUN the range is deallocated and reads back
         // as zeros (LBPRZ), whatever the data block held.
         if unmap && self.dev.thin_provisioned() {
-            self.dev.unmap(off, len).map_err(|e| backend_sense(&e, true))?;
+            self.dev
+                .unmap(off, len)
+                .map_err(|e| backend_sense(&e, true))?;
             if self.fua(&c) {
                 self.dev.flush().map_err(|e| backend_sense(&e, true))?;
             }
@@ -75,7 +86,9 @@ impl LogicalUnit {
         let fua = self.fua(&c);
         while done < n {
             let k = (n - done).min(per_chunk as u64) as usize;
-            self.dev.write_at(off + done * bs as u64, &chunk[..k * bs], fua).map_err(|e| backend_sense(&e, true))?;
+            self.dev
+                .write_at(off + done * bs as u64, &chunk[..k * bs], fua)
+                .map_err(|e| backend_sense(&e, true))?;
             done += k as u64;
         }
         Reply::none()
@@ -123,7 +136,9 @@ impl LogicalUnit {
         }
         for (off, len) in ranges {
             let _held = self.ranges.lock(off, len, false);
-            self.dev.unmap(off, len).map_err(|e| backend_sense(&e, true))?;
+            self.dev
+                .unmap(off, len)
+                .map_err(|e| backend_sense(&e, true))?;
         }
         Reply::none()
     }
@@ -142,7 +157,10 @@ impl LogicalUnit {
         let max_descs = alloc.saturating_sub(8) / 16;
         while at < cap && descs.len() / 16 < max_descs.max(1) {
             let left = (cap - at).min(u64::from(u32::MAX)) * bs;
-            let (mapped, bytes) = self.dev.lba_status(at * bs, left).map_err(|e| backend_sense(&e, false))?;
+            let (mapped, bytes) = self
+                .dev
+                .lba_status(at * bs, left)
+                .map_err(|e| backend_sense(&e, false))?;
             let blocks = (bytes / bs).max(1).min(cap - at);
             descs.extend_from_slice(&at.to_be_bytes());
             descs.extend_from_slice(&(blocks as u32).to_be_bytes());
@@ -156,5 +174,4 @@ impl LogicalUnit {
         out.extend(descs);
         Reply::data(out, alloc)
     }
-
 }

@@ -27,7 +27,11 @@ pub(super) struct SanitizeState {
 }
 
 enum SanitizeJob {
-    Overwrite { pattern: Vec<u8>, passes: u8, invert: bool },
+    Overwrite {
+        pattern: Vec<u8>,
+        passes: u8,
+        invert: bool,
+    },
     Erase,
 }
 
@@ -45,24 +49,41 @@ fn run_sanitize(dev: Arc<dyn BlockDevice>, st: Arc<SanitizeState>, job: Sanitize
                     let n = (total - off).min(chunk);
                     dev.write_at(off, &zeros[..n as usize], false)?;
                     off += n;
-                    st.progress.store(((off as u128 * 65535) / u128::from(total)) as u32, Ordering::Relaxed);
+                    st.progress.store(
+                        ((off as u128 * 65535) / u128::from(total)) as u32,
+                        Ordering::Relaxed,
+                    );
                 }
             }
-            SanitizeJob::Overwrite { pattern, passes, invert } => {
+            SanitizeJob::Overwrite {
+                pattern,
+                passes,
+                invert,
+            } => {
                 let start = std::time::Instant::now();
                 let mut written = 0u64;
                 let work = total * u64::from(passes);
                 for pass in 0..passes {
                     let flip = invert && pass % 2 == 1;
-                    let buf: Vec<u8> = pattern.iter().map(|b| if flip { !b } else { *b }).cycle().take(chunk as usize).collect();
+                    let buf: Vec<u8> = pattern
+                        .iter()
+                        .map(|b| if flip { !b } else { *b })
+                        .cycle()
+                        .take(chunk as usize)
+                        .collect();
                     let mut off = 0;
                     while off < total {
                         let n = (total - off).min(chunk);
                         dev.write_at(off, &buf[..n as usize], false)?;
                         off += n;
                         written += n;
-                        st.progress.store(((written as u128 * 65535) / u128::from(work)) as u32, Ordering::Relaxed);
-                        let due = std::time::Duration::from_secs_f64(written as f64 / SANITIZE_OVERWRITE_BYTES_PER_SEC as f64);
+                        st.progress.store(
+                            ((written as u128 * 65535) / u128::from(work)) as u32,
+                            Ordering::Relaxed,
+                        );
+                        let due = std::time::Duration::from_secs_f64(
+                            written as f64 / SANITIZE_OVERWRITE_BYTES_PER_SEC as f64,
+                        );
                         if let Some(wait) = due.checked_sub(start.elapsed()) {
                             std::thread::sleep(wait);
                         }
@@ -105,10 +126,18 @@ impl LogicalUnit {
                 if data[0] & 0x60 != 0 || data[1] != 0 {
                     return Err(Sense::invalid_param_field(0));
                 }
-                if passes == 0 || pattern_len == 0 || pattern_len > self.bs() as usize || len != pattern_len + 4 {
+                if passes == 0
+                    || pattern_len == 0
+                    || pattern_len > self.bs() as usize
+                    || len != pattern_len + 4
+                {
                     return Err(Sense::invalid_cdb_field(7, None));
                 }
-                SanitizeJob::Overwrite { pattern: data[4..4 + pattern_len].to_vec(), passes, invert: data[0] & 0x80 != 0 }
+                SanitizeJob::Overwrite {
+                    pattern: data[4..4 + pattern_len].to_vec(),
+                    passes,
+                    invert: data[0] & 0x80 != 0,
+                }
             }
             _ => {
                 if len != 0 {
@@ -134,5 +163,4 @@ impl LogicalUnit {
         }
         Reply::none()
     }
-
 }

@@ -60,13 +60,19 @@ impl BlockDevice for TestDevice {
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
         if self.fail_reads.load(Ordering::Relaxed) || offset + buf.len() as u64 > DEV_BYTES {
-            return Err(BackendError::Read { offset, source: io_error() });
+            return Err(BackendError::Read {
+                offset,
+                source: io_error(),
+            });
         }
         self.ram.read_at(offset, buf)
     }
     fn write_at(&self, offset: u64, buf: &[u8], fua: bool) -> Result<(), BackendError> {
         if self.fail_writes.load(Ordering::Relaxed) || offset + buf.len() as u64 > DEV_BYTES {
-            return Err(BackendError::Write { offset, source: io_error() });
+            return Err(BackendError::Write {
+                offset,
+                source: io_error(),
+            });
         }
         self.fua.lock().unwrap().push(fua);
         self.ram.write_at(offset, buf, fua)
@@ -96,7 +102,9 @@ pub(crate) fn config(removable: bool, read_only: bool) -> LuConfig {
         product: "unit test disk".into(),
         revision: "0001".into(),
         serial: "SN0001".into(),
-        naa: [0x60, 0x01, 0x40, 0x5f, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12],
+        naa: [
+            0x60, 0x01, 0x40, 0x5f, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+        ],
         target_name: "iqn.2026-11.org.ethersan:unit".into(),
         write_cache: true,
         pr_state_file: None,
@@ -110,7 +118,10 @@ pub(crate) fn target_over(dev: Arc<TestDevice>, cfg: LuConfig) -> ScsiTarget {
     let t = ScsiTarget::new(vec![Arc::new(LogicalUnit::new(dev, cfg))]);
     for n in [A, B] {
         t.nexus_added(n);
-        assert_eq!(sense(&exec(&t, n, &[0, 0, 0, 0, 0, 0], &[])), Some((6, 0x29, 0)));
+        assert_eq!(
+            sense(&exec(&t, n, &[0, 0, 0, 0, 0, 0], &[])),
+            Some((6, 0x29, 0))
+        );
     }
     t
 }
@@ -127,8 +138,20 @@ pub(crate) fn exec(t: &ScsiTarget, nexus: Nexus, cdb: &[u8], data: &[u8]) -> Scs
 }
 
 /// Run `cdb` on `lun` from `nexus`.
-pub(crate) fn exec_lun(t: &ScsiTarget, nexus: Nexus, lun: u64, cdb: &[u8], data: &[u8]) -> ScsiResponse {
-    t.execute(&ScsiRequest { nexus, lun, cdb, data_out: data, expected_len: 1 << 24 })
+pub(crate) fn exec_lun(
+    t: &ScsiTarget,
+    nexus: Nexus,
+    lun: u64,
+    cdb: &[u8],
+    data: &[u8],
+) -> ScsiResponse {
+    t.execute(&ScsiRequest {
+        nexus,
+        lun,
+        cdb,
+        data_out: data,
+        expected_len: 1 << 24,
+    })
 }
 
 /// (key, ASC, ASCQ) of the response's sense data, fixed or descriptor.
@@ -192,5 +215,7 @@ pub(crate) fn cdb16(op: u8, byte1: u8, lba: u64, n: u32) -> Vec<u8> {
 
 /// A pattern of `n` bytes that differs per block.
 pub(crate) fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 9) as u8).collect()
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 9) as u8)
+        .collect()
 }
