@@ -11,7 +11,10 @@ use std::process::{Command, Output, Stdio};
 use common::{require_tool, Server, IQN};
 
 fn ethersan(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ethersan")).args(args).output().expect("run ethersan")
+    Command::new(env!("CARGO_BIN_EXE_ethersan"))
+        .args(args)
+        .output()
+        .expect("run ethersan")
 }
 
 fn ok(out: &Output) -> String {
@@ -26,7 +29,10 @@ fn ok(out: &Output) -> String {
 
 fn fails_with(out: &Output, text: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "expected a failure mentioning {text:?}");
+    assert!(
+        !out.status.success(),
+        "expected a failure mentioning {text:?}"
+    );
     assert!(err.contains(text), "expected {text:?} in: {err}");
 }
 
@@ -55,7 +61,10 @@ fn start(peer: &Peer, dir: &Path) -> Server {
         Peer::Ethersan => Server::start(&[&format!("{}:32M", path.display())]),
         Peer::Tgt => {
             require_tool("tgtd");
-            std::fs::File::create(&path).unwrap().set_len(32 << 20).unwrap();
+            std::fs::File::create(&path)
+                .unwrap()
+                .set_len(32 << 20)
+                .unwrap();
             Server::start_tgt(&path, false, false)
         }
     }
@@ -74,28 +83,72 @@ fn cp_on(peer: Peer) {
     // Something at the tail on the LUN, which the tail write must keep.
     let marker = dir.path().join("marker.bin");
     std::fs::write(&marker, vec![0xabu8; 4096]).unwrap();
-    ok(&ethersan(&["cp", "-q", marker.to_str().unwrap(), &url, "--offset", "6M"]));
-    ok(&ethersan(&["cp", "-q", src.to_str().unwrap(), &url, "--offset", "1M", "--verify", "--sync"]));
+    ok(&ethersan(&[
+        "cp",
+        "-q",
+        marker.to_str().unwrap(),
+        &url,
+        "--offset",
+        "6M",
+    ]));
+    ok(&ethersan(&[
+        "cp",
+        "-q",
+        src.to_str().unwrap(),
+        &url,
+        "--offset",
+        "1M",
+        "--verify",
+        "--sync",
+    ]));
 
     // Download the same range to a file and compare.
     let back = dir.path().join("back.bin");
     let len = data.len().to_string();
-    ok(&ethersan(&["cp", "-q", &url, back.to_str().unwrap(), "--offset", "1M", "--length", &len, "--verify"]));
-    assert!(std::fs::read(&back).unwrap() == data, "downloaded bytes differ");
+    ok(&ethersan(&[
+        "cp",
+        "-q",
+        &url,
+        back.to_str().unwrap(),
+        "--offset",
+        "1M",
+        "--length",
+        &len,
+        "--verify",
+    ]));
+    assert!(
+        std::fs::read(&back).unwrap() == data,
+        "downloaded bytes differ"
+    );
 
     // The whole LUN: holes stay holes, the data lands where it belongs.
     let whole = dir.path().join("whole.bin");
-    ok(&ethersan(&["cp", "-q", &url, whole.to_str().unwrap(), "--depth", "32"]));
+    ok(&ethersan(&[
+        "cp",
+        "-q",
+        &url,
+        whole.to_str().unwrap(),
+        "--depth",
+        "32",
+    ]));
     let meta = std::fs::metadata(&whole).unwrap();
     assert_eq!(meta.len(), 32 << 20);
     let allocated = meta.blocks() * 512;
-    assert!(allocated < 12 << 20, "download of a mostly empty LUN allocated {allocated} bytes");
+    assert!(
+        allocated < 12 << 20,
+        "download of a mostly empty LUN allocated {allocated} bytes"
+    );
     let all = std::fs::read(&whole).unwrap();
     assert!(all[1 << 20..(1 << 20) + data.len()] == data[..]);
     assert!(all[..1 << 20].iter().all(|b| *b == 0));
     // The data ends 123 bytes into the marker's first block: the rest of
     // that block and the marker's other blocks are kept.
-    assert!(all[(6 << 20) + 123..(6 << 20) + 4096].iter().all(|b| *b == 0xab), "the tail write clobbered the rest of its block");
+    assert!(
+        all[(6 << 20) + 123..(6 << 20) + 4096]
+            .iter()
+            .all(|b| *b == 0xab),
+        "the tail write clobbered the rest of its block"
+    );
 
     // stdin to the LUN and the LUN to stdout.
     let small = pattern(300_000, 9);
@@ -107,25 +160,57 @@ fn cp_on(peer: Peer) {
         .unwrap();
     child.stdin.take().unwrap().write_all(&small).unwrap();
     ok(&child.wait_with_output().unwrap());
-    let out = ok_bytes(&ethersan(&["cp", "-q", &url, "-", "--offset", "8M", "--length", "300000"]));
+    let out = ok_bytes(&ethersan(&[
+        "cp", "-q", &url, "-", "--offset", "8M", "--length", "300000",
+    ]));
     assert!(out == small, "stdout download differs");
 
     // Clear errors.
     let big = dir.path().join("big.bin");
-    std::fs::File::create(&big).unwrap().set_len(40 << 20).unwrap();
-    fails_with(&ethersan(&["cp", big.to_str().unwrap(), &url]), "LUN too small");
-    fails_with(&ethersan(&["cp", src.to_str().unwrap(), &url, "--offset", "1000"]), "not a multiple of the block size");
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    fails_with(&ethersan(&["cp", src.to_str().unwrap(), &format!("iscsi://{closed}/{IQN}/0")]), "cannot reach");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(40 << 20)
+        .unwrap();
     fails_with(
-        &ethersan(&["cp", src.to_str().unwrap(), &format!("iscsi://{}/iqn.2026-11.org.ethersan:nope/0", server.addr)]),
+        &ethersan(&["cp", big.to_str().unwrap(), &url]),
+        "LUN too small",
+    );
+    fails_with(
+        &ethersan(&["cp", src.to_str().unwrap(), &url, "--offset", "1000"]),
+        "not a multiple of the block size",
+    );
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    fails_with(
+        &ethersan(&[
+            "cp",
+            src.to_str().unwrap(),
+            &format!("iscsi://{closed}/{IQN}/0"),
+        ]),
+        "cannot reach",
+    );
+    fails_with(
+        &ethersan(&[
+            "cp",
+            src.to_str().unwrap(),
+            &format!("iscsi://{}/iqn.2026-11.org.ethersan:nope/0", server.addr),
+        ]),
         "refused",
     );
-    fails_with(&ethersan(&["cp", src.to_str().unwrap(), back.to_str().unwrap()]), "iscsi:// URL");
+    fails_with(
+        &ethersan(&["cp", src.to_str().unwrap(), back.to_str().unwrap()]),
+        "iscsi:// URL",
+    );
 }
 
 fn ok_bytes(out: &Output) -> Vec<u8> {
-    assert!(out.status.success(), "ethersan failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "ethersan failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     out.stdout.clone()
 }
 
@@ -149,20 +234,50 @@ fn bench_on(peer: Peer) {
     let dir = tempfile::tempdir().unwrap();
     let server = start(&peer, dir.path());
     let url = server.url(0);
-    for (rw, reads, writes) in [("randread", true, false), ("randwrite", false, true), ("write", false, true), ("read", true, false)] {
+    for (rw, reads, writes) in [
+        ("randread", true, false),
+        ("randwrite", false, true),
+        ("write", false, true),
+        ("read", true, false),
+    ] {
         let v = bench_json(&[&url, "--rw", rw, "--ios", "3000", "--qd", "8"]);
         assert_eq!(v["ios"], 3000, "{v}");
         assert_eq!(v["reads"].as_u64().unwrap() > 0, reads, "{v}");
         assert_eq!(v["writes"].as_u64().unwrap() > 0, writes, "{v}");
-        assert!(v["iops"].as_f64().unwrap() > 0.0 && v["latency_us"]["p50"].as_f64().unwrap() > 0.0, "{v}");
-        assert!(v["latency_us"]["p50"].as_f64() <= v["latency_us"]["p99"].as_f64(), "{v}");
+        assert!(
+            v["iops"].as_f64().unwrap() > 0.0 && v["latency_us"]["p50"].as_f64().unwrap() > 0.0,
+            "{v}"
+        );
+        assert!(
+            v["latency_us"]["p50"].as_f64() <= v["latency_us"]["p99"].as_f64(),
+            "{v}"
+        );
     }
-    let v = bench_json(&[&url, "--rw", "mixed", "--read-pct", "70", "--ios", "4000", "--sessions", "4", "--qd", "4", "--bs", "8K"]);
+    let v = bench_json(&[
+        &url,
+        "--rw",
+        "mixed",
+        "--read-pct",
+        "70",
+        "--ios",
+        "4000",
+        "--sessions",
+        "4",
+        "--qd",
+        "4",
+        "--bs",
+        "8K",
+    ]);
     let (r, w) = (v["reads"].as_f64().unwrap(), v["writes"].as_f64().unwrap());
-    assert!((0.6..0.8).contains(&(r / (r + w))), "mixed 70% read gave {r} reads, {w} writes");
+    assert!(
+        (0.6..0.8).contains(&(r / (r + w))),
+        "mixed 70% read gave {r} reads, {w} writes"
+    );
     assert_eq!(v["sessions"], 4);
     // Duration-bound, and the table form.
-    let out = ok(&ethersan(&["bench", &url, "--rw", "read", "--bs", "128K", "--qd", "4", "--time", "1s"]));
+    let out = ok(&ethersan(&[
+        "bench", &url, "--rw", "read", "--bs", "128K", "--qd", "4", "--time", "1s",
+    ]));
     assert!(out.contains("IOPS") && out.contains("128K"), "{out}");
 }
 
@@ -176,21 +291,38 @@ fn bench_against_ethersan_tgt_and_a_local_file() {
     let v = bench_json(&[file.to_str().unwrap(), "--rw", "randwrite", "--ios", "2000"]);
     assert_eq!(v["engine"], "local");
     assert_eq!(v["writes"], 2000);
-    fails_with(&ethersan(&["bench", "/nonexistent/disk.img"]), "no such file");
-    fails_with(&ethersan(&["bench", file.to_str().unwrap(), "--bs", "1000"]), "not a multiple");
+    fails_with(
+        &ethersan(&["bench", "/nonexistent/disk.img"]),
+        "no such file",
+    );
+    fails_with(
+        &ethersan(&["bench", file.to_str().unwrap(), "--bs", "1000"]),
+        "not a multiple",
+    );
 }
 
 #[test]
 fn discover_ls_inquiry_against_tgt() {
     let dir = tempfile::tempdir().unwrap();
     let server = start(&Peer::Tgt, dir.path());
-    let v: serde_json::Value = serde_json::from_str(&ok(&ethersan(&["discover", "--json", &server.addr]))).unwrap();
-    assert_eq!(v[0]["name"], IQN, "{v}");
     let v: serde_json::Value =
-        serde_json::from_str(&ok(&ethersan(&["ls", "--json", &format!("iscsi://{}/{IQN}", server.addr)]))).unwrap();
-    let disk = v.as_array().unwrap().iter().find(|l| l["peripheral_type"] == 0).expect("a disk LUN");
+        serde_json::from_str(&ok(&ethersan(&["discover", "--json", &server.addr]))).unwrap();
+    assert_eq!(v[0]["name"], IQN, "{v}");
+    let v: serde_json::Value = serde_json::from_str(&ok(&ethersan(&[
+        "ls",
+        "--json",
+        &format!("iscsi://{}/{IQN}", server.addr),
+    ])))
+    .unwrap();
+    let disk = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["peripheral_type"] == 0)
+        .expect("a disk LUN");
     assert_eq!(disk["capacity_bytes"], 32 << 20, "{v}");
-    let v: serde_json::Value = serde_json::from_str(&ok(&ethersan(&["inquiry", "--json", &server.url(0)]))).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(&ethersan(&["inquiry", "--json", &server.url(0)]))).unwrap();
     assert!(!v["vendor"].as_str().unwrap().is_empty(), "{v}");
     assert_eq!(v["block_size"], 512, "{v}");
 }

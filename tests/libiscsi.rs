@@ -296,8 +296,14 @@ fn conformance_suites_pass() {
 ///   CONFLICT as SBC requires (it passes with one URL, where the second
 ///   session is a clone that logs out).
 const ALL_RUN_TEST_DEFECTS: &[(&str, &str)] = &[
-    ("GetLBAStatus.UnmapSingle", "lba offset in first descriptor does not"),
-    ("Sanitize.Reset", "TESTUNITREADY successful but should have failed with NOT READY(0x02)/SANITIZE_IN_PROGRESS"),
+    (
+        "GetLBAStatus.UnmapSingle",
+        "lba offset in first descriptor does not",
+    ),
+    (
+        "Sanitize.Reset",
+        "TESTUNITREADY successful but should have failed with NOT READY(0x02)/SANITIZE_IN_PROGRESS",
+    ),
 ];
 
 /// Suites whose tests may skip on a writable, fixed-medium LUN: they run
@@ -316,10 +322,21 @@ fn all_suites_in_one_run_over_two_portals() {
     let lun = format!("{}:128M", dir.path().join("all.img").display());
     let server = Server::start_portals(2, &[&lun]);
     let (url0, url1) = (server.url_via(0, 0), server.url_via(1, 0));
-    let out = run("iscsi-test-cu", &["-d", "-S", "--test", "ALL", &url0, &url1], Duration::from_secs(900));
+    let out = run(
+        "iscsi-test-cu",
+        &["-d", "-S", "--test", "ALL", &url0, &url1],
+        Duration::from_secs(900),
+    );
     drop(server);
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(text.contains("Run Summary:"), "iscsi-test-cu did not reach its summary:\n{text}");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("Run Summary:"),
+        "iscsi-test-cu did not reach its summary:\n{text}"
+    );
     let (mut passed, mut failed, mut skipped) = (0, Vec::new(), Vec::new());
     // Per suite, so that test names are qualified: "Suite.Test".
     for section in text.split("Suite: ").skip(1) {
@@ -328,20 +345,36 @@ fn all_suites_in_one_run_over_two_portals() {
         passed += r.passed;
         let body_of = |test: &str| {
             let start = section.find(&format!("Test: {test} ...")).unwrap_or(0);
-            let end = section[start + 6..].find("Test: ").map_or(section.len(), |e| start + 6 + e);
+            let end = section[start + 6..]
+                .find("Test: ")
+                .map_or(section.len(), |e| start + 6 + e);
             section[start..end].to_string()
         };
-        failed.extend(r.failed_tests.iter().map(|t| (format!("{suite}.{t}"), body_of(t))));
+        failed.extend(
+            r.failed_tests
+                .iter()
+                .map(|t| (format!("{suite}.{t}"), body_of(t))),
+        );
         skipped.extend(r.skipped_tests.iter().map(|t| format!("{suite}.{t}")));
     }
-    println!("ALL over two portals: {passed} passed, {} failed, {} skipped", failed.len(), skipped.len());
-    println!("failed: {:?}", failed.iter().map(|f| &f.0).collect::<Vec<_>>());
+    println!(
+        "ALL over two portals: {passed} passed, {} failed, {} skipped",
+        failed.len(),
+        skipped.len()
+    );
+    println!(
+        "failed: {:?}",
+        failed.iter().map(|f| &f.0).collect::<Vec<_>>()
+    );
     println!("skipped: {skipped:?}");
     assert!(passed >= 200, "too few tests passed ({passed}):\n{text}");
     for (name, body) in &failed {
         let known = ALL_RUN_TEST_DEFECTS.iter().find(|(n, _)| n == name);
         match known {
-            Some((_, signature)) => assert!(body.contains(signature), "{name} failed differently from its known test defect:\n{body}"),
+            Some((_, signature)) => assert!(
+                body.contains(signature),
+                "{name} failed differently from its known test defect:\n{body}"
+            ),
             None => panic!("{name} failed:\n{body}"),
         }
     }

@@ -103,3 +103,70 @@ fn qemu_img_reports_lun_size() {
         "{text}"
     );
 }
+
+#[test]
+fn qemu_img_compare_and_bench() {
+    require_tool("qemu-img");
+    let dir = tempfile::tempdir().unwrap();
+    let lun = format!("{}:16M", dir.path().join("lun0.img").display());
+    let server = Server::start(&[&lun]);
+    let url = server.url(0);
+    let data = random_bytes(16 << 20, 0xc0ffee);
+    let src = dir.path().join("src.raw");
+    std::fs::write(&src, &data).unwrap();
+    let ok = |args: &[&str]| {
+        let out = run("qemu-img", args, Duration::from_secs(120));
+        assert!(
+            out.status.success(),
+            "qemu-img {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let s = src.to_str().unwrap();
+    ok(&["convert", "-n", "-f", "raw", "-O", "raw", s, &url]);
+    let same = ok(&["compare", "-f", "raw", "-F", "raw", s, &url]);
+    assert!(same.contains("identical"), "{same}");
+
+    // One byte changed on the LUN: compare must see it, at its offset.
+    let mut block = data[5 << 20..(5 << 20) + 512].to_vec();
+    block[100] ^= 0xff;
+    let one = dir.path().join("one.raw");
+    std::fs::write(&one, &block).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ethersan"))
+        .args(["cp", "-q", one.to_str().unwrap(), &url, "--offset", "5M"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(
+        "qemu-img",
+        &["compare", "-f", "raw", "-F", "raw", s, &url],
+        Duration::from_secs(120),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "compare of differing images: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&((5 << 20) + 100).to_string()) || text.contains("5242880"),
+        "{text}"
+    );
+
+    // qemu-img bench: reads and writes through QEMU's iSCSI driver.
+    let reads = ok(&[
+        "bench", "-f", "raw", "-c", "4000", "-d", "16", "-s", "4096", &url,
+    ]);
+    assert!(reads.contains("Run completed"), "{reads}");
+    let writes = ok(&[
+        "bench", "-f", "raw", "-w", "-c", "2000", "-d", "8", "-s", "65536", &url,
+    ]);
+    assert!(writes.contains("Run completed"), "{writes}");
+}

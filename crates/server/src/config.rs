@@ -560,26 +560,27 @@ impl Config {
                                 ))
                             }
                         };
-                        let lun =
-                            LunConfig {
-                                backing,
-                                read_only: tb.read_only,
-                                removable: tb.removable,
-                                block_size: tb.block_size.unwrap_or(512),
-                                serial: tb.serial,
-                                write_cache: tb.write_cache.unwrap_or(true),
-                                physical_block_size: tb.physical_block_size.unwrap_or(4096),
-                                preallocate: match tb.provisioning.as_deref() {
-                                    None | Some("thin") => false,
-                                    Some("full") => true,
-                                    Some(other) => return Err(at(
+                        let lun = LunConfig {
+                            backing,
+                            read_only: tb.read_only,
+                            removable: tb.removable,
+                            block_size: tb.block_size.unwrap_or(512),
+                            serial: tb.serial,
+                            write_cache: tb.write_cache.unwrap_or(true),
+                            physical_block_size: tb.physical_block_size.unwrap_or(4096),
+                            preallocate: match tb.provisioning.as_deref() {
+                                None | Some("thin") => false,
+                                Some("full") => true,
+                                Some(other) => {
+                                    return Err(at(
                                         Some(span),
                                         format!(
                                             "provisioning = {other:?}: use \"thin\" or \"full\""
                                         ),
-                                    )),
-                                },
-                            };
+                                    ))
+                                }
+                            },
+                        };
                         lun.check().map_err(|m| at(Some(span.clone()), m))?;
                         lun
                     }
