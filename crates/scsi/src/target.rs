@@ -167,6 +167,14 @@ impl ScsiTarget {
         }
     }
 
+    /// The I_T nexuses whose tasks on `lun` a PREEMPT AND ABORT asked to
+    /// abort (taken once).
+    pub fn take_preempted(&self, lun: u64) -> Vec<Nexus> {
+        self.lun(lun)
+            .map(|lu| lu.take_preempted())
+            .unwrap_or_default()
+    }
+
     /// Tasks of `victim` on `lun` were cleared by another nexus `by`.
     pub fn tasks_cleared(&self, lun: u64, victim: Nexus, by: Nexus) {
         if victim != by {

@@ -64,17 +64,6 @@ pub struct Server {
 }
 
 /// A stable 64-bit FNV-1a hash, for identifiers that must survive restarts.
-fn stable_hash(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for b in p.iter().chain(std::iter::once(&0xffu8)) {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-    h
-}
-
 impl Server {
     /// Open every backend, build the targets and bind every portal.
     pub async fn bind(config: &Config) -> Result<Server, ServerError> {
@@ -88,8 +77,8 @@ impl Server {
                     lun: i,
                     source,
                 })?;
-                let h1 = stable_hash(&[t.name.as_bytes(), &(i as u64).to_be_bytes()]);
-                let h2 = stable_hash(&[&h1.to_be_bytes(), t.name.as_bytes()]);
+                let h1 = registry::stable_hash(&[t.name.as_bytes(), &(i as u64).to_be_bytes()]);
+                let h2 = registry::stable_hash(&[&h1.to_be_bytes(), t.name.as_bytes()]);
                 let mut naa = [0u8; 16];
                 naa[..8].copy_from_slice(&h1.to_be_bytes());
                 naa[8..].copy_from_slice(&h2.to_be_bytes());
@@ -310,15 +299,11 @@ async fn serve_stream<R, W>(
         header: p.header_digest,
         data: p.data_digest,
     });
-    let nexus_key = stable_hash(&[
-        p.initiator_name.as_bytes(),
+    let nexus_key = registry::nexus_key(
+        &p.initiator_name,
         &outcome.isid,
-        outcome
-            .target
-            .as_ref()
-            .map(|t| t.name.as_bytes())
-            .unwrap_or(b""),
-    ]);
+        outcome.target.as_ref().map(|t| t.name.as_str()),
+    );
     let setup = SessionSetup {
         id: outcome.session_id,
         target: outcome.target.clone(),

@@ -12,6 +12,25 @@ use tokio::sync::mpsc;
 
 use crate::session::Event;
 
+/// The I_T nexus identifier of a session: a stable hash of (initiator
+/// name, ISID, target), so a reinstated session maps to the same nexus.
+pub(crate) fn nexus_key(initiator: &str, isid: &[u8; 6], target: Option<&str>) -> u64 {
+    stable_hash(&[initiator.as_bytes(), isid, target.unwrap_or("").as_bytes()])
+}
+
+/// FNV-1a over the parts, each followed by a 0xff separator: stable across
+/// runs and versions (identifiers derived from it are persistent).
+pub(crate) fn stable_hash(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in p.iter().chain(std::iter::once(&0xffu8)) {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}
+
 /// One exported target.
 #[derive(Debug)]
 pub struct TargetEntry {
@@ -143,6 +162,30 @@ impl Registry {
                 let _ = h.tx.send(Event::Control(SessionControl::AbortLun(lun)));
             }
         }
+    }
+
+    /// Ask the sessions of I_T nexus `nexus` on `target` to abort their
+    /// tasks on `lun` (PREEMPT AND ABORT). Returns how many were asked.
+    pub(crate) fn abort_nexus_lun(
+        &self,
+        me: u64,
+        target: Option<&str>,
+        nexus: u64,
+        lun: u64,
+    ) -> usize {
+        let mut asked = 0;
+        for (id, h) in self.lock().iter() {
+            if *id != me
+                && target.is_some()
+                && h.target.as_deref() == target
+                && nexus_key(&h.initiator, &h.isid, h.target.as_deref()) == nexus
+            {
+                let _ =
+                    h.tx.send(Event::Control(SessionControl::AbortLun(Some(lun))));
+                asked += 1;
+            }
+        }
+        asked
     }
 
     /// End every other session of `target` (TARGET COLD RESET).

@@ -700,12 +700,39 @@ impl Session {
         if resp.status != ScsiStatus::Good {
             debug!(session = self.setup.id, itt, opcode = task.cmd.cdb[0], status = ?resp.status, sense = ?resp.sense.get(..14), "command failed");
         }
+        if task.cmd.cdb[0] == 0x5f && resp.status == ScsiStatus::Good {
+            self.abort_preempted(lun_from_wire(task.cmd.lun));
+        }
         if !task.aborted {
             self.respond(&task, resp);
         }
         self.finish_tmfs(itt);
         self.try_finish_logout();
         self.dispatch();
+    }
+
+    /// After a PERSISTENT RESERVE OUT: abort the tasks of the nexuses a
+    /// PREEMPT AND ABORT preempted, in their sessions; they also get COMMANDS
+    /// CLEARED BY ANOTHER INITIATOR.
+    fn abort_preempted(&mut self, lun: u64) {
+        let Some(target) = self.setup.target.clone() else {
+            return;
+        };
+        for victim in target.scsi.take_preempted(lun) {
+            if victim == self.setup.nexus {
+                continue;
+            }
+            let asked =
+                self.registry
+                    .abort_nexus_lun(self.setup.id, Some(&target.name), victim.0, lun);
+            target.scsi.tasks_cleared(lun, victim, self.setup.nexus);
+            debug!(
+                session = self.setup.id,
+                lun,
+                sessions = asked,
+                "PREEMPT AND ABORT: tasks aborted"
+            );
+        }
     }
 
     /// Send Data-In and status for a finished command.

@@ -447,3 +447,137 @@ async fn login_text_split_over_pdus_with_the_c_bit() {
         "{answers:?}"
     );
 }
+
+/// Send one SCSI command over a raw session.
+async fn raw_command(
+    sock: &mut TcpStream,
+    itt: u32,
+    cmd_sn: u32,
+    cdb: &[u8],
+    data: &[u8],
+    expected_len: u32,
+    write: bool,
+) {
+    let mut cdb16 = [0u8; 16];
+    cdb16[..cdb.len()].copy_from_slice(cdb);
+    let cmd = pdu::ScsiCommand {
+        immediate: false,
+        final_bit: true,
+        read: !write && expected_len > 0,
+        write,
+        attr: pdu::TaskAttr::Simple,
+        lun: pdu::lun_to_wire(0),
+        itt,
+        expected_len,
+        cmd_sn,
+        exp_stat_sn: 0,
+        cdb: cdb16,
+    };
+    let mut out = Vec::new();
+    pdu::write_pdu(
+        &mut out,
+        &Pdu::ScsiCommand(cmd).encode(data.len() as u32),
+        data,
+        false,
+        false,
+    );
+    sock.write_all(&out).await.unwrap();
+}
+
+/// Read PDUs until the SCSI Response for `itt`; panics if one for
+/// `never` arrives first. Returns its status.
+async fn raw_response(sock: &mut TcpStream, itt: u32, never: Option<u32>) -> u8 {
+    loop {
+        let (bhs, _) = read_pdu(sock).await.expect("connection closed");
+        if let Ok(Pdu::ScsiResponse(r)) = Pdu::decode(&bhs) {
+            assert_ne!(Some(r.itt), never, "a response came for the aborted task");
+            if r.itt == itt {
+                return r.status;
+            }
+        }
+    }
+}
+
+/// PERSISTENT RESERVE OUT with a 24-byte parameter list.
+fn prout(sa: u8, kind: u8, key: u64, sa_key: u64) -> ([u8; 10], Vec<u8>) {
+    let cdb = [0x5f, sa, kind, 0, 0, 0, 0, 0, 24, 0];
+    let mut p = vec![0u8; 24];
+    p[0..8].copy_from_slice(&key.to_be_bytes());
+    p[8..16].copy_from_slice(&sa_key.to_be_bytes());
+    (cdb, p)
+}
+
+#[tokio::test]
+async fn preempt_and_abort_aborts_the_preempted_nexus_tasks() {
+    let (addr, server, stop) = start().await;
+    // B: a raw session that registers and leaves a WRITE waiting for its data.
+    let mut b = raw_login(&addr).await;
+    for (itt, sn) in [(2, 1), (3, 2)] {
+        raw_command(&mut b, itt, sn, &[0; 6], &[], 0, false).await;
+        raw_response(&mut b, itt, None).await;
+    }
+    let (cdb, p) = prout(0, 0, 0, 0xb);
+    raw_command(&mut b, 4, 3, &cdb, &p, 24, true).await;
+    assert_eq!(raw_response(&mut b, 4, None).await, 0, "B's REGISTER");
+    let write10 = [0x2a, 0, 0, 0, 0, 0, 0, 0, 8, 0];
+    raw_command(&mut b, 5, 4, &write10, &[], 4096, true).await;
+    let ttt = loop {
+        let (bhs, _) = read_pdu(&mut b).await.expect("R2T");
+        if let Ok(Pdu::R2t(r)) = Pdu::decode(&bhs) {
+            assert_eq!(r.itt, 5);
+            break r.ttt;
+        }
+    };
+
+    // A registers and preempts B's key with PREEMPT AND ABORT.
+    let a = good_session(&addr).await;
+    let (cdb, p) = prout(0, 0, 0, 0xa);
+    assert_eq!(
+        a.command(0, &cdb, Bytes::from(p), 0).await.unwrap().status,
+        0
+    );
+    let (cdb, p) = prout(5, 1, 0xa, 0xb);
+    assert_eq!(
+        a.command(0, &cdb, Bytes::from(p), 0).await.unwrap().status,
+        0,
+        "PREEMPT AND ABORT"
+    );
+
+    // B's WRITE is gone: its data is not written and it never completes;
+    // B's next command reports the preemption.
+    let d = pdu::DataOut {
+        final_bit: true,
+        lun: pdu::lun_to_wire(0),
+        itt: 5,
+        ttt,
+        exp_stat_sn: 0,
+        data_sn: 0,
+        buffer_offset: 0,
+    };
+    let mut out = Vec::new();
+    pdu::write_pdu(
+        &mut out,
+        &Pdu::DataOut(d).encode(4096),
+        &[0xee; 4096],
+        false,
+        false,
+    );
+    b.write_all(&out).await.unwrap();
+    raw_command(&mut b, 6, 5, &[0; 6], &[], 0, false).await;
+    assert_eq!(
+        raw_response(&mut b, 6, Some(5)).await,
+        2,
+        "B's next command gets a unit attention"
+    );
+    let r = a.read16(0, 0, 8, 512).await.unwrap();
+    assert!(
+        r.status == 0 && r.data.iter().all(|x| *x == 0),
+        "the aborted WRITE reached the medium"
+    );
+    // B's session still works.
+    raw_command(&mut b, 7, 6, &[0; 6], &[], 0, false).await;
+    raw_response(&mut b, 7, Some(5)).await;
+    io_still_works(&a).await;
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
+}

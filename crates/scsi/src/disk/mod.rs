@@ -96,6 +96,9 @@ pub struct LogicalUnit {
     /// Any reservation held: commands must be checked against it.
     reserved: AtomicBool,
     sanitize: Arc<SanitizeState>,
+    /// I_T nexuses whose tasks a PREEMPT AND ABORT asked to abort; the
+    /// transport takes them with [`LogicalUnit::take_preempted`].
+    preempted: Mutex<Vec<Nexus>>,
 }
 
 fn backend_sense(e: &BackendError, write: bool) -> Sense {
@@ -133,6 +136,7 @@ impl LogicalUnit {
             ranges: RangeLocks::new(),
             reserved: AtomicBool::new(reservations.active()),
             sanitize: Arc::new(SanitizeState::default()),
+            preempted: Mutex::new(Vec::new()),
             reservations: Mutex::new(reservations),
             dev,
             cfg,
@@ -223,6 +227,12 @@ impl LogicalUnit {
             ResetKind::TargetCold => codes::POWER_ON_RESET,
         };
         self.ua.raise_all(s, None);
+    }
+
+    /// The I_T nexuses a PREEMPT AND ABORT preempted since the last call:
+    /// the transport aborts their tasks on this LU (SPC-4 §5.9.11.4).
+    pub fn take_preempted(&self) -> Vec<Nexus> {
+        std::mem::take(&mut *self.preempted.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Commands of `victim` were cleared by another initiator.
@@ -375,7 +385,14 @@ impl LogicalUnit {
                 drop(r);
                 match outcome {
                     Ok(notices) => {
+                        let preempt_and_abort = def.op == Op::PrOut && cdb[1] & 0x1f == 5;
                         for (n, s) in notices {
+                            if preempt_and_abort && (s.asc, s.ascq) == (0x2a, 0x05) {
+                                self.preempted
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .push(n);
+                            }
                             self.ua.raise(n, s);
                         }
                         Reply::none()
