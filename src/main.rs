@@ -140,6 +140,18 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
             t.name
         );
     }
+    // SIGHUP: look at the LUNs' sizes again (after growing a backing file).
+    #[cfg(unix)]
+    {
+        let registry = server.registry().clone();
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                let r = registry.clone();
+                let _ = tokio::task::spawn_blocking(move || r.rescan_capacity()).await;
+            }
+        });
+    }
     server.run(shutdown_signal()).await;
     Ok(())
 }

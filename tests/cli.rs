@@ -109,3 +109,54 @@ fn client_commands_and_stable_identity() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("target not found"));
 }
+
+/// Growing a LUN's backing file and sending SIGHUP: the new capacity shows
+/// and every session gets CAPACITY DATA HAS CHANGED.
+#[test]
+fn sighup_picks_up_a_grown_backing_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("grow.img");
+    let server = Server::start(&[&format!("{}:16M", path.display())]);
+    let url = server.url(0);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let opts = ethersan_initiator::LoginOptions {
+            target_name: Some(IQN.into()),
+            ..Default::default()
+        };
+        let s = ethersan_initiator::connect(&server.addr, &opts)
+            .await
+            .unwrap();
+        s.clear_unit_attention(0).await.unwrap();
+        assert_eq!(s.read_capacity(0).await.unwrap(), (16 << 11, 512));
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(48 << 20)
+            .unwrap();
+        let hup = Command::new("kill")
+            .args(["-HUP", &server.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(hup.success());
+        let mut seen = None;
+        for _ in 0..50 {
+            let r = s.command(0, &[0; 6], bytes::Bytes::new(), 0).await.unwrap();
+            if r.status != 0 {
+                seen = r.sense_key();
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert_eq!(
+            seen,
+            Some((6, 0x2a, 0x09)),
+            "no CAPACITY DATA HAS CHANGED unit attention"
+        );
+        assert_eq!(s.read_capacity(0).await.unwrap(), (48 << 11, 512));
+    });
+    let out = ethersan(&["inquiry", "--json", &url]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["capacity_bytes"], 48 << 20, "{v}");
+}

@@ -10,6 +10,7 @@ use std::io;
 use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::{BackendError, BlockDevice};
 
@@ -33,7 +34,8 @@ pub struct FileDevice {
     file: File,
     path: PathBuf,
     block_size: u32,
-    num_blocks: u64,
+    /// Current size in blocks; changes only through `refresh_size`.
+    num_blocks: AtomicU64,
     is_block_device: bool,
     thin: bool,
 }
@@ -149,7 +151,7 @@ impl FileDevice {
             file,
             path: path.to_path_buf(),
             block_size: bs,
-            num_blocks,
+            num_blocks: AtomicU64::new(num_blocks),
             is_block_device,
             thin,
         })
@@ -206,7 +208,27 @@ impl BlockDevice for FileDevice {
         self.block_size
     }
     fn num_blocks(&self) -> u64 {
-        self.num_blocks
+        self.num_blocks.load(Ordering::Relaxed)
+    }
+    fn refresh_size(&self) -> Result<Option<u64>, BackendError> {
+        let err = |source| BackendError::Open {
+            path: self.path.display().to_string(),
+            source,
+        };
+        let size = if self.is_block_device {
+            block_device_size(&self.file).map_err(err)?
+        } else {
+            self.file.metadata().map_err(err)?.len()
+        };
+        let blocks = size / u64::from(self.block_size);
+        if blocks == 0 {
+            return Err(BackendError::Config(format!(
+                "{} shrank below one block",
+                self.path.display()
+            )));
+        }
+        let old = self.num_blocks.swap(blocks, Ordering::Relaxed);
+        Ok((old != blocks).then_some(blocks))
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
         // read_exact_at retries on EINTR; a sparse region reads as zeros.
@@ -273,7 +295,7 @@ impl BlockDevice for FileDevice {
         }
         let end = offset
             .saturating_add(max)
-            .min(self.num_blocks * u64::from(self.block_size));
+            .min(self.num_blocks() * u64::from(self.block_size));
         let seek = |whence| {
             // SAFETY: lseek only reads its integer arguments; the fd is open.
             // SEEK_DATA/SEEK_HOLE do not move anything another thread relies
@@ -301,7 +323,7 @@ impl BlockDevice for FileDevice {
         format!(
             "{} ({} blocks of {})",
             self.path.display(),
-            self.num_blocks,
+            self.num_blocks(),
             self.block_size
         )
     }

@@ -88,6 +88,12 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     fn lba_status(&self, _offset: u64, max: u64) -> Result<(bool, u64), BackendError> {
         Ok((true, max))
     }
+    /// Look at the store's size again (after an administrator grew the file
+    /// or block device). Returns the new number of blocks if it changed.
+    /// Default: the size never changes.
+    fn refresh_size(&self) -> Result<Option<u64>, BackendError> {
+        Ok(None)
+    }
     /// Whether writes to the store persist (false for RAM).
     fn is_persistent(&self) -> bool {
         true

@@ -186,6 +186,8 @@ pub mod codes {
     pub const NEXUS_LOSS: Sense = Sense::new(key::UNIT_ATTENTION, 0x29, 0x07);
     /// MODE PARAMETERS CHANGED
     pub const MODE_PARAMETERS_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x01);
+    /// CAPACITY DATA HAS CHANGED
+    pub const CAPACITY_DATA_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x09);
     /// COMMANDS CLEARED BY ANOTHER INITIATOR
     pub const COMMANDS_CLEARED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2f, 0x00);
     /// INTERNAL TARGET FAILURE

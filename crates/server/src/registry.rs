@@ -92,6 +92,25 @@ impl Registry {
         self.portal_group_tag
     }
 
+    /// Look at every LUN's backing store size again (SIGHUP): a LUN whose
+    /// file or device grew (or shrank) reports the new capacity, and every
+    /// session gets CAPACITY DATA HAS CHANGED on it.
+    pub fn rescan_capacity(&self) {
+        for t in &self.targets {
+            for (i, lu) in t.scsi.luns().iter().enumerate() {
+                match lu.rescan_capacity() {
+                    Ok(Some(blocks)) => {
+                        tracing::info!(target = %t.name, lun = i, blocks, "capacity changed")
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(target = %t.name, lun = i, error = %e, "cannot read the backing store's size")
+                    }
+                }
+            }
+        }
+    }
+
     /// Find a target by name.
     pub fn target(&self, name: &str) -> Option<Arc<TargetEntry>> {
         self.targets.iter().find(|t| t.name == name).cloned()

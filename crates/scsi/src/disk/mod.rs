@@ -229,6 +229,16 @@ impl LogicalUnit {
         self.ua.raise_all(s, None);
     }
 
+    /// Re-read the backing store's size; if it changed, every I_T nexus
+    /// gets CAPACITY DATA HAS CHANGED. Returns the new block count then.
+    pub fn rescan_capacity(&self) -> Result<Option<u64>, ethersan_backend::BackendError> {
+        let changed = self.dev.refresh_size()?;
+        if changed.is_some() {
+            self.ua.raise_all(codes::CAPACITY_DATA_CHANGED, None);
+        }
+        Ok(changed)
+    }
+
     /// The I_T nexuses a PREEMPT AND ABORT preempted since the last call:
     /// the transport aborts their tasks on this LU (SPC-4 §5.9.11.4).
     pub fn take_preempted(&self) -> Vec<Nexus> {
