@@ -10,7 +10,7 @@ use std::io;
 use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::{BackendError, BlockDevice};
 
@@ -34,6 +34,13 @@ pub struct FileDevice {
     file: File,
     path: PathBuf,
     block_size: u32,
+    /// Whether `pwritev2(RWF_NOWAIT)` works here (cleared on EOPNOTSUPP).
+    nowait_writes: AtomicBool,
+    /// Without RWF_NOWAIT: no inline writes until this instant (nanoseconds
+    /// since `opened`), set after an inline write that was slow.
+    inline_backoff_until: AtomicU64,
+    /// When the device was opened (the base of `inline_backoff_until`).
+    opened: std::time::Instant,
     /// Current size in blocks; changes only through `refresh_size`.
     num_blocks: AtomicU64,
     is_block_device: bool,
@@ -152,6 +159,9 @@ impl FileDevice {
             path: path.to_path_buf(),
             block_size: bs,
             num_blocks: AtomicU64::new(num_blocks),
+            nowait_writes: AtomicBool::new(true),
+            inline_backoff_until: AtomicU64::new(0),
+            opened: std::time::Instant::now(),
             is_block_device,
             thin,
         })
@@ -160,6 +170,50 @@ impl FileDevice {
     /// Whether the store is a block device.
     pub fn is_block_device(&self) -> bool {
         self.is_block_device
+    }
+
+    /// One `preadv2`/`pwritev2` with `RWF_NOWAIT`: whether it moved all of
+    /// `len` bytes without waiting.
+    fn nowait_io(
+        &self,
+        offset: u64,
+        ptr: *mut libc::c_void,
+        len: usize,
+        write: bool,
+    ) -> io::Result<bool> {
+        let iov = libc::iovec {
+            iov_base: ptr,
+            iov_len: len,
+        };
+        let fd = self.file.as_raw_fd();
+        loop {
+            // SAFETY: the iovec describes a live buffer of `len` bytes owned by
+            // the caller for the duration of the call (written by the kernel for
+            // a read, only read for a write); the fd is open for the life of
+            // `self`.
+            let n = unsafe {
+                if write {
+                    libc::pwritev2(fd, &iov, 1, offset as libc::off_t, libc::RWF_NOWAIT)
+                } else {
+                    libc::preadv2(fd, &iov, 1, offset as libc::off_t, libc::RWF_NOWAIT)
+                }
+            };
+            if n >= 0 {
+                return Ok(n as usize == len);
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN) => return Ok(false),
+                Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL) => {
+                    if write {
+                        self.nowait_writes.store(false, Ordering::Relaxed);
+                    }
+                    return Ok(false);
+                }
+                _ => return Err(e),
+            }
+        }
     }
 
     fn write_dsync(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
@@ -235,6 +289,44 @@ impl BlockDevice for FileDevice {
         self.file
             .read_exact_at(buf, offset)
             .map_err(|source| BackendError::Read { offset, source })
+    }
+    fn try_read_at(&self, offset: u64, buf: &mut [u8]) -> Result<bool, BackendError> {
+        self.nowait_io(offset, buf.as_mut_ptr().cast(), buf.len(), false)
+            .map_err(|source| BackendError::Read { offset, source })
+    }
+    fn try_write_at(&self, offset: u64, buf: &[u8]) -> Result<bool, BackendError> {
+        if self.nowait_writes.load(Ordering::Relaxed) {
+            let done = self
+                .nowait_io(offset, buf.as_ptr() as *mut libc::c_void, buf.len(), true)
+                .map_err(|source| BackendError::Write { offset, source })?;
+            if done || self.nowait_writes.load(Ordering::Relaxed) {
+                return Ok(done);
+            }
+        }
+        // The filesystem cannot say whether a buffered write would wait
+        // (ext4 has no RWF_NOWAIT for them). A page-aligned write into the
+        // page cache needs no read and normally takes microseconds: do it
+        // here while that holds; after one that took long (dirty-page
+        // throttling, a full journal), send writes to the blocking pool for
+        // a second.
+        const PAGE: u64 = 4096;
+        const SLOW: std::time::Duration = std::time::Duration::from_micros(500);
+        if offset % PAGE != 0 || buf.len() as u64 % PAGE != 0 || buf.len() > 256 * 1024 {
+            return Ok(false);
+        }
+        let now = self.opened.elapsed().as_nanos() as u64;
+        if now < self.inline_backoff_until.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        let started = std::time::Instant::now();
+        self.file
+            .write_all_at(buf, offset)
+            .map_err(|source| BackendError::Write { offset, source })?;
+        if started.elapsed() > SLOW {
+            self.inline_backoff_until
+                .store(now + 1_000_000_000, Ordering::Relaxed);
+        }
+        Ok(true)
     }
     fn write_at(&self, offset: u64, buf: &[u8], fua: bool) -> Result<(), BackendError> {
         let r = if fua {
@@ -361,6 +453,26 @@ mod tests {
         assert!(FileDevice::open(&p, &opts(Some(1 << 20), 512)).is_err());
         assert!(FileDevice::open(&dir.path().join("missing"), &opts(None, 512)).is_err());
         assert!(FileDevice::open(&dir.path().join("odd"), &opts(Some(1000), 512)).is_err());
+    }
+
+    #[test]
+    fn nonblocking_reads_and_writes_move_the_same_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = FileDevice::open(&dir.path().join("nb.img"), &opts(Some(1 << 20), 512)).unwrap();
+        let data: Vec<u8> = (0..8192u32).map(|i| (i * 7) as u8).collect();
+        // A page-aligned write is taken without waiting (RWF_NOWAIT or the
+        // inline path); a misaligned one is left to the blocking path.
+        assert!(d.try_write_at(4096, &data).unwrap());
+        assert!(
+            !d.try_write_at(512, &data[..512]).unwrap() || d.nowait_writes.load(Ordering::Relaxed)
+        );
+        // Just written: in the page cache, so readable without waiting.
+        let mut back = vec![0u8; 8192];
+        assert!(d.try_read_at(4096, &mut back).unwrap());
+        assert_eq!(back, data);
+        let mut again = vec![0u8; 8192];
+        d.read_at(4096, &mut again).unwrap();
+        assert_eq!(again, data);
     }
 
     #[test]

@@ -67,6 +67,20 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     /// Write `buf` at byte `offset`. With `fua` the data is on stable storage
     /// when this returns (Force Unit Access).
     fn write_at(&self, offset: u64, buf: &[u8], fua: bool) -> Result<(), BackendError>;
+    /// Read without blocking if the data is at hand (page cache, memory):
+    /// `Ok(true)` when `buf` was filled, `Ok(false)` when the read would
+    /// have to wait (the caller then uses [`read_at`](Self::read_at) off the
+    /// async workers). Default: always `Ok(false)`.
+    fn try_read_at(&self, _offset: u64, _buf: &mut [u8]) -> Result<bool, BackendError> {
+        Ok(false)
+    }
+    /// Write (without FUA) if that needs no waiting; `Ok(false)` otherwise,
+    /// in which case nothing or part of `buf` may have been written and the
+    /// caller writes all of it with [`write_at`](Self::write_at).
+    /// Default: always `Ok(false)`.
+    fn try_write_at(&self, _offset: u64, _buf: &[u8]) -> Result<bool, BackendError> {
+        Ok(false)
+    }
     /// Make every completed write durable (SYNCHRONIZE CACHE).
     fn flush(&self) -> Result<(), BackendError>;
     /// Hint that a range will be read soon (PRE-FETCH). Default: nothing.

@@ -97,6 +97,12 @@ impl BlockDevice for RamDevice {
         });
         Ok(())
     }
+    fn try_read_at(&self, offset: u64, buf: &mut [u8]) -> Result<bool, BackendError> {
+        self.read_at(offset, buf).map(|()| true)
+    }
+    fn try_write_at(&self, offset: u64, buf: &[u8]) -> Result<bool, BackendError> {
+        self.write_at(offset, buf, false).map(|()| true)
+    }
     fn flush(&self) -> Result<(), BackendError> {
         Ok(())
     }

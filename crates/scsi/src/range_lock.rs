@@ -39,6 +39,21 @@ impl RangeLocks {
         v
     }
 
+    /// Shared locks on the range if none of its stripes is held exclusive;
+    /// `None` instead of waiting.
+    pub(crate) fn try_lock_shared(&self, off: u64, len: u64) -> Option<Vec<StripeGuard<'_>>> {
+        Self::stripes_of(off, len)
+            .into_iter()
+            .map(|i| match self.stripes[i].try_read() {
+                Ok(g) => Some(StripeGuard::Shared(g)),
+                Err(std::sync::TryLockError::Poisoned(e)) => {
+                    Some(StripeGuard::Shared(e.into_inner()))
+                }
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            })
+            .collect()
+    }
+
     pub(crate) fn lock(&self, off: u64, len: u64, exclusive: bool) -> Vec<StripeGuard<'_>> {
         Self::stripes_of(off, len)
             .into_iter()

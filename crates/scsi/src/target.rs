@@ -69,6 +69,13 @@ impl ScsiTarget {
         usize::try_from(lun).ok().and_then(|i| self.luns.get(i))
     }
 
+    /// Execute a command only if that needs no waiting (see
+    /// [`LogicalUnit::try_execute_nowait`]); `None`: use
+    /// [`execute`](Self::execute) off the async workers.
+    pub fn try_execute_nowait(&self, req: &ScsiRequest<'_>) -> Option<ScsiResponse> {
+        self.lun(req.lun)?.try_execute_nowait(req)
+    }
+
     /// Execute one command (blocking). Handles REPORT LUNS, unknown LUNs
     /// (INQUIRY peripheral qualifier 011b, other commands LOGICAL UNIT NOT
     /// SUPPORTED), and hands everything else to the logical unit.

@@ -665,6 +665,26 @@ impl Session {
         let lun = lun_from_wire(task.cmd.lun);
         let expected_len = task.cmd.expected_len;
         let tx = self.done_tx.clone();
+        // Fast path: a command that needs no waiting (page-cache reads and
+        // writes, RAM, metadata) runs right here, with no thread handoff.
+        let req = ScsiRequest {
+            nexus,
+            lun,
+            cdb: &cdb,
+            data_out: &data,
+            expected_len,
+        };
+        let inline = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            target.scsi.try_execute_nowait(&req)
+        }))
+        .unwrap_or_else(|_| {
+            tracing::error!(itt, "command emulation panicked");
+            Some(check_condition(0x04, 0x44, 0x00))
+        });
+        if let Some(resp) = inline {
+            let _ = tx.send(Event::Done(itt, resp));
+            return;
+        }
         tokio::task::spawn_blocking(move || {
             let req = ScsiRequest {
                 nexus,

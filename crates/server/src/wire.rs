@@ -7,7 +7,7 @@
 use bytes::Bytes;
 use ethersan_proto::digest;
 use ethersan_proto::pdu::{pad_len, Bhs, PduError, RawPdu, BHS_LEN};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 
 /// Why reading a PDU failed.
@@ -130,8 +130,13 @@ pub(crate) enum WriterMsg {
     Close,
 }
 
-/// Start the task that owns the write half. It sends every queued frame
-/// with one flush per batch. Returns when the channel closes or on error.
+/// Largest batch of frames gathered into one vectored write.
+const MAX_BATCH: usize = 64;
+
+/// Start the task that owns the write half. It gathers every queued frame
+/// (up to [`MAX_BATCH`]) into one vectored write: headers and digests are
+/// small buffers, data segments are sent from where they are, uncopied.
+/// Returns when the channel closes or on error.
 pub(crate) fn spawn_writer<W>(
     w: W,
 ) -> (
@@ -143,53 +148,91 @@ where
 {
     let (tx, mut rx) = mpsc::unbounded_channel::<WriterMsg>();
     let handle = tokio::spawn(async move {
-        let mut w = BufWriter::with_capacity(256 * 1024, w);
+        let mut w = w;
         let (mut hd, mut dd) = (false, false);
+        let mut batch: Vec<Frame> = Vec::with_capacity(MAX_BATCH);
         while let Some(msg) = rx.recv().await {
             let mut next = Some(msg);
-            // Drain whatever else is queued so it leaves in one flush.
+            let mut close = false;
             while let Some(msg) = next.take() {
                 match msg {
-                    WriterMsg::Frame(f) => write_frame(&mut w, &f, hd, dd).await?,
+                    WriterMsg::Frame(f) => batch.push(f),
                     WriterMsg::Digests { header, data } => {
+                        // Frames queued before the change use the old digests.
+                        write_batch(&mut w, &mut batch, hd, dd).await?;
                         hd = header;
                         dd = data;
                     }
                     WriterMsg::Close => {
-                        w.flush().await?;
-                        w.shutdown().await?;
-                        return Ok(());
+                        close = true;
+                        break;
                     }
                 }
-                next = rx.try_recv().ok();
+                if batch.len() < MAX_BATCH {
+                    next = rx.try_recv().ok();
+                }
             }
-            w.flush().await?;
+            write_batch(&mut w, &mut batch, hd, dd).await?;
+            if close {
+                w.flush().await?;
+                w.shutdown().await?;
+                return Ok(());
+            }
         }
         w.flush().await
     });
     (tx, handle)
 }
 
-async fn write_frame<W: AsyncWrite + Unpin>(
-    w: &mut BufWriter<W>,
-    f: &Frame,
+/// Send the frames of a batch with vectored writes and empty the batch.
+async fn write_batch<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    batch: &mut Vec<Frame>,
     hd: bool,
     dd: bool,
 ) -> std::io::Result<()> {
-    w.write_all(&f.bhs.0).await?;
-    if hd {
-        w.write_all(&f.bhs.digest(&[]).to_le_bytes()).await?;
+    if batch.is_empty() {
+        return Ok(());
     }
-    if !f.data.is_empty() {
-        w.write_all(&f.data).await?;
-        let pad = pad_len(f.data.len());
-        if pad > 0 {
-            w.write_all(&[0u8; 3][..pad]).await?;
+    // Per frame: header (+ header digest), and after the data its padding
+    // and data digest, each a small owned buffer.
+    let mut heads: Vec<Vec<u8>> = Vec::with_capacity(batch.len());
+    let mut tails: Vec<Vec<u8>> = Vec::with_capacity(batch.len());
+    for f in batch.iter() {
+        let mut h = Vec::with_capacity(BHS_LEN + 4);
+        h.extend_from_slice(&f.bhs.0);
+        if hd {
+            h.extend_from_slice(&f.bhs.digest(&[]).to_le_bytes());
         }
-        if dd {
-            w.write_all(&digest::data_digest(&f.data).to_le_bytes())
-                .await?;
+        heads.push(h);
+        let mut t = Vec::new();
+        if !f.data.is_empty() {
+            t.extend_from_slice(&[0u8; 3][..pad_len(f.data.len())]);
+            if dd {
+                t.extend_from_slice(&digest::data_digest(&f.data).to_le_bytes());
+            }
+        }
+        tails.push(t);
+    }
+    let mut slices: Vec<std::io::IoSlice<'_>> = Vec::with_capacity(batch.len() * 3);
+    for ((f, h), t) in batch.iter().zip(&heads).zip(&tails) {
+        slices.push(std::io::IoSlice::new(h));
+        if !f.data.is_empty() {
+            slices.push(std::io::IoSlice::new(&f.data));
+        }
+        if !t.is_empty() {
+            slices.push(std::io::IoSlice::new(t));
         }
     }
+    let mut rest: &mut [std::io::IoSlice<'_>] = &mut slices;
+    while !rest.is_empty() {
+        let n = w.write_vectored(rest).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        std::io::IoSlice::advance_slices(&mut rest, n);
+    }
+    drop(slices);
+    batch.clear();
     Ok(())
 }

@@ -19,9 +19,7 @@ use crate::sense::{codes, Sense};
 impl LogicalUnit {
     /// READ (6/10/12/16).
     pub(super) fn read(&self, cdb: &[u8]) -> CmdResult {
-        let c = BlockCdb::parse(cdb);
-        Self::no_protection(&c)?;
-        let (off, len) = self.range(&c)?;
+        let (off, len) = self.read_plan(cdb)?;
         let mut data = vec![0u8; len];
         if len > 0 {
             self.dev
@@ -31,12 +29,77 @@ impl LogicalUnit {
         Ok(Reply { data })
     }
 
+    /// READ without waiting: `None` when the data is not at hand (the
+    /// caller then runs [`read`](Self::read) where blocking is fine).
+    pub(super) fn read_nowait(&self, cdb: &[u8]) -> Option<CmdResult> {
+        let (off, len) = match self.read_plan(cdb) {
+            Ok(p) => p,
+            Err(s) => return Some(Err(s)),
+        };
+        let mut data = vec![0u8; len];
+        if len > 0 {
+            match self.dev.try_read_at(off, &mut data) {
+                Ok(true) => {}
+                Ok(false) => return None,
+                Err(e) => return Some(Err(backend_sense(&e, false))),
+            }
+        }
+        Some(Ok(Reply { data }))
+    }
+
+    /// The checked byte range of a READ.
+    fn read_plan(&self, cdb: &[u8]) -> Result<(u64, usize), Sense> {
+        let c = BlockCdb::parse(cdb);
+        Self::no_protection(&c)?;
+        self.range(&c)
+    }
+
     /// WRITE (6/10/12/16) and WRITE AND VERIFY (10/12/16). Only Data-Out
     /// that arrived is written, in whole blocks (when the initiator's
     /// expected length was short the transport reports the residual); WRITE
     /// AND VERIFY writes through (the medium then holds exactly the data,
     /// so the verification cannot miscompare).
     pub(super) fn write(&self, cdb: &[u8], data_out: &[u8], verify: bool) -> CmdResult {
+        let (off, have, fua) = self.write_plan(cdb, data_out, verify)?;
+        if have > 0 {
+            let _held = self.ranges.lock(off, have as u64, false);
+            self.dev
+                .write_at(off, &data_out[..have], fua)
+                .map_err(|e| backend_sense(&e, true))?;
+        }
+        Reply::none()
+    }
+
+    /// WRITE without waiting: `None` when it would have to wait (FUA or
+    /// write-through, a COMPARE AND WRITE holding the range, or a backend
+    /// that cannot take the data at once); the caller then runs
+    /// [`write`](Self::write) where blocking is fine.
+    pub(super) fn write_nowait(&self, cdb: &[u8], data_out: &[u8]) -> Option<CmdResult> {
+        let (off, have, fua) = match self.write_plan(cdb, data_out, false) {
+            Ok(p) => p,
+            Err(s) => return Some(Err(s)),
+        };
+        if fua {
+            return None;
+        }
+        if have > 0 {
+            let _held = self.ranges.try_lock_shared(off, have as u64)?;
+            match self.dev.try_write_at(off, &data_out[..have]) {
+                Ok(true) => {}
+                Ok(false) => return None,
+                Err(e) => return Some(Err(backend_sense(&e, true))),
+            }
+        }
+        Some(Reply::none())
+    }
+
+    /// The checks of a WRITE: (byte offset, bytes to write, FUA).
+    fn write_plan(
+        &self,
+        cdb: &[u8],
+        data_out: &[u8],
+        verify: bool,
+    ) -> Result<(u64, usize, bool), Sense> {
         let c = BlockCdb::parse(cdb);
         Self::no_protection(&c)?;
         if verify && c.bytchk() == 2 {
@@ -56,15 +119,7 @@ impl LogicalUnit {
         if data_out.len() < len && data_out.len() % bs != 0 {
             return Err(codes::INVALID_FIELD_IN_IU);
         }
-        let have = data_out.len().min(len);
-        if have > 0 {
-            let fua = verify || self.fua(&c);
-            let _held = self.ranges.lock(off, have as u64, false);
-            self.dev
-                .write_at(off, &data_out[..have], fua)
-                .map_err(|e| backend_sense(&e, true))?;
-        }
-        Reply::none()
+        Ok((off, data_out.len().min(len), verify || self.fua(&c)))
     }
 
     /// Blocks per WRITE ATOMIC alignment/granularity unit.

@@ -345,10 +345,6 @@ impl LogicalUnit {
 
     fn dispatch(&self, def: &'static CommandDef, req: &ScsiRequest<'_>) -> ScsiResponse {
         let cdb = req.cdb;
-        let writes = matches!(
-            def.op,
-            Op::Write | Op::WriteVerify | Op::CompareAndWrite | Op::OrWrite | Op::WriteAtomic
-        ) || (def.op == Op::WriteSame && !(cdb[0] == 0x93 && cdb[1] & 0x01 != 0));
         let result = match def.op {
             Op::TestUnitReady => Reply::none(),
             Op::RequestSense => self.request_sense(req),
@@ -421,6 +417,58 @@ impl LogicalUnit {
             // Routed by the target; a unit asked directly lists only LUN 0.
             Op::ReportLuns => crate::target::report_luns(cdb, &[0]).map(|data| Reply { data }),
         };
+        self.finish(def, req, result)
+    }
+
+    /// Run a command only if it needs no waiting: READ from data at hand,
+    /// WRITE into the page cache (no FUA), and the commands that touch no
+    /// medium. `None`: run [`execute`](Self::execute) where blocking is fine
+    /// (nothing was done that a second try would repeat visibly).
+    pub fn try_execute_nowait(&self, req: &ScsiRequest<'_>) -> Option<ScsiResponse> {
+        let def = commands::lookup(req.cdb)?;
+        let quick = matches!(
+            def.op,
+            Op::Read
+                | Op::Write
+                | Op::TestUnitReady
+                | Op::Inquiry
+                | Op::ReadCapacity10
+                | Op::ReadCapacity16
+                | Op::ModeSense6
+                | Op::ModeSense10
+                | Op::ReportOpcodes
+        );
+        if !quick || req.cdb.len() < def.cdb_len {
+            return None;
+        }
+        if def.op == Op::Write && self.fua(&BlockCdb::parse(req.cdb)) {
+            return None;
+        }
+        let def = match self.precheck(req) {
+            Ok(d) => d,
+            Err(resp) => return Some(resp),
+        };
+        let result = match def.op {
+            Op::Read => self.read_nowait(req.cdb)?,
+            Op::Write => self.write_nowait(req.cdb, req.data_out)?,
+            _ => return Some(self.dispatch(def, req)),
+        };
+        Some(self.finish(def, req, result))
+    }
+
+    /// The response for a command's result, with the Data-Out length the
+    /// CDB asked for (for residuals).
+    fn finish(
+        &self,
+        def: &'static CommandDef,
+        req: &ScsiRequest<'_>,
+        result: CmdResult,
+    ) -> ScsiResponse {
+        let cdb = req.cdb;
+        let writes = matches!(
+            def.op,
+            Op::Write | Op::WriteVerify | Op::CompareAndWrite | Op::OrWrite | Op::WriteAtomic
+        ) || (def.op == Op::WriteSame && !(cdb[0] == 0x93 && cdb[1] & 0x01 != 0));
         let data_out_len = if writes
             || (def.op == Op::Verify && cdb[1] & 0x06 != 0)
             || matches!(
