@@ -14,6 +14,12 @@ use ethersan_server::config::{Config, LunConfig, TargetConfig};
 use ethersan_server::Server;
 use tracing_subscriber::EnvFilter;
 
+/// mimalloc keeps freed I/O buffers for reuse instead of returning them to
+/// the kernel (glibc maps and unmaps every buffer of 128 KiB or more, and
+/// each new mapping costs page faults and zeroing).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod bench;
 mod blockio;
 mod client;
