@@ -84,6 +84,9 @@ struct ServeArgs {
     /// Directory for the default LUN's backing file.
     #[arg(long, value_name = "DIR", default_value = "./ethersan-data")]
     data_dir: PathBuf,
+    /// Threads running sessions (0: one per CPU); overrides the config file's worker_threads.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=1024))]
+    workers: Option<u16>,
 }
 
 fn serve_config(a: &ServeArgs) -> anyhow::Result<Config> {
@@ -130,8 +133,7 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-async fn serve(a: ServeArgs) -> anyhow::Result<()> {
-    let cfg = serve_config(&a)?;
+async fn serve(cfg: Config) -> anyhow::Result<()> {
     let server = Server::bind(&cfg).await?;
     let addrs = server.local_addrs();
     for addr in &addrs {
@@ -171,10 +173,29 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // The server's configuration decides how many worker threads run.
+    let mut serve_cfg = None;
+    let mut workers = 0;
+    if let Command::Serve(a) = &cli.command {
+        match serve_config(a) {
+            Ok(mut cfg) => {
+                if let Some(n) = a.workers {
+                    cfg.options.worker_threads = usize::from(n);
+                }
+                workers = cfg.options.worker_threads;
+                serve_cfg = Some(cfg);
+            }
+            Err(e) => {
+                eprintln!("ethersan: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if workers > 0 {
+        builder.worker_threads(workers);
+    }
+    let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("ethersan: cannot start runtime: {e}");
@@ -183,7 +204,7 @@ fn main() -> ExitCode {
     };
     let result = rt.block_on(async {
         match cli.command {
-            Command::Serve(a) => serve(a).await,
+            Command::Serve(_) => serve(serve_cfg.take().expect("parsed above")).await,
             Command::Discover { portal, json } => client::cmd_discover(&portal, json).await,
             Command::Ls { url, json } => client::cmd_ls(&url, json).await,
             Command::Inquiry { url, json } => client::cmd_inquiry(&url, json).await,

@@ -137,6 +137,12 @@ pub struct Options {
     pub max_sessions: usize,
     /// Directory for default backing files.
     pub data_dir: PathBuf,
+    /// Threads that run sessions (tokio workers); 0: one per CPU.
+    pub worker_threads: usize,
+    /// Run commands that need no waiting (page-cache reads and writes,
+    /// RAM, metadata) on the session's own thread; false sends every command
+    /// to the blocking pool.
+    pub inline_io: bool,
 }
 
 impl Default for Options {
@@ -156,6 +162,8 @@ impl Default for Options {
             login_timeout_secs: 15,
             max_sessions: 1024,
             data_dir: PathBuf::from("./ethersan-data"),
+            worker_threads: 0,
+            inline_io: true,
         }
     }
 }
@@ -181,6 +189,12 @@ impl Options {
         in_range("first_burst_length", self.first_burst_length, 512, MAX24)?;
         in_range("max_outstanding_r2t", self.max_outstanding_r2t, 1, 65535)?;
         in_range("queue_depth", self.queue_depth, 1, 65535)?;
+        if self.worker_threads > 1024 {
+            return Err(format!(
+                "worker_threads = {} is outside 0..=1024",
+                self.worker_threads
+            ));
+        }
         if self.first_burst_length > self.max_burst_length {
             return Err("first_burst_length must not exceed max_burst_length".into());
         }

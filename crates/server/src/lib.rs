@@ -322,6 +322,7 @@ async fn serve_stream<R, W>(
         stat_sn: outcome.stat_sn,
         options: SessionOptions {
             queue_depth: options.queue_depth,
+            inline_io: options.inline_io,
             nop_interval: (options.nop_interval_secs > 0)
                 .then(|| Duration::from_secs(options.nop_interval_secs)),
             nop_timeout: Duration::from_secs(options.nop_timeout_secs.max(1)),

@@ -53,6 +53,8 @@ pub(crate) struct SessionOptions {
     pub(crate) queue_depth: u32,
     pub(crate) nop_interval: Option<Duration>,
     pub(crate) nop_timeout: Duration,
+    /// Try commands on the session task before the blocking pool.
+    pub(crate) inline_io: bool,
 }
 
 /// Everything a session needs from its login.
@@ -674,8 +676,11 @@ impl Session {
             data_out: &data,
             expected_len,
         };
+        let inline_io = self.setup.options.inline_io;
         let inline = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            target.scsi.try_execute_nowait(&req)
+            inline_io
+                .then(|| target.scsi.try_execute_nowait(&req))
+                .flatten()
         }))
         .unwrap_or_else(|_| {
             tracing::error!(itt, "command emulation panicked");
