@@ -81,6 +81,42 @@ struct LunInfo {
     capacity_bytes: Option<u64>,
     designators: Vec<String>,
     vpd_pages: Vec<u8>,
+    /// Block Limits (VPD 0xB0), decoded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    block_limits: Option<BlockLimits>,
+    /// Block Device Characteristics (VPD 0xB1): medium rotation rate
+    /// (1 = non-rotating).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rotation_rate: Option<u16>,
+    /// Logical Block Provisioning (VPD 0xB2), decoded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    provisioning: Option<Provisioning>,
+}
+
+/// VPD 0xB0 fields (in logical blocks; 0 = no limit reported).
+#[derive(Serialize, Default, Debug)]
+struct BlockLimits {
+    max_transfer_blocks: u32,
+    optimal_transfer_blocks: u32,
+    max_compare_and_write_blocks: u8,
+    max_unmap_blocks: u32,
+    unmap_granularity_blocks: u32,
+    max_write_same_blocks: u64,
+}
+
+/// VPD 0xB2 flags.
+#[derive(Serialize, Default, Debug)]
+struct Provisioning {
+    unmap: bool,
+    write_same_16_unmap: bool,
+    write_same_10_unmap: bool,
+    reads_zero_after_unmap: bool,
+    thin: bool,
+}
+
+fn be32(b: &[u8], at: usize) -> u32 {
+    b.get(at..at + 4)
+        .map_or(0, |x| u32::from_be_bytes(x.try_into().expect("4 bytes")))
 }
 
 async fn inquiry_data(s: &Session, lun: u64, evpd: bool, page: u8) -> anyhow::Result<Vec<u8>> {
@@ -142,6 +178,37 @@ async fn lun_info(s: &Session, lun: u64) -> anyhow::Result<LunInfo> {
             };
             info.designators.push(format!("{kind_name}: {text}"));
             at += 4 + len;
+        }
+    }
+    if info.vpd_pages.contains(&0xb0) {
+        if let Ok(p) = inquiry_data(s, lun, true, 0xb0).await {
+            info.block_limits = Some(BlockLimits {
+                max_compare_and_write_blocks: p.get(5).copied().unwrap_or(0),
+                max_transfer_blocks: be32(&p, 8),
+                optimal_transfer_blocks: be32(&p, 12),
+                max_unmap_blocks: be32(&p, 20),
+                unmap_granularity_blocks: be32(&p, 28),
+                max_write_same_blocks: p
+                    .get(36..44)
+                    .map_or(0, |x| u64::from_be_bytes(x.try_into().expect("8 bytes"))),
+            });
+        }
+    }
+    if info.vpd_pages.contains(&0xb1) {
+        if let Ok(p) = inquiry_data(s, lun, true, 0xb1).await {
+            info.rotation_rate = p.get(4..6).map(|x| u16::from_be_bytes([x[0], x[1]]));
+        }
+    }
+    if info.vpd_pages.contains(&0xb2) {
+        if let Ok(p) = inquiry_data(s, lun, true, 0xb2).await {
+            let f = p.get(5).copied().unwrap_or(0);
+            info.provisioning = Some(Provisioning {
+                unmap: f & 0x80 != 0,
+                write_same_16_unmap: f & 0x40 != 0,
+                write_same_10_unmap: f & 0x20 != 0,
+                reads_zero_after_unmap: f & 0x04 != 0,
+                thin: p.get(6).is_some_and(|t| t & 0x07 == 2),
+            });
         }
     }
     if info.peripheral_type == 0 {
@@ -259,6 +326,44 @@ pub(crate) async fn cmd_inquiry(url: &str, json: bool) -> anyhow::Result<()> {
         }
         let pages: Vec<String> = info.vpd_pages.iter().map(|p| format!("{p:#04x}")).collect();
         println!("VPD pages:    {}", pages.join(" "));
+        if let Some(b) = &info.block_limits {
+            println!(
+                "Block limits: max transfer {} blocks, optimal {}, COMPARE AND WRITE {}, UNMAP {} (granularity {}), WRITE SAME {}",
+                b.max_transfer_blocks,
+                b.optimal_transfer_blocks,
+                b.max_compare_and_write_blocks,
+                b.max_unmap_blocks,
+                b.unmap_granularity_blocks,
+                b.max_write_same_blocks
+            );
+        }
+        if let Some(r) = info.rotation_rate {
+            println!(
+                "Medium:       {}",
+                match r {
+                    1 => "non-rotating (solid state or memory)".to_string(),
+                    0 => "rotation rate not reported".to_string(),
+                    n => format!("{n} rpm"),
+                }
+            );
+        }
+        if let Some(p) = &info.provisioning {
+            println!(
+                "Provisioning: {}{}{}{}",
+                if p.thin { "thin" } else { "full" },
+                if p.unmap { ", UNMAP" } else { "" },
+                if p.write_same_16_unmap || p.write_same_10_unmap {
+                    ", WRITE SAME with UNMAP"
+                } else {
+                    ""
+                },
+                if p.reads_zero_after_unmap {
+                    ", unmapped blocks read as zeros"
+                } else {
+                    ""
+                }
+            );
+        }
         for d in &info.designators {
             println!("Designator:   {d}");
         }

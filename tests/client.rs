@@ -326,3 +326,27 @@ fn discover_ls_inquiry_against_tgt() {
     assert!(!v["vendor"].as_str().unwrap().is_empty(), "{v}");
     assert_eq!(v["block_size"], 512, "{v}");
 }
+
+#[test]
+fn inquiry_decodes_the_vpd_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(&Peer::Ethersan, dir.path());
+    let v: serde_json::Value =
+        serde_json::from_str(&ok(&ethersan(&["inquiry", "--json", &server.url(0)]))).unwrap();
+    assert_eq!(v["provisioning"]["thin"], true, "{v}");
+    assert_eq!(v["provisioning"]["unmap"], true, "{v}");
+    assert!(
+        v["block_limits"]["max_transfer_blocks"].as_u64().unwrap() > 0,
+        "{v}"
+    );
+    assert!(
+        v["block_limits"]["max_compare_and_write_blocks"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "{v}"
+    );
+    let text = ok(&ethersan(&["inquiry", &server.url(0)]));
+    assert!(text.contains("Provisioning: thin, UNMAP"), "{text}");
+    assert!(text.contains("Block limits: max transfer"), "{text}");
+}
