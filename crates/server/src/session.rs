@@ -436,7 +436,7 @@ impl Session {
         }
     }
 
-    fn on_scsi_command(&mut self, cmd: ScsiCommand, raw: RawPdu) {
+    fn on_scsi_command(&mut self, cmd: ScsiCommand, mut raw: RawPdu) {
         if self.setup.target.is_none() {
             self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR);
             return;
@@ -467,17 +467,20 @@ impl Session {
         let mut fail = None;
         let mut data = Vec::new();
         let state = if cmd.write && edtl > 0 {
-            if edtl > MAX_EDTL {
-                fail = Some(check_condition(0x05, 0x24, 0x00));
-            } else {
-                data = vec![0u8; edtl as usize];
-            }
             let imm = raw.data.len().min(edtl as usize);
             if !p.immediate_data && !raw.data.is_empty() {
                 self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR);
                 return;
             }
-            if fail.is_none() {
+            if edtl > MAX_EDTL {
+                fail = Some(check_condition(0x05, 0x24, 0x00));
+            } else if imm == edtl as usize {
+                // All the data came as immediate data: the PDU's buffer is
+                // the command's buffer, no copy.
+                data = std::mem::take(&mut raw.data);
+                data.truncate(imm);
+            } else {
+                data = vec![0u8; edtl as usize];
                 data[..imm].copy_from_slice(&raw.data[..imm]);
             }
             let limits = TransferLimits {
