@@ -36,6 +36,8 @@ pub struct FileDevice {
     block_size: u32,
     /// Whether `pwritev2(RWF_NOWAIT)` works here (cleared on EOPNOTSUPP).
     nowait_writes: AtomicBool,
+    /// Whether `preadv2(RWF_NOWAIT)` works here (cleared on EOPNOTSUPP).
+    nowait_reads: AtomicBool,
     /// Without RWF_NOWAIT: no inline writes until this instant (nanoseconds
     /// since `opened`), set after an inline write that was slow.
     inline_backoff_until: AtomicU64,
@@ -160,6 +162,7 @@ impl FileDevice {
             block_size: bs,
             num_blocks: AtomicU64::new(num_blocks),
             nowait_writes: AtomicBool::new(true),
+            nowait_reads: AtomicBool::new(true),
             inline_backoff_until: AtomicU64::new(0),
             opened: std::time::Instant::now(),
             is_block_device,
@@ -206,9 +209,8 @@ impl FileDevice {
                 Some(libc::EINTR) => continue,
                 Some(libc::EAGAIN) => return Ok(false),
                 Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL) => {
-                    if write {
-                        self.nowait_writes.store(false, Ordering::Relaxed);
-                    }
+                    let flag = if write { &self.nowait_writes } else { &self.nowait_reads };
+                    flag.store(false, Ordering::Relaxed);
                     return Ok(false);
                 }
                 _ => return Err(e),
@@ -291,6 +293,9 @@ impl BlockDevice for FileDevice {
             .map_err(|source| BackendError::Read { offset, source })
     }
     fn try_read_at(&self, offset: u64, buf: &mut [u8]) -> Result<bool, BackendError> {
+        if !self.nowait_reads.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
         self.nowait_io(offset, buf.as_mut_ptr().cast(), buf.len(), false)
             .map_err(|source| BackendError::Read { offset, source })
     }
