@@ -987,16 +987,18 @@ impl Pdu {
                 overflow: b1 & 0x04 != 0,
                 underflow: b1 & 0x02 != 0,
                 status_present: b1 & 0x01 != 0,
-                status: b.0[3],
+                // Status, StatSN and the residual count mean something only
+                // with the S bit (§11.7); otherwise they are ignored.
+                status: if b1 & 0x01 != 0 { b.0[3] } else { 0 },
                 lun,
                 itt,
                 ttt: b.u32_at(20),
-                stat_sn: b.u32_at(24),
+                stat_sn: if b1 & 0x01 != 0 { b.u32_at(24) } else { 0 },
                 exp_cmd_sn: b.u32_at(28),
                 max_cmd_sn: b.u32_at(32),
                 data_sn: b.u32_at(36),
                 buffer_offset: b.u32_at(40),
-                residual: b.u32_at(44),
+                residual: if b1 & 0x01 != 0 { b.u32_at(44) } else { 0 },
             }),
             opcode::LOGOUT_RESPONSE => Pdu::LogoutResponse(LogoutResponse {
                 response: b.0[2],
