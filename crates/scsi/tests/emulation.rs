@@ -591,3 +591,111 @@ fn extended_copy_between_luns_of_one_target_only() {
     let p = xcopy_params(&[naa_a, naa_b], 4, 0, 10);
     assert_eq!(sense(&xcopy(&t, &p[..40])), Some((5, 0x1a, 0)));
 }
+
+/// A device whose blocks from `bad_from` on fail with EIO, on both the
+/// blocking and the non-blocking path.
+#[derive(Debug)]
+struct Failing {
+    inner: RamDevice,
+    bad_from: u64,
+}
+
+impl Failing {
+    fn check(&self, offset: u64, write: bool) -> Result<(), BackendError> {
+        if offset + 512 > self.bad_from * 512 {
+            let source = std::io::Error::from_raw_os_error(5);
+            return Err(if write {
+                BackendError::Write { offset, source }
+            } else {
+                BackendError::Read { offset, source }
+            });
+        }
+        Ok(())
+    }
+}
+
+impl BlockDevice for Failing {
+    fn block_size(&self) -> u32 {
+        self.inner.block_size()
+    }
+    fn num_blocks(&self) -> u64 {
+        self.inner.num_blocks()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
+        self.check(offset + buf.len() as u64 - 512, false)?;
+        self.inner.read_at(offset, buf)
+    }
+    fn try_read_at(&self, offset: u64, buf: &mut [u8]) -> Result<bool, BackendError> {
+        self.read_at(offset, buf).map(|()| true)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8], fua: bool) -> Result<(), BackendError> {
+        self.check(offset + buf.len() as u64 - 512, true)?;
+        self.inner.write_at(offset, buf, fua)
+    }
+    fn try_write_at(&self, offset: u64, buf: &[u8]) -> Result<bool, BackendError> {
+        self.write_at(offset, buf, false).map(|()| true)
+    }
+    fn flush(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        "failing".into()
+    }
+}
+
+#[test]
+fn backend_errors_become_medium_errors_and_other_luns_keep_serving() {
+    let bad = Arc::new(Failing {
+        inner: RamDevice::new(1 << 20, 512).unwrap(),
+        bad_from: 100,
+    });
+    let good = Arc::new(RamDevice::new(1 << 20, 512).unwrap());
+    let t = ScsiTarget::new(vec![
+        Arc::new(LogicalUnit::new(bad, cfg(false, false))),
+        Arc::new(LogicalUnit::new(good, cfg(false, false))),
+    ]);
+    t.nexus_added(N);
+    let run = |lun: u64, cdb: &[u8], data: &[u8], nowait: bool| {
+        let req = ScsiRequest {
+            nexus: N,
+            lun,
+            cdb,
+            data_out: data,
+            expected_len: 1 << 16,
+        };
+        if nowait {
+            t.try_execute_nowait(&req)
+                .unwrap_or_else(|| t.execute(&req))
+        } else {
+            t.execute(&req)
+        }
+    };
+    for lun in [0, 1] {
+        run(lun, &[0, 0, 0, 0, 0, 0], &[], false);
+    }
+    for nowait in [false, true] {
+        // Healthy blocks work; failing ones report MEDIUM ERROR with the
+        // unrecovered read / write error codes.
+        assert_eq!(
+            run(0, &write10(10, 1, false), &[7u8; 512], nowait).status,
+            ScsiStatus::Good
+        );
+        assert_eq!(
+            sense(&run(0, &read10(100, 1), &[], nowait)),
+            Some((3, 0x11, 0))
+        );
+        assert_eq!(
+            sense(&run(0, &write10(120, 2, false), &[1u8; 1024], nowait)),
+            Some((3, 0x0c, 0))
+        );
+        // The other LUN and the healthy range keep serving.
+        assert_eq!(
+            run(1, &write10(100, 1, false), &[9u8; 512], nowait).status,
+            ScsiStatus::Good
+        );
+        let r = run(1, &read10(100, 1), &[], nowait);
+        assert!(r.status == ScsiStatus::Good && r.data_in == vec![9u8; 512]);
+        let r = run(0, &read10(10, 1), &[], nowait);
+        assert!(r.status == ScsiStatus::Good && r.data_in == vec![7u8; 512]);
+    }
+}
