@@ -40,6 +40,9 @@ pub(crate) enum ReadError {
     },
 }
 
+/// Bytes of read buffer per connection.
+const READ_BUFFER: usize = 32 * 1024;
+
 /// Reads PDUs from the receive half of a connection.
 #[derive(Debug)]
 pub(crate) struct PduReader<R> {
@@ -55,7 +58,10 @@ pub(crate) struct PduReader<R> {
 impl<R: AsyncRead + Unpin> PduReader<R> {
     pub(crate) fn new(r: R, max_data: u32) -> Self {
         PduReader {
-            r: BufReader::with_capacity(256 * 1024, r),
+            // Small: a connection that never logs in costs little memory;
+            // data segments larger than this are read straight into their
+            // own buffers, bypassing it.
+            r: BufReader::with_capacity(READ_BUFFER, r),
             header_digest: false,
             data_digest: false,
             max_data,
