@@ -209,7 +209,11 @@ impl FileDevice {
                 Some(libc::EINTR) => continue,
                 Some(libc::EAGAIN) => return Ok(false),
                 Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL) => {
-                    let flag = if write { &self.nowait_writes } else { &self.nowait_reads };
+                    let flag = if write {
+                        &self.nowait_writes
+                    } else {
+                        &self.nowait_reads
+                    };
                     flag.store(false, Ordering::Relaxed);
                     return Ok(false);
                 }
