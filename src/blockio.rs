@@ -9,6 +9,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use bytes::Bytes;
 use ethersan_initiator::{connect, CommandResult, IscsiUrl, LoginOptions, Session};
+use ethersan_proto::chap::Credentials;
 
 use crate::client::CLIENT_IQN;
 
@@ -60,6 +61,29 @@ pub(crate) fn check(what: &str, r: &CommandResult) -> anyhow::Result<()> {
     }
 }
 
+/// CHAP credentials from `iscsi://user%secret@...`.
+pub(crate) fn chap_from_url(url: &IscsiUrl) -> anyhow::Result<Option<Credentials>> {
+    match (&url.user, &url.secret) {
+        (None, _) => Ok(None),
+        (Some(u), Some(s)) => Credentials::new(u, s.as_bytes())
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("CHAP in the URL: {e}")),
+        (Some(_), None) => {
+            bail!("the URL names a CHAP user but no secret: iscsi://user%secret@host/...")
+        }
+    }
+}
+
+/// Mutual CHAP: the target's USER:SECRET from `$ETHERSAN_MUTUAL_CHAP`.
+pub(crate) fn mutual_chap_from_env() -> anyhow::Result<Option<Credentials>> {
+    match std::env::var("ETHERSAN_MUTUAL_CHAP") {
+        Ok(v) => Credentials::parse(&v)
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("ETHERSAN_MUTUAL_CHAP: {e}")),
+        Err(_) => Ok(None),
+    }
+}
+
 /// One LUN of a target, logged in.
 #[derive(Clone, Debug)]
 pub(crate) struct Lun {
@@ -80,17 +104,20 @@ pub(crate) async fn login(url: &IscsiUrl) -> anyhow::Result<Session> {
     if url.target.is_empty() {
         bail!("the URL names no target: iscsi://host[:port]/TARGET/LUN");
     }
-    if url.user.is_some() {
-        bail!("the URL carries CHAP credentials, which this client does not speak yet");
-    }
     let opts = LoginOptions {
         initiator_name: CLIENT_IQN.to_string(),
         target_name: Some(url.target.clone()),
+        chap: chap_from_url(url)?,
+        target_chap: mutual_chap_from_env()?,
         ..Default::default()
     };
     let portal = url.portal();
     match connect(&portal, &opts).await {
         Ok(s) => Ok(s),
+        Err(e @ ethersan_initiator::Error::Auth(_)) => Err(anyhow::anyhow!(
+            "login to {} at {portal} failed: {e}",
+            url.target
+        )),
         Err(e @ ethersan_initiator::Error::LoginRefused { .. }) => Err(anyhow::anyhow!(
             "login to {} at {portal} refused: {e}",
             url.target

@@ -10,6 +10,7 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
+use ethersan_proto::chap::Credentials;
 use ethersan_server::config::{Config, LunConfig, TargetConfig};
 use ethersan_server::Server;
 use tracing_subscriber::EnvFilter;
@@ -84,6 +85,25 @@ struct ServeArgs {
     /// Directory for the default LUN's backing file.
     #[arg(long, value_name = "DIR", default_value = "./ethersan-data")]
     data_dir: PathBuf,
+    /// Initiators must authenticate with CHAP as USER:SECRET (secret ≥ 12 bytes); also from $ETHERSAN_CHAP.
+    #[arg(
+        long,
+        value_name = "USER:SECRET",
+        env = "ETHERSAN_CHAP",
+        hide_env_values = true,
+        conflicts_with = "config"
+    )]
+    chap: Option<String>,
+    /// The target authenticates itself to initiators that ask (mutual CHAP) as USER:SECRET; also from $ETHERSAN_MUTUAL_CHAP.
+    #[arg(
+        long,
+        value_name = "USER:SECRET",
+        env = "ETHERSAN_MUTUAL_CHAP",
+        hide_env_values = true,
+        requires = "chap",
+        conflicts_with = "config"
+    )]
+    mutual_chap: Option<String>,
     /// Threads running sessions (0: one per CPU); overrides the config file's worker_threads.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=1024))]
     workers: Option<u16>,
@@ -114,6 +134,26 @@ fn serve_config(a: &ServeArgs) -> anyhow::Result<Config> {
     }
     if cfg.portals.is_empty() {
         bail!("no portal to listen on");
+    }
+    if let Some(spec) = &a.chap {
+        let initiator = Credentials::parse(spec).map_err(|e| anyhow::anyhow!("--chap: {e}"))?;
+        let target = match &a.mutual_chap {
+            Some(m) => {
+                Some(Credentials::parse(m).map_err(|e| anyhow::anyhow!("--mutual-chap: {e}"))?)
+            }
+            None => None,
+        };
+        if target
+            .as_ref()
+            .is_some_and(|t| t.secret == initiator.secret)
+        {
+            bail!("--mutual-chap: the target's secret must differ from the initiators'");
+        }
+        cfg.chap = Some(ethersan_server::config::ChapConfig {
+            initiator,
+            target,
+            discovery: true,
+        });
     }
     Ok(cfg)
 }

@@ -28,6 +28,9 @@ pub enum Error {
     /// The connection closed.
     #[error("connection closed")]
     Closed,
+    /// CHAP failed on our side (e.g. the target did not prove itself).
+    #[error("authentication: {0}")]
+    Auth(String),
     /// The target refused the login.
     #[error("login refused by target: status class {class:#04x} detail {detail:#04x} ({})", login_status_text(*.class, *.detail))]
     LoginRefused {
@@ -113,6 +116,10 @@ pub struct LoginOptions {
     pub data_digest: bool,
     /// ISID to use (distinguishes sessions of the same initiator).
     pub isid: [u8; 6],
+    /// CHAP name and secret to log in with (offered before AuthMethod=None).
+    pub chap: Option<ethersan_proto::chap::Credentials>,
+    /// With `chap`: the target must prove these (mutual CHAP).
+    pub target_chap: Option<ethersan_proto::chap::Credentials>,
 }
 
 impl Default for LoginOptions {
@@ -123,6 +130,8 @@ impl Default for LoginOptions {
             header_digest: false,
             data_digest: false,
             isid: random_isid(),
+            chap: None,
+            target_chap: None,
         }
     }
 }
@@ -159,6 +168,18 @@ where
         ..InitiatorSettings::default()
     };
     let mut neg = InitiatorNegotiator::new(settings);
+    if let Some(creds) = &opts.chap {
+        let mut nonce = [0u8; 1 + ethersan_proto::chap::CHALLENGE_LEN];
+        getrandom::fill(&mut nonce).map_err(|e| Error::Io(e.to_string()))?;
+        let mut challenge = [0u8; ethersan_proto::chap::CHALLENGE_LEN];
+        challenge.copy_from_slice(&nonce[1..]);
+        neg = neg.with_chap(ethersan_proto::chap::InitiatorChap::new(
+            creds.clone(),
+            opts.target_chap.clone(),
+            nonce[0],
+            challenge,
+        ));
+    }
     let plain = Negotiated {
         header_digest: false,
         data_digest: false,
@@ -237,8 +258,15 @@ where
         };
         let answer =
             parse_text(&text, &Default::default()).map_err(|e| Error::Protocol(e.to_string()))?;
-        neg.accept_response(&answer)
-            .map_err(|e| Error::Protocol(e.to_string()))?;
+        neg.accept_response(&answer).map_err(|e| match e {
+            ethersan_proto::negotiate::NegotiationError::Chap(c) => Error::Auth(c.to_string()),
+            e => Error::Protocol(e.to_string()),
+        })?;
+        if resp.transit && csg == 0 && !neg.auth_complete() {
+            return Err(Error::Auth(
+                "the target left the security stage before CHAP completed".into(),
+            ));
+        }
         if resp.transit && resp.nsg == 3 {
             let p = neg.finish();
             let negotiated = Negotiated {

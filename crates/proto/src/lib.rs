@@ -11,6 +11,7 @@
 //! - [`transfer`]: R2T / Data-Out / Data-In bookkeeping for one command.
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod chap;
 pub mod digest;
 pub mod negotiate;
 pub mod pdu;

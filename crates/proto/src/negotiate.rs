@@ -229,6 +229,9 @@ pub enum NegotiationError {
     /// Authentication did not succeed.
     #[error("authentication failed")]
     AuthFailed,
+    /// The CHAP exchange failed.
+    #[error("CHAP: {0}")]
+    Chap(crate::chap::ChapError),
     /// The target answered something we cannot accept (initiator side).
     #[error("target answered {key}={value}, which cannot be accepted")]
     BadAnswer {
@@ -245,18 +248,31 @@ impl NegotiationError {
         match self {
             NegotiationError::Missing(_) => (0x02, 0x07),
             NegotiationError::AuthFailed => (0x02, 0x01),
+            // A wrong name or response, or a reflected challenge, is an
+            // authentication failure; malformed CHAP keys an initiator error.
+            NegotiationError::Chap(
+                crate::chap::ChapError::Missing(_) | crate::chap::ChapError::Invalid(_),
+            ) => (0x02, 0x00),
+            NegotiationError::Chap(_) => (0x02, 0x01),
             _ => (0x02, 0x00),
         }
     }
 }
 
-/// How initiators must authenticate. CHAP arrives with the security work;
-/// the seam is here so AuthMethod negotiation already consults it.
+/// How initiators must authenticate.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum AuthPolicy {
     /// No authentication (AuthMethod=None).
     #[default]
     None,
+    /// CHAP (AuthMethod=CHAP): initiators must prove `initiator`; with
+    /// `target`, the target proves itself to initiators that ask (mutual).
+    Chap {
+        /// The name and secret initiators log in with.
+        initiator: crate::chap::Credentials,
+        /// The target's own name and secret, for mutual CHAP.
+        target: Option<crate::chap::Credentials>,
+    },
 }
 
 /// Digest choices in preference order.
@@ -313,6 +329,8 @@ pub struct TargetSettings {
     pub portal_group_tag: u16,
     /// Authentication policy.
     pub auth: AuthPolicy,
+    /// Whether discovery sessions must authenticate too (with CHAP).
+    pub auth_discovery: bool,
 }
 
 impl Default for TargetSettings {
@@ -331,6 +349,7 @@ impl Default for TargetSettings {
             target_alias: None,
             portal_group_tag: 1,
             auth: AuthPolicy::None,
+            auth_discovery: true,
         }
     }
 }
@@ -370,6 +389,12 @@ pub struct TargetNegotiator {
     auth_done: bool,
     declared_mrdsl: bool,
     declared_tpgt: bool,
+    /// AuthMethod=CHAP was agreed.
+    chap_agreed: bool,
+    /// The CHAP exchange, once started.
+    chap: Option<crate::chap::TargetChap>,
+    /// Random CHAP identifier and challenge (from the caller's CSPRNG).
+    nonce: Option<(u8, [u8; crate::chap::CHALLENGE_LEN])>,
 }
 
 type Pairs = Vec<(String, String)>;
@@ -390,7 +415,17 @@ impl TargetNegotiator {
             auth_done: false,
             declared_mrdsl: false,
             declared_tpgt: false,
+            chap_agreed: false,
+            chap: None,
+            nonce: None,
         }
+    }
+
+    /// The random CHAP identifier and challenge to use (from a CSPRNG).
+    /// Without them a CHAP login fails closed.
+    pub fn with_nonce(mut self, id: u8, challenge: [u8; crate::chap::CHALLENGE_LEN]) -> Self {
+        self.nonce = Some((id, challenge));
+        self
     }
 
     /// Whether the initiator declared a discovery session.
@@ -419,9 +454,36 @@ impl TargetNegotiator {
     /// Answer the keys of a security-stage request.
     pub fn security_keys(&mut self, keys: &[(String, String)]) -> Result<Pairs, NegotiationError> {
         let mut out = Vec::new();
-        for (key, value) in keys {
+        let mut chap_keys = Vec::new();
+        // SessionType first: whether a discovery session must authenticate
+        // depends on it.
+        let ordered = keys
+            .iter()
+            .filter(|(k, _)| k == "SessionType")
+            .chain(keys.iter().filter(|(k, _)| k != "SessionType"));
+        for (key, value) in ordered {
+            if key.starts_with("CHAP_") {
+                chap_keys.push((key.clone(), value.clone()));
+                continue;
+            }
             if let Some(a) = self.answer(key, value, true)? {
                 out.push(a);
+            }
+        }
+        if !chap_keys.is_empty() || (self.chap_agreed && self.chap.is_some()) {
+            let AuthPolicy::Chap { initiator, target } = &self.settings.auth else {
+                return Err(NegotiationError::Invalid("CHAP_A".into()));
+            };
+            if !self.chap_agreed {
+                return Err(NegotiationError::AuthFailed);
+            }
+            let (id, challenge) = self.nonce.ok_or(NegotiationError::AuthFailed)?;
+            let chap = self.chap.get_or_insert_with(|| {
+                crate::chap::TargetChap::new(initiator.clone(), target.clone(), id, challenge)
+            });
+            out.extend(chap.on_keys(&chap_keys).map_err(NegotiationError::Chap)?);
+            if chap.is_done() {
+                self.auth_done = true;
             }
         }
         self.declarations(&mut out, false);
@@ -433,7 +495,9 @@ impl TargetNegotiator {
         &mut self,
         keys: &[(String, String)],
     ) -> Result<Pairs, NegotiationError> {
-        if self.settings.auth != AuthPolicy::None && !self.auth_done {
+        let needs_auth = self.settings.auth != AuthPolicy::None
+            && (!self.is_discovery() || self.settings.auth_discovery);
+        if needs_auth && !self.auth_done {
             return Err(NegotiationError::AuthFailed);
         }
         // Without a security stage there is nothing to authenticate with.
@@ -525,12 +589,23 @@ impl TargetNegotiator {
             "X#NodeArchitecture" => Ok(None),
             "AuthMethod" => {
                 let offered: Vec<&str> = value.split(',').collect();
-                match s.auth {
+                let policy = if self.params.is_discovery() && !s.auth_discovery {
+                    &AuthPolicy::None
+                } else {
+                    &s.auth
+                };
+                match policy {
                     AuthPolicy::None if offered.contains(&"None") => {
                         self.auth_done = true;
                         ans("None".into())
                     }
                     AuthPolicy::None => reject(),
+                    AuthPolicy::Chap { .. } if offered.contains(&"CHAP") => {
+                        self.chap_agreed = true;
+                        ans("CHAP".into())
+                    }
+                    // CHAP is required and the initiator cannot do it.
+                    AuthPolicy::Chap { .. } => Err(NegotiationError::AuthFailed),
                 }
             }
             "HeaderDigest" | "DataDigest" => {
@@ -708,6 +783,8 @@ pub struct InitiatorNegotiator {
     pub portal_group_tag: Option<u16>,
     /// TargetAlias the target declared.
     pub target_alias: Option<String>,
+    /// CHAP, when we have credentials.
+    chap: Option<crate::chap::InitiatorChap>,
 }
 
 fn digest_offer(on: bool) -> String {
@@ -732,6 +809,7 @@ impl InitiatorNegotiator {
             pending: Vec::new(),
             portal_group_tag: None,
             target_alias: None,
+            chap: None,
         }
     }
 
@@ -751,8 +829,24 @@ impl InitiatorNegotiator {
                 }
             }
         }
-        v.push(("AuthMethod".into(), "None".into()));
+        let methods = if self.chap.is_some() {
+            "CHAP,None"
+        } else {
+            "None"
+        };
+        v.push(("AuthMethod".into(), methods.into()));
         v
+    }
+
+    /// Authenticate with CHAP (offered before None).
+    pub fn with_chap(mut self, chap: crate::chap::InitiatorChap) -> Self {
+        self.chap = Some(chap);
+        self
+    }
+
+    /// Whether authentication is complete (true without CHAP).
+    pub fn auth_complete(&self) -> bool {
+        self.chap.as_ref().is_none_or(|c| c.is_done())
     }
 
     /// Keys for the operational stage.
@@ -792,6 +886,19 @@ impl InitiatorNegotiator {
 
     /// Take in the target's answers and declarations.
     pub fn accept_response(&mut self, keys: &[(String, String)]) -> Result<(), NegotiationError> {
+        let chap_keys: Pairs = keys
+            .iter()
+            .filter(|(k, _)| k.starts_with("CHAP_"))
+            .cloned()
+            .collect();
+        if !chap_keys.is_empty() {
+            let chap = self
+                .chap
+                .as_mut()
+                .ok_or_else(|| NegotiationError::Invalid("CHAP_A".into()))?;
+            let next = chap.on_keys(&chap_keys).map_err(NegotiationError::Chap)?;
+            self.pending.extend(next);
+        }
         let bad = |k: &str, v: &str| NegotiationError::BadAnswer {
             key: k.to_string(),
             value: v.to_string(),
@@ -801,8 +908,15 @@ impl InitiatorNegotiator {
             if matches!(value, "Reject" | "Irrelevant" | "NotUnderstood") {
                 continue;
             }
+            if key.starts_with("CHAP_") {
+                continue;
+            }
             let p = &mut self.params;
             match key {
+                "AuthMethod" if value == "CHAP" && self.chap.is_some() => {
+                    let chap = self.chap.as_mut().expect("checked");
+                    self.pending.extend(chap.start());
+                }
                 "AuthMethod" if value != "None" => return Err(bad(key, value)),
                 "HeaderDigest" => {
                     p.header_digest =

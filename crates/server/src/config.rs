@@ -53,6 +53,20 @@ pub struct Config {
     pub targets: Vec<TargetConfig>,
     /// Protocol and runtime options.
     pub options: Options,
+    /// CHAP: when set, every login (normal, and discovery unless
+    /// `chap_discovery` is off) must authenticate.
+    pub chap: Option<ChapConfig>,
+}
+
+/// CHAP settings (`[chap]`, or `serve --chap` / `--mutual-chap`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChapConfig {
+    /// Name and secret initiators must prove.
+    pub initiator: ethersan_proto::chap::Credentials,
+    /// The target's own, for mutual CHAP.
+    pub target: Option<ethersan_proto::chap::Credentials>,
+    /// Discovery sessions authenticate too.
+    pub discovery: bool,
 }
 
 /// One target.
@@ -420,6 +434,84 @@ struct RawConfig {
     targets: Vec<Spanned<RawTarget>>,
     #[serde(default)]
     options: Option<Spanned<Options>>,
+    chap: Option<Spanned<RawChap>>,
+}
+
+/// `[chap]`: a secret inline, from a file, or from an environment variable.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawChap {
+    user: String,
+    secret: Option<String>,
+    secret_file: Option<PathBuf>,
+    secret_env: Option<String>,
+    mutual_user: Option<String>,
+    mutual_secret: Option<String>,
+    mutual_secret_file: Option<PathBuf>,
+    mutual_secret_env: Option<String>,
+    #[serde(default = "yes")]
+    discovery: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// One secret from exactly one of: inline, file (trailing newline dropped),
+/// environment variable.
+fn read_secret(
+    inline: Option<String>,
+    file: Option<PathBuf>,
+    env: Option<String>,
+    what: &str,
+) -> Result<Option<Vec<u8>>, String> {
+    match (inline, file, env) {
+        (None, None, None) => Ok(None),
+        (Some(s), None, None) => Ok(Some(s.into_bytes())),
+        (None, Some(f), None) => {
+            let mut b =
+                std::fs::read(&f).map_err(|e| format!("{what}_file {}: {e}", f.display()))?;
+            while b.last().is_some_and(|c| *c == b'\n' || *c == b'\r') {
+                b.pop();
+            }
+            Ok(Some(b))
+        }
+        (None, None, Some(v)) => std::env::var(&v)
+            .map(|s| Some(s.into_bytes()))
+            .map_err(|_| format!("{what}_env: environment variable {v} is not set")),
+        _ => Err(format!("give one of {what}, {what}_file, {what}_env")),
+    }
+}
+
+impl RawChap {
+    fn resolve(self) -> Result<ChapConfig, String> {
+        use ethersan_proto::chap::Credentials;
+        let secret = read_secret(self.secret, self.secret_file, self.secret_env, "secret")?
+            .ok_or("[chap] needs secret, secret_file or secret_env")?;
+        let initiator = Credentials::new(&self.user, &secret)?;
+        let mutual = read_secret(
+            self.mutual_secret,
+            self.mutual_secret_file,
+            self.mutual_secret_env,
+            "mutual_secret",
+        )?;
+        let target = match (self.mutual_user, mutual) {
+            (None, None) => None,
+            (Some(u), Some(s)) => Some(Credentials::new(&u, &s)?),
+            _ => return Err("mutual CHAP needs both mutual_user and a mutual secret".into()),
+        };
+        if target
+            .as_ref()
+            .is_some_and(|t| t.secret == initiator.secret)
+        {
+            return Err("the mutual secret must differ from the initiator's secret".into());
+        }
+        Ok(ChapConfig {
+            initiator,
+            target,
+            discovery: self.discovery,
+        })
+    }
 }
 
 #[derive(Deserialize)]
@@ -607,10 +699,22 @@ impl Config {
                 luns,
             });
         }
+        let chap = match raw.chap {
+            Some(c) => {
+                let span = c.span();
+                Some(
+                    c.into_inner()
+                        .resolve()
+                        .map_err(|m| at(Some(span), format!("[chap]: {m}")))?,
+                )
+            }
+            None => None,
+        };
         Ok(Config {
             portals,
             targets,
             options,
+            chap,
         })
     }
 
@@ -641,6 +745,7 @@ impl Config {
                 }],
             }],
             options,
+            chap: None,
         }
     }
 }
@@ -648,6 +753,38 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chap_section_secrets_from_inline_file_or_env() {
+        let base = "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\nlun = [\"ram:1M\"]\n";
+        let c = Config::from_toml_str(&format!("{base}[chap]\nuser = \"alice\"\nsecret = \"alice-secret-123\"\n"), "t").unwrap();
+        let chap = c.chap.unwrap();
+        assert_eq!(chap.initiator.user, "alice");
+        assert!(chap.discovery && chap.target.is_none());
+        std::env::set_var("ETHERSAN_TEST_CHAP_SECRET", "from-the-environment");
+        let dir = std::env::temp_dir().join(format!("ethersan-chap-{}", std::process::id()));
+        std::fs::write(&dir, "from-a-file-secret\n").unwrap();
+        let text = format!(
+            "{base}[chap]\nuser = \"alice\"\nsecret_env = \"ETHERSAN_TEST_CHAP_SECRET\"\nmutual_user = \"tgt\"\nmutual_secret_file = {:?}\ndiscovery = false\n",
+            dir.display().to_string()
+        );
+        let chap = Config::from_toml_str(&text, "t").unwrap().chap.unwrap();
+        assert_eq!(chap.initiator.secret, b"from-the-environment");
+        assert_eq!(chap.target.unwrap().secret, b"from-a-file-secret");
+        assert!(!chap.discovery);
+        let _ = std::fs::remove_file(&dir);
+        for bad in [
+            "[chap]\nuser = \"alice\"\nsecret = \"short\"\n",
+            "[chap]\nuser = \"alice\"\n",
+            "[chap]\nuser = \"alice\"\nsecret = \"alice-secret-123\"\nsecret_env = \"X\"\n",
+            "[chap]\nuser = \"alice\"\nsecret_env = \"ETHERSAN_TEST_UNSET_VARIABLE\"\n",
+            "[chap]\nuser = \"alice\"\nsecret = \"alice-secret-123\"\nmutual_user = \"t\"\n",
+        ] {
+            let e = Config::from_toml_str(&format!("{base}{bad}"), "t").unwrap_err().to_string();
+            assert!(e.contains("t:5:") && e.contains("[chap]"), "{bad}: {e}");
+            assert!(!e.contains("alice-secret-123"), "a secret in an error: {e}");
+        }
+    }
 
     #[test]
     fn sizes() {

@@ -126,7 +126,7 @@ impl Server {
             listeners.push(l);
         }
         let registry = Arc::new(Registry::new(targets, addrs));
-        let settings = Arc::new(target_settings(&config.options));
+        let settings = Arc::new(target_settings(&config.options, config.chap.as_ref()));
         Ok(Server {
             registry,
             listeners,
@@ -230,8 +230,20 @@ fn digests(list: &str) -> Vec<ethersan_proto::negotiate::Digest> {
         .collect()
 }
 
-fn target_settings(o: &Options) -> TargetSettings {
+fn target_settings(o: &Options, chap: Option<&config::ChapConfig>) -> TargetSettings {
+    let (auth, auth_discovery) = match chap {
+        Some(c) => (
+            ethersan_proto::negotiate::AuthPolicy::Chap {
+                initiator: c.initiator.clone(),
+                target: c.target.clone(),
+            },
+            c.discovery,
+        ),
+        None => (ethersan_proto::negotiate::AuthPolicy::None, true),
+    };
     TargetSettings {
+        auth,
+        auth_discovery,
         header_digests: digests(&o.header_digest),
         data_digests: digests(&o.data_digest),
         max_recv_data_segment_length: o.max_recv_data_segment_length,
@@ -269,6 +281,15 @@ async fn serve_stream<R, W>(
     R: tokio::io::AsyncRead + Unpin + Send + 'static,
     W: tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    // Repeated authentication failures from one address slow it down.
+    let peer_ip = peer.parse::<std::net::SocketAddr>().ok().map(|a| a.ip());
+    if let Some(ip) = peer_ip {
+        let wait = registry.auth_delay(ip);
+        if !wait.is_zero() {
+            debug!(%peer, ?wait, "delaying a login after repeated authentication failures");
+            tokio::time::sleep(wait).await;
+        }
+    }
     let mut reader = PduReader::new(rd, 8192);
     let (out, writer) = spawn_writer(wr);
     let (ev_tx, ev_rx) = mpsc::unbounded_channel::<Event>();
@@ -280,6 +301,13 @@ async fn serve_stream<R, W>(
     let outcome = match login {
         Ok(Ok(o)) => o,
         Ok(Err(e)) => {
+            if matches!(e, login::LoginError::Rejected(2, 1)) {
+                // Never the secret or the response: who and from where.
+                warn!(%peer, "login refused: authentication failed");
+                if let Some(ip) = peer_ip {
+                    registry.auth_failed(ip);
+                }
+            }
             debug!(%peer, %e, "login failed");
             drop(out);
             let _ = writer.await;
@@ -290,6 +318,9 @@ async fn serve_stream<R, W>(
             return;
         }
     };
+    if let Some(ip) = peer_ip {
+        registry.auth_succeeded(ip);
+    }
     let p = &outcome.params;
     info!(%peer, initiator = %p.initiator_name, target = ?outcome.target.as_ref().map(|t| &t.name), isid = ?outcome.isid, "session started");
     reader.header_digest = p.header_digest;

@@ -74,7 +74,13 @@ pub(crate) async fn login<R: AsyncRead + Unpin>(
     settings: &TargetSettings,
     events: mpsc::UnboundedSender<crate::session::Event>,
 ) -> Result<LoginOutcome, LoginError> {
-    let mut neg = TargetNegotiator::new(settings.clone());
+    // CHAP's identifier and challenge come from the OS's CSPRNG.
+    let mut nonce = [0u8; 1 + ethersan_proto::chap::CHALLENGE_LEN];
+    getrandom::fill(&mut nonce)
+        .map_err(|e| LoginError::Read(ReadError::Io(std::io::Error::other(e.to_string()))))?;
+    let mut challenge = [0u8; ethersan_proto::chap::CHALLENGE_LEN];
+    challenge.copy_from_slice(&nonce[1..]);
+    let mut neg = TargetNegotiator::new(settings.clone()).with_nonce(nonce[0], challenge);
     let mut asm = TextAssembler::default();
     let mut st = Stage {
         first: None,

@@ -1,0 +1,222 @@
+//! CHAP against real initiators: libiscsi's tools, QEMU's iSCSI driver and
+//! ethersan's own client; one-way and mutual; wrong secrets refused with
+//! authentication failure; repeated failures slowed down.
+
+mod common;
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::{require_tool, run, Server, IQN};
+
+const USER: &str = "alice";
+const SECRET: &str = "alice-secret-123";
+const TARGET_USER: &str = "tgt";
+const TARGET_SECRET: &str = "target-secret-456";
+
+fn server() -> Server {
+    Server::start_args(&[
+        "serve".into(),
+        "--target".into(),
+        IQN.into(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--lun".into(),
+        "ram:16M".into(),
+        "--chap".into(),
+        format!("{USER}:{SECRET}"),
+        "--mutual-chap".into(),
+        format!("{TARGET_USER}:{TARGET_SECRET}"),
+    ])
+}
+
+fn url(server: &Server, user: &str, secret: &str, query: &str) -> String {
+    format!("iscsi://{user}%{secret}@{}/{IQN}/0{query}", server.addr)
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn ethersan(args: &[&str], mutual: Option<&str>) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ethersan"));
+    c.args(args).env_remove("ETHERSAN_MUTUAL_CHAP");
+    if let Some(m) = mutual {
+        c.env("ETHERSAN_MUTUAL_CHAP", m);
+    }
+    c.output().unwrap()
+}
+
+#[test]
+fn libiscsi_and_qemu_log_in_with_chap_and_wrong_secrets_are_refused() {
+    require_tool("iscsi-inq");
+    let server = server();
+    let limit = Duration::from_secs(30);
+    let ok = run("iscsi-inq", &[&url(&server, USER, SECRET, "")], limit);
+    assert!(ok.status.success(), "one-way CHAP: {}", text(&ok));
+    let mutual = url(
+        &server,
+        USER,
+        SECRET,
+        &format!("?target_user={TARGET_USER}&target_password={TARGET_SECRET}"),
+    );
+    let ok = run("iscsi-inq", &[&mutual], limit);
+    assert!(ok.status.success(), "mutual CHAP: {}", text(&ok));
+    // The target proves a secret the initiator does not expect: libiscsi refuses.
+    let bad_target = url(
+        &server,
+        USER,
+        SECRET,
+        &format!("?target_user={TARGET_USER}&target_password=not-the-target-secret"),
+    );
+    let o = run("iscsi-inq", &[&bad_target], limit);
+    assert!(
+        !o.status.success() && text(&o).contains("CHAP_R"),
+        "{}",
+        text(&o)
+    );
+    // Wrong secret, unknown user, no CHAP at all: authentication failure.
+    for u in [
+        url(&server, USER, "wrong-secret-999", ""),
+        url(&server, "mallory", SECRET, ""),
+        format!("iscsi://{}/{IQN}/0", server.addr),
+    ] {
+        let o = run("iscsi-inq", &[&u], limit);
+        assert!(!o.status.success(), "{u} logged in");
+        assert!(
+            text(&o).contains("Authentication failure"),
+            "{u}: {}",
+            text(&o)
+        );
+    }
+    // Discovery sessions authenticate too.
+    let ls = run(
+        "iscsi-ls",
+        &[&format!("iscsi://{USER}%{SECRET}@{}", server.addr)],
+        limit,
+    );
+    assert!(
+        ls.status.success() && text(&ls).contains(IQN),
+        "{}",
+        text(&ls)
+    );
+    // QEMU's iSCSI driver (libiscsi inside QEMU).
+    if require_qemu() {
+        let o = run(
+            "qemu-img",
+            &["info", "-f", "raw", &url(&server, USER, SECRET, "")],
+            limit,
+        );
+        assert!(
+            o.status.success() && text(&o).contains("16 MiB"),
+            "{}",
+            text(&o)
+        );
+        let o = run(
+            "qemu-img",
+            &[
+                "info",
+                "-f",
+                "raw",
+                &url(&server, USER, "wrong-secret-999", ""),
+            ],
+            limit,
+        );
+        assert!(
+            !o.status.success(),
+            "qemu-img logged in with a wrong secret"
+        );
+    }
+}
+
+fn require_qemu() -> bool {
+    require_tool("qemu-img");
+    true
+}
+
+#[test]
+fn ethersan_client_one_way_and_mutual() {
+    let server = server();
+    let u = url(&server, USER, SECRET, "");
+    let o = ethersan(&["inquiry", "--json", &u], None);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = ethersan(
+        &["inquiry", &u],
+        Some(&format!("{TARGET_USER}:{TARGET_SECRET}")),
+    );
+    assert!(o.status.success(), "mutual: {}", text(&o));
+    let o = ethersan(
+        &["inquiry", &u],
+        Some(&format!("{TARGET_USER}:not-the-target-secret")),
+    );
+    assert!(
+        !o.status.success() && text(&o).contains("authentication"),
+        "{}",
+        text(&o)
+    );
+    let o = ethersan(
+        &["inquiry", &url(&server, USER, "wrong-secret-999", "")],
+        None,
+    );
+    assert!(
+        !o.status.success() && text(&o).contains("authentication failure"),
+        "{}",
+        text(&o)
+    );
+    let o = ethersan(&["inquiry", &url(&server, USER, "short", "")], None);
+    assert!(
+        !o.status.success() && text(&o).contains("at least 12 bytes"),
+        "{}",
+        text(&o)
+    );
+    // The server refuses a too-short secret at start.
+    let o = Command::new(env!("CARGO_BIN_EXE_ethersan"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--lun",
+            "ram:1M",
+            "--chap",
+            "u:short",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success() && text(&o).contains("at least 12 bytes"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn repeated_failures_from_one_address_are_slowed_down() {
+    let server = server();
+    let bad = url(&server, USER, "wrong-secret-999", "");
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        let o = ethersan(&["inquiry", &bad], None);
+        assert!(!o.status.success());
+        times.push(t.elapsed());
+    }
+    assert!(
+        times[..3].iter().all(|t| *t < Duration::from_millis(900)),
+        "{times:?}"
+    );
+    assert!(
+        times[3] >= Duration::from_millis(900) && times[4] >= Duration::from_millis(1900),
+        "no back-off: {times:?}"
+    );
+    // The log says who failed and from where, never the secret.
+    let log = server.log.lock().unwrap().join("\n");
+    assert!(log.contains("authentication failed"), "{log}");
+    assert!(
+        !log.contains("wrong-secret-999") && !log.contains(SECRET),
+        "a secret reached the log"
+    );
+}
