@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
-use ethersan_initiator::{discover, IscsiUrl, Session};
+use ethersan_initiator::{discover_with, IscsiUrl, Session};
 use serde::Serialize;
 
 /// Initiator name the client logs in with.
@@ -36,9 +36,26 @@ struct DiscoveredTarget {
 }
 
 /// `ethersan discover HOST[:PORT]`
-pub(crate) async fn cmd_discover(portal: &str, json: bool) -> anyhow::Result<()> {
+pub(crate) async fn cmd_discover(
+    portal: &str,
+    json: bool,
+    chap: Option<&str>,
+) -> anyhow::Result<()> {
     let addr = portal_of(portal);
-    let found = discover(&addr, CLIENT_IQN)
+    let chap = match chap {
+        Some(c) => Some(
+            ethersan_proto::chap::Credentials::parse(c)
+                .map_err(|e| anyhow::anyhow!("--chap: {e}"))?,
+        ),
+        None => None,
+    };
+    let opts = ethersan_initiator::LoginOptions {
+        initiator_name: CLIENT_IQN.to_string(),
+        chap,
+        target_chap: crate::blockio::mutual_chap_from_env()?,
+        ..Default::default()
+    };
+    let found = discover_with(&addr, &opts)
         .await
         .with_context(|| format!("discovery at {addr}"))?;
     let list: Vec<DiscoveredTarget> = found

@@ -42,6 +42,14 @@ enum Command {
     Discover {
         /// HOST[:PORT] of a portal (port 3260 by default).
         portal: String,
+        /// Log in with CHAP as USER:SECRET (also $ETHERSAN_CHAP); the target's USER:SECRET for mutual CHAP from $ETHERSAN_MUTUAL_CHAP.
+        #[arg(
+            long,
+            value_name = "USER:SECRET",
+            env = "ETHERSAN_CHAP",
+            hide_env_values = true
+        )]
+        chap: Option<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -245,7 +253,9 @@ fn main() -> ExitCode {
     let result = rt.block_on(async {
         match cli.command {
             Command::Serve(_) => serve(serve_cfg.take().expect("parsed above")).await,
-            Command::Discover { portal, json } => client::cmd_discover(&portal, json).await,
+            Command::Discover { portal, json, chap } => {
+                client::cmd_discover(&portal, json, chap.as_deref()).await
+            }
             Command::Ls { url, json } => client::cmd_ls(&url, json).await,
             Command::Inquiry { url, json } => client::cmd_inquiry(&url, json).await,
             Command::Cp(a) => cp::cmd_cp(a).await,

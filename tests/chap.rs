@@ -173,6 +173,24 @@ fn ethersan_client_one_way_and_mutual() {
         "{}",
         text(&o)
     );
+    // Discovery with and without CHAP.
+    let o = ethersan(
+        &[
+            "discover",
+            "--json",
+            "--chap",
+            &format!("{USER}:{SECRET}"),
+            &server.addr,
+        ],
+        None,
+    );
+    assert!(o.status.success() && text(&o).contains(IQN), "{}", text(&o));
+    let o = ethersan(&["discover", &server.addr], None);
+    assert!(
+        !o.status.success() && text(&o).contains("authentication failure"),
+        "{}",
+        text(&o)
+    );
     // The server refuses a too-short secret at start.
     let o = Command::new(env!("CARGO_BIN_EXE_ethersan"))
         .args([

@@ -315,6 +315,19 @@ pub async fn discover(
         initiator_name: initiator_name.to_string(),
         ..Default::default()
     };
+    discover_with(addr, &opts).await
+}
+
+/// Discover targets with these login options (e.g. CHAP credentials); the
+/// target name in `opts` is ignored: this is a discovery session.
+pub async fn discover_with(
+    addr: &str,
+    opts: &LoginOptions,
+) -> Result<Vec<(String, Vec<String>)>, Error> {
+    let opts = LoginOptions {
+        target_name: None,
+        ..opts.clone()
+    };
     let s = connect(addr, &opts).await?;
     let keys = s
         .text(vec![("SendTargets".to_string(), "All".to_string())])

@@ -757,7 +757,11 @@ mod tests {
     #[test]
     fn chap_section_secrets_from_inline_file_or_env() {
         let base = "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\nlun = [\"ram:1M\"]\n";
-        let c = Config::from_toml_str(&format!("{base}[chap]\nuser = \"alice\"\nsecret = \"alice-secret-123\"\n"), "t").unwrap();
+        let c = Config::from_toml_str(
+            &format!("{base}[chap]\nuser = \"alice\"\nsecret = \"alice-secret-123\"\n"),
+            "t",
+        )
+        .unwrap();
         let chap = c.chap.unwrap();
         assert_eq!(chap.initiator.user, "alice");
         assert!(chap.discovery && chap.target.is_none());
@@ -780,7 +784,9 @@ mod tests {
             "[chap]\nuser = \"alice\"\nsecret_env = \"ETHERSAN_TEST_UNSET_VARIABLE\"\n",
             "[chap]\nuser = \"alice\"\nsecret = \"alice-secret-123\"\nmutual_user = \"t\"\n",
         ] {
-            let e = Config::from_toml_str(&format!("{base}{bad}"), "t").unwrap_err().to_string();
+            let e = Config::from_toml_str(&format!("{base}{bad}"), "t")
+                .unwrap_err()
+                .to_string();
             assert!(e.contains("t:5:") && e.contains("[chap]"), "{bad}: {e}");
             assert!(!e.contains("alice-secret-123"), "a secret in an error: {e}");
         }
