@@ -93,6 +93,9 @@ struct ServeArgs {
     /// Directory for the default LUN's backing file.
     #[arg(long, value_name = "DIR", default_value = "./ethersan-data")]
     data_dir: PathBuf,
+    /// Only this initiator may log in and see the target (repeatable; default: any).
+    #[arg(long, value_name = "IQN", conflicts_with = "config")]
+    allow_initiator: Vec<String>,
     /// Initiators must authenticate with CHAP as USER:SECRET (secret ≥ 12 bytes); also from $ETHERSAN_CHAP.
     #[arg(
         long,
@@ -132,6 +135,11 @@ fn serve_config(a: &ServeArgs) -> anyhow::Result<Config> {
     if let Some(name) = &a.target {
         ethersan_server::config::validate_name(name).with_context(|| format!("--target {name}"))?;
         target.name = name.clone();
+    }
+    for i in &a.allow_initiator {
+        ethersan_server::config::validate_name(i)
+            .with_context(|| format!("--allow-initiator {i}"))?;
+        target.access.initiators.push(i.clone());
     }
     if !a.lun.is_empty() {
         target.luns = a

@@ -78,6 +78,82 @@ pub struct TargetConfig {
     pub alias: Option<String>,
     /// LUNs, numbered from 0 in order.
     pub luns: Vec<LunConfig>,
+    /// Who may log in to the target (and see it in SendTargets).
+    pub access: Access,
+}
+
+/// A target's access list: initiator names and source networks. Empty
+/// lists allow everyone.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Access {
+    /// Initiator names allowed (exact match); empty: any.
+    pub initiators: Vec<String>,
+    /// Source networks allowed, as (address, prefix length); empty: any.
+    pub networks: Vec<(std::net::IpAddr, u8)>,
+}
+
+impl Access {
+    /// Whether `initiator` connecting from `ip` may use the target.
+    pub fn allows(&self, initiator: &str, ip: Option<std::net::IpAddr>) -> bool {
+        let name_ok = self.initiators.is_empty() || self.initiators.iter().any(|i| i == initiator);
+        let net_ok = self.networks.is_empty()
+            || ip.is_some_and(|ip| {
+                self.networks
+                    .iter()
+                    .any(|(net, len)| in_network(ip, *net, *len))
+            });
+        name_ok && net_ok
+    }
+}
+
+/// Parse `ADDR/LEN` (or a bare address: a single host).
+pub fn parse_network(s: &str) -> Result<(std::net::IpAddr, u8), String> {
+    let (addr, len) = match s.split_once('/') {
+        Some((a, l)) => (a, Some(l)),
+        None => (s, None),
+    };
+    let ip: std::net::IpAddr = addr
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not an address or ADDR/LEN network"))?;
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    let len = match len {
+        Some(l) => l
+            .trim()
+            .parse::<u8>()
+            .ok()
+            .filter(|l| *l <= max)
+            .ok_or_else(|| format!("{s:?}: prefix length must be 0..={max}"))?,
+        None => max,
+    };
+    Ok((ip, len))
+}
+
+fn in_network(ip: std::net::IpAddr, net: std::net::IpAddr, len: u8) -> bool {
+    use std::net::IpAddr;
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    };
+    match (ip, net) {
+        (IpAddr::V4(a), IpAddr::V4(b)) => {
+            let mask = if len == 0 {
+                0
+            } else {
+                u32::MAX << (32 - u32::from(len))
+            };
+            u32::from(a) & mask == u32::from(b) & mask
+        }
+        (IpAddr::V6(a), IpAddr::V6(b)) => {
+            let mask = if len == 0 {
+                0
+            } else {
+                u128::MAX << (128 - u32::from(len))
+            };
+            u128::from(a) & mask == u128::from(b) & mask
+        }
+        _ => false,
+    }
 }
 
 /// Where a LUN's blocks live.
@@ -521,6 +597,10 @@ struct RawTarget {
     alias: Option<String>,
     #[serde(default, rename = "lun")]
     luns: Vec<Spanned<RawLun>>,
+    #[serde(default)]
+    allow_initiators: Vec<Spanned<String>>,
+    #[serde(default)]
+    allow_networks: Vec<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -693,10 +773,23 @@ impl Config {
                 };
                 luns.push(lun);
             }
+            let mut access = Access::default();
+            for i in &t.allow_initiators {
+                validate_name(i.get_ref())
+                    .map_err(|e| at(Some(i.span()), format!("allow_initiators: {e}")))?;
+                access.initiators.push(i.get_ref().clone());
+            }
+            for n in &t.allow_networks {
+                access.networks.push(
+                    parse_network(n.get_ref())
+                        .map_err(|e| at(Some(n.span()), format!("allow_networks: {e}")))?,
+                );
+            }
             targets.push(TargetConfig {
                 name: t.name.into_inner(),
                 alias: t.alias,
                 luns,
+                access,
             });
         }
         let chap = match raw.chap {
@@ -730,6 +823,7 @@ impl Config {
             targets: vec![TargetConfig {
                 name: "iqn.2026-11.org.ethersan:default".into(),
                 alias: Some("ethersan default".into()),
+                access: Access::default(),
                 luns: vec![LunConfig {
                     backing: Backing::File {
                         path: data_dir.join("default-lun0.img"),
@@ -753,6 +847,41 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn networks_and_access_lists() {
+        let ip = |s: &str| Some(s.parse::<std::net::IpAddr>().unwrap());
+        let a = Access {
+            initiators: vec![],
+            networks: vec![
+                parse_network("10.0.0.0/8").unwrap(),
+                parse_network("::1").unwrap(),
+            ],
+        };
+        assert!(a.allows("any", ip("10.1.2.3")) && !a.allows("any", ip("11.0.0.1")));
+        assert!(
+            a.allows("any", ip("::1")) && !a.allows("any", ip("::2")) && !a.allows("any", None)
+        );
+        assert!(
+            a.allows("any", ip("::ffff:10.9.9.9")),
+            "IPv4-mapped IPv6 matches the IPv4 network"
+        );
+        let b = Access {
+            initiators: vec!["iqn.2026-11.x:a".into()],
+            networks: vec![],
+        };
+        assert!(b.allows("iqn.2026-11.x:a", None) && !b.allows("iqn.2026-11.x:b", ip("10.0.0.1")));
+        assert!(Access::default().allows("anyone", None));
+        for bad in ["10.0.0.0/33", "nope", "::/129", "1.2.3.4/x"] {
+            assert!(parse_network(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_network("0.0.0.0/0").unwrap().1, 0);
+        assert!(Access {
+            initiators: vec![],
+            networks: vec![parse_network("0.0.0.0/0").unwrap()]
+        }
+        .allows("x", ip("8.8.8.8")));
+    }
 
     #[test]
     fn chap_section_secrets_from_inline_file_or_env() {

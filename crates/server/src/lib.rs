@@ -114,6 +114,7 @@ impl Server {
                 name: t.name.clone(),
                 alias: t.alias.clone(),
                 scsi: Arc::new(ScsiTarget::new(luns)),
+                access: t.access.clone(),
             }));
         }
         let mut listeners = Vec::new();
@@ -295,7 +296,14 @@ async fn serve_stream<R, W>(
     let (ev_tx, ev_rx) = mpsc::unbounded_channel::<Event>();
     let login = tokio::time::timeout(
         Duration::from_secs(options.login_timeout_secs),
-        login::login(&mut reader, &out, &registry, &settings, ev_tx.clone()),
+        login::login(
+            &mut reader,
+            &out,
+            &registry,
+            &settings,
+            ev_tx.clone(),
+            peer_ip,
+        ),
     )
     .await;
     let outcome = match login {
@@ -351,6 +359,7 @@ async fn serve_stream<R, W>(
         nexus: Nexus(nexus_key),
         exp_cmd_sn: outcome.exp_cmd_sn,
         stat_sn: outcome.stat_sn,
+        peer_ip,
         options: SessionOptions {
             queue_depth: options.queue_depth,
             inline_io: options.inline_io,

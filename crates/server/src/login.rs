@@ -25,6 +25,8 @@ use crate::wire::{Frame, PduReader, ReadError, WriterMsg};
 pub(crate) mod status {
     /// Initiator error (class 2): miscellaneous.
     pub(crate) const INITIATOR_ERROR: (u8, u8) = (0x02, 0x00);
+    /// Authorization failure: the initiator may not use the target.
+    pub(crate) const NOT_AUTHORIZED: (u8, u8) = (0x02, 0x02);
     /// Target not found.
     pub(crate) const NOT_FOUND: (u8, u8) = (0x02, 0x03);
     /// Unsupported version.
@@ -73,6 +75,7 @@ pub(crate) async fn login<R: AsyncRead + Unpin>(
     registry: &Arc<Registry>,
     settings: &TargetSettings,
     events: mpsc::UnboundedSender<crate::session::Event>,
+    peer_ip: Option<std::net::IpAddr>,
 ) -> Result<LoginOutcome, LoginError> {
     // CHAP's identifier and challenge come from the OS's CSPRNG.
     let mut nonce = [0u8; 1 + ethersan_proto::chap::CHALLENGE_LEN];
@@ -164,6 +167,15 @@ pub(crate) async fn login<R: AsyncRead + Unpin>(
         if target.is_none() && !neg.is_discovery() {
             if let Some(name) = neg.target_name() {
                 match registry.target(name) {
+                    Some(t) if !t.access.allows(neg.initiator_name().unwrap_or(""), peer_ip) => {
+                        info!(
+                            target = name,
+                            initiator = neg.initiator_name().unwrap_or(""),
+                            ?peer_ip,
+                            "login not authorized"
+                        );
+                        return Err(reject(out, &st, Some(&req), status::NOT_AUTHORIZED));
+                    }
                     Some(t) => target = Some(t),
                     None => {
                         info!(target = name, "login to unknown target");

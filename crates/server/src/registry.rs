@@ -43,6 +43,8 @@ pub struct TargetEntry {
     pub alias: Option<String>,
     /// The SCSI target device with its logical units.
     pub scsi: Arc<ScsiTarget>,
+    /// Who may log in to it and see it.
+    pub access: crate::config::Access,
 }
 
 /// Messages one session sends another through the registry.
@@ -282,7 +284,8 @@ impl Registry {
         &self,
         query: &str,
         own: Option<&TargetEntry>,
-        _initiator: &str,
+        initiator: &str,
+        peer_ip: Option<std::net::IpAddr>,
     ) -> Vec<(String, String)> {
         let chosen: Vec<&TargetEntry> = match query {
             "All" => self.targets.iter().map(|t| t.as_ref()).collect(),
@@ -296,7 +299,11 @@ impl Registry {
         };
         let addrs = self.target_addresses();
         let mut out = Vec::new();
-        for t in chosen {
+        // Only targets this initiator may log in to.
+        for t in chosen
+            .into_iter()
+            .filter(|t| t.access.allows(initiator, peer_ip))
+        {
             out.push(("TargetName".to_string(), t.name.clone()));
             for a in &addrs {
                 out.push(("TargetAddress".to_string(), a.clone()));

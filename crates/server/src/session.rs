@@ -67,6 +67,8 @@ pub(crate) struct SessionSetup {
     pub(crate) exp_cmd_sn: u32,
     pub(crate) stat_sn: u32,
     pub(crate) options: SessionOptions,
+    /// The initiator's address (for access lists).
+    pub(crate) peer_ip: Option<std::net::IpAddr>,
 }
 
 /// Events the session loop reacts to.
@@ -1007,6 +1009,7 @@ impl Session {
                             &v,
                             self.setup.target.as_deref(),
                             &self.setup.params.initiator_name,
+                            self.setup.peer_ip,
                         ));
                     } else {
                         out.push((k, "NotUnderstood".to_string()));
