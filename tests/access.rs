@@ -102,3 +102,53 @@ fn source_networks_are_enforced() {
         text(&o)
     );
 }
+
+#[test]
+fn lun_masking_hides_a_lun_from_other_initiators() {
+    require_tool("iscsi-ls");
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("mask.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "portals = [\"127.0.0.1:0\"]\n[[target]]\nname = \"{IQN}\"\n[[target.lun]]\nram = \"4M\"\n[[target.lun]]\nram = \"8M\"\ninitiators = [\"{CLIENT}\"]\n"
+        ),
+    )
+    .unwrap();
+    let server =
+        Server::start_args(&["serve".into(), "--config".into(), cfg.display().to_string()]);
+    let limit = Duration::from_secs(30);
+    let luns_seen_by = |name: Option<&str>| {
+        let portal = format!("iscsi://{}", server.addr);
+        let mut args = vec!["-s"];
+        if let Some(n) = name {
+            args.extend(["-i", n]);
+        }
+        args.push(&portal);
+        let o = run("iscsi-ls", &args, limit);
+        assert!(o.status.success(), "{}", text(&o));
+        text(&o).lines().filter(|l| l.contains("Lun:")).count()
+    };
+    assert_eq!(luns_seen_by(None), 1, "another initiator sees only LUN 0");
+    assert_eq!(
+        luns_seen_by(Some(CLIENT)),
+        2,
+        "the listed initiator sees both"
+    );
+    let lun1 = server.url(1);
+    let o = run("iscsi-inq", &["-i", CLIENT, &lun1], limit);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = run("iscsi-readcapacity16", &[&lun1], limit);
+    assert!(
+        !o.status.success(),
+        "a masked LUN answered READ CAPACITY: {}",
+        text(&o)
+    );
+    let o = ethersan(&["ls", "--json", &format!("iscsi://{}/{IQN}", server.addr)]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        v.as_array().unwrap().len(),
+        2,
+        "ethersan's client is on the list: {v}"
+    );
+}

@@ -73,6 +73,20 @@ impl ScsiTarget {
     /// [`LogicalUnit::try_execute_nowait`]); `None`: use
     /// [`execute`](Self::execute) off the async workers.
     pub fn try_execute_nowait(&self, req: &ScsiRequest<'_>) -> Option<ScsiResponse> {
+        self.try_execute_nowait_masked(req, None)
+    }
+
+    /// [`try_execute_nowait`](Self::try_execute_nowait) under a LUN mask (see
+    /// [`execute_masked`](Self::execute_masked)); a masked LUN is left to it.
+    pub fn try_execute_nowait_masked(
+        &self,
+        req: &ScsiRequest<'_>,
+        mask: Option<&[bool]>,
+    ) -> Option<ScsiResponse> {
+        let i = usize::try_from(req.lun).ok()?;
+        if mask.is_some_and(|m| !m.get(i).copied().unwrap_or(false)) {
+            return None;
+        }
         self.lun(req.lun)?.try_execute_nowait(req)
     }
 
@@ -80,6 +94,23 @@ impl ScsiTarget {
     /// (INQUIRY peripheral qualifier 011b, other commands LOGICAL UNIT NOT
     /// SUPPORTED), and hands everything else to the logical unit.
     pub fn execute(&self, req: &ScsiRequest<'_>) -> ScsiResponse {
+        self.execute_masked(req, None)
+    }
+
+    /// [`execute`](Self::execute) for an initiator that sees only the LUNs
+    /// whose entry in `mask` is true (LUN masking): REPORT LUNS lists only
+    /// those, the others answer as if they did not exist, and EXTENDED COPY
+    /// can name no other.
+    pub fn execute_masked(&self, req: &ScsiRequest<'_>, mask: Option<&[bool]>) -> ScsiResponse {
+        let visible = |l: u64| {
+            mask.is_none_or(|m| {
+                usize::try_from(l)
+                    .ok()
+                    .and_then(|i| m.get(i))
+                    .copied()
+                    .unwrap_or(false)
+            })
+        };
         let opcode = req.cdb.first().copied().unwrap_or(0xff);
         if opcode == 0xa0 {
             if let Some((byte, bit)) = crate::commands::lookup(req.cdb)
@@ -87,7 +118,9 @@ impl ScsiTarget {
             {
                 return plain_check(Sense::invalid_cdb_field(byte, Some(bit)), self.lun(req.lun));
             }
-            let all: Vec<u64> = (0..self.luns.len() as u64).collect();
+            let all: Vec<u64> = (0..self.luns.len() as u64)
+                .filter(|l| visible(*l))
+                .collect();
             return match report_luns(req.cdb, &all) {
                 Ok(data) => ScsiResponse {
                     status: ScsiStatus::Good,
@@ -98,7 +131,7 @@ impl ScsiTarget {
                 Err(s) => plain_check(s, self.lun(req.lun)),
             };
         }
-        let Some(lu) = self.lun(req.lun) else {
+        let Some(lu) = self.lun(req.lun).filter(|_| visible(req.lun)) else {
             return crate::missing_lun::execute(req);
         };
         if opcode != 0x83 && opcode != 0x84 {
@@ -115,11 +148,22 @@ impl ScsiTarget {
             data_out_len: None,
         };
         let result = match def.op {
-            // Every LUN of this target is visible to every initiator today;
-            // LUN masking will narrow this list.
+            // Only the LUNs this initiator may see (the LIO CVE-2020-28374
+            // lesson: a copy must not reach any other).
             Op::ExtendedCopy => self
                 .copies
-                .extended_copy(req.nexus, req.cdb, req.data_out, &self.luns)
+                .extended_copy(
+                    req.nexus,
+                    req.cdb,
+                    req.data_out,
+                    &self
+                        .luns
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| visible(*i as u64))
+                        .map(|(_, lu)| lu.clone())
+                        .collect::<Vec<_>>(),
+                )
                 .map(|_| ok(Vec::new())),
             Op::ReceiveCopyResults => self.copies.receive_copy_results(req.nexus, req.cdb).map(ok),
             _ => return lu.execute(req),

@@ -699,3 +699,66 @@ fn backend_errors_become_medium_errors_and_other_luns_keep_serving() {
         assert!(r.status == ScsiStatus::Good && r.data_in == vec![7u8; 512]);
     }
 }
+
+#[test]
+fn a_masked_lun_is_invisible_and_out_of_reach_of_extended_copy() {
+    let (a, naa_a) = lu_with_naa(1);
+    let (b, naa_b) = lu_with_naa(2);
+    let t = ScsiTarget::new(vec![a, b]);
+    t.nexus_added(N);
+    let mask: &[bool] = &[true, false];
+    let run = |lun: u64, cdb: &[u8], data: &[u8], masked: bool| {
+        let req = ScsiRequest {
+            nexus: N,
+            lun,
+            cdb,
+            data_out: data,
+            expected_len: 4096,
+        };
+        if masked {
+            t.try_execute_nowait_masked(&req, Some(mask))
+                .unwrap_or_else(|| t.execute_masked(&req, Some(mask)))
+        } else {
+            t.execute(&req)
+        }
+    };
+    for lun in 0..2 {
+        run(lun, &[0; 6], &[], false);
+    }
+    // LUN 1 holds data the masked initiator must not reach.
+    assert_eq!(
+        run(1, &write10(0, 4, false), &[0x77; 2048], false).status,
+        ScsiStatus::Good
+    );
+    // REPORT LUNS under the mask lists LUN 0 only.
+    let r = run(0, &[0xa0, 0, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0], &[], true);
+    assert_eq!(r.status, ScsiStatus::Good);
+    assert_eq!(&r.data_in[0..4], &8u32.to_be_bytes(), "one LUN listed");
+    // Commands to LUN 1 answer as for a LUN that does not exist.
+    assert_eq!(sense(&run(1, &read10(0, 1), &[], true)), Some((5, 0x25, 0)));
+    assert_eq!(
+        sense(&run(1, &write10(0, 1, false), &[1; 512], true)),
+        Some((5, 0x25, 0))
+    );
+    let inq = run(1, &[0x12, 0, 0, 0, 96, 0], &[], true);
+    assert_eq!(inq.data_in[0] >> 5, 3, "peripheral qualifier 011b");
+    // EXTENDED COPY from LUN 1 to LUN 0 through the visible LUN 0 fails, and
+    // nothing of LUN 1 lands on LUN 0.
+    let params = xcopy_params(&[naa_b, naa_a], 4, 0, 0);
+    let mut cdb = [0u8; 16];
+    cdb[0] = 0x83;
+    cdb[10..14].copy_from_slice(&(params.len() as u32).to_be_bytes());
+    let r = run(0, &cdb, &params, true);
+    assert_eq!(
+        r.status,
+        ScsiStatus::CheckCondition,
+        "a copy reached a masked LUN"
+    );
+    let r = run(0, &read10(0, 4), &[], true);
+    assert!(
+        r.status == ScsiStatus::Good && r.data_in.iter().all(|b| *b == 0),
+        "masked data copied"
+    );
+    // Without the mask the same copy works.
+    assert_eq!(run(0, &cdb, &params, false).status, ScsiStatus::Good);
+}

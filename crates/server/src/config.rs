@@ -90,6 +90,9 @@ pub struct Access {
     pub initiators: Vec<String>,
     /// Source networks allowed, as (address, prefix length); empty: any.
     pub networks: Vec<(std::net::IpAddr, u8)>,
+    /// Per LUN (by number): the initiators that see it; empty or missing:
+    /// every initiator allowed on the target (LUN masking).
+    pub luns: Vec<Vec<String>>,
 }
 
 impl Access {
@@ -103,6 +106,22 @@ impl Access {
                     .any(|(net, len)| in_network(ip, *net, *len))
             });
         name_ok && net_ok
+    }
+
+    /// Which LUNs `initiator` sees (`None`: all of them).
+    pub fn lun_mask(&self, initiator: &str, lun_count: usize) -> Option<Vec<bool>> {
+        if self.luns.iter().all(|l| l.is_empty()) {
+            return None;
+        }
+        Some(
+            (0..lun_count)
+                .map(|i| {
+                    self.luns
+                        .get(i)
+                        .is_none_or(|l| l.is_empty() || l.iter().any(|n| n == initiator))
+                })
+                .collect(),
+        )
     }
 }
 
@@ -632,6 +651,9 @@ struct RawLunTable {
     write_cache: Option<bool>,
     provisioning: Option<String>,
     physical_block_size: Option<u32>,
+    /// LUN masking: the initiators that see this LUN.
+    #[serde(default)]
+    initiators: Vec<String>,
 }
 
 fn raw_size(s: &RawSize) -> Result<u64, ConfigError> {
@@ -725,12 +747,19 @@ impl Config {
                 ));
             }
             let mut luns = Vec::new();
+            let mut lun_initiators: Vec<Vec<String>> = Vec::new();
             for l in t.luns {
                 let span = l.span();
+                let mut seen_by = Vec::new();
                 let lun = match l.into_inner() {
                     RawLun::Spec(s) => LunConfig::from_spec(&s)
                         .map_err(|e| at(Some(span.clone()), e.to_string()))?,
                     RawLun::Table(tb) => {
+                        for i in &tb.initiators {
+                            validate_name(i)
+                                .map_err(|e| at(Some(span.clone()), format!("initiators: {e}")))?;
+                        }
+                        seen_by = tb.initiators.clone();
                         let backing = match (&tb.path, &tb.ram) {
                             (Some(p), None) => Backing::File {
                                 path: p.clone(),
@@ -772,8 +801,12 @@ impl Config {
                     }
                 };
                 luns.push(lun);
+                lun_initiators.push(seen_by);
             }
-            let mut access = Access::default();
+            let mut access = Access {
+                luns: lun_initiators,
+                ..Access::default()
+            };
             for i in &t.allow_initiators {
                 validate_name(i.get_ref())
                     .map_err(|e| at(Some(i.span()), format!("allow_initiators: {e}")))?;

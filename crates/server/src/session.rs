@@ -69,6 +69,8 @@ pub(crate) struct SessionSetup {
     pub(crate) options: SessionOptions,
     /// The initiator's address (for access lists).
     pub(crate) peer_ip: Option<std::net::IpAddr>,
+    /// The LUNs this initiator sees (`None`: all).
+    pub(crate) lun_mask: Option<Arc<[bool]>>,
 }
 
 /// Events the session loop reacts to.
@@ -682,9 +684,10 @@ impl Session {
             expected_len,
         };
         let inline_io = self.setup.options.inline_io;
+        let mask = self.setup.lun_mask.clone();
         let inline = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             inline_io
-                .then(|| target.scsi.try_execute_nowait(&req))
+                .then(|| target.scsi.try_execute_nowait_masked(&req, mask.as_deref()))
                 .flatten()
         }))
         .unwrap_or_else(|_| {
@@ -706,7 +709,7 @@ impl Session {
             // A bug in command emulation must not take the session down
             // with it: report it as a target failure instead.
             let resp = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                target.scsi.execute(&req)
+                target.scsi.execute_masked(&req, mask.as_deref())
             }))
             .unwrap_or_else(|_| {
                 tracing::error!(itt, "command emulation panicked");
