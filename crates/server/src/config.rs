@@ -890,6 +890,7 @@ mod tests {
                 parse_network("10.0.0.0/8").unwrap(),
                 parse_network("::1").unwrap(),
             ],
+            luns: vec![],
         };
         assert!(a.allows("any", ip("10.1.2.3")) && !a.allows("any", ip("11.0.0.1")));
         assert!(
@@ -902,6 +903,7 @@ mod tests {
         let b = Access {
             initiators: vec!["iqn.2026-11.x:a".into()],
             networks: vec![],
+            luns: vec![],
         };
         assert!(b.allows("iqn.2026-11.x:a", None) && !b.allows("iqn.2026-11.x:b", ip("10.0.0.1")));
         assert!(Access::default().allows("anyone", None));
@@ -911,7 +913,8 @@ mod tests {
         assert_eq!(parse_network("0.0.0.0/0").unwrap().1, 0);
         assert!(Access {
             initiators: vec![],
-            networks: vec![parse_network("0.0.0.0/0").unwrap()]
+            networks: vec![parse_network("0.0.0.0/0").unwrap()],
+            luns: vec![]
         }
         .allows("x", ip("8.8.8.8")));
     }
