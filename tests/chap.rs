@@ -238,3 +238,48 @@ fn repeated_failures_from_one_address_are_slowed_down() {
         "a secret reached the log"
     );
 }
+
+/// tgt as the CHAP peer of ethersan's client (tgt 1.0.85 reads CHAP_A=7 as
+/// SHA-1, so the client does not offer 7).
+#[test]
+fn ethersan_client_speaks_chap_to_tgt() {
+    require_tool("tgtd");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tgt.img");
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    let server = Server::start_tgt(&path, false, false);
+    let port: u16 = server.addr.rsplit(':').next().unwrap().parse().unwrap();
+    let control = (port % 10000 + 20000).to_string();
+    for args in [
+        vec![
+            "--op",
+            "new",
+            "--mode",
+            "account",
+            "--user",
+            USER,
+            "--password",
+            SECRET,
+        ],
+        vec![
+            "--op", "bind", "--mode", "account", "--tid", "1", "--user", USER,
+        ],
+    ] {
+        let ok = Command::new("tgtadm")
+            .args(["-C", &control, "--lld", "iscsi"])
+            .args(&args)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "tgtadm {args:?}");
+    }
+    let u = format!("iscsi://{USER}%{SECRET}@{}/{IQN}/1", server.addr);
+    let o = ethersan(&["inquiry", &u], None);
+    assert!(o.status.success(), "CHAP login to tgt: {}", text(&o));
+    let bad = format!("iscsi://{USER}%wrong-secret-999@{}/{IQN}/1", server.addr);
+    let o = ethersan(&["inquiry", &bad], None);
+    assert!(!o.status.success(), "tgt accepted a wrong secret");
+}

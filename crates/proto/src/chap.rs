@@ -58,13 +58,11 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
-    /// Our preference order when we choose or offer.
-    pub const PREFERENCE: [Algorithm; 4] = [
-        Algorithm::Sha256,
-        Algorithm::Sha3_256,
-        Algorithm::Sha1,
-        Algorithm::Md5,
-    ];
+    /// What an initiator offers, in order. SHA-256 (7) is left out on
+    /// purpose: tgt 1.0.85 (Debian 12) takes CHAP_A=7 for SHA-1 and then
+    /// refuses the 32-byte response, so offering it breaks logins to tgt;
+    /// SHA3-256 (8) leads instead. As a target we still accept 7.
+    pub const PREFERENCE: [Algorithm; 3] = [Algorithm::Sha3_256, Algorithm::Sha1, Algorithm::Md5];
 
     /// The CHAP_A number.
     pub fn number(self) -> u8 {
@@ -513,6 +511,25 @@ mod tests {
         let r = i.on_keys(&c).unwrap();
         let m = t.on_keys(&r).unwrap();
         assert_eq!(i.on_keys(&m), Err(ChapError::Failed));
+    }
+
+    #[test]
+    fn the_target_honours_the_initiators_choice_including_sha256() {
+        for (n, alg) in [
+            ("7", Algorithm::Sha256),
+            ("5", Algorithm::Md5),
+            ("8,5", Algorithm::Sha3_256),
+        ] {
+            let mut t = TargetChap::new(creds("alice", "alice-secret-12"), None, 7, [3; 32]);
+            let c = t.on_keys(&[("CHAP_A".into(), n.into())]).unwrap();
+            assert_eq!(c[0].1, alg.number().to_string());
+            let r = alg.response(7, b"alice-secret-12", &[3; 32]);
+            let keys = vec![
+                ("CHAP_N".to_string(), "alice".to_string()),
+                ("CHAP_R".to_string(), encode_binary(&r)),
+            ];
+            assert!(t.on_keys(&keys).is_ok() && t.is_done(), "{n}");
+        }
     }
 
     #[test]

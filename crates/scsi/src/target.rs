@@ -73,7 +73,7 @@ impl ScsiTarget {
     /// [`LogicalUnit::try_execute_nowait`]); `None`: use
     /// [`execute`](Self::execute) off the async workers.
     pub fn try_execute_nowait(&self, req: &ScsiRequest<'_>) -> Option<ScsiResponse> {
-        self.try_execute_nowait_masked(req, None)
+        self.try_execute_nowait_masked(req, None, None)
     }
 
     /// [`try_execute_nowait`](Self::try_execute_nowait) under a LUN mask (see
@@ -82,9 +82,12 @@ impl ScsiTarget {
         &self,
         req: &ScsiRequest<'_>,
         mask: Option<&[bool]>,
+        read_only: Option<&[bool]>,
     ) -> Option<ScsiResponse> {
         let i = usize::try_from(req.lun).ok()?;
-        if mask.is_some_and(|m| !m.get(i).copied().unwrap_or(false)) {
+        let hidden = mask.is_some_and(|m| !m.get(i).copied().unwrap_or(false));
+        let ro = read_only.is_some_and(|m| m.get(i).copied().unwrap_or(false));
+        if hidden || ro {
             return None;
         }
         self.lun(req.lun)?.try_execute_nowait(req)
@@ -94,23 +97,31 @@ impl ScsiTarget {
     /// (INQUIRY peripheral qualifier 011b, other commands LOGICAL UNIT NOT
     /// SUPPORTED), and hands everything else to the logical unit.
     pub fn execute(&self, req: &ScsiRequest<'_>) -> ScsiResponse {
-        self.execute_masked(req, None)
+        self.execute_masked(req, None, None)
     }
 
     /// [`execute`](Self::execute) for an initiator that sees only the LUNs
     /// whose entry in `mask` is true (LUN masking): REPORT LUNS lists only
     /// those, the others answer as if they did not exist, and EXTENDED COPY
     /// can name no other.
-    pub fn execute_masked(&self, req: &ScsiRequest<'_>, mask: Option<&[bool]>) -> ScsiResponse {
-        let visible = |l: u64| {
-            mask.is_none_or(|m| {
-                usize::try_from(l)
-                    .ok()
-                    .and_then(|i| m.get(i))
-                    .copied()
-                    .unwrap_or(false)
-            })
+    /// LUNs whose entry in `read_only` is true are write-protected for this
+    /// initiator: commands that change the medium get DATA PROTECT / WRITE
+    /// PROTECTED, and EXTENDED COPY cannot use them.
+    pub fn execute_masked(
+        &self,
+        req: &ScsiRequest<'_>,
+        mask: Option<&[bool]>,
+        read_only: Option<&[bool]>,
+    ) -> ScsiResponse {
+        let flag = |m: &[bool], l: u64| {
+            usize::try_from(l)
+                .ok()
+                .and_then(|i| m.get(i))
+                .copied()
+                .unwrap_or(false)
         };
+        let visible = |l: u64| mask.is_none_or(|m| flag(m, l));
+        let writable = |l: u64| !read_only.is_some_and(|m| flag(m, l));
         let opcode = req.cdb.first().copied().unwrap_or(0xff);
         if opcode == 0xa0 {
             if let Some((byte, bit)) = crate::commands::lookup(req.cdb)
@@ -134,6 +145,25 @@ impl ScsiTarget {
         let Some(lu) = self.lun(req.lun).filter(|_| visible(req.lun)) else {
             return crate::missing_lun::execute(req);
         };
+        if !writable(req.lun) {
+            let changes_medium = crate::commands::lookup(req.cdb).is_some_and(|d| {
+                matches!(
+                    d.op,
+                    Op::Write
+                        | Op::WriteVerify
+                        | Op::WriteSame
+                        | Op::Unmap
+                        | Op::CompareAndWrite
+                        | Op::OrWrite
+                        | Op::WriteAtomic
+                        | Op::Sanitize
+                        | Op::ExtendedCopy
+                )
+            });
+            if changes_medium {
+                return lu.check(crate::sense::codes::WRITE_PROTECTED);
+            }
+        }
         if opcode != 0x83 && opcode != 0x84 {
             return lu.execute(req);
         }
@@ -160,7 +190,7 @@ impl ScsiTarget {
                         .luns
                         .iter()
                         .enumerate()
-                        .filter(|(i, _)| visible(*i as u64))
+                        .filter(|(i, _)| visible(*i as u64) && writable(*i as u64))
                         .map(|(_, lu)| lu.clone())
                         .collect::<Vec<_>>(),
                 )

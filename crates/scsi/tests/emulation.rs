@@ -716,8 +716,8 @@ fn a_masked_lun_is_invisible_and_out_of_reach_of_extended_copy() {
             expected_len: 4096,
         };
         if masked {
-            t.try_execute_nowait_masked(&req, Some(mask))
-                .unwrap_or_else(|| t.execute_masked(&req, Some(mask)))
+            t.try_execute_nowait_masked(&req, Some(mask), None)
+                .unwrap_or_else(|| t.execute_masked(&req, Some(mask), None))
         } else {
             t.execute(&req)
         }
@@ -761,4 +761,37 @@ fn a_masked_lun_is_invisible_and_out_of_reach_of_extended_copy() {
     );
     // Without the mask the same copy works.
     assert_eq!(run(0, &cdb, &params, false).status, ScsiStatus::Good);
+}
+
+#[test]
+fn a_lun_read_only_for_one_initiator() {
+    let (a, _) = lu_with_naa(1);
+    let t = ScsiTarget::new(vec![a]);
+    t.nexus_added(N);
+    let ro: &[bool] = &[true];
+    let run = |cdb: &[u8], data: &[u8], read_only: Option<&[bool]>| {
+        let req = ScsiRequest {
+            nexus: N,
+            lun: 0,
+            cdb,
+            data_out: data,
+            expected_len: 4096,
+        };
+        t.try_execute_nowait_masked(&req, None, read_only)
+            .unwrap_or_else(|| t.execute_masked(&req, None, read_only))
+    };
+    run(&[0; 6], &[], None);
+    assert_eq!(
+        run(&write10(0, 1, false), &[5; 512], None).status,
+        ScsiStatus::Good
+    );
+    assert_eq!(
+        sense(&run(&write10(0, 1, false), &[6; 512], Some(ro))),
+        Some((7, 0x27, 0))
+    );
+    let r = run(&read10(0, 1), &[], Some(ro));
+    assert!(
+        r.status == ScsiStatus::Good && r.data_in == vec![5u8; 512],
+        "reads still work, the write did not land"
+    );
 }

@@ -93,6 +93,8 @@ pub struct Access {
     /// Per LUN (by number): the initiators that see it; empty or missing:
     /// every initiator allowed on the target (LUN masking).
     pub luns: Vec<Vec<String>>,
+    /// Per LUN: initiators for which it is read-only.
+    pub read_only: Vec<Vec<String>>,
 }
 
 impl Access {
@@ -106,6 +108,18 @@ impl Access {
                     .any(|(net, len)| in_network(ip, *net, *len))
             });
         name_ok && net_ok
+    }
+
+    /// Which LUNs are read-only for `initiator` (`None`: none).
+    pub fn read_only_mask(&self, initiator: &str, lun_count: usize) -> Option<Vec<bool>> {
+        let mask: Vec<bool> = (0..lun_count)
+            .map(|i| {
+                self.read_only
+                    .get(i)
+                    .is_some_and(|l| l.iter().any(|n| n == initiator))
+            })
+            .collect();
+        mask.iter().any(|b| *b).then_some(mask)
     }
 
     /// Which LUNs `initiator` sees (`None`: all of them).
@@ -654,6 +668,9 @@ struct RawLunTable {
     /// LUN masking: the initiators that see this LUN.
     #[serde(default)]
     initiators: Vec<String>,
+    /// Initiators for which this LUN is read-only.
+    #[serde(default)]
+    read_only_initiators: Vec<String>,
 }
 
 fn raw_size(s: &RawSize) -> Result<u64, ConfigError> {
@@ -748,9 +765,11 @@ impl Config {
             }
             let mut luns = Vec::new();
             let mut lun_initiators: Vec<Vec<String>> = Vec::new();
+            let mut lun_read_only: Vec<Vec<String>> = Vec::new();
             for l in t.luns {
                 let span = l.span();
                 let mut seen_by = Vec::new();
+                let mut read_only_for = Vec::new();
                 let lun = match l.into_inner() {
                     RawLun::Spec(s) => LunConfig::from_spec(&s)
                         .map_err(|e| at(Some(span.clone()), e.to_string()))?,
@@ -760,6 +779,12 @@ impl Config {
                                 .map_err(|e| at(Some(span.clone()), format!("initiators: {e}")))?;
                         }
                         seen_by = tb.initiators.clone();
+                        for i in &tb.read_only_initiators {
+                            validate_name(i).map_err(|e| {
+                                at(Some(span.clone()), format!("read_only_initiators: {e}"))
+                            })?;
+                        }
+                        read_only_for = tb.read_only_initiators.clone();
                         let backing = match (&tb.path, &tb.ram) {
                             (Some(p), None) => Backing::File {
                                 path: p.clone(),
@@ -802,9 +827,11 @@ impl Config {
                 };
                 luns.push(lun);
                 lun_initiators.push(seen_by);
+                lun_read_only.push(read_only_for);
             }
             let mut access = Access {
                 luns: lun_initiators,
+                read_only: lun_read_only,
                 ..Access::default()
             };
             for i in &t.allow_initiators {
@@ -891,6 +918,7 @@ mod tests {
                 parse_network("::1").unwrap(),
             ],
             luns: vec![],
+            read_only: vec![],
         };
         assert!(a.allows("any", ip("10.1.2.3")) && !a.allows("any", ip("11.0.0.1")));
         assert!(
@@ -904,6 +932,7 @@ mod tests {
             initiators: vec!["iqn.2026-11.x:a".into()],
             networks: vec![],
             luns: vec![],
+            read_only: vec![],
         };
         assert!(b.allows("iqn.2026-11.x:a", None) && !b.allows("iqn.2026-11.x:b", ip("10.0.0.1")));
         assert!(Access::default().allows("anyone", None));
@@ -914,7 +943,8 @@ mod tests {
         assert!(Access {
             initiators: vec![],
             networks: vec![parse_network("0.0.0.0/0").unwrap()],
-            luns: vec![]
+            luns: vec![],
+            read_only: vec![]
         }
         .allows("x", ip("8.8.8.8")));
     }

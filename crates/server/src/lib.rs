@@ -360,6 +360,11 @@ async fn serve_stream<R, W>(
         exp_cmd_sn: outcome.exp_cmd_sn,
         stat_sn: outcome.stat_sn,
         peer_ip,
+        read_only_mask: outcome.target.as_ref().and_then(|t| {
+            t.access
+                .read_only_mask(&p.initiator_name, t.scsi.luns().len())
+                .map(Arc::from)
+        }),
         lun_mask: outcome.target.as_ref().and_then(|t| {
             t.access
                 .lun_mask(&p.initiator_name, t.scsi.luns().len())

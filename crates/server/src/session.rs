@@ -71,6 +71,8 @@ pub(crate) struct SessionSetup {
     pub(crate) peer_ip: Option<std::net::IpAddr>,
     /// The LUNs this initiator sees (`None`: all).
     pub(crate) lun_mask: Option<Arc<[bool]>>,
+    /// The LUNs that are read-only for this initiator (`None`: none).
+    pub(crate) read_only_mask: Option<Arc<[bool]>>,
 }
 
 /// Events the session loop reacts to.
@@ -685,9 +687,14 @@ impl Session {
         };
         let inline_io = self.setup.options.inline_io;
         let mask = self.setup.lun_mask.clone();
+        let ro = self.setup.read_only_mask.clone();
         let inline = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             inline_io
-                .then(|| target.scsi.try_execute_nowait_masked(&req, mask.as_deref()))
+                .then(|| {
+                    target
+                        .scsi
+                        .try_execute_nowait_masked(&req, mask.as_deref(), ro.as_deref())
+                })
                 .flatten()
         }))
         .unwrap_or_else(|_| {
@@ -709,7 +716,9 @@ impl Session {
             // A bug in command emulation must not take the session down
             // with it: report it as a target failure instead.
             let resp = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                target.scsi.execute_masked(&req, mask.as_deref())
+                target
+                    .scsi
+                    .execute_masked(&req, mask.as_deref(), ro.as_deref())
             }))
             .unwrap_or_else(|_| {
                 tracing::error!(itt, "command emulation panicked");
