@@ -49,7 +49,9 @@ pub(crate) struct CpArgs {
 
 /// A size: a number of bytes with an optional K/M/G/T suffix (0 allowed).
 pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
-    if s.trim() == "0" {
+    // Zero is a fine offset in any unit ("0", "0M"); sizes elsewhere are not.
+    let digits = s.trim().trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    if digits.parse::<u64>() == Ok(0) {
         return Ok(0);
     }
     ethersan_server::config::parse_size(s).map_err(|e| e.to_string())

@@ -118,6 +118,12 @@ struct ServeArgs {
     /// Threads running sessions (0: one per CPU); overrides the config file's worker_threads.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=1024))]
     workers: Option<u16>,
+    /// How connections are spread over worker threads: shared (tokio's
+    /// work-stealing runtime) or pinned (one runtime per CPU, each
+    /// connection stays on the least-loaded one); overrides the config
+    /// file's placement.
+    #[arg(long, value_name = "shared|pinned")]
+    placement: Option<ethersan_server::config::Placement>,
 }
 
 fn serve_config(a: &ServeArgs) -> anyhow::Result<Config> {
@@ -238,7 +244,15 @@ fn main() -> ExitCode {
                 if let Some(n) = a.workers {
                     cfg.options.worker_threads = usize::from(n);
                 }
+                if let Some(p) = a.placement {
+                    cfg.options.placement = p;
+                }
                 workers = cfg.options.worker_threads;
+                // Pinned workers carry the connections; the main runtime
+                // only accepts and handles signals.
+                if cfg.options.placement == ethersan_server::config::Placement::Pinned {
+                    workers = 1;
+                }
                 serve_cfg = Some(cfg);
             }
             Err(e) => {

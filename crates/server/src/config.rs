@@ -266,6 +266,33 @@ pub struct Options {
     /// RAM, metadata) on the session's own thread; false sends every command
     /// to the blocking pool.
     pub inline_io: bool,
+    /// How connections are spread over worker threads.
+    pub placement: Placement,
+}
+
+/// How connections are spread over worker threads (`placement` option).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    /// tokio's work-stealing runtime: connections' tasks move between
+    /// workers as load changes.
+    #[default]
+    Shared,
+    /// One single-threaded runtime per worker, pinned to a CPU; each new
+    /// connection goes to the worker with the fewest connections and stays
+    /// there.
+    Pinned,
+}
+
+impl std::str::FromStr for Placement {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "shared" => Ok(Placement::Shared),
+            "pinned" => Ok(Placement::Pinned),
+            other => Err(format!("placement {other:?}: use shared or pinned")),
+        }
+    }
 }
 
 impl Default for Options {
@@ -287,6 +314,7 @@ impl Default for Options {
             data_dir: PathBuf::from("./ethersan-data"),
             worker_threads: 0,
             inline_io: true,
+            placement: Placement::Shared,
         }
     }
 }
@@ -985,6 +1013,25 @@ mod tests {
             assert!(e.contains("t:5:") && e.contains("[chap]"), "{bad}: {e}");
             assert!(!e.contains("alice-secret-123"), "a secret in an error: {e}");
         }
+    }
+
+    #[test]
+    fn placement_option() {
+        let base = "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\nlun = [\"ram:1M\"]\n";
+        let c = Config::from_toml_str(base, "t").unwrap();
+        assert_eq!(c.options.placement, Placement::Shared);
+        let c = Config::from_toml_str(&format!("{base}[options]\nplacement = \"pinned\"\n"), "t")
+            .unwrap();
+        assert_eq!(c.options.placement, Placement::Pinned);
+        let e = Config::from_toml_str(
+            &format!("{base}[options]\nplacement = \"everywhere\"\n"),
+            "t",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("everywhere") && e.contains("pinned"), "{e}");
+        assert_eq!("pinned".parse::<Placement>(), Ok(Placement::Pinned));
+        assert!("x".parse::<Placement>().is_err());
     }
 
     #[test]

@@ -10,6 +10,7 @@
 
 pub mod config;
 mod login;
+mod placement;
 pub mod registry;
 mod session;
 mod wire;
@@ -172,8 +173,21 @@ impl Server {
     /// session (commands in flight finish), flush every LUN and return.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let settings = self.settings.clone();
+        let placement = match self.options.placement {
+            config::Placement::Shared => None,
+            config::Placement::Pinned => {
+                match placement::Placement::start(self.options.worker_threads) {
+                    Ok(p) => Some(Arc::new(p)),
+                    Err(e) => {
+                        warn!(%e, "cannot start pinned workers; using the shared runtime");
+                        None
+                    }
+                }
+            }
+        };
         let mut accepts = Vec::new();
         for l in self.listeners {
+            let placement = placement.clone();
             let registry = self.registry.clone();
             let options = self.options.clone();
             let settings = settings.clone();
@@ -189,9 +203,24 @@ impl Server {
                             let registry = registry.clone();
                             let options = options.clone();
                             let settings = settings.clone();
-                            tokio::spawn(async move {
-                                handle_connection(sock, peer, registry, options, settings).await;
-                            });
+                            match &placement {
+                                // The socket moves to the worker's own reactor.
+                                Some(p) => match sock.into_std() {
+                                    Ok(std_sock) => p.spawn(async move {
+                                        match TcpStream::from_std(std_sock) {
+                                            Ok(sock) => {
+                                                handle_connection(sock, peer, registry, options, settings)
+                                                    .await
+                                            }
+                                            Err(e) => warn!(%peer, %e, "cannot move connection to its worker"),
+                                        }
+                                    }),
+                                    Err(e) => warn!(%peer, %e, "cannot move connection to its worker"),
+                                },
+                                None => {
+                                    tokio::spawn(handle_connection(sock, peer, registry, options, settings));
+                                }
+                            }
                         }
                         Err(e) => {
                             warn!(%e, "accept failed");
