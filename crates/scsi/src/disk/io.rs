@@ -48,7 +48,7 @@ impl LogicalUnit {
     }
 
     /// The checked byte range of a READ.
-    fn read_plan(&self, cdb: &[u8]) -> Result<(u64, usize), Sense> {
+    pub(super) fn read_plan(&self, cdb: &[u8]) -> Result<(u64, usize), Sense> {
         let c = BlockCdb::parse(cdb);
         Self::no_protection(&c)?;
         self.range(&c)
@@ -94,7 +94,7 @@ impl LogicalUnit {
     }
 
     /// The checks of a WRITE: (byte offset, bytes to write, FUA).
-    fn write_plan(
+    pub(super) fn write_plan(
         &self,
         cdb: &[u8],
         data_out: &[u8],
