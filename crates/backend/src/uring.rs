@@ -180,16 +180,34 @@ impl Drop for UringEngine {
 /// A buffer the kernel may be using.
 enum Buf {
     None,
+    /// Data to write.
     Plain(Vec<u8>),
+    /// An empty vector whose capacity a read fills (not zeroed first: the
+    /// kernel writes every byte before the vector's length is set).
+    Fill(Vec<u8>),
     Aligned(AlignedBuf),
 }
 
 impl Buf {
-    fn slice_mut(&mut self) -> &mut [u8] {
+    /// A buffer for a `len`-byte read: a plain vector when its memory
+    /// suits (always without `O_DIRECT`; with it when the allocator
+    /// happened to return page-aligned memory), else an aligned one.
+    fn for_read(len: usize, direct: bool) -> Buf {
+        let v: Vec<u8> = Vec::with_capacity(len);
+        if !direct || v.as_ptr().align_offset(crate::aligned::DIRECT_ALIGN) == 0 {
+            Buf::Fill(v)
+        } else {
+            Buf::Aligned(AlignedBuf::zeroed(len))
+        }
+    }
+
+    /// Where the transfer continues after `done` bytes.
+    fn ptr_at(&mut self, done: usize) -> *mut u8 {
         match self {
-            Buf::None => &mut [],
-            Buf::Plain(v) => v,
-            Buf::Aligned(a) => a.as_mut_slice(),
+            Buf::None => std::ptr::null_mut(),
+            Buf::Plain(v) => v[done..].as_mut_ptr(),
+            Buf::Fill(v) => v.spare_capacity_mut()[done..].as_mut_ptr().cast(),
+            Buf::Aligned(a) => a.as_mut_slice()[done..].as_mut_ptr(),
         }
     }
 }
@@ -335,11 +353,7 @@ impl RingThread {
                 done_bytes: 0,
                 fua: false,
                 direct,
-                buf: if direct {
-                    Buf::Aligned(AlignedBuf::zeroed(len))
-                } else {
-                    Buf::Plain(vec![0u8; len])
-                },
+                buf: Buf::for_read(len, direct),
                 completion: Some(job.done),
             },
             IoRequest::Write {
@@ -408,11 +422,11 @@ impl RingThread {
         let done = op.done_bytes;
         let entry = match op.kind {
             Kind::Read => {
-                let p = op.buf.slice_mut()[done..].as_mut_ptr();
+                let p = op.buf.ptr_at(done);
                 opcode::Read::new(fd, p, rest).offset(at).build()
             }
             Kind::Write => {
-                let p = op.buf.slice_mut()[done..].as_ptr();
+                let p = op.buf.ptr_at(done).cast_const();
                 let flags = if op.fua { libc::RWF_DSYNC } else { 0 };
                 opcode::Write::new(fd, p, rest)
                     .offset(at)
@@ -495,7 +509,13 @@ impl RingThread {
         } = op;
         let outcome = match r {
             Ok(()) => Ok(match (kind, buf) {
-                (Kind::Read, Buf::Plain(v)) => v,
+                (Kind::Read, Buf::Fill(mut v)) => {
+                    // SAFETY: the read completed in full: the kernel wrote
+                    // all `done_bytes` (= the request's length, at most the
+                    // capacity) bytes at the start of the vector's buffer.
+                    unsafe { v.set_len(done_bytes) };
+                    v
+                }
                 (Kind::Read, Buf::Aligned(a)) => a.into_vec(),
                 _ => Vec::new(),
             }),

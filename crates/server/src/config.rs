@@ -236,7 +236,7 @@ pub struct LunConfig {
 
 /// The I/O engine of a file LUN that names none: the faster one in the
 /// measurements in docs/benchmark.md ("I/O engines").
-pub const DEFAULT_ENGINE: IoEngine = IoEngine::Sync;
+pub const DEFAULT_ENGINE: IoEngine = IoEngine::Uring;
 
 /// Protocol limits and runtime knobs, with measured or RFC-safe defaults.
 #[derive(Debug, Clone, Deserialize)]
@@ -839,9 +839,9 @@ impl Config {
                             direct: tb.direct,
                             engine: match tb.engine.as_deref() {
                                 None => DEFAULT_ENGINE,
-                                Some(e) => e.parse().map_err(|e| {
-                                    at(Some(span.clone()), format!("engine = {e}"))
-                                })?,
+                                Some(e) => e
+                                    .parse()
+                                    .map_err(|e| at(Some(span.clone()), format!("engine = {e}")))?,
                             },
                             preallocate: match tb.provisioning.as_deref() {
                                 None | Some("thin") => false,
@@ -1087,8 +1087,13 @@ mod tests {
         let e = LunConfig::from_spec("/tmp/x.img:1G,engine=aio")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("engine") && e.contains("\"aio\"") && e.contains("\"uring\""), "{e}");
-        let e = LunConfig::from_spec("ram:64M,direct").unwrap_err().to_string();
+        assert!(
+            e.contains("engine") && e.contains("\"aio\"") && e.contains("\"uring\""),
+            "{e}"
+        );
+        let e = LunConfig::from_spec("ram:64M,direct")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not RAM"), "{e}");
 
         let base = "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\n[[target.lun]]\n";
@@ -1103,7 +1108,10 @@ mod tests {
         let l = &c.targets[0].luns[0];
         assert_eq!((l.engine, l.direct), (DEFAULT_ENGINE, false));
         for (bad, says) in [
-            ("path = \"/x\"\nengine = \"fast\"\n", "engine = unknown I/O engine \"fast\""),
+            (
+                "path = \"/x\"\nengine = \"fast\"\n",
+                "engine = unknown I/O engine \"fast\"",
+            ),
             ("path = \"/x\"\ndirect = \"yes\"\n", ""),
             ("ram = \"1M\"\ndirect = true\n", "not RAM"),
         ] {
