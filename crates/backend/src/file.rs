@@ -113,6 +113,26 @@ pub struct FileDevice {
     thin: bool,
 }
 
+/// Set up io_uring with `setup`; when the kernel refuses it (EPERM with
+/// `kernel.io_uring_disabled`, ENOSYS without io_uring, ENOMEM under a
+/// low memlock limit...) warn and go on with the sync engine (`None`).
+fn uring_or_fallback(
+    path: &Path,
+    setup: impl FnOnce() -> io::Result<UringEngine>,
+) -> Option<UringEngine> {
+    match setup() {
+        Ok(u) => Some(u),
+        Err(e) => {
+            tracing::warn!(
+                path = %path.display(),
+                error = %e,
+                "io_uring is not available; this LUN uses the sync engine"
+            );
+            None
+        }
+    }
+}
+
 /// `BLKGETSIZE64` from `<linux/fs.h>`: `_IOR(0x12, 114, size_t)`.
 const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
 
@@ -239,17 +259,9 @@ impl FileDevice {
         };
         let uring = match opts.engine {
             IoEngine::Sync => None,
-            IoEngine::Uring => match UringEngine::new(file.clone(), direct.clone()) {
-                Ok(u) => Some(u),
-                Err(e) => {
-                    tracing::warn!(
-                        path = %path.display(),
-                        error = %e,
-                        "io_uring is not available; this LUN uses the sync engine"
-                    );
-                    None
-                }
-            },
+            IoEngine::Uring => {
+                uring_or_fallback(path, || UringEngine::new(file.clone(), direct.clone()))
+            }
         };
         Ok(FileDevice {
             file,
@@ -796,6 +808,35 @@ mod direct_tests {
             d.flush().unwrap();
             assert!(d.describe().contains("O_DIRECT"));
         }
+    }
+
+    #[test]
+    fn a_refused_ring_falls_back_to_sync() {
+        let p = Path::new("/x");
+        for errno in [libc::EPERM, libc::ENOSYS] {
+            assert!(uring_or_fallback(p, || Err(io::Error::from_raw_os_error(errno))).is_none());
+        }
+        // A device whose ring was refused still serves I/O, blocking.
+        let dir = tempfile::tempdir().unwrap();
+        let mut d = FileDevice::open(
+            &dir.path().join("f"),
+            &FileOptions {
+                size: Some(1 << 20),
+                block_size: 512,
+                read_only: false,
+                preallocate: false,
+                direct: false,
+                engine: IoEngine::Uring,
+            },
+        )
+        .unwrap();
+        d.uring = uring_or_fallback(p, || Err(io::Error::from_raw_os_error(libc::EPERM)));
+        assert_eq!(d.engine(), IoEngine::Sync);
+        assert!(d.async_io().is_none());
+        d.write_at(0, &[5u8; 512], true).unwrap();
+        let mut b = [0u8; 512];
+        d.read_at(0, &mut b).unwrap();
+        assert_eq!(b, [5u8; 512]);
     }
 
     #[test]
