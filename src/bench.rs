@@ -265,10 +265,9 @@ async fn submit_local(dev: &FileDevice, req: IoRequest) -> anyhow::Result<Vec<u8
     dev.async_io()
         .expect("checked by the caller")
         .submit(req, Box::new(move |r| drop(tx.send(r))));
-    Ok(rx
-        .await
+    rx.await
         .context("the io_uring engine dropped a request")?
-        .context(if write { "write" } else { "read" })?)
+        .context(if write { "write" } else { "read" })
 }
 
 async fn open_engine(a: &BenchArgs) -> anyhow::Result<(Engine, &'static str)> {

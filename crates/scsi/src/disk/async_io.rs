@@ -4,9 +4,9 @@
 //! [`AsyncIoPlan::submit`], and the plan builds the response when the
 //! backend completes (finish). No thread waits for the I/O.
 //!
-//! Only plain READ, WRITE and WRITE AND VERIFY take this path; everything
-//! else (and a WRITE whose range a COMPARE AND WRITE holds) runs the
-//! blocking [`LogicalUnit::execute`].
+//! Only plain READ, WRITE, WRITE AND VERIFY and SYNCHRONIZE CACHE (a
+//! flush) take this path; everything else (and a WRITE whose range a
+//! COMPARE AND WRITE holds) runs the blocking [`LogicalUnit::execute`].
 
 use std::sync::Arc;
 
@@ -42,6 +42,7 @@ enum Planned {
         /// Held until the write completes, like the blocking path's lock.
         _held: OwnedRangeGuard,
     },
+    Flush,
 }
 
 /// A READ or WRITE that passed its checks, with the byte range, FUA and
@@ -75,13 +76,14 @@ impl AsyncIoPlan {
                 len: *len,
                 fua: *fua,
             },
+            Planned::Flush => IoRequest::Flush,
         };
         engine.submit(req, Box::new(move |r| done(self.finish(r))));
     }
 
     /// The response for the backend's outcome (releases the range lock).
     fn finish(self, r: Result<Vec<u8>, BackendError>) -> ScsiResponse {
-        let write = matches!(self.io, Planned::Write { .. });
+        let write = !matches!(self.io, Planned::Read { .. });
         let result = match r {
             Ok(data) if !write => Ok(Reply { data }),
             Ok(_) => Reply::none(),
@@ -92,14 +94,17 @@ impl AsyncIoPlan {
 }
 
 impl LogicalUnit {
-    /// Plan a READ, WRITE or WRITE AND VERIFY for an asynchronous backend
+    /// Plan a READ, WRITE, WRITE AND VERIFY or SYNCHRONIZE CACHE for an
+    /// asynchronous backend
     /// (see the module documentation).
     pub fn prepare_async(self: &Arc<Self>, req: &ScsiRequest<'_>) -> Prepared {
         let Some(def) = commands::lookup(req.cdb) else {
             return Prepared::Blocking;
         };
-        if !matches!(def.op, Op::Read | Op::Write | Op::WriteVerify)
-            || req.cdb.len() < def.cdb_len
+        if !matches!(
+            def.op,
+            Op::Read | Op::Write | Op::WriteVerify | Op::SyncCache
+        ) || req.cdb.len() < def.cdb_len
             || self.dev.async_io().is_none()
         {
             return Prepared::Blocking;
@@ -110,7 +115,14 @@ impl LogicalUnit {
         };
         let data_out_len = self.reported_data_out_len(def, req.cdb);
         let done = |result| Prepared::Done(self.respond(result, data_out_len));
-        let io = if def.op == Op::Read {
+        let io = if def.op == Op::SyncCache {
+            // Range-checked, then the whole device is flushed (as the
+            // blocking SYNCHRONIZE CACHE does).
+            match self.cache_range(&crate::cdb::BlockCdb::parse(req.cdb)) {
+                Err(s) => return done(Err(s)),
+                Ok(_) => Planned::Flush,
+            }
+        } else if def.op == Op::Read {
             match self.read_plan(req.cdb) {
                 Err(s) => return done(Err(s)),
                 Ok((_, 0)) => return done(Reply::none()),
@@ -257,8 +269,17 @@ mod tests {
                     0x21,
                     0,
                 );
+                // SYNCHRONIZE CACHE(10) flushes through the engine; its
+                // range is checked first.
+                good(run_async(&t, &cdb10(0x35, 0, 0, 0), &[]).expect("async flush"));
+                check(
+                    &run_async(&t, &cdb10(0x35, 0, cap, 1), &[]).unwrap(),
+                    5,
+                    0x21,
+                    0,
+                );
                 // Other commands are not for this path.
-                assert!(run_async(&t, &[0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]).is_none());
+                assert!(run_async(&t, &[0x34, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[]).is_none());
             }
         }
     }

@@ -288,7 +288,7 @@ impl LogicalUnit {
     /// Check that `c`'s range lies on the medium; a zero length means "to
     /// the end of the medium" (PRE-FETCH, SYNCHRONIZE CACHE). Returns the
     /// byte offset and length. No transfer limit applies: nothing moves.
-    fn cache_range(&self, c: &BlockCdb) -> Result<(u64, u64), Sense> {
+    pub(super) fn cache_range(&self, c: &BlockCdb) -> Result<(u64, u64), Sense> {
         let cap = self.dev.num_blocks();
         match c.lba.checked_add(u64::from(c.blocks)) {
             Some(end) if end <= cap && c.lba <= cap => {}
