@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use bytes::Bytes;
 use clap::{Args, ValueEnum};
-use ethersan_backend::file::{FileDevice, FileOptions};
-use ethersan_backend::BlockDevice;
+use ethersan_backend::file::{FileDevice, FileOptions, IoEngine};
+use ethersan_backend::{BlockDevice, IoRequest};
 use ethersan_initiator::IscsiUrl;
 use hdrhistogram::Histogram;
 use serde::Serialize;
@@ -33,6 +33,15 @@ pub(crate) enum Pattern {
     Randwrite,
     /// Random reads and writes, `--read-pct` percent reads.
     Mixed,
+}
+
+/// The I/O engine for a local target (`--engine`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum EngineArg {
+    /// Blocking pread/pwrite on the blocking thread pool.
+    Sync,
+    /// io_uring: asynchronous submission from one ring thread.
+    Uring,
 }
 
 /// Arguments of `ethersan bench`.
@@ -70,6 +79,14 @@ pub(crate) struct BenchArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// I/O engine for a local FILE, as a LUN's `engine` key (default: the
+    /// server's default engine). For an iscsi:// target set it on the LUN.
+    #[arg(long, value_enum)]
+    engine: Option<EngineArg>,
+    /// Open a local FILE with O_DIRECT (bypass the page cache), as a LUN's
+    /// `direct = true`.
+    #[arg(long)]
+    direct: bool,
 }
 
 /// A duration: a number with an optional ms, s or m suffix (seconds by default).
@@ -118,6 +135,12 @@ pub(crate) struct Report {
     ios: u64,
     reads: u64,
     writes: u64,
+    /// For a local target: the I/O engine ("sync" or "uring") and whether
+    /// O_DIRECT was used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    io_engine: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    direct: Option<bool>,
     iops: f64,
     mb_per_s: f64,
     latency_us: Latency,
@@ -175,6 +198,11 @@ impl Worker {
                 check("READ(16)", &r)?;
                 Ok(())
             }
+            Engine::Local(dev) if dev.async_io().is_some() => {
+                let len = self.buf.len();
+                submit_local(dev, IoRequest::Read { offset, len }).await?;
+                Ok(())
+            }
             Engine::Local(dev) => {
                 let dev = dev.clone();
                 let mut buf = std::mem::take(&mut self.buf);
@@ -206,6 +234,16 @@ impl Worker {
                     .await?;
                 check("WRITE(16)", &r)
             }
+            Engine::Local(dev) if dev.async_io().is_some() => {
+                let req = IoRequest::Write {
+                    offset,
+                    data: self.data.to_vec(),
+                    len: self.data.len(),
+                    fua: self.fua,
+                };
+                submit_local(dev, req).await?;
+                Ok(())
+            }
             Engine::Local(dev) => {
                 let dev = dev.clone();
                 let data = self.data.clone();
@@ -219,8 +257,24 @@ impl Worker {
     }
 }
 
+/// One request through a local device's io_uring engine, as the server
+/// submits a READ or WRITE.
+async fn submit_local(dev: &FileDevice, req: IoRequest) -> anyhow::Result<Vec<u8>> {
+    let write = matches!(req, IoRequest::Write { .. });
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    dev.async_io()
+        .expect("checked by the caller")
+        .submit(req, Box::new(move |r| drop(tx.send(r))));
+    rx.await
+        .context("the io_uring engine dropped a request")?
+        .context(if write { "write" } else { "read" })
+}
+
 async fn open_engine(a: &BenchArgs) -> anyhow::Result<(Engine, &'static str)> {
     if a.target.starts_with("iscsi://") {
+        if a.engine.is_some() || a.direct {
+            bail!("--engine and --direct apply to a local FILE; for an iscsi:// target set engine and direct on the server's LUN");
+        }
         let url = IscsiUrl::parse(&a.target)?;
         let mut luns = Vec::with_capacity(usize::from(a.sessions));
         for _ in 0..a.sessions {
@@ -242,6 +296,12 @@ async fn open_engine(a: &BenchArgs) -> anyhow::Result<(Engine, &'static str)> {
         block_size: 512,
         read_only: !writes,
         preallocate: false,
+        direct: a.direct,
+        engine: match a.engine {
+            Some(EngineArg::Sync) => IoEngine::Sync,
+            Some(EngineArg::Uring) => IoEngine::Uring,
+            None => ethersan_server::config::DEFAULT_ENGINE,
+        },
     };
     let dev = FileDevice::open(path, &opts).with_context(|| path.display().to_string())?;
     Ok((Engine::Local(Arc::new(dev)), "local"))
@@ -372,6 +432,14 @@ pub(crate) async fn run(a: &BenchArgs) -> anyhow::Result<Report> {
         ios,
         reads,
         writes,
+        io_engine: match &engine {
+            Engine::Local(d) => Some(d.engine().to_string()),
+            Engine::Iscsi(_) => None,
+        },
+        direct: match &engine {
+            Engine::Local(d) => Some(d.is_direct()),
+            Engine::Iscsi(_) => None,
+        },
         iops: ios as f64 / seconds,
         mb_per_s: (ios * a.bs) as f64 / seconds / 1e6,
         latency_us: Latency {
@@ -422,8 +490,13 @@ pub(crate) async fn cmd_bench(a: BenchArgs) -> anyhow::Result<()> {
         r.latency_us.p99,
         r.latency_us.p999
     );
+    let local = match (&r.io_engine, r.direct) {
+        (Some(e), Some(true)) => format!(" ({e} engine, O_DIRECT)"),
+        (Some(e), _) => format!(" ({e} engine)"),
+        _ => String::new(),
+    };
     println!(
-        "{} I/Os ({} reads, {} writes) in {:.2} s against {}",
+        "{} I/Os ({} reads, {} writes) in {:.2} s against {}{local}",
         r.ios, r.reads, r.writes, r.seconds, r.target
     );
     Ok(())

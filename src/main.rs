@@ -87,7 +87,7 @@ struct ServeArgs {
     /// Target name (IQN).
     #[arg(long, value_name = "IQN")]
     target: Option<String>,
-    /// A LUN: PATH[:SIZE][,ro][,removable][,bs=4096] or ram:SIZE (repeatable, numbered from 0).
+    /// A LUN: PATH[:SIZE][,ro][,removable][,bs=4096][,engine=sync|uring][,direct] or ram:SIZE (repeatable, numbered from 0).
     #[arg(long, value_name = "SPEC")]
     lun: Vec<String>,
     /// Directory for the default LUN's backing file.

@@ -4,15 +4,71 @@
 //! keeps its size unless a larger one is asked for (it is never truncated).
 //! Writes with FUA use `pwritev2(RWF_DSYNC)`; SYNCHRONIZE CACHE is
 //! `fdatasync`.
+//!
+//! Two options change how the data moves ([`FileOptions`]):
+//! - `direct`: a second descriptor opened with `O_DIRECT` carries every
+//!   READ and WRITE, bypassing the page cache. Caller buffers that are not
+//!   page-aligned are bounced through an [`AlignedBuf`]; a transfer the
+//!   device refuses as misaligned (EINVAL, e.g. 512-byte blocks on a 4Kn
+//!   disk) goes through the buffered descriptor instead. The non-blocking
+//!   fast paths report "would wait" (a direct read always waits for the
+//!   device), so the caller never runs direct I/O on an async worker.
+//! - `engine`: [`IoEngine::Sync`] (blocking `pread`/`pwrite`, run by the
+//!   caller on threads) or [`IoEngine::Uring`], which adds an io_uring
+//!   [`UringEngine`] the server submits READ/WRITE to asynchronously
+//!   ([`BlockDevice::async_io`]). The blocking methods stay available (and
+//!   are what every other command uses). When the kernel refuses io_uring
+//!   the device falls back to the sync engine with a warning.
 
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
-use crate::{BackendError, BlockDevice};
+use crate::aligned::{AlignedBuf, DIRECT_ALIGN};
+use crate::uring::UringEngine;
+use crate::{AsyncIo, BackendError, BlockDevice};
+
+/// How a file or block device moves data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IoEngine {
+    /// Blocking `preadv2`/`pwritev2`, run by the caller (the server: on its
+    /// blocking thread pool).
+    #[default]
+    Sync,
+    /// io_uring: one ring and one thread per device; READ/WRITE are
+    /// submitted asynchronously with owned buffers.
+    Uring,
+}
+
+/// An engine name that is neither `sync` nor `uring`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown I/O engine {0:?} (use \"sync\" or \"uring\")")]
+pub struct UnknownEngine(pub String);
+
+impl std::str::FromStr for IoEngine {
+    type Err = UnknownEngine;
+    fn from_str(s: &str) -> Result<IoEngine, UnknownEngine> {
+        match s {
+            "sync" => Ok(IoEngine::Sync),
+            "uring" | "io_uring" => Ok(IoEngine::Uring),
+            other => Err(UnknownEngine(other.to_string())),
+        }
+    }
+}
+
+impl std::fmt::Display for IoEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            IoEngine::Sync => "sync",
+            IoEngine::Uring => "uring",
+        })
+    }
+}
 
 /// How to open a file or block device.
 #[derive(Debug, Clone)]
@@ -26,12 +82,20 @@ pub struct FileOptions {
     /// Fully provision (preallocate) a regular file instead of keeping it
     /// sparse; a fully provisioned LUN does not deallocate on UNMAP.
     pub preallocate: bool,
+    /// Open with `O_DIRECT` (bypass the page cache).
+    pub direct: bool,
+    /// The I/O engine.
+    pub engine: IoEngine,
 }
 
 /// A file or block device exported as a LUN.
 #[derive(Debug)]
 pub struct FileDevice {
-    file: File,
+    file: Arc<File>,
+    /// The `O_DIRECT` descriptor of the same store, with `direct`.
+    direct: Option<Arc<File>>,
+    /// The io_uring engine, with `engine = uring` (when the kernel allows).
+    uring: Option<UringEngine>,
     path: PathBuf,
     block_size: u32,
     /// Whether `pwritev2(RWF_NOWAIT)` works here (cleared on EOPNOTSUPP).
@@ -47,6 +111,26 @@ pub struct FileDevice {
     num_blocks: AtomicU64,
     is_block_device: bool,
     thin: bool,
+}
+
+/// Set up io_uring with `setup`; when the kernel refuses it (EPERM with
+/// `kernel.io_uring_disabled`, ENOSYS without io_uring, ENOMEM under a
+/// low memlock limit...) warn and go on with the sync engine (`None`).
+fn uring_or_fallback(
+    path: &Path,
+    setup: impl FnOnce() -> io::Result<UringEngine>,
+) -> Option<UringEngine> {
+    match setup() {
+        Ok(u) => Some(u),
+        Err(e) => {
+            tracing::warn!(
+                path = %path.display(),
+                error = %e,
+                "io_uring is not available; this LUN uses the sync engine"
+            );
+            None
+        }
+    }
 }
 
 /// `BLKGETSIZE64` from `<linux/fs.h>`: `_IOR(0x12, 114, size_t)`.
@@ -156,8 +240,33 @@ impl FileDevice {
             }
         }
         let thin = !is_block_device && !opts.preallocate;
+        let file = Arc::new(file);
+        let direct = if opts.direct {
+            let d = OpenOptions::new()
+                .read(true)
+                .write(!opts.read_only)
+                .custom_flags(libc::O_DIRECT)
+                .open(path)
+                .map_err(|e| {
+                    open_err(io::Error::new(
+                        e.kind(),
+                        format!("O_DIRECT (direct = true) refused: {e}"),
+                    ))
+                })?;
+            Some(Arc::new(d))
+        } else {
+            None
+        };
+        let uring = match opts.engine {
+            IoEngine::Sync => None,
+            IoEngine::Uring => {
+                uring_or_fallback(path, || UringEngine::new(file.clone(), direct.clone()))
+            }
+        };
         Ok(FileDevice {
             file,
+            direct,
+            uring,
             path: path.to_path_buf(),
             block_size: bs,
             num_blocks: AtomicU64::new(num_blocks),
@@ -173,6 +282,62 @@ impl FileDevice {
     /// Whether the store is a block device.
     pub fn is_block_device(&self) -> bool {
         self.is_block_device
+    }
+
+    /// The engine in use (sync when io_uring was asked for but refused).
+    pub fn engine(&self) -> IoEngine {
+        if self.uring.is_some() {
+            IoEngine::Uring
+        } else {
+            IoEngine::Sync
+        }
+    }
+
+    /// Whether transfers bypass the page cache (`O_DIRECT`).
+    pub fn is_direct(&self) -> bool {
+        self.direct.is_some()
+    }
+
+    /// Read through the `O_DIRECT` descriptor, bouncing through an aligned
+    /// buffer when `buf` is not page-aligned. `Ok(false)`: the device
+    /// refused the alignment (EINVAL); use the buffered descriptor.
+    fn read_direct(d: &File, offset: u64, buf: &mut [u8]) -> io::Result<bool> {
+        let r = if buf.as_ptr().align_offset(DIRECT_ALIGN) == 0 {
+            d.read_exact_at(buf, offset)
+        } else {
+            let mut b = AlignedBuf::zeroed(buf.len());
+            let r = d.read_exact_at(b.as_mut_slice(), offset);
+            if r.is_ok() {
+                buf.copy_from_slice(b.as_slice());
+            }
+            r
+        };
+        match r {
+            Ok(()) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Write through the `O_DIRECT` descriptor (see [`read_direct`](Self::read_direct)).
+    fn write_direct(&self, d: &File, offset: u64, buf: &[u8], fua: bool) -> io::Result<bool> {
+        let bounce;
+        let data = if buf.as_ptr().align_offset(DIRECT_ALIGN) == 0 {
+            buf
+        } else {
+            bounce = AlignedBuf::copy_of(buf);
+            bounce.as_slice()
+        };
+        let r = if fua {
+            Self::write_dsync(d, offset, data)
+        } else {
+            d.write_all_at(data, offset)
+        };
+        match r {
+            Ok(()) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// One `preadv2`/`pwritev2` with `RWF_NOWAIT`: whether it moved all of
@@ -222,7 +387,7 @@ impl FileDevice {
         }
     }
 
-    fn write_dsync(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+    fn write_dsync(file: &File, offset: u64, buf: &[u8]) -> io::Result<()> {
         let mut done = 0usize;
         while done < buf.len() {
             let iov = libc::iovec {
@@ -230,10 +395,10 @@ impl FileDevice {
                 iov_len: buf.len() - done,
             };
             // SAFETY: the iovec points into `buf`, which outlives the call and
-            // is only read by the kernel; the fd is open for the life of `self`.
+            // is only read by the kernel; the fd is open for the life of `file`.
             let n = unsafe {
                 libc::pwritev2(
-                    self.file.as_raw_fd(),
+                    file.as_raw_fd(),
                     &iov,
                     1,
                     (offset + done as u64) as libc::off_t,
@@ -249,8 +414,8 @@ impl FileDevice {
                     || e.raw_os_error() == Some(libc::ENOSYS)
                 {
                     // Old kernel or filesystem: write, then fdatasync.
-                    self.file.write_all_at(&buf[done..], offset + done as u64)?;
-                    return self.file.sync_data();
+                    file.write_all_at(&buf[done..], offset + done as u64)?;
+                    return file.sync_data();
                 }
                 return Err(e);
             }
@@ -291,19 +456,30 @@ impl BlockDevice for FileDevice {
         Ok((old != blocks).then_some(blocks))
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
+        if let Some(d) = &self.direct {
+            if Self::read_direct(d, offset, buf)
+                .map_err(|source| BackendError::Read { offset, source })?
+            {
+                return Ok(());
+            }
+        }
         // read_exact_at retries on EINTR; a sparse region reads as zeros.
         self.file
             .read_exact_at(buf, offset)
             .map_err(|source| BackendError::Read { offset, source })
     }
     fn try_read_at(&self, offset: u64, buf: &mut [u8]) -> Result<bool, BackendError> {
-        if !self.nowait_reads.load(Ordering::Relaxed) {
+        // A direct read always waits for the device.
+        if self.direct.is_some() || !self.nowait_reads.load(Ordering::Relaxed) {
             return Ok(false);
         }
         self.nowait_io(offset, buf.as_mut_ptr().cast(), buf.len(), false)
             .map_err(|source| BackendError::Read { offset, source })
     }
     fn try_write_at(&self, offset: u64, buf: &[u8]) -> Result<bool, BackendError> {
+        if self.direct.is_some() {
+            return Ok(false);
+        }
         if self.nowait_writes.load(Ordering::Relaxed) {
             let done = self
                 .nowait_io(offset, buf.as_ptr() as *mut libc::c_void, buf.len(), true)
@@ -338,8 +514,16 @@ impl BlockDevice for FileDevice {
         Ok(true)
     }
     fn write_at(&self, offset: u64, buf: &[u8], fua: bool) -> Result<(), BackendError> {
+        if let Some(d) = &self.direct {
+            if self
+                .write_direct(d, offset, buf, fua)
+                .map_err(|source| BackendError::Write { offset, source })?
+            {
+                return Ok(());
+            }
+        }
         let r = if fua {
-            self.write_dsync(offset, buf)
+            Self::write_dsync(&self.file, offset, buf)
         } else {
             self.file.write_all_at(buf, offset)
         };
@@ -368,6 +552,9 @@ impl BlockDevice for FileDevice {
     }
     fn thin_provisioned(&self) -> bool {
         self.thin
+    }
+    fn async_io(&self) -> Option<&dyn AsyncIo> {
+        self.uring.as_ref().map(|u| u as &dyn AsyncIo)
     }
     fn unmap(&self, offset: u64, len: u64) -> Result<(), BackendError> {
         if !self.thin {
@@ -422,10 +609,12 @@ impl BlockDevice for FileDevice {
     }
     fn describe(&self) -> String {
         format!(
-            "{} ({} blocks of {})",
+            "{} ({} blocks of {}, {} engine{})",
             self.path.display(),
             self.num_blocks(),
-            self.block_size
+            self.block_size,
+            self.engine(),
+            if self.is_direct() { ", O_DIRECT" } else { "" }
         )
     }
 }
@@ -442,6 +631,8 @@ mod tests {
             block_size: bs,
             read_only: false,
             preallocate: false,
+            direct: false,
+            engine: IoEngine::Sync,
         }
     }
 
@@ -539,6 +730,8 @@ mod tests {
                 block_size: 512,
                 read_only: false,
                 preallocate: true,
+                direct: false,
+                engine: IoEngine::Sync,
             },
         )
         .unwrap();
@@ -558,6 +751,8 @@ mod tests {
                 block_size: 512,
                 read_only: true,
                 preallocate: false,
+                direct: false,
+                engine: IoEngine::Sync,
             },
         )
         .unwrap();
@@ -565,5 +760,90 @@ mod tests {
         let mut b = [1u8; 512];
         d.read_at(0, &mut b).unwrap();
         assert_eq!(b, [0u8; 512]);
+    }
+}
+
+#[cfg(test)]
+mod direct_tests {
+    use super::*;
+
+    #[test]
+    fn direct_mode_round_trips_unaligned_buffers_and_never_runs_inline() {
+        let dir = tempfile::tempdir().unwrap();
+        for bs in [512u32, 4096] {
+            let d = FileDevice::open(
+                &dir.path().join(format!("d{bs}")),
+                &FileOptions {
+                    size: Some(1 << 20),
+                    block_size: bs,
+                    read_only: false,
+                    preallocate: false,
+                    direct: true,
+                    engine: IoEngine::Sync,
+                },
+            )
+            .unwrap();
+            assert!(d.is_direct());
+            let len = 3 * bs as usize;
+            // A buffer one byte into an allocation is never page-aligned.
+            let mut backing = vec![0u8; len + 1];
+            let data: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+            backing[1..].copy_from_slice(&data);
+            let unaligned = &backing[1..];
+            assert_ne!(unaligned.as_ptr().align_offset(DIRECT_ALIGN), 0);
+            for (off, fua) in [(u64::from(bs), false), (8 * u64::from(bs), true)] {
+                d.write_at(off, unaligned, fua).unwrap();
+                let mut back = vec![0u8; len + 1];
+                d.read_at(off, &mut back[1..]).unwrap();
+                assert_eq!(&back[1..], &data[..]);
+                // Aligned buffers go straight through.
+                let mut a = AlignedBuf::zeroed(len);
+                d.read_at(off, a.as_mut_slice()).unwrap();
+                assert_eq!(a.as_slice(), &data[..]);
+            }
+            // Direct I/O always waits for the device: never inline.
+            let mut b = vec![0u8; 4096];
+            assert!(!d.try_read_at(0, &mut b).unwrap());
+            assert!(!d.try_write_at(0, &b).unwrap());
+            d.flush().unwrap();
+            assert!(d.describe().contains("O_DIRECT"));
+        }
+    }
+
+    #[test]
+    fn a_refused_ring_falls_back_to_sync() {
+        let p = Path::new("/x");
+        for errno in [libc::EPERM, libc::ENOSYS] {
+            assert!(uring_or_fallback(p, || Err(io::Error::from_raw_os_error(errno))).is_none());
+        }
+        // A device whose ring was refused still serves I/O, blocking.
+        let dir = tempfile::tempdir().unwrap();
+        let mut d = FileDevice::open(
+            &dir.path().join("f"),
+            &FileOptions {
+                size: Some(1 << 20),
+                block_size: 512,
+                read_only: false,
+                preallocate: false,
+                direct: false,
+                engine: IoEngine::Uring,
+            },
+        )
+        .unwrap();
+        d.uring = uring_or_fallback(p, || Err(io::Error::from_raw_os_error(libc::EPERM)));
+        assert_eq!(d.engine(), IoEngine::Sync);
+        assert!(d.async_io().is_none());
+        d.write_at(0, &[5u8; 512], true).unwrap();
+        let mut b = [0u8; 512];
+        d.read_at(0, &mut b).unwrap();
+        assert_eq!(b, [5u8; 512]);
+    }
+
+    #[test]
+    fn engine_names_parse() {
+        assert_eq!("sync".parse::<IoEngine>(), Ok(IoEngine::Sync));
+        assert_eq!("uring".parse::<IoEngine>(), Ok(IoEngine::Uring));
+        let e = "aio".parse::<IoEngine>().unwrap_err();
+        assert!(e.to_string().contains("\"sync\" or \"uring\""), "{e}");
     }
 }

@@ -4,12 +4,62 @@
 //! bytes with a logical block size, read and written at byte offsets that are
 //! always multiples of the block size. Implementations: regular files and
 //! block devices ([`file::FileDevice`]) and memory ([`ram::RamDevice`]).
+//!
+//! A file or block device can use one of two I/O engines
+//! ([`file::IoEngine`]): blocking `pread`/`pwrite` (the caller runs them on
+//! threads), or io_uring ([`uring::UringEngine`]), which takes READ, WRITE
+//! and flush requests with owned buffers through [`AsyncIo`] and completes
+//! them from one ring thread per device, without a thread per I/O. Either
+//! can open the store with `O_DIRECT` ([`aligned`] provides the aligned
+//! buffers that needs).
 #![warn(missing_docs, unreachable_pub)]
 
 use std::io;
 
+pub mod aligned;
 pub mod file;
 pub mod ram;
+pub mod uring;
+
+/// One request to an asynchronous engine ([`AsyncIo`]); buffers are owned,
+/// so they stay alive until the kernel is done with them.
+#[derive(Debug)]
+pub enum IoRequest {
+    /// Read `len` bytes at byte `offset`.
+    Read {
+        /// Byte offset.
+        offset: u64,
+        /// Bytes to read.
+        len: usize,
+    },
+    /// Write `data[..len]` at byte `offset`; with `fua` the data is on
+    /// stable storage when the request completes.
+    Write {
+        /// Byte offset.
+        offset: u64,
+        /// The data (may be longer than `len`).
+        data: Vec<u8>,
+        /// Bytes of `data` to write.
+        len: usize,
+        /// Force Unit Access.
+        fua: bool,
+    },
+    /// Make every completed write durable.
+    Flush,
+}
+
+/// Called exactly once with a request's outcome: the bytes read for a
+/// [`IoRequest::Read`], an empty vector for a write or flush. It runs on
+/// the engine's thread, so it must be quick (build a response, send it on
+/// a channel).
+pub type IoCompletion = Box<dyn FnOnce(Result<Vec<u8>, BackendError>) + Send>;
+
+/// Asynchronous submission of I/O (the io_uring engine).
+pub trait AsyncIo: Send + Sync {
+    /// Queue `req`; `done` is called when it completes or fails. Never
+    /// blocks on the I/O.
+    fn submit(&self, req: IoRequest, done: IoCompletion);
+}
 
 /// Errors a backend reports; the SCSI layer maps each to sense data.
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +157,11 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     /// Default: the size never changes.
     fn refresh_size(&self) -> Result<Option<u64>, BackendError> {
         Ok(None)
+    }
+    /// The asynchronous engine, when the device has one: READ and WRITE
+    /// can then be submitted without a thread per I/O. Default: none.
+    fn async_io(&self) -> Option<&dyn AsyncIo> {
+        None
     }
     /// Whether writes to the store persist (false for RAM).
     fn is_persistent(&self) -> bool {

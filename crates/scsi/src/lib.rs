@@ -127,5 +127,5 @@ pub struct LuConfig {
     pub physical_block_size: u32,
 }
 
-pub use disk::LogicalUnit;
+pub use disk::{AsyncIoPlan, LogicalUnit, Prepared};
 pub use target::ScsiTarget;

@@ -2,6 +2,10 @@
 //! contends: the one mechanism that makes COMPARE AND WRITE, ORWRITE and
 //! WRITE ATOMIC atomic against other writes.
 
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
 /// Bytes of medium each range lock covers.
 const STRIPE_BYTES: u64 = 1 << 20;
 const STRIPES: usize = 64;
@@ -12,18 +16,33 @@ const STRIPES: usize = 64;
 /// share a stripe, so ordinary I/O does not contend.
 #[derive(Debug)]
 pub(crate) struct RangeLocks {
-    stripes: Vec<std::sync::RwLock<()>>,
+    stripes: Vec<Arc<RwLock<()>>>,
 }
 
 pub(crate) enum StripeGuard<'a> {
-    Shared(#[allow(dead_code)] std::sync::RwLockReadGuard<'a, ()>),
-    Exclusive(#[allow(dead_code)] std::sync::RwLockWriteGuard<'a, ()>),
+    Shared(#[allow(dead_code)] parking_lot::RwLockReadGuard<'a, ()>),
+    Exclusive(#[allow(dead_code)] parking_lot::RwLockWriteGuard<'a, ()>),
+}
+
+/// Shared locks on a range that do not borrow the unit: a WRITE holds them
+/// while its asynchronous I/O is in flight (they may be released on
+/// another thread).
+pub(crate) struct OwnedRangeGuard {
+    _stripes: Vec<parking_lot::ArcRwLockReadGuard<parking_lot::RawRwLock, ()>>,
+}
+
+impl std::fmt::Debug for OwnedRangeGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnedRangeGuard")
+            .field("stripes", &self._stripes.len())
+            .finish()
+    }
 }
 
 impl RangeLocks {
     pub(crate) fn new() -> Self {
         RangeLocks {
-            stripes: (0..STRIPES).map(|_| std::sync::RwLock::new(())).collect(),
+            stripes: (0..STRIPES).map(|_| Arc::new(RwLock::new(()))).collect(),
         }
     }
 
@@ -44,14 +63,18 @@ impl RangeLocks {
     pub(crate) fn try_lock_shared(&self, off: u64, len: u64) -> Option<Vec<StripeGuard<'_>>> {
         Self::stripes_of(off, len)
             .into_iter()
-            .map(|i| match self.stripes[i].try_read() {
-                Ok(g) => Some(StripeGuard::Shared(g)),
-                Err(std::sync::TryLockError::Poisoned(e)) => {
-                    Some(StripeGuard::Shared(e.into_inner()))
-                }
-                Err(std::sync::TryLockError::WouldBlock) => None,
-            })
+            .map(|i| self.stripes[i].try_read().map(StripeGuard::Shared))
             .collect()
+    }
+
+    /// [`try_lock_shared`](Self::try_lock_shared) with guards that own their
+    /// locks.
+    pub(crate) fn try_lock_shared_owned(&self, off: u64, len: u64) -> Option<OwnedRangeGuard> {
+        Self::stripes_of(off, len)
+            .into_iter()
+            .map(|i| self.stripes[i].try_read_arc())
+            .collect::<Option<Vec<_>>>()
+            .map(|g| OwnedRangeGuard { _stripes: g })
     }
 
     pub(crate) fn lock(&self, off: u64, len: u64, exclusive: bool) -> Vec<StripeGuard<'_>> {
@@ -60,11 +83,36 @@ impl RangeLocks {
             .map(|i| {
                 let l = &self.stripes[i];
                 if exclusive {
-                    StripeGuard::Exclusive(l.write().unwrap_or_else(|e| e.into_inner()))
+                    StripeGuard::Exclusive(l.write())
                 } else {
-                    StripeGuard::Shared(l.read().unwrap_or_else(|e| e.into_inner()))
+                    StripeGuard::Shared(l.read())
                 }
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owned_shared_guards_exclude_exclusive_and_move_threads() {
+        let r = Arc::new(RangeLocks::new());
+        let g = r.try_lock_shared_owned(0, 4096).unwrap();
+        // Shared with shared, not with exclusive.
+        assert!(r.try_lock_shared(0, 4096).is_some());
+        let r2 = r.clone();
+        let waiter = std::thread::spawn(move || {
+            let _x = r2.lock(0, 4096, true);
+        });
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!waiter.is_finished());
+        // Released on another thread.
+        std::thread::spawn(move || drop(g)).join().unwrap();
+        waiter.join().unwrap();
+        let _x = r.lock(0, 4096, true);
+        assert!(r.try_lock_shared_owned(0, 4096).is_none());
+        assert!(r.try_lock_shared_owned(STRIPE_BYTES, 4096).is_some());
     }
 }

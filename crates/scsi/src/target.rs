@@ -7,7 +7,7 @@ use crate::commands::Op;
 use crate::copy::CopyManager;
 use crate::disk::LogicalUnit;
 use crate::sense::Sense;
-use crate::{Nexus, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus};
+use crate::{Nexus, Prepared, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus};
 
 /// REPORT LUNS parameter data for `luns` (peripheral addressing below 256,
 /// flat space above).
@@ -91,6 +91,27 @@ impl ScsiTarget {
             return None;
         }
         self.lun(req.lun)?.try_execute_nowait(req)
+    }
+
+    /// Plan a READ or WRITE for a LUN with an asynchronous backend (see
+    /// [`LogicalUnit::prepare_async`]) under a LUN mask; a masked or
+    /// read-only LUN, and any other command, is left to
+    /// [`execute_masked`](Self::execute_masked) ([`Prepared::Blocking`]).
+    pub fn prepare_async_masked(
+        &self,
+        req: &ScsiRequest<'_>,
+        mask: Option<&[bool]>,
+        read_only: Option<&[bool]>,
+    ) -> Prepared {
+        let Some(i) = usize::try_from(req.lun).ok() else {
+            return Prepared::Blocking;
+        };
+        let hidden = mask.is_some_and(|m| !m.get(i).copied().unwrap_or(false));
+        let ro = read_only.is_some_and(|m| m.get(i).copied().unwrap_or(false));
+        match self.lun(req.lun) {
+            Some(lu) if !hidden && !ro => lu.prepare_async(req),
+            _ => Prepared::Blocking,
+        }
     }
 
     /// Execute one command (blocking). Handles REPORT LUNS, unknown LUNs

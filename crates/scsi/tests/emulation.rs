@@ -422,6 +422,8 @@ fn thin_provisioning_on_a_sparse_file() {
             block_size: 512,
             read_only: false,
             preallocate: false,
+            direct: false,
+            engine: Default::default(),
         },
     )
     .unwrap();

@@ -10,7 +10,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ethersan_backend::file::{FileDevice, FileOptions};
+use ethersan_backend::file::{FileDevice, FileOptions, IoEngine};
 use ethersan_backend::ram::RamDevice;
 use ethersan_backend::{BackendError, BlockDevice};
 use serde::Deserialize;
@@ -226,7 +226,17 @@ pub struct LunConfig {
     /// Physical block size to report: 512 or 4096 (default 4096, the page
     /// size the backends write best), never below the logical block size.
     pub physical_block_size: u32,
+    /// Open the file or block device with `O_DIRECT` (bypass the page
+    /// cache). Not for RAM LUNs.
+    pub direct: bool,
+    /// The I/O engine for a file or block device (default
+    /// [`DEFAULT_ENGINE`]); ignored for RAM LUNs.
+    pub engine: IoEngine,
 }
+
+/// The I/O engine of a file LUN that names none: the faster one in the
+/// measurements in docs/benchmark.md ("I/O engines").
+pub const DEFAULT_ENGINE: IoEngine = IoEngine::Uring;
 
 /// Protocol limits and runtime knobs, with measured or RFC-safe defaults.
 #[derive(Debug, Clone, Deserialize)]
@@ -480,6 +490,8 @@ impl LunConfig {
             write_cache: true,
             preallocate: false,
             physical_block_size: 4096,
+            direct: false,
+            engine: DEFAULT_ENGINE,
         };
         for opt in parts {
             match opt {
@@ -487,6 +499,12 @@ impl LunConfig {
                 "removable" => lun.removable = true,
                 "wce=0" | "nowce" => lun.write_cache = false,
                 "full" | "prealloc" => lun.preallocate = true,
+                "direct" => lun.direct = true,
+                o if o.starts_with("engine=") => {
+                    lun.engine = o[7..].parse().map_err(|e| {
+                        ConfigError::Invalid(format!("LUN spec {spec:?}: engine: {e}"))
+                    })?
+                }
                 o if o.starts_with("pbs=") => {
                     lun.physical_block_size = match &o[4..] {
                         "512" => 512,
@@ -504,7 +522,7 @@ impl LunConfig {
                 o if o.starts_with("serial=") => lun.serial = Some(o[7..].to_string()),
                 o => {
                     return Err(ConfigError::Invalid(format!(
-                        "LUN spec {spec:?}: unknown option {o:?} (known: ro, removable, bs=512|4096, pbs=512|4096, serial=S, wce=0, full)"
+                        "LUN spec {spec:?}: unknown option {o:?} (known: ro, removable, bs=512|4096, pbs=512|4096, serial=S, wce=0, full, direct, engine=sync|uring)"
                     )))
                 }
             }
@@ -540,6 +558,9 @@ impl LunConfig {
         if matches!(self.backing, Backing::Ram { .. }) && self.read_only {
             return Err("a RAM LUN cannot be read-only (it would hold only zeros)".into());
         }
+        if matches!(self.backing, Backing::Ram { .. }) && self.direct {
+            return Err("direct (O_DIRECT) is for files and block devices, not RAM LUNs".into());
+        }
         Ok(())
     }
 
@@ -554,6 +575,8 @@ impl LunConfig {
                     block_size: self.block_size,
                     read_only: self.read_only,
                     preallocate: self.preallocate,
+                    direct: self.direct,
+                    engine: self.engine,
                 },
             )?),
         })
@@ -693,6 +716,11 @@ struct RawLunTable {
     write_cache: Option<bool>,
     provisioning: Option<String>,
     physical_block_size: Option<u32>,
+    /// O_DIRECT.
+    #[serde(default)]
+    direct: bool,
+    /// "sync" or "uring".
+    engine: Option<String>,
     /// LUN masking: the initiators that see this LUN.
     #[serde(default)]
     initiators: Vec<String>,
@@ -836,6 +864,13 @@ impl Config {
                             serial: tb.serial,
                             write_cache: tb.write_cache.unwrap_or(true),
                             physical_block_size: tb.physical_block_size.unwrap_or(4096),
+                            direct: tb.direct,
+                            engine: match tb.engine.as_deref() {
+                                None => DEFAULT_ENGINE,
+                                Some(e) => e
+                                    .parse()
+                                    .map_err(|e| at(Some(span.clone()), format!("engine = {e}")))?,
+                            },
                             preallocate: match tb.provisioning.as_deref() {
                                 None | Some("thin") => false,
                                 Some("full") => true,
@@ -924,6 +959,8 @@ impl Config {
                     write_cache: true,
                     preallocate: false,
                     physical_block_size: 4096,
+                    direct: false,
+                    engine: DEFAULT_ENGINE,
                 }],
             }],
             options,
@@ -1084,6 +1121,53 @@ mod tests {
         assert!(LunConfig::from_spec("ram:1000,bs=4096").is_err());
         assert!(LunConfig::from_spec("x:1G,bs=1024").is_err());
         assert!(LunConfig::from_spec("").is_err());
+    }
+
+    #[test]
+    fn engine_and_direct_keys() {
+        let l = LunConfig::from_spec("/tmp/x.img:1G").unwrap();
+        assert_eq!((l.engine, l.direct), (DEFAULT_ENGINE, false));
+        let l = LunConfig::from_spec("/tmp/x.img:1G,engine=uring,direct").unwrap();
+        assert_eq!((l.engine, l.direct), (IoEngine::Uring, true));
+        let l = LunConfig::from_spec("/dev/sdb,engine=sync").unwrap();
+        assert_eq!(l.engine, IoEngine::Sync);
+        let e = LunConfig::from_spec("/tmp/x.img:1G,engine=aio")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("engine") && e.contains("\"aio\"") && e.contains("\"uring\""),
+            "{e}"
+        );
+        let e = LunConfig::from_spec("ram:64M,direct")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not RAM"), "{e}");
+
+        let base = "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\n[[target.lun]]\n";
+        let c = Config::from_toml_str(
+            &format!("{base}path = \"/tmp/x.img\"\nengine = \"uring\"\ndirect = true\n"),
+            "t",
+        )
+        .unwrap();
+        let l = &c.targets[0].luns[0];
+        assert_eq!((l.engine, l.direct), (IoEngine::Uring, true));
+        let c = Config::from_toml_str(&format!("{base}path = \"/tmp/x.img\"\n"), "t").unwrap();
+        let l = &c.targets[0].luns[0];
+        assert_eq!((l.engine, l.direct), (DEFAULT_ENGINE, false));
+        for (bad, says) in [
+            (
+                "path = \"/x\"\nengine = \"fast\"\n",
+                "engine = unknown I/O engine \"fast\"",
+            ),
+            ("path = \"/x\"\ndirect = \"yes\"\n", ""),
+            ("ram = \"1M\"\ndirect = true\n", "not RAM"),
+        ] {
+            let e = Config::from_toml_str(&format!("{base}{bad}"), "t")
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with("t:"), "{bad}: {e}");
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -19,7 +19,7 @@ use ethersan_proto::pdu::{
 };
 use ethersan_proto::seq::{Admission, CmdWindow};
 use ethersan_proto::transfer::{data_in_segments, TransferLimits, WriteTransfer};
-use ethersan_scsi::{Nexus, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus};
+use ethersan_scsi::{Nexus, Prepared, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
@@ -704,6 +704,32 @@ impl Session {
         if let Some(resp) = inline {
             let _ = tx.send(Event::Done(itt, resp));
             return;
+        }
+        // A READ or WRITE on a LUN with an asynchronous engine (io_uring):
+        // checked here, submitted to the LUN's ring, and completed from the
+        // ring thread straight into this session's event channel; no thread
+        // waits for the I/O.
+        let prepared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            target
+                .scsi
+                .prepare_async_masked(&req, mask.as_deref(), ro.as_deref())
+        }))
+        .unwrap_or_else(|_| {
+            tracing::error!(itt, "command emulation panicked");
+            Prepared::Done(check_condition(0x04, 0x44, 0x00))
+        });
+        match prepared {
+            Prepared::Done(resp) => {
+                let _ = tx.send(Event::Done(itt, resp));
+                return;
+            }
+            Prepared::Io(plan) => {
+                plan.submit(data, move |resp| {
+                    let _ = tx.send(Event::Done(itt, resp));
+                });
+                return;
+            }
+            Prepared::Blocking => {}
         }
         tokio::task::spawn_blocking(move || {
             let req = ScsiRequest {

@@ -48,7 +48,7 @@ impl LogicalUnit {
     }
 
     /// The checked byte range of a READ.
-    fn read_plan(&self, cdb: &[u8]) -> Result<(u64, usize), Sense> {
+    pub(super) fn read_plan(&self, cdb: &[u8]) -> Result<(u64, usize), Sense> {
         let c = BlockCdb::parse(cdb);
         Self::no_protection(&c)?;
         self.range(&c)
@@ -94,7 +94,7 @@ impl LogicalUnit {
     }
 
     /// The checks of a WRITE: (byte offset, bytes to write, FUA).
-    fn write_plan(
+    pub(super) fn write_plan(
         &self,
         cdb: &[u8],
         data_out: &[u8],
@@ -288,7 +288,7 @@ impl LogicalUnit {
     /// Check that `c`'s range lies on the medium; a zero length means "to
     /// the end of the medium" (PRE-FETCH, SYNCHRONIZE CACHE). Returns the
     /// byte offset and length. No transfer limit applies: nothing moves.
-    fn cache_range(&self, c: &BlockCdb) -> Result<(u64, u64), Sense> {
+    pub(super) fn cache_range(&self, c: &BlockCdb) -> Result<(u64, u64), Sense> {
         let cap = self.dev.num_blocks();
         match c.lba.checked_add(u64::from(c.blocks)) {
             Some(end) if end <= cap && c.lba <= cap => {}

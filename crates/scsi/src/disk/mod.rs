@@ -13,6 +13,7 @@
 //! [`mode`] (MODE SENSE/SELECT), [`medium`] (START STOP UNIT, PREVENT ALLOW
 //! MEDIUM REMOVAL, REQUEST SENSE) and [`sanitize`].
 
+mod async_io;
 mod inquiry;
 mod io;
 mod medium;
@@ -38,6 +39,8 @@ use crate::unit_attention::UnitAttentions;
 use crate::{LuConfig, Nexus, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus};
 use mode::ModeState;
 use sanitize::SanitizeState;
+
+pub use async_io::{AsyncIoPlan, Prepared};
 
 /// Largest transfer one command may ask for, in bytes (VPD 0xB0).
 pub(crate) const MAX_TRANSFER_BYTES: u64 = 16 << 20;
@@ -464,21 +467,31 @@ impl LogicalUnit {
         req: &ScsiRequest<'_>,
         result: CmdResult,
     ) -> ScsiResponse {
-        let cdb = req.cdb;
+        self.respond(result, self.reported_data_out_len(def, req.cdb))
+    }
+
+    /// The Data-Out length a command reports for residuals (`None` for
+    /// commands that take no Data-Out).
+    fn reported_data_out_len(&self, def: &'static CommandDef, cdb: &[u8]) -> Option<usize> {
         let writes = matches!(
             def.op,
             Op::Write | Op::WriteVerify | Op::CompareAndWrite | Op::OrWrite | Op::WriteAtomic
         ) || (def.op == Op::WriteSame && !(cdb[0] == 0x93 && cdb[1] & 0x01 != 0));
-        let data_out_len = if writes
+        if writes
             || (def.op == Op::Verify && cdb[1] & 0x06 != 0)
             || matches!(
                 def.op,
                 Op::ModeSelect6 | Op::ModeSelect10 | Op::Unmap | Op::PrOut
-            ) {
+            )
+        {
             Some(self.data_out_len(def, cdb))
         } else {
             None
-        };
+        }
+    }
+
+    /// The response for a result.
+    fn respond(&self, result: CmdResult, data_out_len: Option<usize>) -> ScsiResponse {
         match result {
             Ok(r) => ScsiResponse {
                 status: ScsiStatus::Good,

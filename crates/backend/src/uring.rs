@@ -1,0 +1,745 @@
+//! The io_uring engine: one ring per device, owned by one thread.
+//!
+//! Callers hand [`IoRequest`]s with owned buffers to
+//! [`UringEngine::submit`] (any thread, never blocks on I/O): the request
+//! goes over a channel and an eventfd wakes the ring thread. The thread
+//! keeps a READ of that eventfd outstanding in the ring, so it sleeps in
+//! one `io_uring_enter` until either an I/O or a new request completes —
+//! no polling, and no lost wakeups: a request queued after the thread
+//! drained the channel makes the eventfd readable, which completes the
+//! outstanding read.
+//!
+//! The thread turns requests into SQEs (READ, WRITE with `RWF_DSYNC` for
+//! FUA, FSYNC with DATASYNC for a flush), continues short transfers, maps
+//! errors to [`BackendError`] exactly as the blocking engine does (so
+//! ENOSPC and EIO keep their sense codes), and calls each request's
+//! completion. Every buffer stays in the thread's table until its CQE has
+//! arrived; the thread exits only when nothing is in flight, also when the
+//! engine is dropped.
+//!
+//! With a direct (`O_DIRECT`) descriptor, transfers go through
+//! [`AlignedBuf`]s; a transfer the device refuses as misaligned (EINVAL)
+//! is retried on the buffered descriptor.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+
+use io_uring::{opcode, types, IoUring};
+
+use crate::aligned::AlignedBuf;
+use crate::{AsyncIo, BackendError, IoCompletion, IoRequest};
+
+/// Submission queue entries per ring.
+const RING_ENTRIES: u32 = 256;
+/// Most requests in flight in the kernel at once (the rest wait in order).
+const MAX_IN_FLIGHT: usize = 2 * RING_ENTRIES as usize;
+/// `user_data` of the eventfd read.
+const WAKE_TOKEN: u64 = u64::MAX;
+
+struct Job {
+    req: IoRequest,
+    done: IoCompletion,
+}
+
+/// An io_uring engine for one file or block device.
+pub struct UringEngine {
+    tx: Option<mpsc::Sender<Job>>,
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// What submitters and the ring thread share.
+struct Shared {
+    /// The wake-up eventfd.
+    wake: OwnedFd,
+    /// A wake-up is pending (the eventfd was written and the thread has
+    /// not yet seen it): later submitters need not write it again.
+    notified: AtomicBool,
+    /// The engine is being dropped: finish what is queued and exit.
+    shutdown: AtomicBool,
+}
+
+impl Shared {
+    fn kick(&self) {
+        let one: u64 = 1;
+        loop {
+            // SAFETY: writes 8 bytes from a live u64 to the eventfd owned by
+            // `self.wake`, which is open for the life of `self`.
+            let n = unsafe {
+                libc::write(
+                    self.wake.as_raw_fd(),
+                    (&one as *const u64).cast(),
+                    std::mem::size_of::<u64>(),
+                )
+            };
+            // EAGAIN cannot happen below the counter's 2^64-2 limit; EINTR
+            // is retried.
+            if n >= 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                return;
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for UringEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UringEngine").finish_non_exhaustive()
+    }
+}
+
+impl UringEngine {
+    /// Set up a ring for `buffered` (and `direct`, an `O_DIRECT` descriptor
+    /// of the same store, used for every transfer when given) and start its
+    /// thread. Fails when the kernel refuses io_uring (EPERM when disabled
+    /// by `kernel.io_uring_disabled`, ENOSYS when absent): the caller then
+    /// uses the blocking engine.
+    pub fn new(buffered: Arc<File>, direct: Option<Arc<File>>) -> io::Result<UringEngine> {
+        let ring = IoUring::new(RING_ENTRIES)?;
+        // SAFETY: eventfd only reads its integer arguments.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by eventfd and nothing else owns it.
+        let wake = unsafe { OwnedFd::from_raw_fd(fd) };
+        let shared = Arc::new(Shared {
+            wake,
+            notified: AtomicBool::new(false),
+            shutdown: AtomicBool::new(false),
+        });
+        let (tx, rx) = mpsc::channel();
+        let thread_shared = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("ethersan-uring".into())
+            .spawn(move || {
+                RingThread {
+                    ring,
+                    rx,
+                    shared: thread_shared,
+                    buffered,
+                    direct,
+                    ops: Vec::new(),
+                    free: Vec::new(),
+                    in_flight: 0,
+                    backlog: VecDeque::new(),
+                    wake_buf: Box::new(0),
+                    wake_armed: false,
+                }
+                .run()
+            })?;
+        Ok(UringEngine {
+            tx: Some(tx),
+            shared,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl AsyncIo for UringEngine {
+    fn submit(&self, req: IoRequest, done: IoCompletion) {
+        let sent = match &self.tx {
+            Some(tx) => tx.send(Job { req, done }),
+            None => Err(mpsc::SendError(Job { req, done })),
+        };
+        if let Err(mpsc::SendError(job)) = sent {
+            let err = io::Error::new(io::ErrorKind::BrokenPipe, "io_uring engine stopped");
+            (job.done)(Err(error_for(&job.req, 0, err)));
+            return;
+        }
+        // Order: the job is queued before the flag is read, and the thread
+        // clears the flag before it drains the queue, so either this call
+        // writes the eventfd or the thread's next drain sees the job.
+        if !self.shared.notified.swap(true, Ordering::SeqCst) {
+            self.shared.kick();
+        }
+    }
+}
+
+impl Drop for UringEngine {
+    fn drop(&mut self) {
+        self.tx = None;
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        // Completes the outstanding eventfd read, which the thread then does
+        // not re-arm; it exits once every I/O in flight has completed.
+        self.shared.kick();
+        if let Some(t) = self.thread.take() {
+            // The last reference can go away inside a completion, on the ring
+            // thread itself: it then exits on its own.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// A buffer the kernel may be using.
+enum Buf {
+    None,
+    /// Data to write.
+    Plain(Vec<u8>),
+    /// An empty vector whose capacity a read fills (not zeroed first: the
+    /// kernel writes every byte before the vector's length is set).
+    Fill(Vec<u8>),
+    Aligned(AlignedBuf),
+}
+
+impl Buf {
+    /// A buffer for a `len`-byte read: a plain vector when its memory
+    /// suits (always without `O_DIRECT`; with it when the allocator
+    /// happened to return page-aligned memory), else an aligned one.
+    fn for_read(len: usize, direct: bool) -> Buf {
+        let v: Vec<u8> = Vec::with_capacity(len);
+        if !direct || v.as_ptr().align_offset(crate::aligned::DIRECT_ALIGN) == 0 {
+            Buf::Fill(v)
+        } else {
+            Buf::Aligned(AlignedBuf::zeroed(len))
+        }
+    }
+
+    /// Where the transfer continues after `done` bytes.
+    fn ptr_at(&mut self, done: usize) -> *mut u8 {
+        match self {
+            Buf::None => std::ptr::null_mut(),
+            Buf::Plain(v) => v[done..].as_mut_ptr(),
+            Buf::Fill(v) => v.spare_capacity_mut()[done..].as_mut_ptr().cast(),
+            Buf::Aligned(a) => a.as_mut_slice()[done..].as_mut_ptr(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Read,
+    Write,
+    Flush,
+}
+
+/// One request in the kernel.
+struct Op {
+    kind: Kind,
+    offset: u64,
+    len: usize,
+    /// Bytes moved so far (short transfers are continued).
+    done_bytes: usize,
+    fua: bool,
+    /// Transfers go to the `O_DIRECT` descriptor.
+    direct: bool,
+    buf: Buf,
+    completion: Option<IoCompletion>,
+}
+
+struct RingThread {
+    ring: IoUring,
+    rx: mpsc::Receiver<Job>,
+    shared: Arc<Shared>,
+    buffered: Arc<File>,
+    direct: Option<Arc<File>>,
+    /// Requests in flight, indexed by `user_data`; owns their buffers.
+    ops: Vec<Option<Op>>,
+    free: Vec<usize>,
+    in_flight: usize,
+    /// Requests received but not yet submitted (ring or in-flight limit).
+    backlog: VecDeque<Job>,
+    /// Where the eventfd read lands; boxed so it never moves.
+    wake_buf: Box<u64>,
+    wake_armed: bool,
+}
+
+fn error_for(req: &IoRequest, _done: usize, source: io::Error) -> BackendError {
+    match req {
+        IoRequest::Read { offset, .. } => BackendError::Read {
+            offset: *offset,
+            source,
+        },
+        IoRequest::Write { offset, .. } => BackendError::Write {
+            offset: *offset,
+            source,
+        },
+        IoRequest::Flush => BackendError::Flush(source),
+    }
+}
+
+impl RingThread {
+    fn run(mut self) {
+        loop {
+            let shutdown = self.shared.shutdown.load(Ordering::SeqCst);
+            if !self.wake_armed && !shutdown {
+                self.arm_wake();
+            }
+            while let Ok(job) = self.rx.try_recv() {
+                self.backlog.push_back(job);
+            }
+            while self.in_flight < MAX_IN_FLIGHT {
+                let Some(job) = self.backlog.pop_front() else {
+                    break;
+                };
+                self.start(job);
+            }
+            if shutdown && self.in_flight == 0 && !self.wake_armed && self.backlog.is_empty() {
+                // Requests still in the channel (none can arrive after the
+                // sender is gone) are failed, not leaked.
+                while let Ok(job) = self.rx.try_recv() {
+                    let err = io::Error::new(io::ErrorKind::BrokenPipe, "io_uring engine stopped");
+                    let e = error_for(&job.req, 0, err);
+                    complete(job.done, Err(e));
+                }
+                return;
+            }
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
+                    ) => {}
+                Err(e) => {
+                    // Nothing sensible to do but try again; do not spin.
+                    eprintln!("ethersan: io_uring_enter failed: {e}");
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+            self.reap();
+        }
+    }
+
+    /// Push one SQE, submitting first if the submission queue is full.
+    fn push(&mut self, entry: io_uring::squeue::Entry) {
+        loop {
+            // SAFETY: every buffer an entry points to is owned by `self.ops`
+            // (or is `self.wake_buf`) and stays there, unmoved, until the
+            // entry's CQE is reaped; the descriptors are owned by `self` for
+            // the life of the thread, which ends only with nothing in flight.
+            let pushed = unsafe { self.ring.submission().push(&entry) };
+            if pushed.is_ok() {
+                return;
+            }
+            if let Err(e) = self.ring.submit() {
+                if !matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
+                ) {
+                    eprintln!("ethersan: io_uring submit failed: {e}");
+                }
+                // The CQ may be full: make room.
+                self.reap();
+            }
+        }
+    }
+
+    fn arm_wake(&mut self) {
+        let entry = opcode::Read::new(
+            types::Fd(self.shared.wake.as_raw_fd()),
+            (&mut *self.wake_buf as *mut u64).cast(),
+            8,
+        )
+        .build()
+        .user_data(WAKE_TOKEN);
+        self.push(entry);
+        self.wake_armed = true;
+    }
+
+    fn start(&mut self, job: Job) {
+        let direct = self.direct.is_some();
+        let op = match job.req {
+            IoRequest::Read { offset, len } => Op {
+                kind: Kind::Read,
+                offset,
+                len,
+                done_bytes: 0,
+                fua: false,
+                direct,
+                buf: Buf::for_read(len, direct),
+                completion: Some(job.done),
+            },
+            IoRequest::Write {
+                offset,
+                data,
+                len,
+                fua,
+            } => {
+                let len = len.min(data.len());
+                Op {
+                    kind: Kind::Write,
+                    offset,
+                    len,
+                    done_bytes: 0,
+                    fua,
+                    direct,
+                    buf: if direct && data.as_ptr().align_offset(crate::aligned::DIRECT_ALIGN) != 0
+                    {
+                        Buf::Aligned(AlignedBuf::copy_of(&data[..len]))
+                    } else {
+                        Buf::Plain(data)
+                    },
+                    completion: Some(job.done),
+                }
+            }
+            IoRequest::Flush => Op {
+                kind: Kind::Flush,
+                offset: 0,
+                len: 0,
+                done_bytes: 0,
+                fua: false,
+                direct: false,
+                buf: Buf::None,
+                completion: Some(job.done),
+            },
+        };
+        if op.kind != Kind::Flush && op.len == 0 {
+            complete(op.completion.expect("new op"), Ok(Vec::new()));
+            return;
+        }
+        let idx = match self.free.pop() {
+            Some(i) => {
+                self.ops[i] = Some(op);
+                i
+            }
+            None => {
+                self.ops.push(Some(op));
+                self.ops.len() - 1
+            }
+        };
+        self.in_flight += 1;
+        self.submit_op(idx);
+    }
+
+    /// Push the SQE for the rest of op `idx`.
+    fn submit_op(&mut self, idx: usize) {
+        let op = self.ops[idx].as_mut().expect("op in flight");
+        let fd = if op.direct {
+            self.direct.as_ref().unwrap_or(&self.buffered).as_raw_fd()
+        } else {
+            self.buffered.as_raw_fd()
+        };
+        let fd = types::Fd(fd);
+        let at = op.offset + op.done_bytes as u64;
+        let rest = (op.len - op.done_bytes).min(u32::MAX as usize) as u32;
+        let done = op.done_bytes;
+        let entry = match op.kind {
+            Kind::Read => {
+                let p = op.buf.ptr_at(done);
+                opcode::Read::new(fd, p, rest).offset(at).build()
+            }
+            Kind::Write => {
+                let p = op.buf.ptr_at(done).cast_const();
+                let flags = if op.fua { libc::RWF_DSYNC } else { 0 };
+                opcode::Write::new(fd, p, rest)
+                    .offset(at)
+                    .rw_flags(flags)
+                    .build()
+            }
+            Kind::Flush => opcode::Fsync::new(fd)
+                .flags(types::FsyncFlags::DATASYNC)
+                .build(),
+        };
+        self.push(entry.user_data(idx as u64));
+    }
+
+    fn reap(&mut self) {
+        loop {
+            let Some(cqe) = self.ring.completion().next() else {
+                return;
+            };
+            let token = cqe.user_data();
+            if token == WAKE_TOKEN {
+                self.wake_armed = false;
+                // Cleared before the next drain of the channel (see submit).
+                self.shared.notified.store(false, Ordering::SeqCst);
+                continue;
+            }
+            self.on_cqe(token as usize, cqe.result());
+        }
+    }
+
+    fn on_cqe(&mut self, idx: usize, res: i32) {
+        let op = self.ops[idx].as_mut().expect("CQE for an op in flight");
+        if res < 0 {
+            let errno = -res;
+            match errno {
+                libc::EINTR | libc::EAGAIN => return self.submit_op(idx),
+                // O_DIRECT refuses this alignment: use the page cache.
+                libc::EINVAL if op.direct => {
+                    op.direct = false;
+                    return self.submit_op(idx);
+                }
+                _ => {
+                    let source = io::Error::from_raw_os_error(errno);
+                    return self.finish(idx, Err(source));
+                }
+            }
+        }
+        let n = res as usize;
+        match op.kind {
+            Kind::Flush => self.finish(idx, Ok(())),
+            _ if n == 0 => {
+                let e = if op.kind == Kind::Read {
+                    io::Error::new(io::ErrorKind::UnexpectedEof, "failed to fill whole buffer")
+                } else {
+                    io::Error::from(io::ErrorKind::WriteZero)
+                };
+                self.finish(idx, Err(e))
+            }
+            _ => {
+                op.done_bytes += n;
+                if op.done_bytes < op.len {
+                    self.submit_op(idx)
+                } else {
+                    self.finish(idx, Ok(()))
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self, idx: usize, r: io::Result<()>) {
+        let op = self.ops[idx].take().expect("op in flight");
+        self.free.push(idx);
+        self.in_flight -= 1;
+        let Op {
+            kind,
+            offset,
+            done_bytes,
+            buf,
+            completion,
+            ..
+        } = op;
+        let outcome = match r {
+            Ok(()) => Ok(match (kind, buf) {
+                (Kind::Read, Buf::Fill(mut v)) => {
+                    // SAFETY: the read completed in full: the kernel wrote
+                    // all `done_bytes` (= the request's length, at most the
+                    // capacity) bytes at the start of the vector's buffer.
+                    unsafe { v.set_len(done_bytes) };
+                    v
+                }
+                (Kind::Read, Buf::Aligned(a)) => a.into_vec(),
+                _ => Vec::new(),
+            }),
+            Err(source) => Err(match kind {
+                Kind::Read => BackendError::Read {
+                    offset: offset + done_bytes as u64,
+                    source,
+                },
+                Kind::Write => BackendError::Write {
+                    offset: offset + done_bytes as u64,
+                    source,
+                },
+                Kind::Flush => BackendError::Flush(source),
+            }),
+        };
+        complete(completion.expect("completed once"), outcome);
+    }
+}
+
+/// Run a completion; a panic in it must not take the ring thread (and the
+/// buffers the kernel still uses) down.
+fn complete(done: IoCompletion, r: Result<Vec<u8>, BackendError>) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| done(r))).is_err() {
+        eprintln!("ethersan: an I/O completion panicked");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use crate::file::{FileDevice, FileOptions, IoEngine};
+    use crate::{BackendError, BlockDevice, IoRequest};
+
+    fn open(path: &std::path::Path, size: Option<u64>, ro: bool, direct: bool) -> FileDevice {
+        FileDevice::open(
+            path,
+            &FileOptions {
+                size,
+                block_size: 512,
+                read_only: ro,
+                preallocate: false,
+                direct,
+                engine: IoEngine::Uring,
+            },
+        )
+        .unwrap()
+    }
+
+    /// Submit and wait for the outcome.
+    fn run(d: &FileDevice, req: IoRequest) -> Result<Vec<u8>, BackendError> {
+        let (tx, rx) = mpsc::channel();
+        d.async_io()
+            .expect("uring engine")
+            .submit(req, Box::new(move |r| tx.send(r).unwrap()));
+        rx.recv().unwrap()
+    }
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(13) ^ seed)
+            .collect()
+    }
+
+    #[test]
+    fn round_trip_fua_flush_buffered_and_direct() {
+        let dir = tempfile::tempdir().unwrap();
+        for direct in [false, true] {
+            let d = open(
+                &dir.path().join(format!("r{direct}")),
+                Some(4 << 20),
+                false,
+                direct,
+            );
+            assert_eq!(
+                d.engine(),
+                IoEngine::Uring,
+                "io_uring refused on this kernel"
+            );
+            for (i, (off, len, fua)) in [
+                (0u64, 4096usize, false),
+                (8192, 131072, true),
+                (1 << 20, 512 * 3, false),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let data = pattern(len, i as u8);
+                let r = run(
+                    &d,
+                    IoRequest::Write {
+                        offset: off,
+                        data: data.clone(),
+                        len,
+                        fua,
+                    },
+                );
+                assert!(r.unwrap().is_empty());
+                assert_eq!(run(&d, IoRequest::Read { offset: off, len }).unwrap(), data);
+                // The blocking engine sees the same bytes.
+                let mut back = vec![0u8; len];
+                d.read_at(off, &mut back).unwrap();
+                assert_eq!(back, data);
+            }
+            // Only `len` bytes of a longer buffer are written.
+            let r = run(
+                &d,
+                IoRequest::Write {
+                    offset: 0,
+                    data: vec![7u8; 8192],
+                    len: 512,
+                    fua: false,
+                },
+            );
+            r.unwrap();
+            let got = run(
+                &d,
+                IoRequest::Read {
+                    offset: 0,
+                    len: 1024,
+                },
+            )
+            .unwrap();
+            assert!(got[..512].iter().all(|b| *b == 7));
+            assert_eq!(got[512..], pattern(4096, 0)[512..1024]);
+            run(&d, IoRequest::Flush).unwrap();
+            assert!(run(&d, IoRequest::Read { offset: 0, len: 0 })
+                .unwrap()
+                .is_empty());
+        }
+    }
+
+    #[test]
+    fn reads_past_the_end_fail_as_read_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = open(&dir.path().join("short"), Some(8192), false, false);
+        // Entirely past the end, and straddling it (a short read, then EOF).
+        for (off, len) in [(8192u64, 512usize), (4096, 8192)] {
+            match run(&d, IoRequest::Read { offset: off, len }) {
+                Err(BackendError::Read { source, .. }) => {
+                    assert_eq!(source.kind(), std::io::ErrorKind::UnexpectedEof)
+                }
+                other => panic!("read at {off}: {other:?}"),
+            }
+        }
+        assert_eq!(
+            run(
+                &d,
+                IoRequest::Read {
+                    offset: 4096,
+                    len: 4096
+                }
+            )
+            .unwrap()
+            .len(),
+            4096
+        );
+    }
+
+    #[test]
+    fn writes_to_a_read_only_store_fail_as_write_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("ro");
+        drop(open(&p, Some(8192), false, false));
+        let d = open(&p, None, true, false);
+        match run(
+            &d,
+            IoRequest::Write {
+                offset: 0,
+                data: vec![1; 512],
+                len: 512,
+                fua: true,
+            },
+        ) {
+            Err(BackendError::Write { offset: 0, source }) => {
+                assert_eq!(source.raw_os_error(), Some(libc::EBADF))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            run(
+                &d,
+                IoRequest::Read {
+                    offset: 0,
+                    len: 512
+                }
+            )
+            .unwrap(),
+            vec![0; 512]
+        );
+    }
+
+    #[test]
+    fn many_in_flight_all_complete_also_when_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = open(&dir.path().join("many"), Some(16 << 20), false, true);
+        let (tx, rx) = mpsc::channel();
+        // More than the ring and the in-flight limit hold.
+        let n = 2000usize;
+        for i in 0..n {
+            let tx = tx.clone();
+            let off = (i as u64 % 4096) * 4096;
+            let req = if i % 2 == 0 {
+                IoRequest::Write {
+                    offset: off,
+                    data: vec![i as u8; 4096],
+                    len: 4096,
+                    fua: false,
+                }
+            } else {
+                IoRequest::Read {
+                    offset: off,
+                    len: 4096,
+                }
+            };
+            d.async_io()
+                .unwrap()
+                .submit(req, Box::new(move |r| tx.send(r.is_ok()).unwrap()));
+        }
+        drop(tx);
+        // Dropping the device waits for the ring thread to finish them.
+        drop(d);
+        let results: Vec<bool> = rx.iter().collect();
+        assert_eq!(results.len(), n);
+        assert!(results.iter().all(|ok| *ok));
+    }
+}
