@@ -118,6 +118,9 @@ struct ServeArgs {
     /// Threads running sessions (0: one per CPU); overrides the config file's worker_threads.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=1024))]
     workers: Option<u16>,
+    /// Most connections open at once from one source address (0: no limit; default 32); overrides the config file's max_connections_per_address.
+    #[arg(long, value_name = "N")]
+    max_connections_per_address: Option<usize>,
 }
 
 fn serve_config(a: &ServeArgs) -> anyhow::Result<Config> {
@@ -237,6 +240,9 @@ fn main() -> ExitCode {
             Ok(mut cfg) => {
                 if let Some(n) = a.workers {
                     cfg.options.worker_threads = usize::from(n);
+                }
+                if let Some(n) = a.max_connections_per_address {
+                    cfg.options.max_connections_per_address = n;
                 }
                 workers = cfg.options.worker_threads;
                 serve_cfg = Some(cfg);

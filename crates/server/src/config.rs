@@ -56,6 +56,9 @@ pub struct Config {
     /// CHAP: when set, every login (normal, and discovery unless
     /// `chap_discovery` is off) must authenticate.
     pub chap: Option<ChapConfig>,
+    /// `[discovery.chap]`: discovery sessions' own credentials, overriding
+    /// `chap` (and its `discovery` switch) for them.
+    pub discovery_chap: Option<ChapConfig>,
 }
 
 /// CHAP settings (`[chap]`, or `serve --chap` / `--mutual-chap`).
@@ -80,6 +83,9 @@ pub struct TargetConfig {
     pub luns: Vec<LunConfig>,
     /// Who may log in to the target (and see it in SendTargets).
     pub access: Access,
+    /// `[target.chap]`: this target's own CHAP credentials, overriding the
+    /// global `[chap]` for logins to it.
+    pub chap: Option<ChapConfig>,
 }
 
 /// A target's access list: initiator names and source networks. Empty
@@ -258,6 +264,13 @@ pub struct Options {
     pub login_timeout_secs: u64,
     /// Most sessions at once.
     pub max_sessions: usize,
+    /// Most connections open at once from one source address (0: no
+    /// limit); more are closed before any PDU is read.
+    pub max_connections_per_address: usize,
+    /// Most bytes of key text a login (all its Continue PDUs together) or
+    /// a text negotiation may send; at least 8192, the login phase's
+    /// MaxRecvDataSegmentLength.
+    pub max_key_text_bytes: usize,
     /// Directory for default backing files.
     pub data_dir: PathBuf,
     /// Threads that run sessions (tokio workers); 0: one per CPU.
@@ -267,6 +280,22 @@ pub struct Options {
     /// to the blocking pool.
     pub inline_io: bool,
 }
+
+/// Default `max_connections_per_address`: room for many sessions and
+/// multipath from one host, far below what a single host can open to
+/// exhaust the server.
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 32;
+
+/// Default `max_key_text_bytes` (64 KiB): eight full login PDUs at the
+/// login phase's 8192-byte MaxRecvDataSegmentLength, far more than any
+/// standard negotiation needs (key names are at most 63 bytes, values at
+/// most 255 or, for a few keys, 8192), while bounding what one connection
+/// can make the target buffer.
+pub const DEFAULT_MAX_KEY_TEXT_BYTES: usize = 64 * 1024;
+
+/// Smallest `max_key_text_bytes`: one full login PDU at the login phase's
+/// MaxRecvDataSegmentLength, which RFC 7143 requires a target to accept.
+pub const MIN_KEY_TEXT_BYTES: usize = 8192;
 
 impl Default for Options {
     fn default() -> Self {
@@ -284,6 +313,8 @@ impl Default for Options {
             nop_timeout_secs: 60,
             login_timeout_secs: 15,
             max_sessions: 1024,
+            max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+            max_key_text_bytes: DEFAULT_MAX_KEY_TEXT_BYTES,
             data_dir: PathBuf::from("./ethersan-data"),
             worker_threads: 0,
             inline_io: true,
@@ -331,6 +362,13 @@ impl Options {
         }
         if self.max_sessions == 0 {
             return Err("max_sessions must be at least 1".into());
+        }
+        if !(MIN_KEY_TEXT_BYTES..=16 << 20).contains(&self.max_key_text_bytes) {
+            return Err(format!(
+                "max_key_text_bytes = {} is outside {MIN_KEY_TEXT_BYTES}..={}",
+                self.max_key_text_bytes,
+                16 << 20
+            ));
         }
         Ok(())
     }
@@ -544,6 +582,14 @@ struct RawConfig {
     #[serde(default)]
     options: Option<Spanned<Options>>,
     chap: Option<Spanned<RawChap>>,
+    discovery: Option<RawDiscovery>,
+}
+
+/// `[discovery]`: settings for discovery sessions.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDiscovery {
+    chap: Option<Spanned<RawChap>>,
 }
 
 /// `[chap]`: a secret inline, from a file, or from an environment variable.
@@ -558,12 +604,8 @@ struct RawChap {
     mutual_secret: Option<String>,
     mutual_secret_file: Option<PathBuf>,
     mutual_secret_env: Option<String>,
-    #[serde(default = "yes")]
-    discovery: bool,
-}
-
-fn yes() -> bool {
-    true
+    /// Only in the global `[chap]`: discovery sessions authenticate too.
+    discovery: Option<bool>,
 }
 
 /// One secret from exactly one of: inline, file (trailing newline dropped),
@@ -593,10 +635,17 @@ fn read_secret(
 }
 
 impl RawChap {
-    fn resolve(self) -> Result<ChapConfig, String> {
+    /// `global`: the `[chap]` table, the only one with `discovery`.
+    fn resolve(self, global: bool) -> Result<ChapConfig, String> {
         use ethersan_proto::chap::Credentials;
+        if !global && self.discovery.is_some() {
+            return Err(
+                "`discovery` belongs in the global [chap] (use [discovery.chap] for discovery credentials)"
+                    .into(),
+            );
+        }
         let secret = read_secret(self.secret, self.secret_file, self.secret_env, "secret")?
-            .ok_or("[chap] needs secret, secret_file or secret_env")?;
+            .ok_or("needs secret, secret_file or secret_env")?;
         let initiator = Credentials::new(&self.user, &secret)?;
         let mutual = read_secret(
             self.mutual_secret,
@@ -618,7 +667,7 @@ impl RawChap {
         Ok(ChapConfig {
             initiator,
             target,
-            discovery: self.discovery,
+            discovery: self.discovery.unwrap_or(true),
         })
     }
 }
@@ -634,6 +683,7 @@ struct RawTarget {
     allow_initiators: Vec<Spanned<String>>,
     #[serde(default)]
     allow_networks: Vec<Spanned<String>>,
+    chap: Option<Spanned<RawChap>>,
 }
 
 #[derive(Deserialize)]
@@ -845,11 +895,24 @@ impl Config {
                         .map_err(|e| at(Some(n.span()), format!("allow_networks: {e}")))?,
                 );
             }
+            let chap = match t.chap {
+                Some(c) => {
+                    let span = c.span();
+                    Some(c.into_inner().resolve(false).map_err(|m| {
+                        at(
+                            Some(span),
+                            format!("[target.chap] of {:?}: {m}", t.name.get_ref()),
+                        )
+                    })?)
+                }
+                None => None,
+            };
             targets.push(TargetConfig {
                 name: t.name.into_inner(),
                 alias: t.alias,
                 luns,
                 access,
+                chap,
             });
         }
         let chap = match raw.chap {
@@ -857,9 +920,28 @@ impl Config {
                 let span = c.span();
                 Some(
                     c.into_inner()
-                        .resolve()
+                        .resolve(true)
                         .map_err(|m| at(Some(span), format!("[chap]: {m}")))?,
                 )
+            }
+            None => None,
+        };
+        let discovery_chap = match raw.discovery.and_then(|d| d.chap) {
+            Some(c) => {
+                let span = c.span();
+                if chap.as_ref().is_some_and(|c| !c.discovery) {
+                    return Err(at(
+                        Some(span),
+                        "[discovery.chap] contradicts discovery = false in [chap]; remove one"
+                            .into(),
+                    ));
+                }
+                let mut d = c
+                    .into_inner()
+                    .resolve(false)
+                    .map_err(|m| at(Some(span), format!("[discovery.chap]: {m}")))?;
+                d.discovery = true;
+                Some(d)
             }
             None => None,
         };
@@ -868,6 +950,7 @@ impl Config {
             targets,
             options,
             chap,
+            discovery_chap,
         })
     }
 
@@ -884,6 +967,7 @@ impl Config {
                 name: "iqn.2026-11.org.ethersan:default".into(),
                 alias: Some("ethersan default".into()),
                 access: Access::default(),
+                chap: None,
                 luns: vec![LunConfig {
                     backing: Backing::File {
                         path: data_dir.join("default-lun0.img"),
@@ -900,6 +984,7 @@ impl Config {
             }],
             options,
             chap: None,
+            discovery_chap: None,
         }
     }
 }

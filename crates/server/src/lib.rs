@@ -9,6 +9,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod config;
+pub mod limits;
 mod login;
 pub mod registry;
 mod session;
@@ -127,7 +128,7 @@ impl Server {
             listeners.push(l);
         }
         let registry = Arc::new(Registry::new(targets, addrs));
-        let settings = Arc::new(target_settings(&config.options, config.chap.as_ref()));
+        let settings = Arc::new(target_settings(config));
         Ok(Server {
             registry,
             listeners,
@@ -172,17 +173,42 @@ impl Server {
     /// session (commands in flight finish), flush every LUN and return.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let settings = self.settings.clone();
+        // Shared by every portal: the limit is per address, not per portal.
+        let limiter = limits::ConnectionLimiter::new(self.options.max_connections_per_address);
+        let refusals = Arc::new(Refusals {
+            per_address: limits::LogThrottle::new(Duration::from_secs(1)),
+            sessions: limits::LogThrottle::new(Duration::from_secs(1)),
+        });
         let mut accepts = Vec::new();
         for l in self.listeners {
             let registry = self.registry.clone();
             let options = self.options.clone();
             let settings = settings.clone();
+            let limiter = limiter.clone();
+            let refusals = refusals.clone();
             accepts.push(tokio::spawn(async move {
                 loop {
                     match l.accept().await {
                         Ok((sock, peer)) => {
+                            // Over the address's limit: closed before any
+                            // PDU is read. The log says so at most once a
+                            // second, with how many it did not mention.
+                            let Some(guard) = limiter.try_acquire(peer.ip()) else {
+                                if let Some(more) = refusals.per_address.allow() {
+                                    warn!(
+                                        peer = %peer.ip(),
+                                        limit = options.max_connections_per_address,
+                                        refused_since_last_warning = more,
+                                        "too many connections from one address; refusing connection"
+                                    );
+                                }
+                                drop(sock);
+                                continue;
+                            };
                             if registry.session_count() >= options.max_sessions {
-                                warn!(%peer, "session limit reached; refusing connection");
+                                if let Some(more) = refusals.sessions.allow() {
+                                    warn!(%peer, refused_since_last_warning = more, "session limit reached; refusing connection");
+                                }
                                 drop(sock);
                                 continue;
                             }
@@ -190,6 +216,8 @@ impl Server {
                             let options = options.clone();
                             let settings = settings.clone();
                             tokio::spawn(async move {
+                                // Held until the connection ends, however.
+                                let _guard = guard;
                                 handle_connection(sock, peer, registry, options, settings).await;
                             });
                         }
@@ -231,20 +259,34 @@ fn digests(list: &str) -> Vec<ethersan_proto::negotiate::Digest> {
         .collect()
 }
 
-fn target_settings(o: &Options, chap: Option<&config::ChapConfig>) -> TargetSettings {
-    let (auth, auth_discovery) = match chap {
-        Some(c) => (
-            ethersan_proto::negotiate::AuthPolicy::Chap {
-                initiator: c.initiator.clone(),
-                target: c.target.clone(),
-            },
-            c.discovery,
-        ),
+/// Warnings about refused connections, each at most once a second.
+struct Refusals {
+    per_address: limits::LogThrottle,
+    sessions: limits::LogThrottle,
+}
+
+fn chap_policy(c: &config::ChapConfig) -> ethersan_proto::negotiate::AuthPolicy {
+    ethersan_proto::negotiate::AuthPolicy::Chap {
+        initiator: c.initiator.clone(),
+        target: c.target.clone(),
+    }
+}
+
+fn target_settings(config: &Config) -> TargetSettings {
+    let o = &config.options;
+    let (auth, auth_discovery) = match &config.chap {
+        Some(c) => (chap_policy(c), c.discovery),
         None => (ethersan_proto::negotiate::AuthPolicy::None, true),
     };
     TargetSettings {
         auth,
         auth_discovery,
+        discovery_auth: config.discovery_chap.as_ref().map(chap_policy),
+        target_auth: config
+            .targets
+            .iter()
+            .filter_map(|t| t.chap.as_ref().map(|c| (t.name.clone(), chap_policy(c))))
+            .collect(),
         header_digests: digests(&o.header_digest),
         data_digests: digests(&o.data_digest),
         max_recv_data_segment_length: o.max_recv_data_segment_length,
@@ -282,15 +324,7 @@ async fn serve_stream<R, W>(
     R: tokio::io::AsyncRead + Unpin + Send + 'static,
     W: tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    // Repeated authentication failures from one address slow it down.
     let peer_ip = peer.parse::<std::net::SocketAddr>().ok().map(|a| a.ip());
-    if let Some(ip) = peer_ip {
-        let wait = registry.auth_delay(ip);
-        if !wait.is_zero() {
-            debug!(%peer, ?wait, "delaying a login after repeated authentication failures");
-            tokio::time::sleep(wait).await;
-        }
-    }
     let mut reader = PduReader::new(rd, 8192);
     let (out, writer) = spawn_writer(wr);
     let (ev_tx, ev_rx) = mpsc::unbounded_channel::<Event>();
@@ -303,19 +337,13 @@ async fn serve_stream<R, W>(
             &settings,
             ev_tx.clone(),
             peer_ip,
+            options.max_key_text_bytes,
         ),
     )
     .await;
     let outcome = match login {
         Ok(Ok(o)) => o,
         Ok(Err(e)) => {
-            if matches!(e, login::LoginError::Rejected(2, 1)) {
-                // Never the secret or the response: who and from where.
-                warn!(%peer, "login refused: authentication failed");
-                if let Some(ip) = peer_ip {
-                    registry.auth_failed(ip);
-                }
-            }
             debug!(%peer, %e, "login failed");
             drop(out);
             let _ = writer.await;
@@ -326,9 +354,6 @@ async fn serve_stream<R, W>(
             return;
         }
     };
-    if let Some(ip) = peer_ip {
-        registry.auth_succeeded(ip);
-    }
     let p = &outcome.params;
     info!(%peer, initiator = %p.initiator_name, target = ?outcome.target.as_ref().map(|t| &t.name), isid = ?outcome.isid, "session started");
     reader.header_digest = p.header_digest;
@@ -373,6 +398,7 @@ async fn serve_stream<R, W>(
         options: SessionOptions {
             queue_depth: options.queue_depth,
             inline_io: options.inline_io,
+            max_key_text: options.max_key_text_bytes,
             nop_interval: (options.nop_interval_secs > 0)
                 .then(|| Duration::from_secs(options.nop_interval_secs)),
             nop_timeout: Duration::from_secs(options.nop_timeout_secs.max(1)),

@@ -16,7 +16,7 @@ use ethersan_proto::pdu::{LoginRequest, LoginResponse, Pdu, RawPdu};
 use ethersan_proto::text::{encode_text, parse_text, TextAssembler};
 use tokio::io::AsyncRead;
 use tokio::sync::mpsc;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::registry::{Registry, TargetEntry};
 use crate::wire::{Frame, PduReader, ReadError, WriterMsg};
@@ -68,7 +68,12 @@ struct Stage {
 
 /// Drive the login phase on a connection. `events` is the channel the
 /// session will receive its events on; it is registered with the registry
-/// when the session comes into being.
+/// when the session comes into being. `max_text` bounds the key text of one
+/// request (all its Continue PDUs together).
+///
+/// Failed authentications count against (initiator name, `peer_ip`): once
+/// there have been several, the first answer to that pair waits (see
+/// [`crate::limits::AuthThrottle`]).
 pub(crate) async fn login<R: AsyncRead + Unpin>(
     reader: &mut PduReader<R>,
     out: &mpsc::UnboundedSender<WriterMsg>,
@@ -76,6 +81,56 @@ pub(crate) async fn login<R: AsyncRead + Unpin>(
     settings: &TargetSettings,
     events: mpsc::UnboundedSender<crate::session::Event>,
     peer_ip: Option<std::net::IpAddr>,
+    max_text: usize,
+) -> Result<LoginOutcome, LoginError> {
+    let mut who: Option<String> = None;
+    let r = login_inner(
+        reader, out, registry, settings, events, peer_ip, max_text, &mut who,
+    )
+    .await;
+    match (&r, peer_ip) {
+        (Err(LoginError::Rejected(2, 1)), Some(ip)) => {
+            let name = who.as_deref().unwrap_or("");
+            // Never the secret or the response: who and from where.
+            warn!(
+                peer = %ip,
+                initiator = ?printable(name),
+                "login refused: authentication failed"
+            );
+            registry.auth_throttle().failed(name, ip);
+        }
+        (Ok(o), Some(ip)) => registry
+            .auth_throttle()
+            .succeeded(&o.params.initiator_name, ip),
+        _ => {}
+    }
+    r
+}
+
+/// An initiator-supplied name, shortened for the log (the name itself is
+/// not secret; its length is the peer's choice).
+fn printable(name: &str) -> &str {
+    const MAX: usize = 223;
+    if name.len() <= MAX {
+        return name;
+    }
+    let mut end = MAX;
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    &name[..end]
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn login_inner<R: AsyncRead + Unpin>(
+    reader: &mut PduReader<R>,
+    out: &mpsc::UnboundedSender<WriterMsg>,
+    registry: &Arc<Registry>,
+    settings: &TargetSettings,
+    events: mpsc::UnboundedSender<crate::session::Event>,
+    peer_ip: Option<std::net::IpAddr>,
+    max_text: usize,
+    who: &mut Option<String>,
 ) -> Result<LoginOutcome, LoginError> {
     // CHAP's identifier and challenge come from the OS's CSPRNG.
     let mut nonce = [0u8; 1 + ethersan_proto::chap::CHALLENGE_LEN];
@@ -84,7 +139,7 @@ pub(crate) async fn login<R: AsyncRead + Unpin>(
     let mut challenge = [0u8; ethersan_proto::chap::CHALLENGE_LEN];
     challenge.copy_from_slice(&nonce[1..]);
     let mut neg = TargetNegotiator::new(settings.clone()).with_nonce(nonce[0], challenge);
-    let mut asm = TextAssembler::default();
+    let mut asm = TextAssembler::new(max_text);
     let mut st = Stage {
         first: None,
         stat_sn: 0,
@@ -143,6 +198,9 @@ pub(crate) async fn login<R: AsyncRead + Unpin>(
                 continue;
             }
             Err(e) => {
+                // Text over max_key_text_bytes too: an initiator error
+                // (0x0200), not "out of resources" (0x0302), which would
+                // invite the initiator to retry the same login (§11.13.5).
                 debug!(%e, "bad login text");
                 return Err(reject(out, &st, Some(&req), status::INITIATOR_ERROR));
             }
@@ -154,6 +212,20 @@ pub(crate) async fn login<R: AsyncRead + Unpin>(
                 return Err(reject(out, &st, Some(&req), status::INITIATOR_ERROR));
             }
         };
+        // Back-off after failed authentications of this name from this
+        // address: before the first answer that could lead to a challenge.
+        if who.is_none() {
+            if let Some((_, name)) = keys.iter().find(|(k, _)| k == "InitiatorName") {
+                *who = Some(name.clone());
+                if let Some(ip) = peer_ip {
+                    let wait = registry.auth_throttle().delay(name, ip);
+                    if !wait.is_zero() {
+                        debug!(peer = %ip, ?wait, "delaying a login after repeated authentication failures");
+                        tokio::time::sleep(wait).await;
+                    }
+                }
+            }
+        }
         let answer = if req.csg == 0 {
             neg.security_keys(&keys)
         } else {
