@@ -480,6 +480,19 @@ impl TargetNegotiator {
             .auth_for(self.is_discovery(), self.params.target_name.as_deref())
     }
 
+    /// Whether the policy that applies now is met: nothing to do, or a
+    /// finished CHAP exchange that checked that policy's credentials (a
+    /// TargetName given after the exchange cannot switch them).
+    fn auth_satisfied(&self) -> bool {
+        match self.auth_policy() {
+            AuthPolicy::None => true,
+            policy @ AuthPolicy::Chap { .. } => {
+                self.chap_policy.as_ref() == Some(policy)
+                    && self.chap.as_ref().is_some_and(|c| c.is_done())
+            }
+        }
+    }
+
     /// Identity keys first: the policy for AuthMethod and the need for
     /// authentication depend on SessionType and TargetName.
     fn identity_first(keys: &[(String, String)]) -> impl Iterator<Item = &(String, String)> {
@@ -554,7 +567,7 @@ impl TargetNegotiator {
                 rest.push(kv);
             }
         }
-        if *self.auth_policy() != AuthPolicy::None && !self.auth_done {
+        if !self.auth_satisfied() {
             return Err(NegotiationError::AuthFailed);
         }
         // Without a security stage there is nothing to authenticate with.
@@ -768,16 +781,7 @@ impl TargetNegotiator {
         if !p.is_discovery() && p.target_name.is_none() {
             return Err(NegotiationError::Missing("TargetName"));
         }
-        let policy = self.auth_policy();
-        if !self.auth_done && *policy != AuthPolicy::None {
-            return Err(NegotiationError::AuthFailed);
-        }
-        // CHAP must have checked the credentials of the policy that applies
-        // now (a TargetName given after the exchange cannot switch them).
-        if matches!(policy, AuthPolicy::Chap { .. })
-            && (self.chap_policy.as_ref() != Some(policy)
-                || !self.chap.as_ref().is_some_and(|c| c.is_done()))
-        {
+        if !self.auth_satisfied() {
             return Err(NegotiationError::AuthFailed);
         }
         // FirstBurstLength never exceeds MaxBurstLength (§13.14).
@@ -1164,6 +1168,91 @@ mod tests {
         let r = n.security_keys(&pairs(&[("AuthMethod", "CHAP")])).unwrap();
         assert_eq!(get(&r, "AuthMethod"), Some("Reject"));
         assert!(!n.can_transit(0, 1));
+    }
+
+    #[test]
+    fn per_target_and_discovery_policies() {
+        let chap = |u: &str, s: &str| AuthPolicy::Chap {
+            initiator: crate::chap::Credentials::new(u, s.as_bytes()).unwrap(),
+            target: None,
+        };
+        let settings = TargetSettings {
+            auth: AuthPolicy::None,
+            target_auth: vec![("iqn.2026-11.x:a".into(), chap("ua", "secret-of-a-123"))],
+            discovery_auth: Some(chap("ud", "discovery-secret")),
+            ..TargetSettings::default()
+        };
+        assert_eq!(settings.auth_for(false, Some("iqn.2026-11.x:a")), &chap("ua", "secret-of-a-123"));
+        assert_eq!(settings.auth_for(false, Some("iqn.2026-11.x:b")), &AuthPolicy::None);
+        assert_eq!(settings.auth_for(false, None), &AuthPolicy::None);
+        assert_eq!(settings.auth_for(true, None), &chap("ud", "discovery-secret"));
+        let old_style = TargetSettings {
+            auth: chap("g", "global-secret-1"),
+            auth_discovery: false,
+            ..TargetSettings::default()
+        };
+        assert_eq!(old_style.auth_for(true, None), &AuthPolicy::None);
+        assert_eq!(old_style.auth_for(false, Some("x")), &chap("g", "global-secret-1"));
+        let nonce = (1, [7u8; crate::chap::CHALLENGE_LEN]);
+        let new = || TargetNegotiator::new(settings.clone()).with_nonce(nonce.0, nonce.1);
+        // TargetName after AuthMethod still decides the policy.
+        let mut n = new();
+        let a = n
+            .security_keys(&pairs(&[
+                ("InitiatorName", "iqn.x:i"),
+                ("AuthMethod", "CHAP,None"),
+                ("TargetName", "iqn.2026-11.x:a"),
+            ]))
+            .unwrap();
+        assert_eq!(get(&a, "AuthMethod"), Some("CHAP"));
+        let mut n = new();
+        assert_eq!(
+            n.security_keys(&pairs(&[
+                ("AuthMethod", "None"),
+                ("InitiatorName", "iqn.x:i"),
+                ("TargetName", "iqn.2026-11.x:a"),
+            ])),
+            Err(NegotiationError::AuthFailed)
+        );
+        // Target b needs nothing.
+        let mut n = new();
+        let a = n
+            .security_keys(&pairs(&[
+                ("InitiatorName", "iqn.x:i"),
+                ("AuthMethod", "CHAP,None"),
+                ("TargetName", "iqn.2026-11.x:b"),
+            ]))
+            .unwrap();
+        assert_eq!(get(&a, "AuthMethod"), Some("None"));
+        n.operational_keys(&[]).unwrap();
+        n.finish().unwrap();
+        // Skipping the security stage does not skip a target's CHAP …
+        let mut n = new();
+        assert_eq!(
+            n.operational_keys(&pairs(&[
+                ("InitiatorName", "iqn.x:i"),
+                ("MaxBurstLength", "65536"),
+                ("TargetName", "iqn.2026-11.x:a"),
+            ])),
+            Err(NegotiationError::AuthFailed)
+        );
+        // … nor discovery's.
+        let mut n = new();
+        assert_eq!(
+            n.operational_keys(&pairs(&[
+                ("InitiatorName", "iqn.x:i"),
+                ("SessionType", "Discovery"),
+            ])),
+            Err(NegotiationError::AuthFailed)
+        );
+        // Authenticated for nothing, then naming a CHAP target: refused.
+        let mut n = new();
+        let a = n
+            .security_keys(&pairs(&[("InitiatorName", "iqn.x:i"), ("AuthMethod", "None")]))
+            .unwrap();
+        assert_eq!(get(&a, "AuthMethod"), Some("None"));
+        assert!(n.operational_keys(&pairs(&[("TargetName", "iqn.2026-11.x:a")])).is_err());
+        assert_eq!(n.finish(), Err(NegotiationError::AuthFailed));
     }
 
     #[test]

@@ -1073,6 +1073,78 @@ mod tests {
     }
 
     #[test]
+    fn per_target_and_discovery_chap() {
+        let targets = "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.x:a\"\nlun = [\"ram:1M\"]\n[target.chap]\nuser = \"ua\"\nsecret = \"secret-of-a-123\"\nmutual_user = \"ta\"\nmutual_secret = \"target-a-secret\"\n[[target]]\nname = \"iqn.2026-11.org.x:b\"\nlun = [\"ram:1M\"]\n[[target]]\nname = \"iqn.2026-11.org.x:c\"\nlun = [\"ram:1M\"]\n[target.chap]\nuser = \"uc\"\nsecret = \"secret-of-c-123\"\n";
+        let c = Config::from_toml_str(
+            &format!("{targets}[chap]\nuser = \"g\"\nsecret = \"global-secret-1\"\n[discovery.chap]\nuser = \"d\"\nsecret = \"discovery-secret\"\n"),
+            "t",
+        )
+        .unwrap();
+        let a = c.targets[0].chap.as_ref().unwrap();
+        assert_eq!(a.initiator.user, "ua");
+        assert_eq!(a.target.as_ref().unwrap().user, "ta");
+        assert!(c.targets[1].chap.is_none(), "b uses the global [chap]");
+        assert_eq!(c.targets[2].chap.as_ref().unwrap().initiator.user, "uc");
+        assert_eq!(c.chap.as_ref().unwrap().initiator.user, "g");
+        assert_eq!(c.discovery_chap.as_ref().unwrap().initiator.secret, b"discovery-secret");
+        // Neither global nor discovery CHAP: only the targets that ask.
+        let c = Config::from_toml_str(targets, "t").unwrap();
+        assert!(c.chap.is_none() && c.discovery_chap.is_none());
+        // Mistakes name the table and the line, never the secret.
+        for (bad, line, what) in [
+            ("[discovery.chap]\nuser = \"d\"\n", 19, "[discovery.chap]"),
+            ("[discovery.chap]\nuser = \"d\"\nsecret = \"discovery-secret\"\ndiscovery = true\n", 19, "[discovery.chap]"),
+            ("[chap]\nuser = \"g\"\nsecret = \"global-secret-1\"\ndiscovery = false\n[discovery.chap]\nuser = \"d\"\nsecret = \"discovery-secret\"\n", 23, "contradicts"),
+            ("[discovery]\nchap_user = \"x\"\n", 20, "unknown field"),
+        ] {
+            let e = Config::from_toml_str(&format!("{targets}{bad}"), "t")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(&format!("t:{line}:")) && e.contains(what), "{bad}: {e}");
+            assert!(!e.contains("discovery-secret") && !e.contains("global-secret-1"), "{e}");
+        }
+        for (bad, what) in [
+            ("user = \"x\"\nsecret = \"short\"\n", "at least 12"),
+            ("user = \"x\"\n", "needs secret"),
+            ("user = \"x\"\nsecret = \"secret-of-x-123\"\ndiscovery = false\n", "belongs in the global"),
+            ("user = \"x\"\nsecret = \"secret-of-x-123\"\nmutual_user = \"t\"\nmutual_secret = \"secret-of-x-123\"\n", "must differ"),
+        ] {
+            let text = format!("portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.x:a\"\nlun = [\"ram:1M\"]\n[target.chap]\n{bad}");
+            let e = Config::from_toml_str(&text, "t").unwrap_err().to_string();
+            assert!(
+                e.starts_with("t:5:") && e.contains("[target.chap] of \"iqn.2026-11.org.x:a\"") && e.contains(what),
+                "{bad}: {e}"
+            );
+            assert!(!e.contains("secret-of-x-123"), "{e}");
+        }
+    }
+
+    #[test]
+    fn connection_and_key_text_limits() {
+        let o = Options::default();
+        assert_eq!(o.max_connections_per_address, 32);
+        assert_eq!(o.max_key_text_bytes, 65536);
+        let base = "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\nlun = [\"ram:1M\"]\n";
+        let c = Config::from_toml_str(
+            &format!("{base}[options]\nmax_connections_per_address = 0\nmax_key_text_bytes = 8192\n"),
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.options.max_connections_per_address, 0);
+        assert_eq!(c.options.max_key_text_bytes, 8192);
+        for bad in [
+            "max_key_text_bytes = 8191",
+            "max_key_text_bytes = 16777217",
+            "max_connections_per_address = -1",
+        ] {
+            let e = Config::from_toml_str(&format!("{base}[options]\n{bad}\n"), "t")
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with("t:"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn sizes() {
         assert_eq!(parse_size("64M").unwrap(), 64 << 20);
         assert_eq!(parse_size("1G").unwrap(), 1 << 30);
