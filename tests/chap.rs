@@ -353,11 +353,17 @@ fn per_target_and_discovery_credentials() {
     };
     let ls = run("iscsi-ls", &["-i", id, &portal(Some(z))], limit);
     assert!(
-        ls.status.success() && [TARGET_A, TARGET_B, TARGET_C].iter().all(|t| text(&ls).contains(t)),
+        ls.status.success()
+            && [TARGET_A, TARGET_B, TARGET_C]
+                .iter()
+                .all(|t| text(&ls).contains(t)),
         "{}",
         text(&ls)
     );
-    for (c, what) in [(Some(x), "discovery with X"), (None, "discovery without CHAP")] {
+    for (c, what) in [
+        (Some(x), "discovery with X"),
+        (None, "discovery without CHAP"),
+    ] {
         let o = run("iscsi-ls", &["-i", id, &portal(c)], limit);
         assert!(
             !text(&o).contains(TARGET_A),
@@ -368,7 +374,11 @@ fn per_target_and_discovery_credentials() {
     // ethersan's own client: discover --chap and user%secret URLs.
     let zc = format!("{}:{}", z.0, z.1);
     let o = ethersan(&["discover", "--json", "--chap", &zc, &server.addr], None);
-    assert!(o.status.success() && text(&o).contains(TARGET_B), "{}", text(&o));
+    assert!(
+        o.status.success() && text(&o).contains(TARGET_B),
+        "{}",
+        text(&o)
+    );
     let xc = format!("{}:{}", x.0, x.1);
     let o = ethersan(&["discover", "--chap", &xc, &server.addr], None);
     assert!(
@@ -413,13 +423,25 @@ fn back_off_follows_the_name_and_caps_the_address() {
     );
     // Another initiator name from the same address logs in at once.
     let good = url(&server, USER, SECRET, "");
-    let (o, t) = timed(&|| run("iscsi-inq", &["-i", "iqn.2026-11.org.test:other", &good], limit));
+    let (o, t) = timed(&|| {
+        run(
+            "iscsi-inq",
+            &["-i", "iqn.2026-11.org.test:other", &good],
+            limit,
+        )
+    });
     assert!(o.status.success(), "{}", text(&o));
-    assert!(t < Duration::from_millis(900), "another name was slowed: {t:?}");
+    assert!(
+        t < Duration::from_millis(900),
+        "another name was slowed: {t:?}"
+    );
     // The hammered name itself waits, even with the right secret.
     let (o, t) = timed(&|| ethersan(&["inquiry", &good], None));
     assert!(o.status.success(), "{}", text(&o));
-    assert!(t >= Duration::from_millis(1900), "the failing name was not slowed: {t:?}");
+    assert!(
+        t >= Duration::from_millis(1900),
+        "the failing name was not slowed: {t:?}"
+    );
     // Rotating names: eight failing names (the client's success above
     // cleared its own record) and then every new name from this address
     // waits.
@@ -429,7 +451,16 @@ fn back_off_follows_the_name_and_caps_the_address() {
         assert!(!o.status.success());
         assert!(t < Duration::from_millis(900), "{name}: {t:?}");
     }
-    let (o, t) = timed(&|| run("iscsi-inq", &["-i", "iqn.2026-11.org.test:fresh", &good], limit));
+    let (o, t) = timed(&|| {
+        run(
+            "iscsi-inq",
+            &["-i", "iqn.2026-11.org.test:fresh", &good],
+            limit,
+        )
+    });
     assert!(o.status.success(), "{}", text(&o));
-    assert!(t >= Duration::from_millis(900), "name rotation was not slowed: {t:?}");
+    assert!(
+        t >= Duration::from_millis(900),
+        "name rotation was not slowed: {t:?}"
+    );
 }

@@ -116,7 +116,7 @@ fn half_open_connections_and_garbage_do_not_lock_out_a_good_client() {
     let mut junk = Vec::new();
     for i in 0..50u32 {
         let mut s = connect_from(&rt, &format!("127.0.2.{}", i % 10 + 1), &server.addr);
-        let mut bytes = vec![0u8; 48];
+        let mut bytes = [0u8; 48];
         bytes[0] = (i % 64) as u8;
         bytes[5..8].copy_from_slice(&[0xff, 0xff, 0xff]);
         let _ = s.write_all(&bytes[..(16 + i as usize % 33)]);

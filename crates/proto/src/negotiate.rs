@@ -1182,17 +1182,29 @@ mod tests {
             discovery_auth: Some(chap("ud", "discovery-secret")),
             ..TargetSettings::default()
         };
-        assert_eq!(settings.auth_for(false, Some("iqn.2026-11.x:a")), &chap("ua", "secret-of-a-123"));
-        assert_eq!(settings.auth_for(false, Some("iqn.2026-11.x:b")), &AuthPolicy::None);
+        assert_eq!(
+            settings.auth_for(false, Some("iqn.2026-11.x:a")),
+            &chap("ua", "secret-of-a-123")
+        );
+        assert_eq!(
+            settings.auth_for(false, Some("iqn.2026-11.x:b")),
+            &AuthPolicy::None
+        );
         assert_eq!(settings.auth_for(false, None), &AuthPolicy::None);
-        assert_eq!(settings.auth_for(true, None), &chap("ud", "discovery-secret"));
+        assert_eq!(
+            settings.auth_for(true, None),
+            &chap("ud", "discovery-secret")
+        );
         let old_style = TargetSettings {
             auth: chap("g", "global-secret-1"),
             auth_discovery: false,
             ..TargetSettings::default()
         };
         assert_eq!(old_style.auth_for(true, None), &AuthPolicy::None);
-        assert_eq!(old_style.auth_for(false, Some("x")), &chap("g", "global-secret-1"));
+        assert_eq!(
+            old_style.auth_for(false, Some("x")),
+            &chap("g", "global-secret-1")
+        );
         let nonce = (1, [7u8; crate::chap::CHALLENGE_LEN]);
         let new = || TargetNegotiator::new(settings.clone()).with_nonce(nonce.0, nonce.1);
         // TargetName after AuthMethod still decides the policy.
@@ -1248,10 +1260,15 @@ mod tests {
         // Authenticated for nothing, then naming a CHAP target: refused.
         let mut n = new();
         let a = n
-            .security_keys(&pairs(&[("InitiatorName", "iqn.x:i"), ("AuthMethod", "None")]))
+            .security_keys(&pairs(&[
+                ("InitiatorName", "iqn.x:i"),
+                ("AuthMethod", "None"),
+            ]))
             .unwrap();
         assert_eq!(get(&a, "AuthMethod"), Some("None"));
-        assert!(n.operational_keys(&pairs(&[("TargetName", "iqn.2026-11.x:a")])).is_err());
+        assert!(n
+            .operational_keys(&pairs(&[("TargetName", "iqn.2026-11.x:a")]))
+            .is_err());
         assert_eq!(n.finish(), Err(NegotiationError::AuthFailed));
     }
 

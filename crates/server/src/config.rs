@@ -1086,7 +1086,10 @@ mod tests {
         assert!(c.targets[1].chap.is_none(), "b uses the global [chap]");
         assert_eq!(c.targets[2].chap.as_ref().unwrap().initiator.user, "uc");
         assert_eq!(c.chap.as_ref().unwrap().initiator.user, "g");
-        assert_eq!(c.discovery_chap.as_ref().unwrap().initiator.secret, b"discovery-secret");
+        assert_eq!(
+            c.discovery_chap.as_ref().unwrap().initiator.secret,
+            b"discovery-secret"
+        );
         // Neither global nor discovery CHAP: only the targets that ask.
         let c = Config::from_toml_str(targets, "t").unwrap();
         assert!(c.chap.is_none() && c.discovery_chap.is_none());
@@ -1126,7 +1129,9 @@ mod tests {
         assert_eq!(o.max_key_text_bytes, 65536);
         let base = "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\nlun = [\"ram:1M\"]\n";
         let c = Config::from_toml_str(
-            &format!("{base}[options]\nmax_connections_per_address = 0\nmax_key_text_bytes = 8192\n"),
+            &format!(
+                "{base}[options]\nmax_connections_per_address = 0\nmax_key_text_bytes = 8192\n"
+            ),
             "t",
         )
         .unwrap();

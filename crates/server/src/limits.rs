@@ -240,7 +240,13 @@ impl AuthThrottle {
                 Self::remove(&mut t, &oldest);
             }
         }
-        t.pairs.insert(key, Failures { count: 1, last: now });
+        t.pairs.insert(
+            key,
+            Failures {
+                count: 1,
+                last: now,
+            },
+        );
         *t.names_per_ip.entry(key.0).or_insert(0) += 1;
     }
 
@@ -327,7 +333,9 @@ mod tests {
         let other = l.try_acquire(ip("10.0.0.2")).expect("another address");
         assert_eq!(l.open_from(ip("10.0.0.1")), 2);
         drop(a);
-        let c = l.try_acquire(ip("10.0.0.1")).expect("a place was given back");
+        let c = l
+            .try_acquire(ip("10.0.0.1"))
+            .expect("a place was given back");
         drop((b, c, other));
         assert_eq!(l.addresses(), 0, "no entries left behind");
         let unlimited = ConnectionLimiter::new(0);
@@ -359,10 +367,17 @@ mod tests {
         let now = Instant::now();
         let nat = ip("192.0.2.7");
         for i in 0..3 {
-            assert_eq!(t.delay_at("iqn.x:attacker", nat, now), Duration::ZERO, "{i}");
+            assert_eq!(
+                t.delay_at("iqn.x:attacker", nat, now),
+                Duration::ZERO,
+                "{i}"
+            );
             t.failed_at("iqn.x:attacker", nat, now);
         }
-        assert_eq!(t.delay_at("iqn.x:attacker", nat, now), Duration::from_secs(1));
+        assert_eq!(
+            t.delay_at("iqn.x:attacker", nat, now),
+            Duration::from_secs(1)
+        );
         for _ in 0..20 {
             t.failed_at("iqn.x:attacker", nat, now);
         }
@@ -370,7 +385,10 @@ mod tests {
         // Another initiator behind the same NAT, and the same name from
         // elsewhere, are not slowed.
         assert_eq!(t.delay_at("iqn.x:victim", nat, now), Duration::ZERO);
-        assert_eq!(t.delay_at("iqn.x:attacker", ip("192.0.2.8"), now), Duration::ZERO);
+        assert_eq!(
+            t.delay_at("iqn.x:attacker", ip("192.0.2.8"), now),
+            Duration::ZERO
+        );
         // Failures expire.
         let later = now + AUTH_FAILURE_MEMORY + Duration::from_secs(1);
         assert_eq!(t.delay_at("iqn.x:attacker", nat, later), Duration::ZERO);
@@ -397,7 +415,10 @@ mod tests {
         }
         assert_eq!(t.delay_at("iqn.x:fresh", a, now), MAX_AUTH_DELAY);
         // Other addresses are unaffected.
-        assert_eq!(t.delay_at("iqn.x:fresh", ip("198.51.100.2"), now), Duration::ZERO);
+        assert_eq!(
+            t.delay_at("iqn.x:fresh", ip("198.51.100.2"), now),
+            Duration::ZERO
+        );
     }
 
     #[test]
@@ -406,7 +427,11 @@ mod tests {
         let start = Instant::now();
         for i in 0..1000u32 {
             let now = start + Duration::from_millis(u64::from(i));
-            t.failed_at(&format!("iqn.x:{i}"), ip(&format!("10.0.{}.{}", i / 256, i % 256)), now);
+            t.failed_at(
+                &format!("iqn.x:{i}"),
+                ip(&format!("10.0.{}.{}", i / 256, i % 256)),
+                now,
+            );
             assert!(t.len() <= 16);
         }
         let now = start + Duration::from_millis(1000);
@@ -414,7 +439,10 @@ mod tests {
         for _ in 0..2 {
             t.failed_at("iqn.x:999", ip("10.0.3.231"), now);
         }
-        assert_eq!(t.delay_at("iqn.x:999", ip("10.0.3.231"), now), Duration::from_secs(1));
+        assert_eq!(
+            t.delay_at("iqn.x:999", ip("10.0.3.231"), now),
+            Duration::from_secs(1)
+        );
         let inner = lock(&t.table);
         assert_eq!(inner.pairs.len(), 16);
         assert_eq!(

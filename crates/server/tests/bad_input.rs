@@ -707,7 +707,10 @@ async fn text_request_over_max_key_text_bytes_gets_a_reject() {
         let (bhs, data) = read_pdu(&mut sock).await.expect("a text response");
         match Pdu::decode(&bhs).unwrap() {
             Pdu::TextResponse(r) => {
-                assert!(!r.final_bit && !r.continue_bit && data.is_empty(), "{i}: {r:?}");
+                assert!(
+                    !r.final_bit && !r.continue_bit && data.is_empty(),
+                    "{i}: {r:?}"
+                );
                 assert_ne!(r.ttt, RESERVED_TAG);
                 ttt = r.ttt;
             }
@@ -722,7 +725,11 @@ async fn text_request_over_max_key_text_bytes_gets_a_reject() {
         Pdu::Reject(r) => assert_eq!(r.reason, pdu::reject_reason::LONG_OPERATION_REJECT),
         other => panic!("expected Reject, got {other:?}"),
     }
-    assert_eq!(&data[..48], &piece[..48], "Reject carries the offending header");
+    assert_eq!(
+        &data[..48],
+        &piece[..48],
+        "Reject carries the offending header"
+    );
     // The session goes on: a new text request (split in two) is answered.
     let q = encode_text(&[("SendTargets", "All")]);
     sock.write_all(&text_pdu(21, 4, RESERVED_TAG, true, &q[..5]))
