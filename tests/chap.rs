@@ -464,3 +464,36 @@ fn back_off_follows_the_name_and_caps_the_address() {
         "name rotation was not slowed: {t:?}"
     );
 }
+
+/// The back-off wait does not count against the login timeout: with a 1 s
+/// timeout, a login slowed by 2 s with the right secret still succeeds.
+#[test]
+fn a_slowed_login_with_the_right_secret_is_not_cut_off_by_the_login_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("slow.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "portals = [\"127.0.0.1:0\"]\n[options]\nlogin_timeout_secs = 1\n\
+             [[target]]\nname = \"{IQN}\"\nlun = [\"ram:4M\"]\n\
+             [chap]\nuser = \"{USER}\"\nsecret = \"{SECRET}\"\n"
+        ),
+    )
+    .unwrap();
+    let server =
+        Server::start_args(&["serve".into(), "--config".into(), cfg.display().to_string()]);
+    let bad = url(&server, USER, "wrong-secret-999", "");
+    for i in 0..4 {
+        let o = ethersan(&["inquiry", &bad], None);
+        assert!(
+            !o.status.success() && text(&o).contains("authentication failure"),
+            "attempt {i}: {}",
+            text(&o)
+        );
+    }
+    let t = Instant::now();
+    let o = ethersan(&["inquiry", &url(&server, USER, SECRET, "")], None);
+    let took = t.elapsed();
+    assert!(o.status.success(), "after {took:?}: {}", text(&o));
+    assert!(took >= Duration::from_millis(1900), "not slowed: {took:?}");
+}

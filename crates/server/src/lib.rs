@@ -328,8 +328,10 @@ async fn serve_stream<R, W>(
     let mut reader = PduReader::new(rd, 8192);
     let (out, writer) = spawn_writer(wr);
     let (ev_tx, ev_rx) = mpsc::unbounded_channel::<Event>();
+    // The login enforces login_timeout_secs itself (back-off waits
+    // excluded); this outer bound only guards against a bug there.
     let login = tokio::time::timeout(
-        Duration::from_secs(options.login_timeout_secs),
+        Duration::from_secs(options.login_timeout_secs) + limits::MAX_AUTH_DELAY * 2,
         login::login(
             &mut reader,
             &out,
@@ -338,6 +340,7 @@ async fn serve_stream<R, W>(
             ev_tx.clone(),
             peer_ip,
             options.max_key_text_bytes,
+            Duration::from_secs(options.login_timeout_secs),
         ),
     )
     .await;

@@ -57,6 +57,9 @@ pub(crate) enum LoginError {
     /// We rejected the login with this status (already sent).
     #[error("login rejected with status {0:#04x}/{1:#04x}")]
     Rejected(u8, u8),
+    /// The login did not finish within the login timeout.
+    #[error("login timed out")]
+    TimedOut,
 }
 
 struct Stage {
@@ -69,11 +72,13 @@ struct Stage {
 /// Drive the login phase on a connection. `events` is the channel the
 /// session will receive its events on; it is registered with the registry
 /// when the session comes into being. `max_text` bounds the key text of one
-/// request (all its Continue PDUs together).
+/// request (all its Continue PDUs together); the login must finish within
+/// `timeout`.
 ///
 /// Failed authentications count against (initiator name, `peer_ip`): once
 /// there have been several, the first answer to that pair waits (see
-/// [`crate::limits::AuthThrottle`]).
+/// [`crate::limits::AuthThrottle`]). That wait does not count against
+/// `timeout`, so a slowed initiator with the right secret still logs in.
 pub(crate) async fn login<R: AsyncRead + Unpin>(
     reader: &mut PduReader<R>,
     out: &mpsc::UnboundedSender<WriterMsg>,
@@ -82,10 +87,20 @@ pub(crate) async fn login<R: AsyncRead + Unpin>(
     events: mpsc::UnboundedSender<crate::session::Event>,
     peer_ip: Option<std::net::IpAddr>,
     max_text: usize,
+    timeout: std::time::Duration,
 ) -> Result<LoginOutcome, LoginError> {
     let mut who: Option<String> = None;
+    let mut deadline = tokio::time::Instant::now() + timeout;
     let r = login_inner(
-        reader, out, registry, settings, events, peer_ip, max_text, &mut who,
+        reader,
+        out,
+        registry,
+        settings,
+        events,
+        peer_ip,
+        max_text,
+        &mut who,
+        &mut deadline,
     )
     .await;
     match (&r, peer_ip) {
@@ -131,6 +146,7 @@ async fn login_inner<R: AsyncRead + Unpin>(
     peer_ip: Option<std::net::IpAddr>,
     max_text: usize,
     who: &mut Option<String>,
+    deadline: &mut tokio::time::Instant,
 ) -> Result<LoginOutcome, LoginError> {
     // CHAP's identifier and challenge come from the OS's CSPRNG.
     let mut nonce = [0u8; 1 + ethersan_proto::chap::CHALLENGE_LEN];
@@ -150,7 +166,9 @@ async fn login_inner<R: AsyncRead + Unpin>(
     // Response text waiting to be sent in pieces (C bit).
     let mut pending_out: Option<(Vec<u8>, LoginResponse)> = None;
     loop {
-        let raw: RawPdu = reader.read().await?;
+        let raw: RawPdu = tokio::time::timeout_at(*deadline, reader.read())
+            .await
+            .map_err(|_| LoginError::TimedOut)??;
         let req = match Pdu::decode(&raw.bhs) {
             Ok(Pdu::LoginRequest(r)) => r,
             _ => {
@@ -222,6 +240,7 @@ async fn login_inner<R: AsyncRead + Unpin>(
                     if !wait.is_zero() {
                         debug!(peer = %ip, ?wait, "delaying a login after repeated authentication failures");
                         tokio::time::sleep(wait).await;
+                        *deadline += wait;
                     }
                 }
             }
