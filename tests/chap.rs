@@ -497,3 +497,47 @@ fn a_slowed_login_with_the_right_secret_is_not_cut_off_by_the_login_timeout() {
     assert!(o.status.success(), "after {took:?}: {}", text(&o));
     assert!(took >= Duration::from_millis(1900), "not slowed: {took:?}");
 }
+
+/// `serve --discovery-chap`: discovery sessions take their own credentials.
+#[test]
+fn discovery_chap_on_the_command_line() {
+    let server = Server::start_args(&[
+        "serve".into(),
+        "--target".into(),
+        IQN.into(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--lun".into(),
+        "ram:4M".into(),
+        "--chap".into(),
+        format!("{USER}:{SECRET}"),
+        "--discovery-chap".into(),
+        "zuser:z-secret-12345".into(),
+    ]);
+    let o = ethersan(
+        &["discover", "--chap", "zuser:z-secret-12345", &server.addr],
+        None,
+    );
+    assert!(o.status.success() && text(&o).contains(IQN), "{}", text(&o));
+    for wrong in [
+        format!("{USER}:{SECRET}"),
+        "zuser:wrong-secret-99".to_string(),
+    ] {
+        let o = ethersan(&["discover", "--chap", &wrong, &server.addr], None);
+        assert!(
+            !o.status.success() && text(&o).contains("authentication failure"),
+            "{wrong}: {}",
+            text(&o)
+        );
+    }
+    let o = ethersan(&["inquiry", &url(&server, USER, SECRET, "")], None);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = ethersan(
+        &["inquiry", &url(&server, "zuser", "z-secret-12345", "")],
+        None,
+    );
+    assert!(
+        !o.status.success(),
+        "discovery credentials opened the target"
+    );
+}
