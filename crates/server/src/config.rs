@@ -68,7 +68,8 @@ pub struct ChapConfig {
     pub initiator: ethersan_proto::chap::Credentials,
     /// The target's own, for mutual CHAP.
     pub target: Option<ethersan_proto::chap::Credentials>,
-    /// Discovery sessions authenticate too.
+    /// Discovery sessions authenticate too (meaningful in the global
+    /// `[chap]` only; `[discovery.chap]` and `[target.chap]` set it true).
     pub discovery: bool,
 }
 

@@ -339,8 +339,10 @@ async fn serve_stream<R, W>(
             &settings,
             ev_tx.clone(),
             peer_ip,
-            options.max_key_text_bytes,
-            Duration::from_secs(options.login_timeout_secs),
+            login::LoginLimits {
+                max_text: options.max_key_text_bytes,
+                timeout: Duration::from_secs(options.login_timeout_secs),
+            },
         ),
     )
     .await;

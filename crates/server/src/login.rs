@@ -69,16 +69,25 @@ struct Stage {
     csg: u8,
 }
 
+/// Bounds on one login.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LoginLimits {
+    /// Most bytes of key text in one request, its Continue PDUs together.
+    pub(crate) max_text: usize,
+    /// Time the login may take (back-off waits excluded).
+    pub(crate) timeout: std::time::Duration,
+}
+
 /// Drive the login phase on a connection. `events` is the channel the
 /// session will receive its events on; it is registered with the registry
-/// when the session comes into being. `max_text` bounds the key text of one
-/// request (all its Continue PDUs together); the login must finish within
-/// `timeout`.
+/// when the session comes into being. `limits.max_text` bounds the key
+/// text of one request (all its Continue PDUs together); the login must
+/// finish within `limits.timeout`.
 ///
 /// Failed authentications count against (initiator name, `peer_ip`): once
 /// there have been several, the first answer to that pair waits (see
 /// [`crate::limits::AuthThrottle`]). That wait does not count against
-/// `timeout`, so a slowed initiator with the right secret still logs in.
+/// the timeout, so a slowed initiator with the right secret still logs in.
 pub(crate) async fn login<R: AsyncRead + Unpin>(
     reader: &mut PduReader<R>,
     out: &mpsc::UnboundedSender<WriterMsg>,
@@ -86,11 +95,10 @@ pub(crate) async fn login<R: AsyncRead + Unpin>(
     settings: &TargetSettings,
     events: mpsc::UnboundedSender<crate::session::Event>,
     peer_ip: Option<std::net::IpAddr>,
-    max_text: usize,
-    timeout: std::time::Duration,
+    limits: LoginLimits,
 ) -> Result<LoginOutcome, LoginError> {
     let mut who: Option<String> = None;
-    let mut deadline = tokio::time::Instant::now() + timeout;
+    let mut deadline = tokio::time::Instant::now() + limits.timeout;
     let r = login_inner(
         reader,
         out,
@@ -98,7 +106,7 @@ pub(crate) async fn login<R: AsyncRead + Unpin>(
         settings,
         events,
         peer_ip,
-        max_text,
+        limits.max_text,
         &mut who,
         &mut deadline,
     )
