@@ -115,6 +115,15 @@ struct ServeArgs {
         conflicts_with = "config"
     )]
     mutual_chap: Option<String>,
+    /// Discovery sessions must authenticate with these credentials (instead of --chap's) as USER:SECRET; also from $ETHERSAN_DISCOVERY_CHAP.
+    #[arg(
+        long,
+        value_name = "USER:SECRET",
+        env = "ETHERSAN_DISCOVERY_CHAP",
+        hide_env_values = true,
+        conflicts_with = "config"
+    )]
+    discovery_chap: Option<String>,
     /// Threads running sessions (0: one per CPU); overrides the config file's worker_threads.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=1024))]
     workers: Option<u16>,
@@ -124,6 +133,9 @@ struct ServeArgs {
     /// file's placement.
     #[arg(long, value_name = "shared|pinned")]
     placement: Option<ethersan_server::config::Placement>,
+    /// Most connections open at once from one source address (0: no limit; default 32); overrides the config file's max_connections_per_address.
+    #[arg(long, value_name = "N")]
+    max_connections_per_address: Option<usize>,
 }
 
 fn serve_config(a: &ServeArgs) -> anyhow::Result<Config> {
@@ -174,6 +186,15 @@ fn serve_config(a: &ServeArgs) -> anyhow::Result<Config> {
         cfg.chap = Some(ethersan_server::config::ChapConfig {
             initiator,
             target,
+            discovery: true,
+        });
+    }
+    if let Some(spec) = &a.discovery_chap {
+        let initiator =
+            Credentials::parse(spec).map_err(|e| anyhow::anyhow!("--discovery-chap: {e}"))?;
+        cfg.discovery_chap = Some(ethersan_server::config::ChapConfig {
+            initiator,
+            target: None,
             discovery: true,
         });
     }
@@ -246,6 +267,9 @@ fn main() -> ExitCode {
                 }
                 if let Some(p) = a.placement {
                     cfg.options.placement = p;
+                }
+                if let Some(n) = a.max_connections_per_address {
+                    cfg.options.max_connections_per_address = n;
                 }
                 workers = cfg.options.worker_threads;
                 // Pinned workers carry the connections; the main runtime

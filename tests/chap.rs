@@ -283,3 +283,261 @@ fn ethersan_client_speaks_chap_to_tgt() {
     let o = ethersan(&["inquiry", &bad], None);
     assert!(!o.status.success(), "tgt accepted a wrong secret");
 }
+
+const TARGET_A: &str = "iqn.2026-11.org.ethersan:a";
+const TARGET_B: &str = "iqn.2026-11.org.ethersan:b";
+const TARGET_C: &str = "iqn.2026-11.org.ethersan:c";
+
+/// Target A takes credentials X, target B takes Y (its secret from a
+/// file), target C none, discovery takes Z: each refuses the others'.
+#[test]
+fn per_target_and_discovery_credentials() {
+    require_tool("iscsi-inq");
+    require_tool("iscsi-ls");
+    let dir = tempfile::tempdir().unwrap();
+    let y_file = dir.path().join("y.secret");
+    std::fs::write(&y_file, "y-secret-67890\n").unwrap();
+    let cfg = dir.path().join("chap.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "portals = [\"127.0.0.1:0\"]\n\
+             [[target]]\nname = \"{TARGET_A}\"\nlun = [\"ram:4M\"]\n\
+             [target.chap]\nuser = \"xuser\"\nsecret = \"x-secret-12345\"\n\
+             [[target]]\nname = \"{TARGET_B}\"\nlun = [\"ram:4M\"]\n\
+             [target.chap]\nuser = \"yuser\"\nsecret_file = {:?}\n\
+             [[target]]\nname = \"{TARGET_C}\"\nlun = [\"ram:4M\"]\n\
+             [discovery.chap]\nuser = \"zuser\"\nsecret = \"z-secret-12345\"\n",
+            y_file.display().to_string()
+        ),
+    )
+    .unwrap();
+    let server =
+        Server::start_args(&["serve".into(), "--config".into(), cfg.display().to_string()]);
+    let limit = Duration::from_secs(30);
+    let x = ("xuser", "x-secret-12345");
+    let y = ("yuser", "y-secret-67890");
+    let z = ("zuser", "z-secret-12345");
+    let lun_url = |t: &str, c: Option<(&str, &str)>| match c {
+        Some((u, s)) => format!("iscsi://{u}%{s}@{}/{t}/0", server.addr),
+        None => format!("iscsi://{}/{t}/0", server.addr),
+    };
+    // One initiator name per group keeps each under the back-off threshold.
+    let inq = |name: &str, url: &str| run("iscsi-inq", &["-i", name, url], limit);
+    let ok = |o: &Output, what: &str| assert!(o.status.success(), "{what}: {}", text(o));
+    let refused = |o: &Output, what: &str| {
+        assert!(
+            !o.status.success() && text(o).contains("Authentication failure"),
+            "{what} was not refused: {}",
+            text(o)
+        )
+    };
+    let ia = "iqn.2026-11.org.test:ia";
+    ok(&inq(ia, &lun_url(TARGET_A, Some(x))), "A with X");
+    refused(&inq(ia, &lun_url(TARGET_A, Some(y))), "A with Y");
+    refused(&inq(ia, &lun_url(TARGET_A, Some(z))), "A with Z");
+    refused(&inq(ia, &lun_url(TARGET_A, None)), "A without CHAP");
+    let ib = "iqn.2026-11.org.test:ib";
+    ok(&inq(ib, &lun_url(TARGET_B, Some(y))), "B with Y");
+    refused(&inq(ib, &lun_url(TARGET_B, Some(x))), "B with X");
+    refused(&inq(ib, &lun_url(TARGET_B, Some(z))), "B with Z");
+    ok(
+        &inq("iqn.2026-11.org.test:ic", &lun_url(TARGET_C, None)),
+        "C needs no CHAP",
+    );
+    // Discovery: Z only; it lists every target.
+    let id = "iqn.2026-11.org.test:id";
+    let portal = |c: Option<(&str, &str)>| match c {
+        Some((u, s)) => format!("iscsi://{u}%{s}@{}", server.addr),
+        None => format!("iscsi://{}", server.addr),
+    };
+    let ls = run("iscsi-ls", &["-i", id, &portal(Some(z))], limit);
+    assert!(
+        ls.status.success()
+            && [TARGET_A, TARGET_B, TARGET_C]
+                .iter()
+                .all(|t| text(&ls).contains(t)),
+        "{}",
+        text(&ls)
+    );
+    for (c, what) in [
+        (Some(x), "discovery with X"),
+        (None, "discovery without CHAP"),
+    ] {
+        let o = run("iscsi-ls", &["-i", id, &portal(c)], limit);
+        assert!(
+            !text(&o).contains(TARGET_A),
+            "{what} listed targets: {}",
+            text(&o)
+        );
+    }
+    // ethersan's own client: discover --chap and user%secret URLs.
+    let zc = format!("{}:{}", z.0, z.1);
+    let o = ethersan(&["discover", "--json", "--chap", &zc, &server.addr], None);
+    assert!(
+        o.status.success() && text(&o).contains(TARGET_B),
+        "{}",
+        text(&o)
+    );
+    let xc = format!("{}:{}", x.0, x.1);
+    let o = ethersan(&["discover", "--chap", &xc, &server.addr], None);
+    assert!(
+        !o.status.success() && text(&o).contains("authentication failure"),
+        "{}",
+        text(&o)
+    );
+    let o = ethersan(&["inquiry", &lun_url(TARGET_B, Some(y))], None);
+    assert!(o.status.success(), "{}", text(&o));
+    // The log names who failed, never a secret.
+    let log = server.log.lock().unwrap().join("\n");
+    assert!(log.contains("authentication failed"), "{log}");
+    for s in [x.1, y.1, z.1] {
+        assert!(!log.contains(s), "a secret reached the log");
+    }
+}
+
+/// Back-off is per (initiator name, address): hammering one name slows
+/// that name, not another initiator from the same address; failing with
+/// many names from one address slows every name from it.
+#[test]
+fn back_off_follows_the_name_and_caps_the_address() {
+    require_tool("iscsi-inq");
+    let server = server();
+    let limit = Duration::from_secs(60);
+    let timed = |f: &dyn Fn() -> Output| {
+        let t = Instant::now();
+        let o = f();
+        (o, t.elapsed())
+    };
+    // The client's name fails five times: the 4th and 5th wait.
+    let bad = url(&server, USER, "wrong-secret-999", "");
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        let (o, t) = timed(&|| ethersan(&["inquiry", &bad], None));
+        assert!(!o.status.success());
+        times.push(t);
+    }
+    assert!(
+        times[3] >= Duration::from_millis(900) && times[4] >= Duration::from_millis(1900),
+        "no back-off: {times:?}"
+    );
+    // Another initiator name from the same address logs in at once.
+    let good = url(&server, USER, SECRET, "");
+    let (o, t) = timed(&|| {
+        run(
+            "iscsi-inq",
+            &["-i", "iqn.2026-11.org.test:other", &good],
+            limit,
+        )
+    });
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        t < Duration::from_millis(900),
+        "another name was slowed: {t:?}"
+    );
+    // The hammered name itself waits, even with the right secret.
+    let (o, t) = timed(&|| ethersan(&["inquiry", &good], None));
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        t >= Duration::from_millis(1900),
+        "the failing name was not slowed: {t:?}"
+    );
+    // Rotating names: eight failing names (the client's success above
+    // cleared its own record) and then every new name from this address
+    // waits.
+    for i in 0..8 {
+        let name = format!("iqn.2026-11.org.test:rot{i}");
+        let (o, t) = timed(&|| run("iscsi-inq", &["-i", &name, &bad], limit));
+        assert!(!o.status.success());
+        assert!(t < Duration::from_millis(900), "{name}: {t:?}");
+    }
+    let (o, t) = timed(&|| {
+        run(
+            "iscsi-inq",
+            &["-i", "iqn.2026-11.org.test:fresh", &good],
+            limit,
+        )
+    });
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        t >= Duration::from_millis(900),
+        "name rotation was not slowed: {t:?}"
+    );
+}
+
+/// The back-off wait does not count against the login timeout: with a 1 s
+/// timeout, a login slowed by 2 s with the right secret still succeeds.
+#[test]
+fn a_slowed_login_with_the_right_secret_is_not_cut_off_by_the_login_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("slow.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "portals = [\"127.0.0.1:0\"]\n[options]\nlogin_timeout_secs = 1\n\
+             [[target]]\nname = \"{IQN}\"\nlun = [\"ram:4M\"]\n\
+             [chap]\nuser = \"{USER}\"\nsecret = \"{SECRET}\"\n"
+        ),
+    )
+    .unwrap();
+    let server =
+        Server::start_args(&["serve".into(), "--config".into(), cfg.display().to_string()]);
+    let bad = url(&server, USER, "wrong-secret-999", "");
+    for i in 0..4 {
+        let o = ethersan(&["inquiry", &bad], None);
+        assert!(
+            !o.status.success() && text(&o).contains("authentication failure"),
+            "attempt {i}: {}",
+            text(&o)
+        );
+    }
+    let t = Instant::now();
+    let o = ethersan(&["inquiry", &url(&server, USER, SECRET, "")], None);
+    let took = t.elapsed();
+    assert!(o.status.success(), "after {took:?}: {}", text(&o));
+    assert!(took >= Duration::from_millis(1900), "not slowed: {took:?}");
+}
+
+/// `serve --discovery-chap`: discovery sessions take their own credentials.
+#[test]
+fn discovery_chap_on_the_command_line() {
+    let server = Server::start_args(&[
+        "serve".into(),
+        "--target".into(),
+        IQN.into(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--lun".into(),
+        "ram:4M".into(),
+        "--chap".into(),
+        format!("{USER}:{SECRET}"),
+        "--discovery-chap".into(),
+        "zuser:z-secret-12345".into(),
+    ]);
+    let o = ethersan(
+        &["discover", "--chap", "zuser:z-secret-12345", &server.addr],
+        None,
+    );
+    assert!(o.status.success() && text(&o).contains(IQN), "{}", text(&o));
+    for wrong in [
+        format!("{USER}:{SECRET}"),
+        "zuser:wrong-secret-99".to_string(),
+    ] {
+        let o = ethersan(&["discover", "--chap", &wrong, &server.addr], None);
+        assert!(
+            !o.status.success() && text(&o).contains("authentication failure"),
+            "{wrong}: {}",
+            text(&o)
+        );
+    }
+    let o = ethersan(&["inquiry", &url(&server, USER, SECRET, "")], None);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = ethersan(
+        &["inquiry", &url(&server, "zuser", "z-secret-12345", "")],
+        None,
+    );
+    assert!(
+        !o.status.success(),
+        "discovery credentials opened the target"
+    );
+}

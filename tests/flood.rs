@@ -1,15 +1,94 @@
 //! Three hundred idle half-open connections and a stream of garbage must
 //! not stop a good client from logging in and doing I/O, and the server's
-//! memory stays bounded.
+//! memory stays bounded. One address opening more connections than
+//! `max_connections_per_address` gets the excess closed at once, and a
+//! client from another address is not affected.
 
 mod common;
 
-use std::io::Write;
-use std::net::TcpStream;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::{Server, IQN};
+
+/// A TCP connection to `to` from source address `from` (any loopback
+/// address works on Linux: 127.0.0.0/8 is all local).
+async fn connect_from_async(from: &str, to: &str) -> std::io::Result<tokio::net::TcpStream> {
+    let sock = tokio::net::TcpSocket::new_v4()?;
+    sock.bind(SocketAddr::new(from.parse().unwrap(), 0))?;
+    sock.connect(to.parse().unwrap()).await
+}
+
+fn connect_from(rt: &tokio::runtime::Runtime, from: &str, to: &str) -> TcpStream {
+    let s = rt
+        .block_on(connect_from_async(from, to))
+        .unwrap_or_else(|e| panic!("connect from {from}: {e}"));
+    let s = s.into_std().unwrap();
+    s.set_nonblocking(false).unwrap();
+    s
+}
+
+/// Log in from source address `from` with ethersan's initiator over a
+/// bound socket, then write and read back `rounds` × 64 KiB.
+async fn good_client_from(from: &str, addr: &str, rounds: u64) {
+    let opts = ethersan_initiator::LoginOptions {
+        target_name: Some(IQN.into()),
+        ..Default::default()
+    };
+    let s = tokio::time::timeout(Duration::from_secs(10), async {
+        let sock = connect_from_async(from, addr).await?;
+        // Really from `from`: an unbound socket would come from 127.0.0.1
+        // and be counted with the flood.
+        assert_eq!(sock.local_addr()?.ip().to_string(), from);
+        let _ = sock.set_nodelay(true);
+        let (rd, wr) = sock.into_split();
+        ethersan_initiator::login(rd, wr, &opts).await
+    })
+    .await
+    .expect("login took more than 10 s under the flood")
+    .unwrap_or_else(|e| panic!("login from {from} refused under the flood: {e}"));
+    s.clear_unit_attention(0).await.unwrap();
+    let data = Bytes::from(vec![0x3cu8; 65536]);
+    for i in 0..rounds {
+        assert_eq!(
+            s.write16(0, i * 128, data.clone(), 512, false)
+                .await
+                .unwrap()
+                .status,
+            0
+        );
+        let r = s.read16(0, i * 128, 128, 512).await.unwrap();
+        assert!(r.status == 0 && r.data == data[..]);
+    }
+    let _ = s.logout().await;
+}
+
+/// Which of `socks` the server has closed within `wait` (EOF or reset).
+fn closed_by_server(socks: &mut [TcpStream], wait: Duration) -> Vec<bool> {
+    for s in socks.iter() {
+        s.set_nonblocking(true).unwrap();
+    }
+    let mut closed = vec![false; socks.len()];
+    let deadline = Instant::now() + wait;
+    while Instant::now() < deadline {
+        for (i, s) in socks.iter_mut().enumerate() {
+            if closed[i] {
+                continue;
+            }
+            let mut b = [0u8; 64];
+            match s.read(&mut b) {
+                Ok(0) => closed[i] = true,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => closed[i] = true,
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    closed
+}
 
 fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -26,16 +105,18 @@ fn half_open_connections_and_garbage_do_not_lock_out_a_good_client() {
     let server = Server::start(&["ram:16M"]);
     let pid = server.child.id();
     let before = rss_kib(pid);
-    // 300 connections that never log in.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // 300 connections that never log in, from 20 addresses (15 each, under
+    // the default 32 per address, so all of them are held open).
     let idle: Vec<TcpStream> = (0..300)
-        .map(|_| TcpStream::connect(&server.addr).unwrap())
+        .map(|i| connect_from(&rt, &format!("127.0.1.{}", i % 20 + 1), &server.addr))
         .collect();
     // 50 connections that send garbage: random bytes, a BHS claiming a
     // huge data segment, half a header.
     let mut junk = Vec::new();
     for i in 0..50u32 {
-        let mut s = TcpStream::connect(&server.addr).unwrap();
-        let mut bytes = vec![0u8; 48];
+        let mut s = connect_from(&rt, &format!("127.0.2.{}", i % 10 + 1), &server.addr);
+        let mut bytes = [0u8; 48];
         bytes[0] = (i % 64) as u8;
         bytes[5..8].copy_from_slice(&[0xff, 0xff, 0xff]);
         let _ = s.write_all(&bytes[..(16 + i as usize % 33)]);
@@ -43,35 +124,14 @@ fn half_open_connections_and_garbage_do_not_lock_out_a_good_client() {
         junk.push(s);
     }
     // A good client still logs in and reads and writes, promptly.
-    let rt = tokio::runtime::Runtime::new().unwrap();
     let started = Instant::now();
-    rt.block_on(async {
-        let opts = ethersan_initiator::LoginOptions {
-            target_name: Some(IQN.into()),
-            ..Default::default()
-        };
-        let s = tokio::time::timeout(
-            Duration::from_secs(10),
-            ethersan_initiator::connect(&server.addr, &opts),
-        )
-        .await
-        .expect("login took more than 10 s under the flood")
-        .expect("login refused under the flood");
-        s.clear_unit_attention(0).await.unwrap();
-        let data = Bytes::from(vec![0x3cu8; 65536]);
-        for i in 0..64 {
-            assert_eq!(
-                s.write16(0, i * 128, data.clone(), 512, false)
-                    .await
-                    .unwrap()
-                    .status,
-                0
-            );
-            let r = s.read16(0, i * 128, 128, 512).await.unwrap();
-            assert!(r.status == 0 && r.data == data[..]);
-        }
-        let _ = s.logout().await;
-    });
+    rt.block_on(good_client_from("127.0.0.2", &server.addr, 64));
+    // None of the flood was refused: it was within every limit.
+    let log = server.log.lock().unwrap().join("\n");
+    assert!(
+        !log.contains("too many connections"),
+        "connections under the limit were refused: {log}"
+    );
     println!(
         "good client done in {:?} beside 350 bad connections",
         started.elapsed()
@@ -85,4 +145,72 @@ fn half_open_connections_and_garbage_do_not_lock_out_a_good_client() {
     );
     drop(idle);
     drop(junk);
+}
+
+#[test]
+fn one_address_over_its_connection_limit_does_not_lock_out_another() {
+    const LIMIT: usize = 8;
+    let server = Server::start_args(&[
+        "serve".into(),
+        "--target".into(),
+        IQN.into(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--lun".into(),
+        "ram:16M".into(),
+        "--max-connections-per-address".into(),
+        LIMIT.to_string(),
+    ]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // 127.0.0.1 opens five times its limit and keeps them all open.
+    let mut flood: Vec<TcpStream> = (0..5 * LIMIT)
+        .map(|_| connect_from(&rt, "127.0.0.1", &server.addr))
+        .collect();
+    // Meanwhile 127.0.0.2 logs in and does I/O.
+    rt.block_on(good_client_from("127.0.0.2", &server.addr, 16));
+    // The excess was closed at once (no PDU was ever sent); the first
+    // LIMIT stay open, waiting for a login.
+    let closed = closed_by_server(&mut flood, Duration::from_secs(3));
+    let n_closed = closed.iter().filter(|c| **c).count();
+    assert_eq!(
+        n_closed,
+        4 * LIMIT,
+        "expected the {} connections beyond the limit closed: {closed:?}",
+        4 * LIMIT
+    );
+    assert!(
+        closed[..LIMIT].iter().all(|c| !c),
+        "the first connections were admitted: {closed:?}"
+    );
+    // 127.0.0.1 still cannot open another one while its LIMIT are open …
+    let mut extra = vec![connect_from(&rt, "127.0.0.1", &server.addr)];
+    assert_eq!(closed_by_server(&mut extra, Duration::from_secs(2)), [true]);
+    // … until they close: every place is given back.
+    drop(flood);
+    drop(extra);
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..3 {
+        rt.block_on(good_client_from("127.0.0.1", &server.addr, 1));
+    }
+    let held: Vec<TcpStream> = (0..LIMIT - 1)
+        .map(|_| connect_from(&rt, "127.0.0.1", &server.addr))
+        .collect();
+    rt.block_on(good_client_from("127.0.0.1", &server.addr, 1));
+    drop(held);
+    // The refusals were logged with the address, but not once each.
+    let log = server.log.lock().unwrap().clone();
+    let warnings: Vec<&String> = log
+        .iter()
+        .filter(|l| l.contains("too many connections"))
+        .collect();
+    assert!(
+        !warnings.is_empty() && warnings.iter().all(|l| l.contains("127.0.0.1")),
+        "{log:?}"
+    );
+    assert!(
+        warnings.len() <= 3,
+        "{} refusals logged {} times: not rate-limited",
+        4 * LIMIT + 1,
+        warnings.len()
+    );
 }

@@ -329,8 +329,33 @@ pub struct TargetSettings {
     pub portal_group_tag: u16,
     /// Authentication policy.
     pub auth: AuthPolicy,
-    /// Whether discovery sessions must authenticate too (with CHAP).
+    /// Whether discovery sessions must authenticate too (with CHAP), when
+    /// `discovery_auth` is not set.
     pub auth_discovery: bool,
+    /// Discovery sessions' own policy (their own credentials); overrides
+    /// `auth` and `auth_discovery` for discovery sessions.
+    pub discovery_auth: Option<AuthPolicy>,
+    /// Per-target policies: a normal session to a listed target uses its
+    /// policy instead of `auth`.
+    pub target_auth: Vec<(String, AuthPolicy)>,
+}
+
+impl TargetSettings {
+    /// The policy a session must satisfy: a discovery session's, or the one
+    /// of the target it names (`None`: not named yet, the global one).
+    pub fn auth_for(&self, discovery: bool, target: Option<&str>) -> &AuthPolicy {
+        if discovery {
+            return match &self.discovery_auth {
+                Some(p) => p,
+                None if self.auth_discovery => &self.auth,
+                None => &AuthPolicy::None,
+            };
+        }
+        target
+            .and_then(|t| self.target_auth.iter().find(|(n, _)| n == t))
+            .map(|(_, p)| p)
+            .unwrap_or(&self.auth)
+    }
 }
 
 impl Default for TargetSettings {
@@ -350,6 +375,8 @@ impl Default for TargetSettings {
             portal_group_tag: 1,
             auth: AuthPolicy::None,
             auth_discovery: true,
+            discovery_auth: None,
+            target_auth: Vec::new(),
         }
     }
 }
@@ -393,6 +420,8 @@ pub struct TargetNegotiator {
     chap_agreed: bool,
     /// The CHAP exchange, once started.
     chap: Option<crate::chap::TargetChap>,
+    /// The policy whose credentials the CHAP exchange checks.
+    chap_policy: Option<AuthPolicy>,
     /// Random CHAP identifier and challenge (from the caller's CSPRNG).
     nonce: Option<(u8, [u8; crate::chap::CHALLENGE_LEN])>,
 }
@@ -417,6 +446,7 @@ impl TargetNegotiator {
             declared_tpgt: false,
             chap_agreed: false,
             chap: None,
+            chap_policy: None,
             nonce: None,
         }
     }
@@ -443,6 +473,36 @@ impl TargetNegotiator {
         (!self.params.initiator_name.is_empty()).then_some(self.params.initiator_name.as_str())
     }
 
+    /// The authentication policy that applies to this login as far as the
+    /// initiator has declared itself (session type, target name).
+    pub fn auth_policy(&self) -> &AuthPolicy {
+        self.settings
+            .auth_for(self.is_discovery(), self.params.target_name.as_deref())
+    }
+
+    /// Whether the policy that applies now is met: nothing to do, or a
+    /// finished CHAP exchange that checked that policy's credentials (a
+    /// TargetName given after the exchange cannot switch them).
+    fn auth_satisfied(&self) -> bool {
+        match self.auth_policy() {
+            AuthPolicy::None => true,
+            policy @ AuthPolicy::Chap { .. } => {
+                self.chap_policy.as_ref() == Some(policy)
+                    && self.chap.as_ref().is_some_and(|c| c.is_done())
+            }
+        }
+    }
+
+    /// Identity keys first: the policy for AuthMethod and the need for
+    /// authentication depend on SessionType and TargetName.
+    fn identity_first(keys: &[(String, String)]) -> impl Iterator<Item = &(String, String)> {
+        const FIRST: [&str; 2] = ["SessionType", "TargetName"];
+        FIRST
+            .iter()
+            .flat_map(move |f| keys.iter().filter(move |(k, _)| k == f))
+            .chain(keys.iter().filter(|(k, _)| !FIRST.contains(&k.as_str())))
+    }
+
     /// Whether a transit from stage `csg` to `nsg` may happen now.
     pub fn can_transit(&self, csg: u8, _nsg: u8) -> bool {
         match csg {
@@ -455,13 +515,9 @@ impl TargetNegotiator {
     pub fn security_keys(&mut self, keys: &[(String, String)]) -> Result<Pairs, NegotiationError> {
         let mut out = Vec::new();
         let mut chap_keys = Vec::new();
-        // SessionType first: whether a discovery session must authenticate
-        // depends on it.
-        let ordered = keys
-            .iter()
-            .filter(|(k, _)| k == "SessionType")
-            .chain(keys.iter().filter(|(k, _)| k != "SessionType"));
-        for (key, value) in ordered {
+        // SessionType and TargetName first: which credentials apply depends
+        // on them.
+        for (key, value) in Self::identity_first(keys) {
             if key.starts_with("CHAP_") {
                 chap_keys.push((key.clone(), value.clone()));
                 continue;
@@ -471,13 +527,17 @@ impl TargetNegotiator {
             }
         }
         if !chap_keys.is_empty() || (self.chap_agreed && self.chap.is_some()) {
-            let AuthPolicy::Chap { initiator, target } = &self.settings.auth else {
+            let policy = self.auth_policy().clone();
+            let AuthPolicy::Chap { initiator, target } = &policy else {
                 return Err(NegotiationError::Invalid("CHAP_A".into()));
             };
             if !self.chap_agreed {
                 return Err(NegotiationError::AuthFailed);
             }
             let (id, challenge) = self.nonce.ok_or(NegotiationError::AuthFailed)?;
+            if self.chap.is_none() {
+                self.chap_policy = Some(policy.clone());
+            }
             let chap = self.chap.get_or_insert_with(|| {
                 crate::chap::TargetChap::new(initiator.clone(), target.clone(), id, challenge)
             });
@@ -495,15 +555,24 @@ impl TargetNegotiator {
         &mut self,
         keys: &[(String, String)],
     ) -> Result<Pairs, NegotiationError> {
-        let needs_auth = self.settings.auth != AuthPolicy::None
-            && (!self.is_discovery() || self.settings.auth_discovery);
-        if needs_auth && !self.auth_done {
+        // Identity keys sent here (no security stage) decide the policy.
+        let mut out = Vec::new();
+        let mut rest = Vec::new();
+        for kv in Self::identity_first(keys) {
+            if kv.0 == "SessionType" || kv.0 == "TargetName" {
+                if let Some(a) = self.answer(&kv.0, &kv.1, false)? {
+                    out.push(a);
+                }
+            } else {
+                rest.push(kv);
+            }
+        }
+        if !self.auth_satisfied() {
             return Err(NegotiationError::AuthFailed);
         }
         // Without a security stage there is nothing to authenticate with.
         self.auth_done = true;
-        let mut out = Vec::new();
-        for (key, value) in keys {
+        for (key, value) in rest {
             if let Some(a) = self.answer(key, value, false)? {
                 out.push(a);
             }
@@ -589,11 +658,7 @@ impl TargetNegotiator {
             "X#NodeArchitecture" => Ok(None),
             "AuthMethod" => {
                 let offered: Vec<&str> = value.split(',').collect();
-                let policy = if self.params.is_discovery() && !s.auth_discovery {
-                    &AuthPolicy::None
-                } else {
-                    &s.auth
-                };
+                let policy = s.auth_for(p.is_discovery(), p.target_name.as_deref());
                 match policy {
                     AuthPolicy::None if offered.contains(&"None") => {
                         self.auth_done = true;
@@ -716,7 +781,7 @@ impl TargetNegotiator {
         if !p.is_discovery() && p.target_name.is_none() {
             return Err(NegotiationError::Missing("TargetName"));
         }
-        if !self.auth_done && self.settings.auth != AuthPolicy::None {
+        if !self.auth_satisfied() {
             return Err(NegotiationError::AuthFailed);
         }
         // FirstBurstLength never exceeds MaxBurstLength (§13.14).
@@ -1103,6 +1168,108 @@ mod tests {
         let r = n.security_keys(&pairs(&[("AuthMethod", "CHAP")])).unwrap();
         assert_eq!(get(&r, "AuthMethod"), Some("Reject"));
         assert!(!n.can_transit(0, 1));
+    }
+
+    #[test]
+    fn per_target_and_discovery_policies() {
+        let chap = |u: &str, s: &str| AuthPolicy::Chap {
+            initiator: crate::chap::Credentials::new(u, s.as_bytes()).unwrap(),
+            target: None,
+        };
+        let settings = TargetSettings {
+            auth: AuthPolicy::None,
+            target_auth: vec![("iqn.2026-11.x:a".into(), chap("ua", "secret-of-a-123"))],
+            discovery_auth: Some(chap("ud", "discovery-secret")),
+            ..TargetSettings::default()
+        };
+        assert_eq!(
+            settings.auth_for(false, Some("iqn.2026-11.x:a")),
+            &chap("ua", "secret-of-a-123")
+        );
+        assert_eq!(
+            settings.auth_for(false, Some("iqn.2026-11.x:b")),
+            &AuthPolicy::None
+        );
+        assert_eq!(settings.auth_for(false, None), &AuthPolicy::None);
+        assert_eq!(
+            settings.auth_for(true, None),
+            &chap("ud", "discovery-secret")
+        );
+        let old_style = TargetSettings {
+            auth: chap("g", "global-secret-1"),
+            auth_discovery: false,
+            ..TargetSettings::default()
+        };
+        assert_eq!(old_style.auth_for(true, None), &AuthPolicy::None);
+        assert_eq!(
+            old_style.auth_for(false, Some("x")),
+            &chap("g", "global-secret-1")
+        );
+        let nonce = (1, [7u8; crate::chap::CHALLENGE_LEN]);
+        let new = || TargetNegotiator::new(settings.clone()).with_nonce(nonce.0, nonce.1);
+        // TargetName after AuthMethod still decides the policy.
+        let mut n = new();
+        let a = n
+            .security_keys(&pairs(&[
+                ("InitiatorName", "iqn.x:i"),
+                ("AuthMethod", "CHAP,None"),
+                ("TargetName", "iqn.2026-11.x:a"),
+            ]))
+            .unwrap();
+        assert_eq!(get(&a, "AuthMethod"), Some("CHAP"));
+        let mut n = new();
+        assert_eq!(
+            n.security_keys(&pairs(&[
+                ("AuthMethod", "None"),
+                ("InitiatorName", "iqn.x:i"),
+                ("TargetName", "iqn.2026-11.x:a"),
+            ])),
+            Err(NegotiationError::AuthFailed)
+        );
+        // Target b needs nothing.
+        let mut n = new();
+        let a = n
+            .security_keys(&pairs(&[
+                ("InitiatorName", "iqn.x:i"),
+                ("AuthMethod", "CHAP,None"),
+                ("TargetName", "iqn.2026-11.x:b"),
+            ]))
+            .unwrap();
+        assert_eq!(get(&a, "AuthMethod"), Some("None"));
+        n.operational_keys(&[]).unwrap();
+        n.finish().unwrap();
+        // Skipping the security stage does not skip a target's CHAP …
+        let mut n = new();
+        assert_eq!(
+            n.operational_keys(&pairs(&[
+                ("InitiatorName", "iqn.x:i"),
+                ("MaxBurstLength", "65536"),
+                ("TargetName", "iqn.2026-11.x:a"),
+            ])),
+            Err(NegotiationError::AuthFailed)
+        );
+        // … nor discovery's.
+        let mut n = new();
+        assert_eq!(
+            n.operational_keys(&pairs(&[
+                ("InitiatorName", "iqn.x:i"),
+                ("SessionType", "Discovery"),
+            ])),
+            Err(NegotiationError::AuthFailed)
+        );
+        // Authenticated for nothing, then naming a CHAP target: refused.
+        let mut n = new();
+        let a = n
+            .security_keys(&pairs(&[
+                ("InitiatorName", "iqn.x:i"),
+                ("AuthMethod", "None"),
+            ]))
+            .unwrap();
+        assert_eq!(get(&a, "AuthMethod"), Some("None"));
+        assert!(n
+            .operational_keys(&pairs(&[("TargetName", "iqn.2026-11.x:a")]))
+            .is_err());
+        assert_eq!(n.finish(), Err(NegotiationError::AuthFailed));
     }
 
     #[test]

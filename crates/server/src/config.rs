@@ -56,6 +56,9 @@ pub struct Config {
     /// CHAP: when set, every login (normal, and discovery unless
     /// `chap_discovery` is off) must authenticate.
     pub chap: Option<ChapConfig>,
+    /// `[discovery.chap]`: discovery sessions' own credentials, overriding
+    /// `chap` (and its `discovery` switch) for them.
+    pub discovery_chap: Option<ChapConfig>,
 }
 
 /// CHAP settings (`[chap]`, or `serve --chap` / `--mutual-chap`).
@@ -65,7 +68,8 @@ pub struct ChapConfig {
     pub initiator: ethersan_proto::chap::Credentials,
     /// The target's own, for mutual CHAP.
     pub target: Option<ethersan_proto::chap::Credentials>,
-    /// Discovery sessions authenticate too.
+    /// Discovery sessions authenticate too (meaningful in the global
+    /// `[chap]` only; `[discovery.chap]` and `[target.chap]` set it true).
     pub discovery: bool,
 }
 
@@ -80,6 +84,9 @@ pub struct TargetConfig {
     pub luns: Vec<LunConfig>,
     /// Who may log in to the target (and see it in SendTargets).
     pub access: Access,
+    /// `[target.chap]`: this target's own CHAP credentials, overriding the
+    /// global `[chap]` for logins to it.
+    pub chap: Option<ChapConfig>,
 }
 
 /// A target's access list: initiator names and source networks. Empty
@@ -268,6 +275,13 @@ pub struct Options {
     pub login_timeout_secs: u64,
     /// Most sessions at once.
     pub max_sessions: usize,
+    /// Most connections open at once from one source address (0: no
+    /// limit); more are closed before any PDU is read.
+    pub max_connections_per_address: usize,
+    /// Most bytes of key text a login (all its Continue PDUs together) or
+    /// a text negotiation may send; at least 8192, the login phase's
+    /// MaxRecvDataSegmentLength.
+    pub max_key_text_bytes: usize,
     /// Directory for default backing files.
     pub data_dir: PathBuf,
     /// Threads that run sessions (tokio workers); 0: one per CPU.
@@ -305,6 +319,22 @@ impl std::str::FromStr for Placement {
     }
 }
 
+/// Default `max_connections_per_address`: room for many sessions and
+/// multipath from one host, far below what a single host can open to
+/// exhaust the server.
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 32;
+
+/// Default `max_key_text_bytes` (64 KiB): eight full login PDUs at the
+/// login phase's 8192-byte MaxRecvDataSegmentLength, far more than any
+/// standard negotiation needs (key names are at most 63 bytes, values at
+/// most 255 or, for a few keys, 8192), while bounding what one connection
+/// can make the target buffer.
+pub const DEFAULT_MAX_KEY_TEXT_BYTES: usize = 64 * 1024;
+
+/// Smallest `max_key_text_bytes`: one full login PDU at the login phase's
+/// MaxRecvDataSegmentLength, which RFC 7143 requires a target to accept.
+pub const MIN_KEY_TEXT_BYTES: usize = 8192;
+
 impl Default for Options {
     fn default() -> Self {
         Options {
@@ -321,6 +351,8 @@ impl Default for Options {
             nop_timeout_secs: 60,
             login_timeout_secs: 15,
             max_sessions: 1024,
+            max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+            max_key_text_bytes: DEFAULT_MAX_KEY_TEXT_BYTES,
             data_dir: PathBuf::from("./ethersan-data"),
             worker_threads: 0,
             inline_io: true,
@@ -369,6 +401,13 @@ impl Options {
         }
         if self.max_sessions == 0 {
             return Err("max_sessions must be at least 1".into());
+        }
+        if !(MIN_KEY_TEXT_BYTES..=16 << 20).contains(&self.max_key_text_bytes) {
+            return Err(format!(
+                "max_key_text_bytes = {} is outside {MIN_KEY_TEXT_BYTES}..={}",
+                self.max_key_text_bytes,
+                16 << 20
+            ));
         }
         Ok(())
     }
@@ -595,6 +634,14 @@ struct RawConfig {
     #[serde(default)]
     options: Option<Spanned<Options>>,
     chap: Option<Spanned<RawChap>>,
+    discovery: Option<RawDiscovery>,
+}
+
+/// `[discovery]`: settings for discovery sessions.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDiscovery {
+    chap: Option<Spanned<RawChap>>,
 }
 
 /// `[chap]`: a secret inline, from a file, or from an environment variable.
@@ -609,12 +656,8 @@ struct RawChap {
     mutual_secret: Option<String>,
     mutual_secret_file: Option<PathBuf>,
     mutual_secret_env: Option<String>,
-    #[serde(default = "yes")]
-    discovery: bool,
-}
-
-fn yes() -> bool {
-    true
+    /// Only in the global `[chap]`: discovery sessions authenticate too.
+    discovery: Option<bool>,
 }
 
 /// One secret from exactly one of: inline, file (trailing newline dropped),
@@ -644,10 +687,17 @@ fn read_secret(
 }
 
 impl RawChap {
-    fn resolve(self) -> Result<ChapConfig, String> {
+    /// `global`: the `[chap]` table, the only one with `discovery`.
+    fn resolve(self, global: bool) -> Result<ChapConfig, String> {
         use ethersan_proto::chap::Credentials;
+        if !global && self.discovery.is_some() {
+            return Err(
+                "`discovery` belongs in the global [chap] (use [discovery.chap] for discovery credentials)"
+                    .into(),
+            );
+        }
         let secret = read_secret(self.secret, self.secret_file, self.secret_env, "secret")?
-            .ok_or("[chap] needs secret, secret_file or secret_env")?;
+            .ok_or("needs secret, secret_file or secret_env")?;
         let initiator = Credentials::new(&self.user, &secret)?;
         let mutual = read_secret(
             self.mutual_secret,
@@ -669,7 +719,7 @@ impl RawChap {
         Ok(ChapConfig {
             initiator,
             target,
-            discovery: self.discovery,
+            discovery: self.discovery.unwrap_or(true),
         })
     }
 }
@@ -685,6 +735,7 @@ struct RawTarget {
     allow_initiators: Vec<Spanned<String>>,
     #[serde(default)]
     allow_networks: Vec<Spanned<String>>,
+    chap: Option<Spanned<RawChap>>,
 }
 
 #[derive(Deserialize)]
@@ -908,11 +959,24 @@ impl Config {
                         .map_err(|e| at(Some(n.span()), format!("allow_networks: {e}")))?,
                 );
             }
+            let chap = match t.chap {
+                Some(c) => {
+                    let span = c.span();
+                    Some(c.into_inner().resolve(false).map_err(|m| {
+                        at(
+                            Some(span),
+                            format!("[target.chap] of {:?}: {m}", t.name.get_ref()),
+                        )
+                    })?)
+                }
+                None => None,
+            };
             targets.push(TargetConfig {
                 name: t.name.into_inner(),
                 alias: t.alias,
                 luns,
                 access,
+                chap,
             });
         }
         let chap = match raw.chap {
@@ -920,9 +984,28 @@ impl Config {
                 let span = c.span();
                 Some(
                     c.into_inner()
-                        .resolve()
+                        .resolve(true)
                         .map_err(|m| at(Some(span), format!("[chap]: {m}")))?,
                 )
+            }
+            None => None,
+        };
+        let discovery_chap = match raw.discovery.and_then(|d| d.chap) {
+            Some(c) => {
+                let span = c.span();
+                if chap.as_ref().is_some_and(|c| !c.discovery) {
+                    return Err(at(
+                        Some(span),
+                        "[discovery.chap] contradicts discovery = false in [chap]; remove one"
+                            .into(),
+                    ));
+                }
+                let mut d = c
+                    .into_inner()
+                    .resolve(false)
+                    .map_err(|m| at(Some(span), format!("[discovery.chap]: {m}")))?;
+                d.discovery = true;
+                Some(d)
             }
             None => None,
         };
@@ -931,6 +1014,7 @@ impl Config {
             targets,
             options,
             chap,
+            discovery_chap,
         })
     }
 
@@ -947,6 +1031,7 @@ impl Config {
                 name: "iqn.2026-11.org.ethersan:default".into(),
                 alias: Some("ethersan default".into()),
                 access: Access::default(),
+                chap: None,
                 luns: vec![LunConfig {
                     backing: Backing::File {
                         path: data_dir.join("default-lun0.img"),
@@ -965,6 +1050,7 @@ impl Config {
             }],
             options,
             chap: None,
+            discovery_chap: None,
         }
     }
 }
@@ -1069,6 +1155,83 @@ mod tests {
         assert!(e.contains("everywhere") && e.contains("pinned"), "{e}");
         assert_eq!("pinned".parse::<Placement>(), Ok(Placement::Pinned));
         assert!("x".parse::<Placement>().is_err());
+    }
+
+    #[test]
+    fn per_target_and_discovery_chap() {
+        let targets = "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.x:a\"\nlun = [\"ram:1M\"]\n[target.chap]\nuser = \"ua\"\nsecret = \"secret-of-a-123\"\nmutual_user = \"ta\"\nmutual_secret = \"target-a-secret\"\n[[target]]\nname = \"iqn.2026-11.org.x:b\"\nlun = [\"ram:1M\"]\n[[target]]\nname = \"iqn.2026-11.org.x:c\"\nlun = [\"ram:1M\"]\n[target.chap]\nuser = \"uc\"\nsecret = \"secret-of-c-123\"\n";
+        let c = Config::from_toml_str(
+            &format!("{targets}[chap]\nuser = \"g\"\nsecret = \"global-secret-1\"\n[discovery.chap]\nuser = \"d\"\nsecret = \"discovery-secret\"\n"),
+            "t",
+        )
+        .unwrap();
+        let a = c.targets[0].chap.as_ref().unwrap();
+        assert_eq!(a.initiator.user, "ua");
+        assert_eq!(a.target.as_ref().unwrap().user, "ta");
+        assert!(c.targets[1].chap.is_none(), "b uses the global [chap]");
+        assert_eq!(c.targets[2].chap.as_ref().unwrap().initiator.user, "uc");
+        assert_eq!(c.chap.as_ref().unwrap().initiator.user, "g");
+        assert_eq!(
+            c.discovery_chap.as_ref().unwrap().initiator.secret,
+            b"discovery-secret"
+        );
+        // Neither global nor discovery CHAP: only the targets that ask.
+        let c = Config::from_toml_str(targets, "t").unwrap();
+        assert!(c.chap.is_none() && c.discovery_chap.is_none());
+        // Mistakes name the table and the line, never the secret.
+        for (bad, line, what) in [
+            ("[discovery.chap]\nuser = \"d\"\n", 19, "[discovery.chap]"),
+            ("[discovery.chap]\nuser = \"d\"\nsecret = \"discovery-secret\"\ndiscovery = true\n", 19, "[discovery.chap]"),
+            ("[chap]\nuser = \"g\"\nsecret = \"global-secret-1\"\ndiscovery = false\n[discovery.chap]\nuser = \"d\"\nsecret = \"discovery-secret\"\n", 23, "contradicts"),
+            ("[discovery]\nchap_user = \"x\"\n", 20, "unknown field"),
+        ] {
+            let e = Config::from_toml_str(&format!("{targets}{bad}"), "t")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(&format!("t:{line}:")) && e.contains(what), "{bad}: {e}");
+            assert!(!e.contains("discovery-secret") && !e.contains("global-secret-1"), "{e}");
+        }
+        for (bad, what) in [
+            ("user = \"x\"\nsecret = \"short\"\n", "at least 12"),
+            ("user = \"x\"\n", "needs secret"),
+            ("user = \"x\"\nsecret = \"secret-of-x-123\"\ndiscovery = false\n", "belongs in the global"),
+            ("user = \"x\"\nsecret = \"secret-of-x-123\"\nmutual_user = \"t\"\nmutual_secret = \"secret-of-x-123\"\n", "must differ"),
+        ] {
+            let text = format!("portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.x:a\"\nlun = [\"ram:1M\"]\n[target.chap]\n{bad}");
+            let e = Config::from_toml_str(&text, "t").unwrap_err().to_string();
+            assert!(
+                e.starts_with("t:5:") && e.contains("[target.chap] of \"iqn.2026-11.org.x:a\"") && e.contains(what),
+                "{bad}: {e}"
+            );
+            assert!(!e.contains("secret-of-x-123"), "{e}");
+        }
+    }
+
+    #[test]
+    fn connection_and_key_text_limits() {
+        let o = Options::default();
+        assert_eq!(o.max_connections_per_address, 32);
+        assert_eq!(o.max_key_text_bytes, 65536);
+        let base = "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\nlun = [\"ram:1M\"]\n";
+        let c = Config::from_toml_str(
+            &format!(
+                "{base}[options]\nmax_connections_per_address = 0\nmax_key_text_bytes = 8192\n"
+            ),
+            "t",
+        )
+        .unwrap();
+        assert_eq!(c.options.max_connections_per_address, 0);
+        assert_eq!(c.options.max_key_text_bytes, 8192);
+        for bad in [
+            "max_key_text_bytes = 8191",
+            "max_key_text_bytes = 16777217",
+            "max_connections_per_address = -1",
+        ] {
+            let e = Config::from_toml_str(&format!("{base}[options]\n{bad}\n"), "t")
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with("t:"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod config;
+pub mod limits;
 mod login;
 mod placement;
 pub mod registry;
@@ -128,7 +129,7 @@ impl Server {
             listeners.push(l);
         }
         let registry = Arc::new(Registry::new(targets, addrs));
-        let settings = Arc::new(target_settings(&config.options, config.chap.as_ref()));
+        let settings = Arc::new(target_settings(config));
         Ok(Server {
             registry,
             listeners,
@@ -185,18 +186,43 @@ impl Server {
                 }
             }
         };
+        // Shared by every portal: the limit is per address, not per portal.
+        let limiter = limits::ConnectionLimiter::new(self.options.max_connections_per_address);
+        let refusals = Arc::new(Refusals {
+            per_address: limits::LogThrottle::new(Duration::from_secs(1)),
+            sessions: limits::LogThrottle::new(Duration::from_secs(1)),
+        });
         let mut accepts = Vec::new();
         for l in self.listeners {
             let placement = placement.clone();
             let registry = self.registry.clone();
             let options = self.options.clone();
             let settings = settings.clone();
+            let limiter = limiter.clone();
+            let refusals = refusals.clone();
             accepts.push(tokio::spawn(async move {
                 loop {
                     match l.accept().await {
                         Ok((sock, peer)) => {
+                            // Over the address's limit: closed before any
+                            // PDU is read. The log says so at most once a
+                            // second, with how many it did not mention.
+                            let Some(guard) = limiter.try_acquire(peer.ip()) else {
+                                if let Some(more) = refusals.per_address.allow() {
+                                    warn!(
+                                        peer = %peer.ip(),
+                                        limit = options.max_connections_per_address,
+                                        refused_since_last_warning = more,
+                                        "too many connections from one address; refusing connection"
+                                    );
+                                }
+                                drop(sock);
+                                continue;
+                            };
                             if registry.session_count() >= options.max_sessions {
-                                warn!(%peer, "session limit reached; refusing connection");
+                                if let Some(more) = refusals.sessions.allow() {
+                                    warn!(%peer, refused_since_last_warning = more, "session limit reached; refusing connection");
+                                }
                                 drop(sock);
                                 continue;
                             }
@@ -207,6 +233,8 @@ impl Server {
                                 // The socket moves to the worker's own reactor.
                                 Some(p) => match sock.into_std() {
                                     Ok(std_sock) => p.spawn(async move {
+                                        // Held until the connection ends, however.
+                                        let _guard = guard;
                                         match TcpStream::from_std(std_sock) {
                                             Ok(sock) => {
                                                 handle_connection(sock, peer, registry, options, settings)
@@ -218,7 +246,11 @@ impl Server {
                                     Err(e) => warn!(%peer, %e, "cannot move connection to its worker"),
                                 },
                                 None => {
-                                    tokio::spawn(handle_connection(sock, peer, registry, options, settings));
+                                    tokio::spawn(async move {
+                                        // Held until the connection ends, however.
+                                        let _guard = guard;
+                                        handle_connection(sock, peer, registry, options, settings).await;
+                                    });
                                 }
                             }
                         }
@@ -260,20 +292,34 @@ fn digests(list: &str) -> Vec<ethersan_proto::negotiate::Digest> {
         .collect()
 }
 
-fn target_settings(o: &Options, chap: Option<&config::ChapConfig>) -> TargetSettings {
-    let (auth, auth_discovery) = match chap {
-        Some(c) => (
-            ethersan_proto::negotiate::AuthPolicy::Chap {
-                initiator: c.initiator.clone(),
-                target: c.target.clone(),
-            },
-            c.discovery,
-        ),
+/// Warnings about refused connections, each at most once a second.
+struct Refusals {
+    per_address: limits::LogThrottle,
+    sessions: limits::LogThrottle,
+}
+
+fn chap_policy(c: &config::ChapConfig) -> ethersan_proto::negotiate::AuthPolicy {
+    ethersan_proto::negotiate::AuthPolicy::Chap {
+        initiator: c.initiator.clone(),
+        target: c.target.clone(),
+    }
+}
+
+fn target_settings(config: &Config) -> TargetSettings {
+    let o = &config.options;
+    let (auth, auth_discovery) = match &config.chap {
+        Some(c) => (chap_policy(c), c.discovery),
         None => (ethersan_proto::negotiate::AuthPolicy::None, true),
     };
     TargetSettings {
         auth,
         auth_discovery,
+        discovery_auth: config.discovery_chap.as_ref().map(chap_policy),
+        target_auth: config
+            .targets
+            .iter()
+            .filter_map(|t| t.chap.as_ref().map(|c| (t.name.clone(), chap_policy(c))))
+            .collect(),
         header_digests: digests(&o.header_digest),
         data_digests: digests(&o.data_digest),
         max_recv_data_segment_length: o.max_recv_data_segment_length,
@@ -311,20 +357,14 @@ async fn serve_stream<R, W>(
     R: tokio::io::AsyncRead + Unpin + Send + 'static,
     W: tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    // Repeated authentication failures from one address slow it down.
     let peer_ip = peer.parse::<std::net::SocketAddr>().ok().map(|a| a.ip());
-    if let Some(ip) = peer_ip {
-        let wait = registry.auth_delay(ip);
-        if !wait.is_zero() {
-            debug!(%peer, ?wait, "delaying a login after repeated authentication failures");
-            tokio::time::sleep(wait).await;
-        }
-    }
     let mut reader = PduReader::new(rd, 8192);
     let (out, writer) = spawn_writer(wr);
     let (ev_tx, ev_rx) = mpsc::unbounded_channel::<Event>();
+    // The login enforces login_timeout_secs itself (back-off waits
+    // excluded); this outer bound only guards against a bug there.
     let login = tokio::time::timeout(
-        Duration::from_secs(options.login_timeout_secs),
+        Duration::from_secs(options.login_timeout_secs) + limits::MAX_AUTH_DELAY * 2,
         login::login(
             &mut reader,
             &out,
@@ -332,19 +372,16 @@ async fn serve_stream<R, W>(
             &settings,
             ev_tx.clone(),
             peer_ip,
+            login::LoginLimits {
+                max_text: options.max_key_text_bytes,
+                timeout: Duration::from_secs(options.login_timeout_secs),
+            },
         ),
     )
     .await;
     let outcome = match login {
         Ok(Ok(o)) => o,
         Ok(Err(e)) => {
-            if matches!(e, login::LoginError::Rejected(2, 1)) {
-                // Never the secret or the response: who and from where.
-                warn!(%peer, "login refused: authentication failed");
-                if let Some(ip) = peer_ip {
-                    registry.auth_failed(ip);
-                }
-            }
             debug!(%peer, %e, "login failed");
             drop(out);
             let _ = writer.await;
@@ -355,9 +392,6 @@ async fn serve_stream<R, W>(
             return;
         }
     };
-    if let Some(ip) = peer_ip {
-        registry.auth_succeeded(ip);
-    }
     let p = &outcome.params;
     info!(%peer, initiator = %p.initiator_name, target = ?outcome.target.as_ref().map(|t| &t.name), isid = ?outcome.isid, "session started");
     reader.header_digest = p.header_digest;
@@ -402,6 +436,7 @@ async fn serve_stream<R, W>(
         options: SessionOptions {
             queue_depth: options.queue_depth,
             inline_io: options.inline_io,
+            max_key_text: options.max_key_text_bytes,
             nop_interval: (options.nop_interval_secs > 0)
                 .then(|| Duration::from_secs(options.nop_interval_secs)),
             nop_timeout: Duration::from_secs(options.nop_timeout_secs.max(1)),

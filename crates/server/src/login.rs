@@ -16,7 +16,7 @@ use ethersan_proto::pdu::{LoginRequest, LoginResponse, Pdu, RawPdu};
 use ethersan_proto::text::{encode_text, parse_text, TextAssembler};
 use tokio::io::AsyncRead;
 use tokio::sync::mpsc;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::registry::{Registry, TargetEntry};
 use crate::wire::{Frame, PduReader, ReadError, WriterMsg};
@@ -57,6 +57,9 @@ pub(crate) enum LoginError {
     /// We rejected the login with this status (already sent).
     #[error("login rejected with status {0:#04x}/{1:#04x}")]
     Rejected(u8, u8),
+    /// The login did not finish within the login timeout.
+    #[error("login timed out")]
+    TimedOut,
 }
 
 struct Stage {
@@ -66,9 +69,25 @@ struct Stage {
     csg: u8,
 }
 
+/// Bounds on one login.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LoginLimits {
+    /// Most bytes of key text in one request, its Continue PDUs together.
+    pub(crate) max_text: usize,
+    /// Time the login may take (back-off waits excluded).
+    pub(crate) timeout: std::time::Duration,
+}
+
 /// Drive the login phase on a connection. `events` is the channel the
 /// session will receive its events on; it is registered with the registry
-/// when the session comes into being.
+/// when the session comes into being. `limits.max_text` bounds the key
+/// text of one request (all its Continue PDUs together); the login must
+/// finish within `limits.timeout`.
+///
+/// Failed authentications count against (initiator name, `peer_ip`): once
+/// there have been several, the first answer to that pair waits (see
+/// [`crate::limits::AuthThrottle`]). That wait does not count against
+/// the timeout, so a slowed initiator with the right secret still logs in.
 pub(crate) async fn login<R: AsyncRead + Unpin>(
     reader: &mut PduReader<R>,
     out: &mpsc::UnboundedSender<WriterMsg>,
@@ -76,6 +95,66 @@ pub(crate) async fn login<R: AsyncRead + Unpin>(
     settings: &TargetSettings,
     events: mpsc::UnboundedSender<crate::session::Event>,
     peer_ip: Option<std::net::IpAddr>,
+    limits: LoginLimits,
+) -> Result<LoginOutcome, LoginError> {
+    let mut who: Option<String> = None;
+    let mut deadline = tokio::time::Instant::now() + limits.timeout;
+    let r = login_inner(
+        reader,
+        out,
+        registry,
+        settings,
+        events,
+        peer_ip,
+        limits.max_text,
+        &mut who,
+        &mut deadline,
+    )
+    .await;
+    match (&r, peer_ip) {
+        (Err(LoginError::Rejected(2, 1)), Some(ip)) => {
+            let name = who.as_deref().unwrap_or("");
+            // Never the secret or the response: who and from where.
+            warn!(
+                peer = %ip,
+                initiator = ?printable(name),
+                "login refused: authentication failed"
+            );
+            registry.auth_throttle().failed(name, ip);
+        }
+        (Ok(o), Some(ip)) => registry
+            .auth_throttle()
+            .succeeded(&o.params.initiator_name, ip),
+        _ => {}
+    }
+    r
+}
+
+/// An initiator-supplied name, shortened for the log (the name itself is
+/// not secret; its length is the peer's choice).
+fn printable(name: &str) -> &str {
+    const MAX: usize = 223;
+    if name.len() <= MAX {
+        return name;
+    }
+    let mut end = MAX;
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    &name[..end]
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn login_inner<R: AsyncRead + Unpin>(
+    reader: &mut PduReader<R>,
+    out: &mpsc::UnboundedSender<WriterMsg>,
+    registry: &Arc<Registry>,
+    settings: &TargetSettings,
+    events: mpsc::UnboundedSender<crate::session::Event>,
+    peer_ip: Option<std::net::IpAddr>,
+    max_text: usize,
+    who: &mut Option<String>,
+    deadline: &mut tokio::time::Instant,
 ) -> Result<LoginOutcome, LoginError> {
     // CHAP's identifier and challenge come from the OS's CSPRNG.
     let mut nonce = [0u8; 1 + ethersan_proto::chap::CHALLENGE_LEN];
@@ -84,7 +163,7 @@ pub(crate) async fn login<R: AsyncRead + Unpin>(
     let mut challenge = [0u8; ethersan_proto::chap::CHALLENGE_LEN];
     challenge.copy_from_slice(&nonce[1..]);
     let mut neg = TargetNegotiator::new(settings.clone()).with_nonce(nonce[0], challenge);
-    let mut asm = TextAssembler::default();
+    let mut asm = TextAssembler::new(max_text);
     let mut st = Stage {
         first: None,
         stat_sn: 0,
@@ -95,7 +174,9 @@ pub(crate) async fn login<R: AsyncRead + Unpin>(
     // Response text waiting to be sent in pieces (C bit).
     let mut pending_out: Option<(Vec<u8>, LoginResponse)> = None;
     loop {
-        let raw: RawPdu = reader.read().await?;
+        let raw: RawPdu = tokio::time::timeout_at(*deadline, reader.read())
+            .await
+            .map_err(|_| LoginError::TimedOut)??;
         let req = match Pdu::decode(&raw.bhs) {
             Ok(Pdu::LoginRequest(r)) => r,
             _ => {
@@ -143,6 +224,9 @@ pub(crate) async fn login<R: AsyncRead + Unpin>(
                 continue;
             }
             Err(e) => {
+                // Text over max_key_text_bytes too: an initiator error
+                // (0x0200), not "out of resources" (0x0302), which would
+                // invite the initiator to retry the same login (§11.13.5).
                 debug!(%e, "bad login text");
                 return Err(reject(out, &st, Some(&req), status::INITIATOR_ERROR));
             }
@@ -154,6 +238,21 @@ pub(crate) async fn login<R: AsyncRead + Unpin>(
                 return Err(reject(out, &st, Some(&req), status::INITIATOR_ERROR));
             }
         };
+        // Back-off after failed authentications of this name from this
+        // address: before the first answer that could lead to a challenge.
+        if who.is_none() {
+            if let Some((_, name)) = keys.iter().find(|(k, _)| k == "InitiatorName") {
+                *who = Some(name.clone());
+                if let Some(ip) = peer_ip {
+                    let wait = registry.auth_throttle().delay(name, ip);
+                    if !wait.is_zero() {
+                        debug!(peer = %ip, ?wait, "delaying a login after repeated authentication failures");
+                        tokio::time::sleep(wait).await;
+                        *deadline += wait;
+                    }
+                }
+            }
+        }
         let answer = if req.csg == 0 {
             neg.security_keys(&keys)
         } else {

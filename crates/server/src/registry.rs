@@ -31,9 +31,6 @@ pub(crate) fn stable_hash(parts: &[&[u8]]) -> u64 {
     h
 }
 
-/// How long failed authentications count against a source address.
-const AUTH_FAILURE_MEMORY: std::time::Duration = std::time::Duration::from_secs(60);
-
 /// One exported target.
 #[derive(Debug)]
 pub struct TargetEntry {
@@ -73,8 +70,8 @@ pub struct Registry {
     portal_group_tag: u16,
     sessions: Mutex<HashMap<u64, SessionHandle>>,
     next_id: AtomicU64,
-    /// Failed authentications per source address: (count, last failure).
-    auth_failures: Mutex<HashMap<std::net::IpAddr, (u32, std::time::Instant)>>,
+    /// Failed authentications per (initiator name, source address).
+    auth: crate::limits::AuthThrottle,
 }
 
 impl Registry {
@@ -86,7 +83,7 @@ impl Registry {
             portal_group_tag: 1,
             sessions: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
-            auth_failures: Mutex::new(HashMap::new()),
+            auth: crate::limits::AuthThrottle::default(),
         }
     }
 
@@ -128,41 +125,9 @@ impl Registry {
         self.sessions.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Record a failed authentication from `ip`.
-    pub(crate) fn auth_failed(&self, ip: std::net::IpAddr) {
-        let mut m = self.auth_failures.lock().unwrap_or_else(|e| e.into_inner());
-        let now = std::time::Instant::now();
-        let e = m.entry(ip).or_insert((0, now));
-        if now.duration_since(e.1) > AUTH_FAILURE_MEMORY {
-            e.0 = 0;
-        }
-        e.0 = e.0.saturating_add(1);
-        e.1 = now;
-        // Forget quiet addresses so the table stays small.
-        if m.len() > 4096 {
-            m.retain(|_, (_, t)| now.duration_since(*t) <= AUTH_FAILURE_MEMORY);
-        }
-    }
-
-    /// Forget the failures of `ip` (it authenticated).
-    pub(crate) fn auth_succeeded(&self, ip: std::net::IpAddr) {
-        self.auth_failures
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&ip);
-    }
-
-    /// How long a login from `ip` waits before it is served: nothing for
-    /// the first three failures within a minute, then 1, 2, 4 … up to 30
-    /// seconds.
-    pub(crate) fn auth_delay(&self, ip: std::net::IpAddr) -> std::time::Duration {
-        let m = self.auth_failures.lock().unwrap_or_else(|e| e.into_inner());
-        match m.get(&ip) {
-            Some((n, t)) if *n >= 3 && t.elapsed() <= AUTH_FAILURE_MEMORY => {
-                std::time::Duration::from_secs((1u64 << (n - 3).min(5)).min(30))
-            }
-            _ => std::time::Duration::ZERO,
-        }
+    /// The back-off after failed authentications.
+    pub(crate) fn auth_throttle(&self) -> &crate::limits::AuthThrottle {
+        &self.auth
     }
 
     /// Number of live sessions.

@@ -55,6 +55,9 @@ pub(crate) struct SessionOptions {
     pub(crate) nop_timeout: Duration,
     /// Try commands on the session task before the blocking pool.
     pub(crate) inline_io: bool,
+    /// Most bytes of key text one Text request may send, across its
+    /// Continue PDUs.
+    pub(crate) max_key_text: usize,
 }
 
 /// Everything a session needs from its login.
@@ -155,6 +158,8 @@ pub(crate) struct Session {
     last_rx: Instant,
     ping: Option<(u32, Instant)>,
     text_continuation: Option<(u32, Vec<u8>)>,
+    /// A Text request arriving in pieces (C bit): its ITT and the text so far.
+    text_in: Option<(u32, ethersan_proto::text::TextAssembler)>,
     closing: bool,
 }
 
@@ -186,6 +191,7 @@ impl Session {
             last_rx: Instant::now(),
             ping: None,
             text_continuation: None,
+            text_in: None,
             closing: false,
         }
     }
@@ -1036,8 +1042,50 @@ impl Session {
         let max = self.setup.params.max_send_dsl as usize;
         // Continuation of a long response: an empty request with our TTT.
         let body = match self.text_continuation.take() {
-            Some((ttt, rest)) if t.ttt == ttt => rest,
+            Some((ttt, rest)) if t.ttt == ttt && !t.continue_bit => rest,
             _ => {
+                // The request's own text, possibly in pieces (C bit), at
+                // most max_key_text_bytes in all.
+                let mut asm = match self.text_in.take() {
+                    Some((itt, asm)) if itt == t.itt => asm,
+                    _ => ethersan_proto::text::TextAssembler::new(self.setup.options.max_key_text),
+                };
+                let data = match asm.push(&data, t.continue_bit) {
+                    Ok(Some(all)) => all,
+                    Ok(None) => {
+                        // More to come: an empty answer with a TTT the
+                        // initiator's next piece carries (§11.10.4).
+                        self.text_in = Some((t.itt, asm));
+                        let ttt = self.alloc_ttt();
+                        let resp = TextResponse {
+                            final_bit: false,
+                            continue_bit: false,
+                            lun: t.lun,
+                            itt: t.itt,
+                            ttt,
+                            stat_sn: self.next_stat_sn(),
+                            exp_cmd_sn: self.window.exp_cmd_sn(),
+                            max_cmd_sn: self.window.max_cmd_sn(),
+                        };
+                        self.send(Pdu::TextResponse(resp), Bytes::new());
+                        return;
+                    }
+                    Err(e) => {
+                        // Too long (or an empty continued piece): Reject,
+                        // "long operation reject — out of resources"
+                        // (§11.17.1); the text is dropped.
+                        debug!(%e, itt = t.itt, "text request refused");
+                        let bhs = Pdu::TextRequest(t.clone()).encode(data.len() as u32);
+                        let reason = match e {
+                            ethersan_proto::text::TextError::TextTooLong(_) => {
+                                reject_reason::LONG_OPERATION_REJECT
+                            }
+                            _ => reject_reason::PROTOCOL_ERROR,
+                        };
+                        self.reject(&bhs, reason);
+                        return;
+                    }
+                };
                 let pairs = ethersan_proto::text::parse_text(&data, &Default::default())
                     .unwrap_or_default();
                 let mut out: Vec<(String, String)> = Vec::new();

@@ -581,3 +581,176 @@ async fn preempt_and_abort_aborts_the_preempted_nexus_tasks() {
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
 }
+
+/// Send a Login Request with this text and C bit; return the answer.
+async fn login_piece(
+    sock: &mut TcpStream,
+    text: &[u8],
+    continue_bit: bool,
+    transit: bool,
+) -> Option<(pdu::LoginResponse, Vec<u8>)> {
+    let req = LoginRequest {
+        transit,
+        continue_bit,
+        csg: 1,
+        nsg: if transit { 3 } else { 0 },
+        version_max: 0,
+        version_min: 0,
+        isid: [0x80, 0, 0, 0, 0, 0x0b],
+        tsih: 0,
+        itt: 1,
+        cid: 0,
+        cmd_sn: 1,
+        exp_stat_sn: 0,
+    };
+    let mut out = Vec::new();
+    pdu::write_pdu(
+        &mut out,
+        &Pdu::LoginRequest(req).encode(text.len() as u32),
+        text,
+        false,
+        false,
+    );
+    sock.write_all(&out).await.ok()?;
+    let (bhs, data) = read_pdu(sock).await?;
+    match Pdu::decode(&bhs).unwrap() {
+        Pdu::LoginResponse(r) => Some((r, data)),
+        other => panic!("expected a login response, got {other:?}"),
+    }
+}
+
+/// `n` bytes of valid key text: X- keys the target does not understand.
+fn filler(n: usize, tag: char) -> Vec<u8> {
+    let mut v = Vec::new();
+    let mut i = 0;
+    while v.len() + 300 < n {
+        v.extend_from_slice(format!("X-ethersan-pad{tag}{i}={}\0", "p".repeat(250)).as_bytes());
+        i += 1;
+    }
+    let key = format!("X-ethersan-pad{tag}{i}=");
+    v.extend_from_slice(key.as_bytes());
+    v.resize(n - 1, b'p');
+    v.push(0);
+    v
+}
+
+#[tokio::test]
+async fn login_text_over_max_key_text_bytes_is_an_initiator_error() {
+    let (addr, _h, _stop) = start_with("nop_interval_secs = 0\nmax_key_text_bytes = 16384").await;
+    let good = good_session(&addr).await;
+    let keys = encode_text(&[
+        ("InitiatorName", "iqn.2026-11.org.ethersan:long"),
+        ("TargetName", IQN),
+        ("SessionType", "Normal"),
+    ]);
+    // Within the limit, over two PDUs: the login succeeds.
+    let mut sock = TcpStream::connect(&addr).await.unwrap();
+    let mut first = keys.clone();
+    first.extend(filler(8000, 'a'));
+    let (r, data) = login_piece(&mut sock, &first, true, false).await.unwrap();
+    assert_eq!((r.status_class, r.transit), (0, false));
+    assert!(data.is_empty());
+    let (r, _) = login_piece(&mut sock, &filler(7000, 'b'), false, true)
+        .await
+        .unwrap();
+    assert_eq!((r.status_class, r.transit, r.nsg), (0, true, 3), "{r:?}");
+    drop(sock);
+    // Three PDUs of 8000 bytes: 24000 > 16384, the third is refused with
+    // "initiator error" (0x0200) and the connection closed.
+    let mut sock = TcpStream::connect(&addr).await.unwrap();
+    let (r, _) = login_piece(&mut sock, &first, true, false).await.unwrap();
+    assert_eq!(r.status_class, 0);
+    let (r, _) = login_piece(&mut sock, &filler(8000, 'c'), true, false)
+        .await
+        .unwrap();
+    assert_eq!(r.status_class, 0, "16000 bytes are within the limit");
+    let (r, _) = login_piece(&mut sock, &filler(8000, 'd'), true, false)
+        .await
+        .expect("a login reject");
+    assert_eq!((r.status_class, r.status_detail), (0x02, 0x00), "{r:?}");
+    expect_closed(&mut sock).await;
+    io_still_works(&good).await;
+}
+
+#[tokio::test]
+async fn text_request_over_max_key_text_bytes_gets_a_reject() {
+    let (addr, _h, _stop) = start_with("nop_interval_secs = 0\nmax_key_text_bytes = 16384").await;
+    let mut sock = raw_login(&addr).await;
+    let text_pdu = |itt: u32, cmd_sn: u32, ttt: u32, c: bool, data: &[u8]| {
+        let t = pdu::TextRequest {
+            immediate: false,
+            final_bit: !c,
+            continue_bit: c,
+            lun: 0,
+            itt,
+            ttt,
+            cmd_sn,
+            exp_stat_sn: 0,
+        };
+        let mut out = Vec::new();
+        pdu::write_pdu(
+            &mut out,
+            &Pdu::TextRequest(t).encode(data.len() as u32),
+            data,
+            false,
+            false,
+        );
+        out
+    };
+    // Pieces of 8000 bytes with the C bit: each within the limit is
+    // acknowledged with an empty response carrying a TTT.
+    let mut ttt = RESERVED_TAG;
+    for (i, cmd_sn) in [1u32, 2].into_iter().enumerate() {
+        sock.write_all(&text_pdu(20, cmd_sn, ttt, true, &filler(8000, 'e')))
+            .await
+            .unwrap();
+        let (bhs, data) = read_pdu(&mut sock).await.expect("a text response");
+        match Pdu::decode(&bhs).unwrap() {
+            Pdu::TextResponse(r) => {
+                assert!(
+                    !r.final_bit && !r.continue_bit && data.is_empty(),
+                    "{i}: {r:?}"
+                );
+                assert_ne!(r.ttt, RESERVED_TAG);
+                ttt = r.ttt;
+            }
+            other => panic!("expected a Text Response, got {other:?}"),
+        }
+    }
+    // The third would make 24000 bytes: Reject, "long operation reject".
+    let piece = text_pdu(20, 3, ttt, true, &filler(8000, 'f'));
+    sock.write_all(&piece).await.unwrap();
+    let (bhs, data) = read_pdu(&mut sock).await.expect("a Reject");
+    match Pdu::decode(&bhs).unwrap() {
+        Pdu::Reject(r) => assert_eq!(r.reason, pdu::reject_reason::LONG_OPERATION_REJECT),
+        other => panic!("expected Reject, got {other:?}"),
+    }
+    assert_eq!(
+        &data[..48],
+        &piece[..48],
+        "Reject carries the offending header"
+    );
+    // The session goes on: a new text request (split in two) is answered.
+    let q = encode_text(&[("SendTargets", "All")]);
+    sock.write_all(&text_pdu(21, 4, RESERVED_TAG, true, &q[..5]))
+        .await
+        .unwrap();
+    let (bhs, _) = read_pdu(&mut sock).await.expect("a text response");
+    let ttt = match Pdu::decode(&bhs).unwrap() {
+        Pdu::TextResponse(r) => r.ttt,
+        other => panic!("{other:?}"),
+    };
+    sock.write_all(&text_pdu(21, 5, ttt, false, &q[5..]))
+        .await
+        .unwrap();
+    let (bhs, data) = read_pdu(&mut sock).await.expect("a text response");
+    match Pdu::decode(&bhs).unwrap() {
+        Pdu::TextResponse(r) => assert!(r.final_bit),
+        other => panic!("{other:?}"),
+    }
+    let answers = ethersan_proto::text::parse_text(&data, &Default::default()).unwrap();
+    assert!(
+        answers.iter().any(|(k, v)| k == "TargetName" && v == IQN),
+        "{answers:?}"
+    );
+}
