@@ -133,7 +133,7 @@ struct ServeArgs {
     /// file's placement.
     #[arg(long, value_name = "shared|pinned")]
     placement: Option<ethersan_server::config::Placement>,
-    /// Most connections open at once from one source address (0: no limit; default 32); overrides the config file's max_connections_per_address.
+    /// Most connections open at once from one source address (0: no limit; default 128); overrides the config file's max_connections_per_address.
     #[arg(long, value_name = "N")]
     max_connections_per_address: Option<usize>,
 }

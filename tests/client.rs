@@ -418,3 +418,24 @@ fn pinned_placement_serves_concurrent_sessions() {
         "no placement line in the log"
     );
 }
+
+/// One host with 64 sessions (what bench/compare runs) is within the
+/// default per-address connection limit.
+#[test]
+fn sixty_four_sessions_from_one_host_by_default() {
+    let server = Server::start(&["ram:16M"]);
+    let url = server.url(0);
+    let v = bench_json(&[
+        &url,
+        "--rw",
+        "mixed",
+        "--ios",
+        "1280",
+        "--sessions",
+        "64",
+        "--qd",
+        "2",
+    ]);
+    assert_eq!(v["sessions"], 64, "{v}");
+    assert_eq!(v["ios"], 1280, "{v}");
+}

@@ -107,7 +107,7 @@ fn half_open_connections_and_garbage_do_not_lock_out_a_good_client() {
     let before = rss_kib(pid);
     let rt = tokio::runtime::Runtime::new().unwrap();
     // 300 connections that never log in, from 20 addresses (15 each, under
-    // the default 32 per address, so all of them are held open).
+    // the default 128 per address, so all of them are held open).
     let idle: Vec<TcpStream> = (0..300)
         .map(|i| connect_from(&rt, &format!("127.0.1.{}", i % 20 + 1), &server.addr))
         .collect();

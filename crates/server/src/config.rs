@@ -322,7 +322,7 @@ impl std::str::FromStr for Placement {
 /// Default `max_connections_per_address`: room for many sessions and
 /// multipath from one host, far below what a single host can open to
 /// exhaust the server.
-pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 32;
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 128;
 
 /// Default `max_key_text_bytes` (64 KiB): eight full login PDUs at the
 /// login phase's 8192-byte MaxRecvDataSegmentLength, far more than any
@@ -1210,7 +1210,7 @@ mod tests {
     #[test]
     fn connection_and_key_text_limits() {
         let o = Options::default();
-        assert_eq!(o.max_connections_per_address, 32);
+        assert_eq!(o.max_connections_per_address, 128);
         assert_eq!(o.max_key_text_bytes, 65536);
         let base = "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\nlun = [\"ram:1M\"]\n";
         let c = Config::from_toml_str(
