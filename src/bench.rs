@@ -198,6 +198,13 @@ impl Worker {
                 check("READ(16)", &r)?;
                 Ok(())
             }
+            // As the server does: first without waiting (page cache), on
+            // this thread; only a read that would wait goes to the engine.
+            Engine::Local(dev) if dev.try_read_at(offset, &mut self.buf).context("read")? => {
+                // Done without an await: let the timer and other tasks run.
+                tokio::task::yield_now().await;
+                Ok(())
+            }
             Engine::Local(dev) if dev.async_io().is_some() => {
                 let len = self.buf.len();
                 submit_local(dev, IoRequest::Read { offset, len }).await?;
@@ -233,6 +240,11 @@ impl Worker {
                     )
                     .await?;
                 check("WRITE(16)", &r)
+            }
+            Engine::Local(dev)
+                if !self.fua && dev.try_write_at(offset, &self.data).context("write")? =>
+            {
+                Ok(())
             }
             Engine::Local(dev) if dev.async_io().is_some() => {
                 let req = IoRequest::Write {
