@@ -114,12 +114,16 @@ pub(crate) async fn login<R: AsyncRead + Unpin>(
     match (&r, peer_ip) {
         (Err(LoginError::Rejected(2, 1)), Some(ip)) => {
             let name = who.as_deref().unwrap_or("");
-            // Never the secret or the response: who and from where.
-            warn!(
-                peer = %ip,
-                initiator = ?printable(name),
-                "login refused: authentication failed"
-            );
+            // Never the secret or the response: who and from where; at
+            // most a few a second, with the count of those not logged.
+            if let Some(more) = registry.auth_log_allow() {
+                warn!(
+                    peer = %ip,
+                    initiator = ?printable(name),
+                    not_logged_since_last = more,
+                    "login refused: authentication failed"
+                );
+            }
             registry.auth_throttle().failed(name, ip);
         }
         (Ok(o), Some(ip)) => registry

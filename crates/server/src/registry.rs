@@ -72,6 +72,9 @@ pub struct Registry {
     next_id: AtomicU64,
     /// Failed authentications per (initiator name, source address).
     auth: crate::limits::AuthThrottle,
+    /// Authentication-failure warnings: at most five a second, so a
+    /// password-guessing flood cannot flood the log.
+    auth_log: crate::limits::LogThrottle,
 }
 
 impl Registry {
@@ -84,6 +87,7 @@ impl Registry {
             sessions: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             auth: crate::limits::AuthThrottle::default(),
+            auth_log: crate::limits::LogThrottle::new(std::time::Duration::from_millis(200)),
         }
     }
 
@@ -128,6 +132,12 @@ impl Registry {
     /// The back-off after failed authentications.
     pub(crate) fn auth_throttle(&self) -> &crate::limits::AuthThrottle {
         &self.auth
+    }
+
+    /// Whether an authentication failure may be logged now: `Some(n)` with
+    /// the number of failures not logged since the last one.
+    pub(crate) fn auth_log_allow(&self) -> Option<u64> {
+        self.auth_log.allow()
     }
 
     /// Number of live sessions.
