@@ -159,7 +159,7 @@ pub(crate) struct Session {
     ping: Option<(u32, Instant)>,
     text_continuation: Option<(u32, Vec<u8>)>,
     /// A Text request arriving in pieces (C bit): its ITT and the text so far.
-    text_in: Option<(u32, ethersan_proto::text::TextAssembler)>,
+    text_in: Option<(u32, u32, ethersan_proto::text::TextAssembler)>,
     closing: bool,
 }
 
@@ -1046,8 +1046,11 @@ impl Session {
             _ => {
                 // The request's own text, possibly in pieces (C bit), at
                 // most max_key_text_bytes in all.
+                // A piece continues the request only if it carries the ITT
+                // and the TTT we handed out for it (§11.10.4); anything
+                // else (0xffffffff included) starts a new request.
                 let mut asm = match self.text_in.take() {
-                    Some((itt, asm)) if itt == t.itt => asm,
+                    Some((itt, ttt, asm)) if itt == t.itt && ttt == t.ttt => asm,
                     _ => ethersan_proto::text::TextAssembler::new(self.setup.options.max_key_text),
                 };
                 let data = match asm.push(&data, t.continue_bit) {
@@ -1055,8 +1058,8 @@ impl Session {
                     Ok(None) => {
                         // More to come: an empty answer with a TTT the
                         // initiator's next piece carries (§11.10.4).
-                        self.text_in = Some((t.itt, asm));
                         let ttt = self.alloc_ttt();
+                        self.text_in = Some((t.itt, ttt, asm));
                         let resp = TextResponse {
                             final_bit: false,
                             continue_bit: false,

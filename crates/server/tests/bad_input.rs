@@ -753,4 +753,25 @@ async fn text_request_over_max_key_text_bytes_gets_a_reject() {
         answers.iter().any(|(k, v)| k == "TargetName" && v == IQN),
         "{answers:?}"
     );
+    // A piece that does not carry the TTT handed out for the request does
+    // not continue it: it is a request of its own ("rgets=All" is no key).
+    sock.write_all(&text_pdu(22, 6, RESERVED_TAG, true, &q[..5]))
+        .await
+        .unwrap();
+    let (bhs, _) = read_pdu(&mut sock).await.expect("a text response");
+    let ttt = match Pdu::decode(&bhs).unwrap() {
+        Pdu::TextResponse(r) => r.ttt,
+        other => panic!("{other:?}"),
+    };
+    sock.write_all(&text_pdu(22, 7, ttt.wrapping_add(1000), false, &q[5..]))
+        .await
+        .unwrap();
+    let (bhs, data) = read_pdu(&mut sock).await.expect("a text response");
+    assert!(matches!(Pdu::decode(&bhs).unwrap(), Pdu::TextResponse(_)));
+    let answers = ethersan_proto::text::parse_text(&data, &Default::default()).unwrap();
+    assert!(
+        !answers.iter().any(|(k, _)| k == "TargetName")
+            && answers.iter().any(|(_, v)| v == "NotUnderstood"),
+        "a piece with a foreign TTT continued the request: {answers:?}"
+    );
 }
