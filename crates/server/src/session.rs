@@ -694,19 +694,19 @@ impl Session {
         let inline_io = self.setup.options.inline_io;
         let mask = self.setup.lun_mask.clone();
         let ro = self.setup.read_only_mask.clone();
-        let inline = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            inline_io
-                .then(|| {
-                    target
-                        .scsi
-                        .try_execute_nowait_masked(&req, mask.as_deref(), ro.as_deref())
-                })
-                .flatten()
-        }))
-        .unwrap_or_else(|_| {
-            tracing::error!(itt, "command emulation panicked");
-            Some(check_condition(0x04, 0x44, 0x00))
-        });
+        let inline = guarded(
+            itt,
+            || {
+                inline_io
+                    .then(|| {
+                        target
+                            .scsi
+                            .try_execute_nowait_masked(&req, mask.as_deref(), ro.as_deref())
+                    })
+                    .flatten()
+            },
+            Some,
+        );
         if let Some(resp) = inline {
             let _ = tx.send(Event::Done(itt, resp));
             return;
@@ -715,15 +715,15 @@ impl Session {
         // checked here, submitted to the LUN's ring, and completed from the
         // ring thread straight into this session's event channel; no thread
         // waits for the I/O.
-        let prepared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            target
-                .scsi
-                .prepare_async_masked(&req, mask.as_deref(), ro.as_deref())
-        }))
-        .unwrap_or_else(|_| {
-            tracing::error!(itt, "command emulation panicked");
-            Prepared::Done(check_condition(0x04, 0x44, 0x00))
-        });
+        let prepared = guarded(
+            itt,
+            || {
+                target
+                    .scsi
+                    .prepare_async_masked(&req, mask.as_deref(), ro.as_deref())
+            },
+            Prepared::Done,
+        );
         match prepared {
             Prepared::Done(resp) => {
                 let _ = tx.send(Event::Done(itt, resp));
@@ -745,18 +745,15 @@ impl Session {
                 data_out: &data,
                 expected_len,
             };
-            // A bug in command emulation must not take the session down
-            // with it: report it as a target failure instead.
-            let resp = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                target
-                    .scsi
-                    .execute_masked(&req, mask.as_deref(), ro.as_deref())
-            }))
-            .unwrap_or_else(|_| {
-                tracing::error!(itt, "command emulation panicked");
-                // HARDWARE ERROR / INTERNAL TARGET FAILURE
-                check_condition(0x04, 0x44, 0x00)
-            });
+            let resp = guarded(
+                itt,
+                || {
+                    target
+                        .scsi
+                        .execute_masked(&req, mask.as_deref(), ro.as_deref())
+                },
+                |r| r,
+            );
             let _ = tx.send(Event::Done(itt, resp));
         });
     }
@@ -1150,6 +1147,16 @@ impl Session {
         self.send(Pdu::LogoutResponse(resp), Bytes::new());
         self.closing = true;
     }
+}
+
+/// Run command emulation for task `itt` so that a bug in it cannot take
+/// the session down: a panic is logged and the command fails as HARDWARE
+/// ERROR / INTERNAL TARGET FAILURE, handed to `failed` to fit `f`'s result.
+fn guarded<T>(itt: u32, f: impl FnOnce() -> T, failed: impl FnOnce(ScsiResponse) -> T) -> T {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| {
+        tracing::error!(itt, "command emulation panicked");
+        failed(check_condition(0x04, 0x44, 0x00))
+    })
 }
 
 /// A CHECK CONDITION response for failures found by the transport, before
