@@ -30,17 +30,7 @@ fn ethersan(args: &[&str]) -> Output {
 #[test]
 fn only_allowed_initiators_log_in_and_see_the_target() {
     require_tool("iscsi-inq");
-    let server = Server::start_args(&[
-        "serve".into(),
-        "--target".into(),
-        IQN.into(),
-        "--listen".into(),
-        "127.0.0.1:0".into(),
-        "--lun".into(),
-        "ram:8M".into(),
-        "--allow-initiator".into(),
-        CLIENT.into(),
-    ]);
+    let server = Server::start_with("ram:8M", &["--allow-initiator", CLIENT]);
     let url = server.url(0);
     let limit = Duration::from_secs(30);
     // ethersan's client logs in as CLIENT: allowed.

@@ -15,19 +15,15 @@ const TARGET_USER: &str = "tgt";
 const TARGET_SECRET: &str = "target-secret-456";
 
 fn server() -> Server {
-    Server::start_args(&[
-        "serve".into(),
-        "--target".into(),
-        IQN.into(),
-        "--listen".into(),
-        "127.0.0.1:0".into(),
-        "--lun".into(),
-        "ram:16M".into(),
-        "--chap".into(),
-        format!("{USER}:{SECRET}"),
-        "--mutual-chap".into(),
-        format!("{TARGET_USER}:{TARGET_SECRET}"),
-    ])
+    Server::start_with(
+        "ram:16M",
+        &[
+            "--chap",
+            &format!("{USER}:{SECRET}"),
+            "--mutual-chap",
+            &format!("{TARGET_USER}:{TARGET_SECRET}"),
+        ],
+    )
 }
 
 fn url(server: &Server, user: &str, secret: &str, query: &str) -> String {
@@ -501,19 +497,15 @@ fn a_slowed_login_with_the_right_secret_is_not_cut_off_by_the_login_timeout() {
 /// `serve --discovery-chap`: discovery sessions take their own credentials.
 #[test]
 fn discovery_chap_on_the_command_line() {
-    let server = Server::start_args(&[
-        "serve".into(),
-        "--target".into(),
-        IQN.into(),
-        "--listen".into(),
-        "127.0.0.1:0".into(),
-        "--lun".into(),
-        "ram:4M".into(),
-        "--chap".into(),
-        format!("{USER}:{SECRET}"),
-        "--discovery-chap".into(),
-        "zuser:z-secret-12345".into(),
-    ]);
+    let server = Server::start_with(
+        "ram:4M",
+        &[
+            "--chap",
+            &format!("{USER}:{SECRET}"),
+            "--discovery-chap",
+            "zuser:z-secret-12345",
+        ],
+    );
     let o = ethersan(
         &["discover", "--chap", "zuser:z-secret-12345", &server.addr],
         None,

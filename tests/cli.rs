@@ -5,14 +5,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{Server, IQN};
-
-fn ethersan(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_ethersan"))
-        .args(args)
-        .output()
-        .expect("run ethersan")
-}
+use common::{ethersan, Server, IQN};
 
 #[test]
 fn bad_config_names_file_and_line() {

@@ -8,24 +8,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use common::{require_tool, Server, IQN};
-
-fn ethersan(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ethersan"))
-        .args(args)
-        .output()
-        .expect("run ethersan")
-}
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "ethersan failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use common::{ethersan, ok, pattern, require_tool, Server, IQN};
 
 fn fails_with(out: &Output, text: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
@@ -34,19 +17,6 @@ fn fails_with(out: &Output, text: &str) {
         "expected a failure mentioning {text:?}"
     );
     assert!(err.contains(text), "expected {text:?} in: {err}");
-}
-
-/// Bytes that are not all alike, so a misplaced chunk shows.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// Which server a client test talks to.
@@ -357,19 +327,7 @@ fn inquiry_decodes_the_vpd_pages() {
 fn pinned_placement_serves_concurrent_sessions() {
     let dir = tempfile::tempdir().unwrap();
     let lun = format!("{}:32M", dir.path().join("lun.img").display());
-    let server = Server::start_args(&[
-        "serve".into(),
-        "--target".into(),
-        IQN.into(),
-        "--listen".into(),
-        "127.0.0.1:0".into(),
-        "--lun".into(),
-        lun,
-        "--placement".into(),
-        "pinned".into(),
-        "--workers".into(),
-        "2".into(),
-    ]);
+    let server = Server::start_with(&lun, &["--placement", "pinned", "--workers", "2"]);
     let url = server.url(0);
     let clients: Vec<_> = (0..4u64)
         .map(|i| {

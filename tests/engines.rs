@@ -5,10 +5,9 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output};
 use std::time::Duration;
 
-use common::{parse_cunit, require_tool, run, Server};
+use common::{ethersan, ok, parse_cunit, pattern, require_tool, run, Server};
 
 /// The per-LUN options under test (spec form, as `serve --lun`).
 const VARIANTS: [&str; 4] = [
@@ -17,35 +16,6 @@ const VARIANTS: [&str; 4] = [
     "engine=sync,direct",
     "engine=sync",
 ];
-
-fn ethersan(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ethersan"))
-        .args(args)
-        .output()
-        .expect("run ethersan")
-}
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "ethersan failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
 
 fn start(dir: &Path, i: usize, opts: &str, bs: u32) -> Server {
     let path = dir.join(format!("lun-{i}.img"));

@@ -150,17 +150,10 @@ fn half_open_connections_and_garbage_do_not_lock_out_a_good_client() {
 #[test]
 fn one_address_over_its_connection_limit_does_not_lock_out_another() {
     const LIMIT: usize = 8;
-    let server = Server::start_args(&[
-        "serve".into(),
-        "--target".into(),
-        IQN.into(),
-        "--listen".into(),
-        "127.0.0.1:0".into(),
-        "--lun".into(),
-        "ram:16M".into(),
-        "--max-connections-per-address".into(),
-        LIMIT.to_string(),
-    ]);
+    let server = Server::start_with(
+        "ram:16M",
+        &["--max-connections-per-address", &LIMIT.to_string()],
+    );
     let rt = tokio::runtime::Runtime::new().unwrap();
     // 127.0.0.1 opens five times its limit and keeps them all open.
     let mut flood: Vec<TcpStream> = (0..5 * LIMIT)

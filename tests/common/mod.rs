@@ -11,6 +11,38 @@ use std::time::{Duration, Instant};
 /// The target name the tests export.
 pub const IQN: &str = "iqn.2026-11.org.ethersan:test";
 
+/// Run the `ethersan` binary with these arguments.
+pub fn ethersan(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ethersan"))
+        .args(args)
+        .output()
+        .expect("run ethersan")
+}
+
+/// Its standard output, after asserting that it succeeded.
+pub fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "ethersan failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Bytes that are not all alike, so a misplaced chunk shows.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 /// A running target — `ethersan serve`, or tgt's tgtd as a peer for
 /// comparison — stopped (SIGTERM) when dropped.
 pub struct Server {
@@ -28,6 +60,25 @@ impl Server {
     /// Start with these `--lun` specs on a free port of 127.0.0.1.
     pub fn start(luns: &[&str]) -> Server {
         Server::start_portals(1, luns)
+    }
+
+    /// Start with one LUN on one loopback portal, plus more `serve`
+    /// arguments (`["--chap", "u:s"]`, ...).
+    pub fn start_with(lun: &str, extra: &[&str]) -> Server {
+        let mut args: Vec<String> = [
+            "serve",
+            "--target",
+            IQN,
+            "--listen",
+            "127.0.0.1:0",
+            "--lun",
+            lun,
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+        args.extend(extra.iter().map(|a| a.to_string()));
+        Server::start_args(&args)
     }
 
     /// Start with `portals` loopback portals (free ports) and these LUNs.
