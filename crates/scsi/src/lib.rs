@@ -128,4 +128,4 @@ pub struct LuConfig {
 }
 
 pub use disk::{AsyncIoPlan, LogicalUnit, Prepared};
-pub use target::ScsiTarget;
+pub use target::{LunAccess, LunMap, LunMapError, LunPolicy, LunSlot, ScsiTarget, MAX_LUN};

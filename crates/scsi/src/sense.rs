@@ -188,6 +188,8 @@ pub mod codes {
     pub const MODE_PARAMETERS_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x01);
     /// CAPACITY DATA HAS CHANGED
     pub const CAPACITY_DATA_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x09);
+    /// REPORTED LUNS DATA HAS CHANGED
+    pub const REPORTED_LUNS_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x3f, 0x0e);
     /// COMMANDS CLEARED BY ANOTHER INITIATOR
     pub const COMMANDS_CLEARED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2f, 0x00);
     /// INTERNAL TARGET FAILURE

@@ -1,7 +1,10 @@
 //! SAM-5 §4.6: the target device routes commands to logical units by LUN,
 //! answers REPORT LUNS itself and speaks for LUNs that do not exist.
 
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
 
 use crate::commands::Op;
 use crate::copy::CopyManager;
@@ -44,72 +47,230 @@ pub(crate) fn report_luns(cdb: &[u8], luns: &[u64]) -> Result<super::disk::Reply
     Ok(d)
 }
 
+/// Who may use one LUN (LUN masking and per-initiator write protection),
+/// checked per command by the LUN's number, so a LUN added later is seen
+/// without a new login.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LunPolicy {
+    /// Initiator names that see the LUN; empty: every initiator.
+    pub visible_to: Vec<String>,
+    /// Initiator names for which the LUN is read-only.
+    pub read_only_for: Vec<String>,
+}
+
+/// What one initiator may do with one LUN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LunAccess {
+    /// The LUN exists for this initiator (REPORT LUNS lists it).
+    pub visible: bool,
+    /// Commands that change the medium get DATA PROTECT / WRITE PROTECTED.
+    pub read_only: bool,
+}
+
+impl LunPolicy {
+    /// What `initiator` may do (`None`: no initiator name known; every
+    /// LUN visible and writable, for in-process use).
+    pub fn access(&self, initiator: Option<&str>) -> LunAccess {
+        let Some(name) = initiator else {
+            return LunAccess {
+                visible: true,
+                read_only: false,
+            };
+        };
+        LunAccess {
+            visible: self.visible_to.is_empty() || self.visible_to.iter().any(|n| n == name),
+            read_only: self.read_only_for.iter().any(|n| n == name),
+        }
+    }
+}
+
+/// One entry of a target's LUN map.
+#[derive(Debug, Clone)]
+pub struct LunSlot {
+    /// The logical unit.
+    pub lu: Arc<LogicalUnit>,
+    /// Who may use it.
+    pub policy: LunPolicy,
+}
+
+/// A target's LUNs by number.
+pub type LunMap = BTreeMap<u64, LunSlot>;
+
+/// Errors changing a target's LUNs.
+#[derive(Debug, thiserror::Error)]
+pub enum LunMapError {
+    /// The LUN number is taken.
+    #[error("LUN {0} already exists; remove it first or choose another number")]
+    Exists(u64),
+    /// No such LUN.
+    #[error("LUN {0} does not exist")]
+    Missing(u64),
+    /// LUN numbers go up to 16383 (flat space addressing).
+    #[error("LUN {0} is out of range: use 0 to 16383")]
+    OutOfRange(u64),
+}
+
+/// Highest LUN number (SAM-5 flat space addressing).
+pub const MAX_LUN: u64 = 0x3fff;
+
 /// A SCSI target device: routes commands to logical units by LUN.
+///
+/// The LUN map is read on every command without a lock (an `Arc` swapped
+/// when a LUN is added or removed); only the management path changes it.
 #[derive(Debug, Default)]
 pub struct ScsiTarget {
-    luns: Vec<Arc<LogicalUnit>>,
+    luns: ArcSwap<LunMap>,
+    /// I_T nexuses logged in, so a LUN added later learns of them.
+    nexuses: Mutex<HashSet<Nexus>>,
+    /// Serialises LUN map changes (readers never take it).
+    changing: Mutex<()>,
     copies: CopyManager,
 }
 
 impl ScsiTarget {
-    /// Create a target whose LUN *i* is `luns[i]`.
+    /// Create a target whose LUN *i* is `luns[i]`, visible to everyone.
     pub fn new(luns: Vec<Arc<LogicalUnit>>) -> Self {
+        Self::with_luns(
+            luns.into_iter()
+                .enumerate()
+                .map(|(i, lu)| {
+                    (
+                        i as u64,
+                        LunSlot {
+                            lu,
+                            policy: LunPolicy::default(),
+                        },
+                    )
+                })
+                .collect(),
+        )
+    }
+
+    /// Create a target with this LUN map.
+    pub fn with_luns(luns: LunMap) -> Self {
         ScsiTarget {
-            luns,
-            copies: CopyManager::default(),
+            luns: ArcSwap::from_pointee(luns),
+            ..Default::default()
         }
     }
 
-    /// The logical units, by LUN number.
-    pub fn luns(&self) -> &[Arc<LogicalUnit>] {
-        &self.luns
+    /// A snapshot of the LUN map.
+    pub fn luns(&self) -> Arc<LunMap> {
+        self.luns.load_full()
     }
 
-    fn lun(&self, lun: u64) -> Option<&Arc<LogicalUnit>> {
-        usize::try_from(lun).ok().and_then(|i| self.luns.get(i))
+    /// The logical unit with this number.
+    pub fn lun(&self, lun: u64) -> Option<Arc<LogicalUnit>> {
+        self.luns.load().get(&lun).map(|s| s.lu.clone())
+    }
+
+    /// Whether LUN `lun` exists.
+    pub fn has_lun(&self, lun: u64) -> bool {
+        self.luns.load().contains_key(&lun)
+    }
+
+    /// Whether `initiator` may address LUN `lun` (it exists and is visible
+    /// to it).
+    pub fn visible(&self, lun: u64, initiator: Option<&str>) -> bool {
+        self.luns
+            .load()
+            .get(&lun)
+            .is_some_and(|s| s.policy.access(initiator).visible)
+    }
+
+    fn lock_nexuses(&self) -> std::sync::MutexGuard<'_, HashSet<Nexus>> {
+        self.nexuses.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Add a LUN while sessions run: nexuses logged in get POWER ON on it
+    /// and REPORTED LUNS DATA HAS CHANGED on every other LUN.
+    pub fn add_lun(&self, lun: u64, slot: LunSlot) -> Result<(), LunMapError> {
+        if lun > MAX_LUN {
+            return Err(LunMapError::OutOfRange(lun));
+        }
+        let _g = self.changing.lock().unwrap_or_else(|e| e.into_inner());
+        let cur = self.luns.load_full();
+        if cur.contains_key(&lun) {
+            return Err(LunMapError::Exists(lun));
+        }
+        for n in self.lock_nexuses().iter() {
+            slot.lu.nexus_added(*n);
+        }
+        let mut next = (*cur).clone();
+        next.insert(lun, slot);
+        self.luns.store(Arc::new(next));
+        for (l, s) in cur.iter() {
+            if *l != lun {
+                s.lu.luns_changed();
+            }
+        }
+        Ok(())
+    }
+
+    /// Remove a LUN while sessions run: the others report REPORTED LUNS
+    /// DATA HAS CHANGED. Commands already running on it finish.
+    pub fn remove_lun(&self, lun: u64) -> Result<Arc<LogicalUnit>, LunMapError> {
+        let _g = self.changing.lock().unwrap_or_else(|e| e.into_inner());
+        let mut next = (*self.luns.load_full()).clone();
+        let slot = next.remove(&lun).ok_or(LunMapError::Missing(lun))?;
+        self.luns.store(Arc::new(next.clone()));
+        for s in next.values() {
+            s.lu.luns_changed();
+        }
+        Ok(slot.lu)
+    }
+
+    /// Change who may use a LUN. Initiators that gain or lose it see
+    /// REPORTED LUNS DATA HAS CHANGED.
+    pub fn set_policy(&self, lun: u64, policy: LunPolicy) -> Result<(), LunMapError> {
+        let _g = self.changing.lock().unwrap_or_else(|e| e.into_inner());
+        let mut next = (*self.luns.load_full()).clone();
+        let slot = next.get_mut(&lun).ok_or(LunMapError::Missing(lun))?;
+        slot.policy = policy;
+        self.luns.store(Arc::new(next.clone()));
+        for s in next.values() {
+            s.lu.luns_changed();
+        }
+        Ok(())
+    }
+
+    /// The unit for a command from `initiator`, with its access; `None`
+    /// when the LUN does not exist or is hidden from it.
+    fn routed(&self, lun: u64, initiator: Option<&str>) -> Option<(Arc<LogicalUnit>, LunAccess)> {
+        let map = self.luns.load();
+        let slot = map.get(&lun)?;
+        let access = slot.policy.access(initiator);
+        access.visible.then(|| (slot.lu.clone(), access))
     }
 
     /// Execute a command only if that needs no waiting (see
     /// [`LogicalUnit::try_execute_nowait`]); `None`: use
     /// [`execute`](Self::execute) off the async workers.
     pub fn try_execute_nowait(&self, req: &ScsiRequest<'_>) -> Option<ScsiResponse> {
-        self.try_execute_nowait_masked(req, None, None)
+        self.try_execute_nowait_for(req, None)
     }
 
-    /// [`try_execute_nowait`](Self::try_execute_nowait) under a LUN mask (see
-    /// [`execute_masked`](Self::execute_masked)); a masked LUN is left to it.
-    pub fn try_execute_nowait_masked(
+    /// [`try_execute_nowait`](Self::try_execute_nowait) for a command from
+    /// `initiator` (see [`execute_for`](Self::execute_for)); a hidden or
+    /// read-only LUN is left to it.
+    pub fn try_execute_nowait_for(
         &self,
         req: &ScsiRequest<'_>,
-        mask: Option<&[bool]>,
-        read_only: Option<&[bool]>,
+        initiator: Option<&str>,
     ) -> Option<ScsiResponse> {
-        let i = usize::try_from(req.lun).ok()?;
-        let hidden = mask.is_some_and(|m| !m.get(i).copied().unwrap_or(false));
-        let ro = read_only.is_some_and(|m| m.get(i).copied().unwrap_or(false));
-        if hidden || ro {
-            return None;
+        match self.routed(req.lun, initiator) {
+            Some((lu, a)) if !a.read_only => lu.try_execute_nowait(req),
+            _ => None,
         }
-        self.lun(req.lun)?.try_execute_nowait(req)
     }
 
     /// Plan a READ or WRITE for a LUN with an asynchronous backend (see
-    /// [`LogicalUnit::prepare_async`]) under a LUN mask; a masked or
-    /// read-only LUN, and any other command, is left to
-    /// [`execute_masked`](Self::execute_masked) ([`Prepared::Blocking`]).
-    pub fn prepare_async_masked(
-        &self,
-        req: &ScsiRequest<'_>,
-        mask: Option<&[bool]>,
-        read_only: Option<&[bool]>,
-    ) -> Prepared {
-        let Some(i) = usize::try_from(req.lun).ok() else {
-            return Prepared::Blocking;
-        };
-        let hidden = mask.is_some_and(|m| !m.get(i).copied().unwrap_or(false));
-        let ro = read_only.is_some_and(|m| m.get(i).copied().unwrap_or(false));
-        match self.lun(req.lun) {
-            Some(lu) if !hidden && !ro => lu.prepare_async(req),
+    /// [`LogicalUnit::prepare_async`]) for a command from `initiator`; a
+    /// hidden or read-only LUN, and any other command, is left to
+    /// [`execute_for`](Self::execute_for) ([`Prepared::Blocking`]).
+    pub fn prepare_async_for(&self, req: &ScsiRequest<'_>, initiator: Option<&str>) -> Prepared {
+        match self.routed(req.lun, initiator) {
+            Some((lu, a)) if !a.read_only => lu.prepare_async(req),
             _ => Prepared::Blocking,
         }
     }
@@ -118,41 +279,32 @@ impl ScsiTarget {
     /// (INQUIRY peripheral qualifier 011b, other commands LOGICAL UNIT NOT
     /// SUPPORTED), and hands everything else to the logical unit.
     pub fn execute(&self, req: &ScsiRequest<'_>) -> ScsiResponse {
-        self.execute_masked(req, None, None)
+        self.execute_for(req, None)
     }
 
-    /// [`execute`](Self::execute) for an initiator that sees only the LUNs
-    /// whose entry in `mask` is true (LUN masking): REPORT LUNS lists only
-    /// those, the others answer as if they did not exist, and EXTENDED COPY
-    /// can name no other.
-    /// LUNs whose entry in `read_only` is true are write-protected for this
-    /// initiator: commands that change the medium get DATA PROTECT / WRITE
-    /// PROTECTED, and EXTENDED COPY cannot use them.
-    pub fn execute_masked(
-        &self,
-        req: &ScsiRequest<'_>,
-        mask: Option<&[bool]>,
-        read_only: Option<&[bool]>,
-    ) -> ScsiResponse {
-        let flag = |m: &[bool], l: u64| {
-            usize::try_from(l)
-                .ok()
-                .and_then(|i| m.get(i))
-                .copied()
-                .unwrap_or(false)
-        };
-        let visible = |l: u64| mask.is_none_or(|m| flag(m, l));
-        let writable = |l: u64| !read_only.is_some_and(|m| flag(m, l));
+    /// [`execute`](Self::execute) for a command from `initiator`, under
+    /// each LUN's [`LunPolicy`]: REPORT LUNS lists only the LUNs it sees,
+    /// the others answer as if they did not exist, and EXTENDED COPY can
+    /// name no other. On LUNs that are read-only for it, commands that
+    /// change the medium get DATA PROTECT / WRITE PROTECTED, and EXTENDED
+    /// COPY cannot use them.
+    pub fn execute_for(&self, req: &ScsiRequest<'_>, initiator: Option<&str>) -> ScsiResponse {
+        let map = self.luns.load_full();
+        let access = |l: u64| map.get(&l).map(|s| s.policy.access(initiator));
+        let visible = |l: u64| access(l).is_some_and(|a| a.visible);
+        let writable = |l: u64| access(l).is_some_and(|a| !a.read_only);
+        let lu_of = |l: u64| map.get(&l).filter(|_| visible(l)).map(|s| s.lu.clone());
         let opcode = req.cdb.first().copied().unwrap_or(0xff);
         if opcode == 0xa0 {
             if let Some((byte, bit)) = crate::commands::lookup(req.cdb)
                 .and_then(|d| crate::commands::reserved_bits(d, req.cdb))
             {
-                return plain_check(Sense::invalid_cdb_field(byte, Some(bit)), self.lun(req.lun));
+                return plain_check(
+                    Sense::invalid_cdb_field(byte, Some(bit)),
+                    lu_of(req.lun).as_ref(),
+                );
             }
-            let all: Vec<u64> = (0..self.luns.len() as u64)
-                .filter(|l| visible(*l))
-                .collect();
+            let all: Vec<u64> = map.keys().copied().filter(|l| visible(*l)).collect();
             return match report_luns(req.cdb, &all) {
                 Ok(data) => ScsiResponse {
                     status: ScsiStatus::Good,
@@ -160,10 +312,10 @@ impl ScsiTarget {
                     data_in: data,
                     data_out_len: None,
                 },
-                Err(s) => plain_check(s, self.lun(req.lun)),
+                Err(s) => plain_check(s, lu_of(req.lun).as_ref()),
             };
         }
-        let Some(lu) = self.lun(req.lun).filter(|_| visible(req.lun)) else {
+        let Some(lu) = lu_of(req.lun) else {
             return crate::missing_lun::execute(req);
         };
         if !writable(req.lun) {
@@ -207,12 +359,9 @@ impl ScsiTarget {
                     req.nexus,
                     req.cdb,
                     req.data_out,
-                    &self
-                        .luns
-                        .iter()
-                        .enumerate()
-                        .filter(|(i, _)| visible(*i as u64) && writable(*i as u64))
-                        .map(|(_, lu)| lu.clone())
+                    &map.iter()
+                        .filter(|(l, _)| visible(**l) && writable(**l))
+                        .map(|(_, s)| s.lu.clone())
                         .collect::<Vec<_>>(),
                 )
                 .map(|_| ok(Vec::new())),
@@ -233,22 +382,24 @@ impl ScsiTarget {
     /// A new I_T nexus appeared (login): it gets a POWER ON OR RESET unit
     /// attention on every LU unless it is a reinstated nexus.
     pub fn nexus_added(&self, nexus: Nexus) {
-        for lu in &self.luns {
-            lu.nexus_added(nexus);
+        self.lock_nexuses().insert(nexus);
+        for s in self.luns.load().values() {
+            s.lu.nexus_added(nexus);
         }
     }
 
     /// Record the initiator port name of a nexus (for READ FULL STATUS).
     pub fn set_initiator_name(&self, nexus: Nexus, name: &str) {
-        for lu in &self.luns {
-            lu.set_initiator_name(nexus, name);
+        for s in self.luns.load().values() {
+            s.lu.set_initiator_name(nexus, name);
         }
     }
 
     /// An I_T nexus ended (logout or connection loss).
     pub fn nexus_lost(&self, nexus: Nexus) {
-        for lu in &self.luns {
-            lu.nexus_lost(nexus);
+        self.lock_nexuses().remove(&nexus);
+        for s in self.luns.load().values() {
+            s.lu.nexus_lost(nexus);
         }
     }
 
@@ -262,8 +413,8 @@ impl ScsiTarget {
                 }
             }
             None => {
-                for lu in &self.luns {
-                    lu.reset(kind);
+                for s in self.luns.load().values() {
+                    s.lu.reset(kind);
                 }
             }
         }
@@ -388,5 +539,88 @@ mod tests {
             good(exec_lun(&t, A, 0, &cdb10(0x28, 0, 0, 1), &[])),
             vec![0u8; 512]
         );
+    }
+
+    #[test]
+    fn a_lun_added_live_is_reported_with_a_unit_attention() {
+        let t = two_luns();
+        t.nexus_added(A);
+        // A's first command takes its POWER ON unit attention.
+        check(&exec(&t, A, &[0, 0, 0, 0, 0, 0], &[]), key::UNIT_ATTENTION, 0x29, 0);
+        let lu = Arc::new(LogicalUnit::new(
+            Arc::new(TestDevice::new(512)),
+            config(false, false),
+        ));
+        t.add_lun(
+            7,
+            super::LunSlot {
+                lu,
+                policy: super::LunPolicy::default(),
+            },
+        )
+        .unwrap();
+        assert!(matches!(
+            t.add_lun(
+                7,
+                super::LunSlot {
+                    lu: t.lun(0).unwrap(),
+                    policy: Default::default()
+                }
+            ),
+            Err(super::LunMapError::Exists(7))
+        ));
+        // LUN 0 reports the change once; REPORT LUNS lists LUN 7.
+        check(&exec(&t, A, &[0, 0, 0, 0, 0, 0], &[]), key::UNIT_ATTENTION, 0x3f, 0x0e);
+        good(exec(&t, A, &[0, 0, 0, 0, 0, 0], &[]));
+        let d = good(exec(&t, A, &report_luns(0, 1024), &[]));
+        assert_eq!(&d[..4], &24u32.to_be_bytes());
+        assert_eq!(&d[24..32], &[0, 7, 0, 0, 0, 0, 0, 0]);
+        // The new LUN starts with POWER ON for the logged-in nexus.
+        check(&exec_lun(&t, A, 7, &[0, 0, 0, 0, 0, 0], &[]), key::UNIT_ATTENTION, 0x29, 0);
+        good(exec_lun(&t, A, 7, &[0, 0, 0, 0, 0, 0], &[]));
+        // Removed: gone from REPORT LUNS, commands get LOGICAL UNIT NOT SUPPORTED.
+        t.remove_lun(7).unwrap();
+        assert!(matches!(t.remove_lun(7), Err(super::LunMapError::Missing(7))));
+        check(&exec(&t, A, &[0, 0, 0, 0, 0, 0], &[]), key::UNIT_ATTENTION, 0x3f, 0x0e);
+        check(&exec_lun(&t, A, 7, &[0, 0, 0, 0, 0, 0], &[]), key::ILLEGAL_REQUEST, 0x25, 0);
+        assert_eq!(good(exec(&t, A, &report_luns(0, 1024), &[])).len(), 24);
+        assert!(matches!(
+            t.add_lun(super::MAX_LUN + 1, super::LunSlot { lu: t.lun(0).unwrap(), policy: Default::default() }),
+            Err(super::LunMapError::OutOfRange(_))
+        ));
+    }
+
+    #[test]
+    fn lun_policy_is_looked_up_per_command() {
+        use crate::ScsiRequest;
+        let t = two_luns();
+        let run = |who: &str, lun: u64, cdb: &[u8], data: &[u8]| {
+            t.execute_for(
+                &ScsiRequest {
+                    nexus: A,
+                    lun,
+                    cdb,
+                    data_out: data,
+                    expected_len: data.len() as u32,
+                },
+                Some(who),
+            )
+        };
+        t.nexus_added(A);
+        run("alice", 0, &[0, 0, 0, 0, 0, 0], &[]);
+        t.set_policy(
+            1,
+            super::LunPolicy {
+                visible_to: vec!["alice".into()],
+                read_only_for: vec!["alice".into()],
+            },
+        )
+        .unwrap();
+        run("alice", 0, &[0, 0, 0, 0, 0, 0], &[]);
+        let d = good(run("bob", 0, &report_luns(0, 1024), &[]));
+        assert_eq!(&d[..4], &8u32.to_be_bytes(), "bob sees LUN 0 only");
+        check(&run("bob", 1, &[0, 0, 0, 0, 0, 0], &[]), key::ILLEGAL_REQUEST, 0x25, 0);
+        let r = run("alice", 1, &cdb10(0x2a, 0, 0, 1), &[1u8; 4096]);
+        check(&r, key::DATA_PROTECT, 0x27, 0);
     }
 }

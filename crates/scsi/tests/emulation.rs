@@ -707,8 +707,16 @@ fn a_masked_lun_is_invisible_and_out_of_reach_of_extended_copy() {
     let (a, naa_a) = lu_with_naa(1);
     let (b, naa_b) = lu_with_naa(2);
     let t = ScsiTarget::new(vec![a, b]);
+    // LUN 1 is visible to "alice" only; "bob" is the masked initiator.
+    t.set_policy(
+        1,
+        ethersan_scsi::LunPolicy {
+            visible_to: vec!["alice".into()],
+            read_only_for: vec![],
+        },
+    )
+    .unwrap();
     t.nexus_added(N);
-    let mask: &[bool] = &[true, false];
     let run = |lun: u64, cdb: &[u8], data: &[u8], masked: bool| {
         let req = ScsiRequest {
             nexus: N,
@@ -718,8 +726,8 @@ fn a_masked_lun_is_invisible_and_out_of_reach_of_extended_copy() {
             expected_len: 4096,
         };
         if masked {
-            t.try_execute_nowait_masked(&req, Some(mask), None)
-                .unwrap_or_else(|| t.execute_masked(&req, Some(mask), None))
+            t.try_execute_nowait_for(&req, Some("bob"))
+                .unwrap_or_else(|| t.execute_for(&req, Some("bob")))
         } else {
             t.execute(&req)
         }
@@ -769,9 +777,18 @@ fn a_masked_lun_is_invisible_and_out_of_reach_of_extended_copy() {
 fn a_lun_read_only_for_one_initiator() {
     let (a, _) = lu_with_naa(1);
     let t = ScsiTarget::new(vec![a]);
+    // Read-only for "bob".
+    t.set_policy(
+        0,
+        ethersan_scsi::LunPolicy {
+            visible_to: vec![],
+            read_only_for: vec!["bob".into()],
+        },
+    )
+    .unwrap();
     t.nexus_added(N);
-    let ro: &[bool] = &[true];
-    let run = |cdb: &[u8], data: &[u8], read_only: Option<&[bool]>| {
+    let ro = "bob";
+    let run = |cdb: &[u8], data: &[u8], read_only: Option<&str>| {
         let req = ScsiRequest {
             nexus: N,
             lun: 0,
@@ -779,8 +796,8 @@ fn a_lun_read_only_for_one_initiator() {
             data_out: data,
             expected_len: 4096,
         };
-        t.try_execute_nowait_masked(&req, None, read_only)
-            .unwrap_or_else(|| t.execute_masked(&req, None, read_only))
+        t.try_execute_nowait_for(&req, read_only)
+            .unwrap_or_else(|| t.execute_for(&req, read_only))
     };
     run(&[0; 6], &[], None);
     assert_eq!(

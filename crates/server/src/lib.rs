@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use ethersan_backend::BlockDevice;
 use ethersan_proto::negotiate::TargetSettings;
-use ethersan_scsi::{LogicalUnit, LuConfig, Nexus, ScsiTarget};
+use ethersan_scsi::{LogicalUnit, LuConfig, LunMap, LunPolicy, LunSlot, Nexus, ScsiTarget};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
@@ -72,7 +72,7 @@ impl Server {
         let mut targets = Vec::new();
         let mut devices = Vec::new();
         for t in &config.targets {
-            let mut luns = Vec::new();
+            let mut luns = LunMap::new();
             for (i, l) in t.luns.iter().enumerate() {
                 let dev = l.open().map_err(|source| ServerError::Backend {
                     target: t.name.clone(),
@@ -110,12 +110,22 @@ impl Server {
                 };
                 info!(target = %t.name, lun = i, backend = %dev.describe(), "logical unit ready");
                 devices.push(dev.clone());
-                luns.push(Arc::new(LogicalUnit::new(dev, cfg)));
+                let policy = LunPolicy {
+                    visible_to: t.access.luns.get(i).cloned().unwrap_or_default(),
+                    read_only_for: t.access.read_only.get(i).cloned().unwrap_or_default(),
+                };
+                luns.insert(
+                    i as u64,
+                    LunSlot {
+                        lu: Arc::new(LogicalUnit::new(dev, cfg)),
+                        policy,
+                    },
+                );
             }
             targets.push(Arc::new(TargetEntry {
                 name: t.name.clone(),
                 alias: t.alias.clone(),
-                scsi: Arc::new(ScsiTarget::new(luns)),
+                scsi: Arc::new(ScsiTarget::with_luns(luns)),
                 access: t.access.clone(),
             }));
         }
@@ -423,16 +433,6 @@ async fn serve_stream<R, W>(
         exp_cmd_sn: outcome.exp_cmd_sn,
         stat_sn: outcome.stat_sn,
         peer_ip,
-        read_only_mask: outcome.target.as_ref().and_then(|t| {
-            t.access
-                .read_only_mask(&p.initiator_name, t.scsi.luns().len())
-                .map(Arc::from)
-        }),
-        lun_mask: outcome.target.as_ref().and_then(|t| {
-            t.access
-                .lun_mask(&p.initiator_name, t.scsi.luns().len())
-                .map(Arc::from)
-        }),
         options: SessionOptions {
             queue_depth: options.queue_depth,
             inline_io: options.inline_io,

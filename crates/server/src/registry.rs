@@ -106,8 +106,8 @@ impl Registry {
     /// session gets CAPACITY DATA HAS CHANGED on it.
     pub fn rescan_capacity(&self) {
         for t in &self.targets {
-            for (i, lu) in t.scsi.luns().iter().enumerate() {
-                match lu.rescan_capacity() {
+            for (i, slot) in t.scsi.luns().iter() {
+                match slot.lu.rescan_capacity() {
                     Ok(Some(blocks)) => {
                         tracing::info!(target = %t.name, lun = i, blocks, "capacity changed")
                     }

@@ -7,7 +7,6 @@
 //! The only lock it touches is the registry's, and only on login,
 //! logout and task-management resets.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,15 +18,14 @@ use ethersan_proto::pdu::{
 };
 use ethersan_proto::seq::{Admission, CmdWindow};
 use ethersan_proto::transfer::{data_in_segments, TransferLimits, WriteTransfer};
-use ethersan_scsi::{Nexus, Prepared, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus};
+use ethersan_core::task_set::{AbortScope, Removed, TaskAttr as SamAttr, TaskSet, Tmf, TmfResponse};
+use ethersan_scsi::commands::Op;
+use ethersan_scsi::{Nexus, Prepared, ScsiRequest, ScsiResponse, ScsiStatus};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::registry::{Registry, SessionControl, TargetEntry};
 use crate::wire::{Frame, ReadError, WriterMsg};
-
-/// SANITIZE operation code.
-const SANITIZE: u8 = 0x48;
 
 /// Largest Expected Data Transfer Length accepted for one command; larger
 /// commands are refused with CHECK CONDITION instead of buffering them.
@@ -72,10 +70,6 @@ pub(crate) struct SessionSetup {
     pub(crate) options: SessionOptions,
     /// The initiator's address (for access lists).
     pub(crate) peer_ip: Option<std::net::IpAddr>,
-    /// The LUNs this initiator sees (`None`: all).
-    pub(crate) lun_mask: Option<Arc<[bool]>>,
-    /// The LUNs that are read-only for this initiator (`None`: none).
-    pub(crate) read_only_mask: Option<Arc<[bool]>>,
 }
 
 /// Events the session loop reacts to.
@@ -91,39 +85,19 @@ pub(crate) enum Event {
     Tick,
 }
 
-/// What a command waits for.
-#[derive(Debug)]
-enum TaskState {
-    /// Collecting Data-Out.
-    Collecting(WriteTransfer),
-    /// All data here (or none needed); waiting for its turn.
-    Ready,
-    /// Executing in the blocking pool.
-    Running,
-}
-
+/// The iSCSI side of one task; the task set ([`TaskSet`]) owns it and
+/// decides when it runs.
 #[derive(Debug)]
 struct Task {
     cmd: ScsiCommand,
     cdb: Vec<u8>,
     data: Vec<u8>,
-    state: TaskState,
-    /// Admission sequence number once admitted in CmdSN order.
-    seq: Option<u64>,
+    /// A write still collecting Data-Out.
+    transfer: Option<WriteTransfer>,
     /// The command must fail with this sense instead of running.
     fail: Option<ScsiResponse>,
-    /// Aborted by task management: no response is sent.
-    aborted: bool,
     /// R2Ts sent for this task (ExpDataSN of a write's response).
     r2t_count: u32,
-}
-
-/// A task management request waiting for aborted tasks to finish.
-#[derive(Debug)]
-struct PendingTmf {
-    req: TaskMgmtRequest,
-    waiting_for: Vec<u32>,
-    response: u8,
 }
 
 /// Items ordered by the CmdSN window.
@@ -144,16 +118,9 @@ pub(crate) struct Session {
     done_tx: mpsc::UnboundedSender<Event>,
     window: CmdWindow<Ordered>,
     stat_sn: u32,
-    tasks: HashMap<u32, Task>,
-    next_seq: u64,
-    /// Admitted, unfinished tasks by admission sequence.
-    outstanding: BTreeSet<u64>,
-    /// Admitted, unfinished ORDERED tasks.
-    ordered: BTreeSet<u64>,
-    ready: VecDeque<u32>,
-    running: usize,
+    /// The SAM task set: every task of the session, in command order.
+    tasks: TaskSet<Task, TaskMgmtRequest>,
     next_ttt: u32,
-    pending_tmfs: Vec<PendingTmf>,
     pending_logout: Option<LogoutRequest>,
     last_rx: Instant,
     ping: Option<(u32, Instant)>,
@@ -179,14 +146,8 @@ impl Session {
             done_tx,
             window,
             stat_sn,
-            tasks: HashMap::new(),
-            next_seq: 0,
-            outstanding: BTreeSet::new(),
-            ordered: BTreeSet::new(),
-            ready: VecDeque::new(),
-            running: 0,
+            tasks: TaskSet::new(),
             next_ttt: 1,
-            pending_tmfs: Vec::new(),
             pending_logout: None,
             last_rx: Instant::now(),
             ping: None,
@@ -224,12 +185,13 @@ impl Session {
                 !self.closing
             }
             Event::Control(SessionControl::AbortLun(lun)) => {
-                self.abort_tasks(|t| lun.is_none_or(|l| lun_from_wire(t.cmd.lun) == l));
+                self.abort_tasks(lun.map_or(AbortScope::All, AbortScope::Lun));
+                self.dispatch();
                 true
             }
             Event::Control(SessionControl::Shutdown) => {
                 info!(session = self.setup.id, "session shut down");
-                self.abort_tasks(|_| true);
+                self.abort_tasks(AbortScope::All);
                 false
             }
             Event::Tick => self.on_tick(),
@@ -239,12 +201,11 @@ impl Session {
     async fn teardown(&mut self, events: &mut mpsc::UnboundedReceiver<Event>) {
         // Let commands already in the blocking pool finish so no write is
         // left half-applied behind the initiator's back.
-        self.abort_tasks(|_| true);
-        while self.running > 0 {
+        self.abort_tasks(AbortScope::All);
+        while self.tasks.running() > 0 {
             match events.recv().await {
                 Some(Event::Done(itt, _)) => {
-                    self.tasks.remove(&itt);
-                    self.running -= 1;
+                    self.tasks.complete(itt);
                 }
                 Some(_) => {}
                 None => break,
@@ -391,7 +352,7 @@ impl Session {
             Pdu::LoginRequest(_) => self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR),
             _ => self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR),
         }
-        !self.closing || self.running > 0 || self.pending_logout.is_some()
+        !self.closing || self.tasks.running() > 0 || self.pending_logout.is_some()
     }
 
     fn admit(&mut self, cmd_sn: u32, immediate: bool, item: Ordered) {
@@ -407,7 +368,7 @@ impl Session {
                     session = self.setup.id,
                     cmd_sn, "command outside the CmdSN window ignored"
                 );
-                self.tasks.remove(&itt);
+                self.tasks.abort(AbortScope::Task(itt));
             }
             Admission::Dropped(_) => {
                 debug!(
@@ -453,7 +414,7 @@ impl Session {
             self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR);
             return;
         }
-        if self.tasks.contains_key(&cmd.itt) {
+        if self.tasks.contains(cmd.itt) {
             // An ITT must be unique among the session's tasks (§11.3.4? ITT).
             self.reject(&raw.bhs, reject_reason::TASK_IN_PROGRESS);
             return;
@@ -478,7 +439,7 @@ impl Session {
         let edtl = cmd.expected_len;
         let mut fail = None;
         let mut data = Vec::new();
-        let state = if cmd.write && edtl > 0 {
+        let transfer = if cmd.write && edtl > 0 {
             let imm = raw.data.len().min(edtl as usize);
             if !p.immediate_data && !raw.data.is_empty() {
                 self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR);
@@ -502,56 +463,55 @@ impl Session {
                 max_outstanding_r2t: p.max_outstanding_r2t,
             };
             let t = WriteTransfer::new(edtl, imm as u32, cmd.final_bit, limits);
-            if t.is_complete() {
-                TaskState::Ready
-            } else {
-                TaskState::Collecting(t)
-            }
+            (!t.is_complete()).then_some(t)
         } else {
             if edtl > MAX_EDTL {
                 fail = Some(check_condition(0x05, 0x24, 0x00));
             }
-            TaskState::Ready
+            None
         };
         let itt = cmd.itt;
         let (cmd_sn, immediate) = (cmd.cmd_sn, cmd.immediate);
-        self.tasks.insert(
-            itt,
-            Task {
-                cmd,
-                cdb,
-                data,
-                state,
-                seq: None,
-                fail,
-                aborted: false,
-                r2t_count: 0,
-            },
-        );
+        let attr = match cmd.attr {
+            TaskAttr::Ordered => SamAttr::Ordered,
+            TaskAttr::HeadOfQueue => SamAttr::HeadOfQueue,
+            // Untagged, ACA (NormACA is 0) and reserved values: SIMPLE.
+            _ => SamAttr::Simple,
+        };
+        // Task management does not stop a SANITIZE (SBC-4 §4.11): it goes
+        // on in the background, so nothing waits for it.
+        let exempt =
+            ethersan_scsi::commands::lookup(&cdb).is_some_and(|d| d.op == Op::Sanitize);
+        // A command that fails anyway runs at its turn, without its data.
+        let data_ready = transfer.is_none() || fail.is_some();
+        let lun = lun_from_wire(cmd.lun);
+        let task = Task {
+            cmd,
+            cdb,
+            data,
+            transfer,
+            fail,
+            r2t_count: 0,
+        };
+        if self.tasks.insert(itt, lun, attr, data_ready, exempt, task).is_err() {
+            unreachable!("checked above that the ITT is free");
+        }
         self.admit(cmd_sn, immediate, Ordered::Scsi(itt));
     }
 
     /// A SCSI command reached its turn in CmdSN order.
     fn activate(&mut self, itt: u32) {
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        let Some(task) = self.tasks.get_mut(&itt) else {
+        if !self.tasks.admit(itt) {
+            // Aborted before its turn: its place in the window is free.
             self.window.complete();
             return;
-        };
-        task.seq = Some(seq);
-        self.outstanding.insert(seq);
-        let head_of_queue = task.cmd.attr == TaskAttr::HeadOfQueue;
-        if task.cmd.attr == TaskAttr::Ordered {
-            self.ordered.insert(seq);
         }
-        let collecting = matches!(task.state, TaskState::Collecting(_));
-        if collecting && task.fail.is_none() {
+        let solicit = self
+            .tasks
+            .get(itt)
+            .is_some_and(|t| t.transfer.is_some() && t.fail.is_none());
+        if solicit {
             self.solicit(itt);
-        } else if head_of_queue {
-            self.ready.push_front(itt);
-        } else {
-            self.ready.push_back(itt);
         }
         self.dispatch();
     }
@@ -559,10 +519,10 @@ impl Session {
     /// Send the R2Ts a collecting task may have outstanding.
     fn solicit(&mut self, itt: u32) {
         let mut ttts = Vec::new();
-        let Some(task) = self.tasks.get_mut(&itt) else {
+        let Some(task) = self.tasks.get_mut(itt) else {
             return;
         };
-        let TaskState::Collecting(t) = &mut task.state else {
+        let Some(t) = &mut task.transfer else {
             return;
         };
         let mut next = self.next_ttt;
@@ -595,11 +555,12 @@ impl Session {
     }
 
     fn on_data_out(&mut self, d: DataOut, data: Vec<u8>) {
-        let Some(task) = self.tasks.get_mut(&d.itt) else {
+        let admitted = self.tasks.is_admitted(d.itt);
+        let Some(task) = self.tasks.get_mut(d.itt) else {
             // Data for a task that was aborted or failed: discard.
             return;
         };
-        let TaskState::Collecting(t) = &mut task.state else {
+        let Some(t) = &mut task.transfer else {
             return;
         };
         match t.on_data_out(
@@ -615,12 +576,10 @@ impl Session {
                     task.data[off..off + data.len()].copy_from_slice(&data);
                 }
                 if t.is_complete() {
-                    task.state = TaskState::Ready;
-                    if task.seq.is_some() {
-                        self.ready.push_back(d.itt);
-                        self.dispatch();
-                    }
-                } else if task.seq.is_some() && task.fail.is_none() {
+                    task.transfer = None;
+                    self.tasks.set_data_ready(d.itt);
+                    self.dispatch();
+                } else if admitted && task.fail.is_none() {
                     self.solicit(d.itt);
                 }
             }
@@ -628,49 +587,28 @@ impl Session {
                 warn!(session = self.setup.id, itt = d.itt, %e, "bad Data-Out; failing the command");
                 // ABORTED COMMAND / DATA PHASE ERROR ends the command at once.
                 task.fail = Some(check_condition(0x0b, 0x4b, 0x00));
-                task.state = TaskState::Ready;
-                if task.seq.is_some() {
-                    self.ready.push_back(d.itt);
-                    self.dispatch();
-                }
+                task.transfer = None;
+                self.tasks.set_data_ready(d.itt);
+                self.dispatch();
             }
         }
     }
 
-    /// Start ready tasks the task attributes allow to run.
+    /// Start every task the task set allows to run now.
     fn dispatch(&mut self) {
-        let mut i = 0;
-        while i < self.ready.len() {
-            let itt = self.ready[i];
-            let Some(task) = self.tasks.get(&itt) else {
-                self.ready.remove(i);
-                continue;
-            };
-            let seq = task.seq.expect("ready tasks are admitted");
-            let blocked_by_ordered = self.ordered.range(..seq).next().is_some();
-            let ordered_waits = task.cmd.attr == TaskAttr::Ordered
-                && self.outstanding.range(..seq).next().is_some();
-            if blocked_by_ordered || ordered_waits {
-                i += 1;
-                continue;
-            }
-            self.ready.remove(i);
+        while let Some(itt) = self.tasks.next_startable() {
             self.start(itt);
         }
     }
 
     fn start(&mut self, itt: u32) {
-        let Some(task) = self.tasks.get_mut(&itt) else {
+        let Some(task) = self.tasks.get_mut(itt) else {
             return;
         };
         if let Some(resp) = task.fail.take() {
             let _ = self.done_tx.send(Event::Done(itt, resp));
-            task.state = TaskState::Running;
-            self.running += 1;
             return;
         }
-        task.state = TaskState::Running;
-        self.running += 1;
         let target = self
             .setup
             .target
@@ -692,8 +630,9 @@ impl Session {
             expected_len,
         };
         let inline_io = self.setup.options.inline_io;
-        let mask = self.setup.lun_mask.clone();
-        let ro = self.setup.read_only_mask.clone();
+        // LUN masking and read-only LUNs are looked up per command by LUN
+        // number, under the initiator's name.
+        let initiator: Arc<str> = Arc::from(self.setup.params.initiator_name.as_str());
         let inline = guarded(
             itt,
             || {
@@ -701,7 +640,7 @@ impl Session {
                     .then(|| {
                         target
                             .scsi
-                            .try_execute_nowait_masked(&req, mask.as_deref(), ro.as_deref())
+                            .try_execute_nowait_for(&req, Some(&initiator))
                     })
                     .flatten()
             },
@@ -718,9 +657,7 @@ impl Session {
         let prepared = guarded(
             itt,
             || {
-                target
-                    .scsi
-                    .prepare_async_masked(&req, mask.as_deref(), ro.as_deref())
+                target.scsi.prepare_async_for(&req, Some(&initiator))
             },
             Prepared::Done,
         );
@@ -748,9 +685,7 @@ impl Session {
             let resp = guarded(
                 itt,
                 || {
-                    target
-                        .scsi
-                        .execute_masked(&req, mask.as_deref(), ro.as_deref())
+                    target.scsi.execute_for(&req, Some(&initiator))
                 },
                 |r| r,
             );
@@ -759,13 +694,11 @@ impl Session {
     }
 
     fn on_done(&mut self, itt: u32, resp: ScsiResponse) {
-        self.running = self.running.saturating_sub(1);
-        let Some(task) = self.tasks.remove(&itt) else {
+        let Some(done) = self.tasks.complete(itt) else {
             return;
         };
-        if let Some(seq) = task.seq {
-            self.outstanding.remove(&seq);
-            self.ordered.remove(&seq);
+        let task = done.payload;
+        if done.admitted {
             self.window.complete();
         }
         if resp.status != ScsiStatus::Good {
@@ -774,10 +707,12 @@ impl Session {
         if task.cmd.cdb[0] == 0x5f && resp.status == ScsiStatus::Good {
             self.abort_preempted(lun_from_wire(task.cmd.lun));
         }
-        if !task.aborted {
+        if !done.aborted {
             self.respond(&task, resp);
         }
-        self.finish_tmfs(itt);
+        for (req, response) in done.tmfs_done {
+            self.send_tmf_response(req, response);
+        }
         self.try_finish_logout();
         self.dispatch();
     }
@@ -887,152 +822,96 @@ impl Session {
         self.send(Pdu::ScsiResponse(r), sense);
     }
 
-    /// Abort (silently) every task matching `pred`; returns their ITTs that
-    /// are still running and must be waited for.
-    fn abort_tasks(&mut self, pred: impl Fn(&Task) -> bool) -> Vec<u32> {
-        let victims: Vec<u32> = self
-            .tasks
-            .iter()
-            .filter(|(_, t)| !t.aborted && pred(t))
-            .map(|(i, _)| *i)
-            .collect();
-        let mut running = Vec::new();
-        for itt in victims {
-            let task = self.tasks.get_mut(&itt).expect("listed above");
-            task.aborted = true;
-            if matches!(task.state, TaskState::Running) {
-                // Task management does not stop a SANITIZE (SBC-4 §4.11):
-                // it goes on in the background, so nothing waits for it.
-                if task.cmd.cdb[0] != SANITIZE {
-                    running.push(itt);
-                }
-                continue;
-            }
-            let task = self.tasks.remove(&itt).expect("listed above");
-            self.ready.retain(|i| *i != itt);
-            if let Some(seq) = task.seq {
-                self.outstanding.remove(&seq);
-                self.ordered.remove(&seq);
+    /// Abort (silently) the tasks in `scope`; returns the ITTs of those
+    /// still running, which must be waited for.
+    fn abort_tasks(&mut self, scope: AbortScope) -> Vec<u32> {
+        let (removed, running) = self.tasks.abort(scope);
+        self.release(removed);
+        running
+    }
+
+    /// Tasks taken out before they ran give back their window places.
+    fn release(&mut self, removed: Vec<Removed<Task>>) {
+        for r in removed {
+            if r.admitted {
                 self.window.complete();
             }
         }
-        running
     }
 
     fn on_tmf(&mut self, t: TaskMgmtRequest) {
         let lun = lun_from_wire(t.lun);
         let target = self.setup.target.clone();
+        let initiator = self.setup.params.initiator_name.as_str();
         let lun_exists = target
             .as_ref()
-            .is_some_and(|tg| (lun as usize) < tg.scsi.luns().len());
-        let nexus = self.setup.nexus;
-        let (response, waiting_for) = match t.function {
-            TmfFunction::AbortTask => {
-                let found = self
-                    .tasks
-                    .get(&t.referenced_task_tag)
-                    .is_some_and(|task| lun_from_wire(task.cmd.lun) == lun);
-                if found {
-                    let itt = t.referenced_task_tag;
-                    (
-                        tmf_response::COMPLETE,
-                        self.abort_tasks(|task| task.cmd.itt == itt),
-                    )
-                } else {
-                    (tmf_response::NO_TASK, Vec::new())
-                }
+            .is_some_and(|tg| tg.scsi.visible(lun, Some(initiator)));
+        let tmf = match t.function {
+            TmfFunction::AbortTask => Tmf::AbortTask {
+                lun,
+                tag: t.referenced_task_tag,
+            },
+            TmfFunction::AbortTaskSet => Tmf::AbortTaskSet { lun },
+            TmfFunction::ClearTaskSet => Tmf::ClearTaskSet { lun },
+            TmfFunction::ClearAca => Tmf::ClearAca { lun },
+            TmfFunction::LogicalUnitReset => Tmf::LogicalUnitReset { lun },
+            TmfFunction::TargetWarmReset => Tmf::TargetWarmReset,
+            TmfFunction::TargetColdReset => Tmf::TargetColdReset,
+            TmfFunction::TaskReassign => {
+                self.window.complete();
+                return self.tmf_reply(&t, tmf_response::REASSIGN_NOT_SUPPORTED);
             }
-            TmfFunction::AbortTaskSet | TmfFunction::ClearTaskSet if lun_exists => {
-                let w = self.abort_tasks(|task| lun_from_wire(task.cmd.lun) == lun);
-                if t.function == TmfFunction::ClearTaskSet {
-                    self.registry.abort_lun_others(
-                        self.setup.id,
-                        target.as_ref().map(|t| t.name.as_str()),
-                        Some(lun),
-                    );
-                }
-                (tmf_response::COMPLETE, w)
+            TmfFunction::Other(_) => {
+                self.window.complete();
+                return self.tmf_reply(&t, tmf_response::REJECTED);
             }
-            TmfFunction::LogicalUnitReset if lun_exists => {
-                let w = self.abort_tasks(|task| lun_from_wire(task.cmd.lun) == lun);
-                self.registry.abort_lun_others(
-                    self.setup.id,
-                    target.as_ref().map(|t| t.name.as_str()),
-                    Some(lun),
-                );
-                if let Some(tg) = &target {
-                    tg.scsi.reset(ResetKind::LogicalUnit, Some(lun), nexus);
-                }
-                (tmf_response::COMPLETE, w)
-            }
-            TmfFunction::AbortTaskSet
-            | TmfFunction::ClearTaskSet
-            | TmfFunction::LogicalUnitReset => (tmf_response::NO_LUN, Vec::new()),
-            TmfFunction::TargetWarmReset | TmfFunction::TargetColdReset => {
-                let w = self.abort_tasks(|_| true);
-                self.registry.abort_lun_others(
-                    self.setup.id,
-                    target.as_ref().map(|t| t.name.as_str()),
-                    None,
-                );
-                let kind = if t.function == TmfFunction::TargetColdReset {
-                    ResetKind::TargetCold
-                } else {
-                    ResetKind::TargetWarm
-                };
-                if let Some(tg) = &target {
-                    tg.scsi.reset(kind, None, nexus);
-                }
-                if kind == ResetKind::TargetCold {
-                    // A cold reset drops every connection to the target,
-                    // this one too once the response has gone out.
-                    self.registry.shutdown_target_others(
-                        self.setup.id,
-                        target.as_ref().map(|t| t.name.as_str()),
-                    );
-                    self.closing = true;
-                }
-                (tmf_response::COMPLETE, w)
-            }
-            TmfFunction::ClearAca => (tmf_response::NOT_SUPPORTED, Vec::new()),
-            TmfFunction::TaskReassign => (tmf_response::REASSIGN_NOT_SUPPORTED, Vec::new()),
-            TmfFunction::Other(_) => (tmf_response::REJECTED, Vec::new()),
         };
-        self.pending_tmfs.push(PendingTmf {
-            req: t,
-            waiting_for,
-            response,
-        });
-        self.finish_tmfs(RESERVED_TAG);
+        let outcome = self.tasks.task_management(tmf, lun_exists, t);
+        self.release(outcome.removed);
+        let name = target.as_ref().map(|t| t.name.as_str());
+        let fx = outcome.effects;
+        if let Some(on) = fx.abort_others {
+            self.registry.abort_lun_others(self.setup.id, name, on);
+        }
+        if let (Some((kind, on)), Some(tg)) = (fx.reset, &target) {
+            tg.scsi.reset(kind, on, self.setup.nexus);
+        }
+        if fx.end_sessions {
+            // A cold reset drops every connection to the target, this one
+            // too once the response has gone out.
+            self.registry.shutdown_target_others(self.setup.id, name);
+            self.closing = true;
+        }
+        if let Some(req) = outcome.done {
+            self.send_tmf_response(req, outcome.response);
+        }
         self.dispatch();
     }
 
-    /// Send TMF responses whose aborted tasks have all finished.
-    fn finish_tmfs(&mut self, finished_itt: u32) {
-        for p in &mut self.pending_tmfs {
-            p.waiting_for.retain(|i| *i != finished_itt);
-        }
-        let ready: Vec<PendingTmf> = {
-            let (done, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending_tmfs)
-                .into_iter()
-                .partition(|p| p.waiting_for.is_empty());
-            self.pending_tmfs = wait;
-            done
+    /// Answer a task management request whose waits are over.
+    fn send_tmf_response(&mut self, req: TaskMgmtRequest, response: TmfResponse) {
+        self.window.complete();
+        let code = match response {
+            TmfResponse::Complete => tmf_response::COMPLETE,
+            TmfResponse::NoTask => tmf_response::NO_TASK,
+            TmfResponse::NoLun => tmf_response::NO_LUN,
+            TmfResponse::NotSupported => tmf_response::NOT_SUPPORTED,
         };
-        for p in ready {
-            self.window.complete();
-            let r = TaskMgmtResponse {
-                response: p.response,
-                itt: p.req.itt,
-                stat_sn: self.next_stat_sn(),
-                exp_cmd_sn: self.window.exp_cmd_sn(),
-                max_cmd_sn: self.window.max_cmd_sn(),
-            };
-            self.send(Pdu::TaskMgmtResponse(r), Bytes::new());
-            if self.closing {
-                let _ = self.out.send(WriterMsg::Close);
-            }
+        self.tmf_reply(&req, code);
+        if self.closing {
+            let _ = self.out.send(WriterMsg::Close);
         }
+    }
+
+    fn tmf_reply(&mut self, req: &TaskMgmtRequest, response: u8) {
+        let r = TaskMgmtResponse {
+            response,
+            itt: req.itt,
+            stat_sn: self.next_stat_sn(),
+            exp_cmd_sn: self.window.exp_cmd_sn(),
+            max_cmd_sn: self.window.max_cmd_sn(),
+        };
+        self.send(Pdu::TaskMgmtResponse(r), Bytes::new());
     }
 
     fn on_text(&mut self, t: TextRequest, data: Vec<u8>) {
@@ -1128,12 +1007,12 @@ impl Session {
     }
 
     fn try_finish_logout(&mut self) {
-        if self.running > 0 || self.pending_logout.is_none() {
+        if self.tasks.running() > 0 || self.pending_logout.is_none() {
             return;
         }
         let l = self.pending_logout.take().expect("checked");
         // Every other task of the session ends with the logout (§11.14).
-        self.abort_tasks(|_| true);
+        self.abort_tasks(AbortScope::All);
         self.window.complete();
         let resp = LogoutResponse {
             response: 0,

@@ -204,7 +204,7 @@ mod tests {
             data_out: data,
             expected_len: 1 << 24,
         };
-        match t.prepare_async_masked(&req, None, None) {
+        match t.prepare_async_for(&req, None) {
             Prepared::Done(r) => Some(r),
             Prepared::Blocking => None,
             Prepared::Io(plan) => {
@@ -242,7 +242,7 @@ mod tests {
                 }
                 // Zero-length transfers finish without I/O.
                 assert!(matches!(
-                    t.prepare_async_masked(
+                    t.prepare_async_for(
                         &ScsiRequest {
                             nexus: A,
                             lun: 0,
@@ -250,7 +250,6 @@ mod tests {
                             data_out: &[],
                             expected_len: 0
                         },
-                        None,
                         None
                     ),
                     Prepared::Done(_)
@@ -304,22 +303,30 @@ mod tests {
             data_out: &[],
             expected_len: 512,
         };
-        match t.prepare_async_masked(&req, None, None) {
+        match t.prepare_async_for(&req, None) {
             Prepared::Done(r) => check(&r, 6, 0x29, 0),
             other => panic!("{other:?}"),
         }
         // Masked and per-initiator read-only LUNs go to the blocking path.
+        t.set_policy(
+            0,
+            crate::LunPolicy {
+                visible_to: vec!["alice".into()],
+                read_only_for: vec!["carol".into()],
+            },
+        )
+        .unwrap();
         assert!(matches!(
-            t.prepare_async_masked(&req, Some(&[false]), None),
+            t.prepare_async_for(&req, Some("bob")),
             Prepared::Blocking
         ));
         assert!(matches!(
-            t.prepare_async_masked(&req, None, Some(&[true])),
+            t.prepare_async_for(&req, Some("carol")),
             Prepared::Blocking
         ));
 
         let t = uring_target(dir.path(), 4096, false, false);
-        let lu = t.luns()[0].clone();
+        let lu = t.lun(0).unwrap();
         {
             // A COMPARE AND WRITE holding the range: the WRITE waits for it
             // on the blocking path.
@@ -334,7 +341,7 @@ mod tests {
             data_out: &[2; 4096],
             expected_len: 4096,
         };
-        let Prepared::Io(plan) = t.prepare_async_masked(&req, None, None) else {
+        let Prepared::Io(plan) = t.prepare_async_for(&req, None) else {
             panic!()
         };
         assert!(lu.ranges.try_lock_shared(0, 4096).is_some());

@@ -242,6 +242,12 @@ impl LogicalUnit {
         Ok(changed)
     }
 
+    /// The target's LUN inventory changed: every nexus that knows this unit
+    /// gets REPORTED LUNS DATA HAS CHANGED (SPC-4 §6.33).
+    pub(crate) fn luns_changed(&self) {
+        self.ua.raise_all(codes::REPORTED_LUNS_CHANGED, None);
+    }
+
     /// The I_T nexuses a PREEMPT AND ABORT preempted since the last call:
     /// the transport aborts their tasks on this LU (SPC-4 §5.9.11.4).
     pub fn take_preempted(&self) -> Vec<Nexus> {
