@@ -11,7 +11,6 @@
 //!   TARGET FAILURE).
 //! - [`counters`]: per-LUN and per-initiator counters (commands, bytes,
 //!   errors by sense key, a latency histogram), cheap on the data path.
-//! - [`budget`]: a per-session memory budget for data buffers.
 //!
 //! No tokio in its API: front ends (iSCSI over TCP today, AoE and the
 //! Ethernet transport next) drive it by plain method calls and inject how
@@ -19,3 +18,6 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod task_set;
+pub mod counters;
+pub mod directory;
+pub mod executor;

@@ -1,0 +1,178 @@
+//! The executor on in-memory logical units: the no-wait path, the
+//! blocking pool, a panicking backend, and the counters.
+
+use std::sync::{Arc, Mutex};
+
+use ethersan_backend::{BackendError, BlockDevice};
+use ethersan_scsi::{LogicalUnit, LuConfig, Nexus, ScsiStatus, ScsiTarget};
+
+use super::*;
+
+fn config() -> LuConfig {
+    LuConfig {
+        read_only: false,
+        removable: false,
+        vendor: "ETHERSAN".into(),
+        product: "test".into(),
+        revision: "0001".into(),
+        serial: "s".into(),
+        naa: [0x60; 16],
+        target_name: "iqn.2026-11.org.ethersan:t".into(),
+        write_cache: true,
+        pr_state_file: None,
+        physical_block_size: 0,
+    }
+}
+
+/// A device whose blocking reads panic (a bug in a backend).
+#[derive(Debug)]
+struct Panicking;
+
+impl BlockDevice for Panicking {
+    fn block_size(&self) -> u32 {
+        512
+    }
+    fn num_blocks(&self) -> u64 {
+        8
+    }
+    fn read_at(&self, _: u64, _: &mut [u8]) -> Result<(), BackendError> {
+        panic!("backend bug")
+    }
+    fn write_at(&self, _: u64, _: &[u8], _: bool) -> Result<(), BackendError> {
+        Ok(())
+    }
+    fn flush(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+    fn describe(&self) -> String {
+        "panicking".into()
+    }
+}
+
+fn target(dev: Arc<dyn BlockDevice>) -> Arc<ScsiTarget> {
+    let t = Arc::new(ScsiTarget::new(vec![Arc::new(LogicalUnit::new(dev, config()))]));
+    t.nexus_added(Nexus(1));
+    t
+}
+
+fn ram() -> Arc<dyn BlockDevice> {
+    Arc::new(ethersan_backend::ram::RamDevice::new(1 << 20, 512).unwrap())
+}
+
+fn cmd(cdb: &[u8], data: Vec<u8>, expected_len: u32) -> Command {
+    Command {
+        nexus: Nexus(1),
+        initiator: Arc::from("iqn.2026-11.org.ethersan:i"),
+        lun: 0,
+        cdb: cdb.to_vec(),
+        data,
+        expected_len,
+    }
+}
+
+/// Jobs kept until the test runs them.
+#[derive(Default)]
+struct Held(Mutex<Vec<Box<dyn FnOnce() + Send>>>);
+
+impl BlockingPool for Held {
+    fn spawn(&self, job: Box<dyn FnOnce() + Send>) {
+        self.0.lock().unwrap().push(job);
+    }
+}
+
+impl Held {
+    fn run_all(&self) -> usize {
+        let jobs: Vec<_> = std::mem::take(&mut *self.0.lock().unwrap());
+        let n = jobs.len();
+        for j in jobs {
+            j();
+        }
+        n
+    }
+}
+
+fn run(
+    exec: Executor,
+    t: &Arc<ScsiTarget>,
+    c: Command,
+    counting: Counting,
+    pool: &dyn BlockingPool,
+) -> Arc<Mutex<Option<Finished>>> {
+    let out = Arc::new(Mutex::new(None));
+    let o = out.clone();
+    exec.execute(t, c, counting, pool, Box::new(move |f| *o.lock().unwrap() = Some(f)));
+    out
+}
+
+const TUR: [u8; 6] = [0; 6];
+
+fn write10(lba: u8, blocks: u8) -> [u8; 10] {
+    [0x2a, 0, 0, 0, 0, lba, 0, 0, blocks, 0]
+}
+
+fn read10(lba: u8, blocks: u8) -> [u8; 10] {
+    [0x28, 0, 0, 0, 0, lba, 0, 0, blocks, 0]
+}
+
+#[test]
+fn a_ram_lun_completes_on_the_callers_thread_and_is_counted() {
+    let t = target(ram());
+    let exec = Executor { inline_io: true };
+    let lun = Arc::new(IoCounters::default());
+    let ini = Arc::new(IoCounters::default());
+    let counting = Counting {
+        lun: Some(lun.clone()),
+        initiator: Some(ini.clone()),
+    };
+    let pool = Held::default();
+    // The POWER ON unit attention first.
+    let f = run(exec, &t, cmd(&TUR, vec![], 0), counting.clone(), &pool);
+    let f = f.lock().unwrap().take().expect("done at once");
+    assert_eq!(f.response.status, ScsiStatus::CheckCondition);
+    let f = run(exec, &t, cmd(&write10(1, 2), vec![7; 1024], 1024), counting.clone(), &pool);
+    assert_eq!(f.lock().unwrap().take().unwrap().response.status, ScsiStatus::Good);
+    let f = run(exec, &t, cmd(&read10(1, 2), vec![], 1024), counting.clone(), &pool);
+    let f = f.lock().unwrap().take().unwrap();
+    assert_eq!(f.response.data_in, vec![7; 1024]);
+    assert!(f.preempted.is_empty());
+    assert_eq!(pool.run_all(), 0, "nothing went to the blocking pool");
+    for c in [&lun, &ini] {
+        let s = c.snapshot();
+        assert_eq!((s.reads, s.writes, s.others), (1, 1, 1));
+        assert_eq!((s.read_bytes, s.write_bytes), (1024, 1024));
+        assert_eq!(s.errors[6], 1, "the unit attention");
+    }
+}
+
+#[test]
+fn without_the_inline_attempt_a_command_goes_to_the_pool() {
+    let t = target(ram());
+    let exec = Executor { inline_io: false };
+    let pool = Held::default();
+    let f = run(exec, &t, cmd(&TUR, vec![], 0), Counting::default(), &pool);
+    assert!(f.lock().unwrap().is_none(), "not done before the pool runs it");
+    assert_eq!(pool.run_all(), 1);
+    let f = f.lock().unwrap().take().unwrap();
+    assert_eq!(f.response.status, ScsiStatus::CheckCondition);
+}
+
+#[test]
+fn a_panic_in_emulation_becomes_internal_target_failure() {
+    let t = target(Arc::new(Panicking));
+    let exec = Executor { inline_io: true };
+    let lun = Arc::new(IoCounters::default());
+    let counting = Counting {
+        lun: Some(lun.clone()),
+        initiator: None,
+    };
+    run(exec, &t, cmd(&TUR, vec![], 0), counting.clone(), &Inline);
+    let f = run(exec, &t, cmd(&read10(0, 1), vec![], 512), counting, &Inline);
+    let f = f.lock().unwrap().take().expect("the pool ran it inline");
+    assert_eq!(f.response.status, ScsiStatus::CheckCondition);
+    assert_eq!(f.response.sense[2] & 0x0f, 0x04);
+    assert_eq!((f.response.sense[12], f.response.sense[13]), (0x44, 0x00));
+    assert_eq!(lun.snapshot().errors[4], 1);
+    // The unit still answers.
+    let f = run(exec, &t, cmd(&TUR, vec![], 0), Counting::default(), &Inline);
+    assert_eq!(f.lock().unwrap().take().unwrap().response.status, ScsiStatus::Good);
+}
