@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use ethersan_backend::BlockDevice;
 use ethersan_proto::negotiate::TargetSettings;
-use ethersan_scsi::{LogicalUnit, LuConfig, LunMap, LunPolicy, LunSlot, Nexus, ScsiTarget};
+use ethersan_scsi::{LogicalUnit, LuConfig, LunMap, LunPolicy, LunSlot, Nexus};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
@@ -122,12 +122,12 @@ impl Server {
                     },
                 );
             }
-            targets.push(Arc::new(TargetEntry {
-                name: t.name.clone(),
-                alias: t.alias.clone(),
-                scsi: Arc::new(ScsiTarget::with_luns(luns)),
-                access: t.access.clone(),
-            }));
+            targets.push(Arc::new(TargetEntry::new(
+                t.name.clone(),
+                t.alias.clone(),
+                luns,
+                Arc::new(t.access.clone()),
+            )));
         }
         let mut listeners = Vec::new();
         let mut addrs = Vec::new();

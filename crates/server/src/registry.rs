@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ethersan_scsi::ScsiTarget;
+use ethersan_core::directory::Directory;
 use tokio::sync::mpsc;
 
 use crate::session::Event;
@@ -31,17 +31,13 @@ pub(crate) fn stable_hash(parts: &[&[u8]]) -> u64 {
     h
 }
 
-/// One exported target.
-#[derive(Debug)]
-pub struct TargetEntry {
-    /// iSCSI name (IQN).
-    pub name: String,
-    /// TargetAlias, if any.
-    pub alias: Option<String>,
-    /// The SCSI target device with its logical units.
-    pub scsi: Arc<ScsiTarget>,
-    /// Who may log in to it and see it.
-    pub access: crate::config::Access,
+/// One exported target: the target core's live entry.
+pub use ethersan_core::directory::Target as TargetEntry;
+
+impl ethersan_core::directory::TargetAccess for crate::config::Access {
+    fn allows(&self, initiator: &str, addr: Option<std::net::IpAddr>) -> bool {
+        crate::config::Access::allows(self, initiator, addr)
+    }
 }
 
 /// Messages one session sends another through the registry.
@@ -65,7 +61,7 @@ struct SessionHandle {
 /// The server's shared directory of targets and sessions.
 #[derive(Debug)]
 pub struct Registry {
-    targets: Vec<Arc<TargetEntry>>,
+    directory: Arc<Directory>,
     portals: Vec<SocketAddr>,
     portal_group_tag: u16,
     sessions: Mutex<HashMap<u64, SessionHandle>>,
@@ -81,7 +77,7 @@ impl Registry {
     /// A registry for these targets, reachable through these portals.
     pub fn new(targets: Vec<Arc<TargetEntry>>, portals: Vec<SocketAddr>) -> Self {
         Registry {
-            targets,
+            directory: Arc::new(Directory::new(targets)),
             portals,
             portal_group_tag: 1,
             sessions: Mutex::new(HashMap::new()),
@@ -91,9 +87,14 @@ impl Registry {
         }
     }
 
-    /// The exported targets.
-    pub fn targets(&self) -> &[Arc<TargetEntry>] {
-        &self.targets
+    /// The live directory of targets and LUNs.
+    pub fn directory(&self) -> &Arc<Directory> {
+        &self.directory
+    }
+
+    /// A snapshot of the exported targets.
+    pub fn targets(&self) -> Arc<Vec<Arc<TargetEntry>>> {
+        self.directory.targets()
     }
 
     /// The portal group tag of every portal.
@@ -105,7 +106,7 @@ impl Registry {
     /// file or device grew (or shrank) reports the new capacity, and every
     /// session gets CAPACITY DATA HAS CHANGED on it.
     pub fn rescan_capacity(&self) {
-        for t in &self.targets {
+        for t in self.directory.targets().iter() {
             for (i, slot) in t.scsi.luns().iter() {
                 match slot.lu.rescan_capacity() {
                     Ok(Some(blocks)) => {
@@ -122,7 +123,7 @@ impl Registry {
 
     /// Find a target by name.
     pub fn target(&self, name: &str) -> Option<Arc<TargetEntry>> {
-        self.targets.iter().find(|t| t.name == name).cloned()
+        self.directory.target(name)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, SessionHandle>> {
@@ -262,11 +263,11 @@ impl Registry {
         initiator: &str,
         peer_ip: Option<std::net::IpAddr>,
     ) -> Vec<(String, String)> {
+        let targets = self.directory.targets();
         let chosen: Vec<&TargetEntry> = match query {
-            "All" => self.targets.iter().map(|t| t.as_ref()).collect(),
+            "All" => targets.iter().map(|t| t.as_ref()).collect(),
             "" => own.into_iter().collect(),
-            name => self
-                .targets
+            name => targets
                 .iter()
                 .filter(|t| t.name == name)
                 .map(|t| t.as_ref())

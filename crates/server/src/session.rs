@@ -20,7 +20,9 @@ use ethersan_proto::seq::{Admission, CmdWindow};
 use ethersan_proto::transfer::{data_in_segments, TransferLimits, WriteTransfer};
 use ethersan_core::task_set::{AbortScope, Removed, TaskAttr as SamAttr, TaskSet, Tmf, TmfResponse};
 use ethersan_scsi::commands::Op;
-use ethersan_scsi::{Nexus, Prepared, ScsiRequest, ScsiResponse, ScsiStatus};
+use ethersan_core::counters::IoCounters;
+use ethersan_core::executor::{check_condition, BlockingPool, Command, Counting, Executor, Finished};
+use ethersan_scsi::{Nexus, ScsiResponse, ScsiStatus};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
@@ -78,7 +80,7 @@ pub(crate) enum Event {
     /// A PDU arrived, or reading failed.
     Pdu(Result<RawPdu, ReadError>),
     /// A command finished executing.
-    Done(u32, ScsiResponse),
+    Done(u32, Finished),
     /// A message from the registry (another session's TMF, shutdown).
     Control(SessionControl),
     /// Periodic timer for NOP-In pings.
@@ -120,6 +122,12 @@ pub(crate) struct Session {
     stat_sn: u32,
     /// The SAM task set: every task of the session, in command order.
     tasks: TaskSet<Task, TaskMgmtRequest>,
+    /// Runs the session's commands.
+    executor: Executor,
+    /// The initiator's name, shared with every command.
+    initiator: Arc<str>,
+    /// The initiator's counters.
+    initiator_counters: Arc<IoCounters>,
     next_ttt: u32,
     pending_logout: Option<LogoutRequest>,
     last_rx: Instant,
@@ -139,6 +147,11 @@ impl Session {
     ) -> Self {
         let window = CmdWindow::new(setup.exp_cmd_sn, setup.options.queue_depth);
         let stat_sn = setup.stat_sn;
+        let executor = Executor {
+            inline_io: setup.options.inline_io,
+        };
+        let initiator: Arc<str> = Arc::from(setup.params.initiator_name.as_str());
+        let initiator_counters = registry.directory().initiator_counters(&initiator);
         Session {
             setup,
             registry,
@@ -147,6 +160,9 @@ impl Session {
             window,
             stat_sn,
             tasks: TaskSet::new(),
+            executor,
+            initiator,
+            initiator_counters,
             next_ttt: 1,
             pending_logout: None,
             last_rx: Instant::now(),
@@ -601,12 +617,20 @@ impl Session {
         }
     }
 
+    /// Hand a task whose turn has come to the target core's executor;
+    /// its outcome comes back as [`Event::Done`].
     fn start(&mut self, itt: u32) {
         let Some(task) = self.tasks.get_mut(itt) else {
             return;
         };
-        if let Some(resp) = task.fail.take() {
-            let _ = self.done_tx.send(Event::Done(itt, resp));
+        if let Some(response) = task.fail.take() {
+            let _ = self.done_tx.send(Event::Done(
+                itt,
+                Finished {
+                    response,
+                    preempted: Vec::new(),
+                },
+            ));
             return;
         }
         let target = self
@@ -614,86 +638,33 @@ impl Session {
             .target
             .clone()
             .expect("SCSI tasks only in normal sessions");
-        let nexus = self.setup.nexus;
-        let cdb = std::mem::take(&mut task.cdb);
-        let data = std::mem::take(&mut task.data);
         let lun = lun_from_wire(task.cmd.lun);
-        let expected_len = task.cmd.expected_len;
-        let tx = self.done_tx.clone();
-        // Fast path: a command that needs no waiting (page-cache reads and
-        // writes, RAM, metadata) runs right here, with no thread handoff.
-        let req = ScsiRequest {
-            nexus,
+        let cmd = Command {
+            nexus: self.setup.nexus,
+            initiator: self.initiator.clone(),
             lun,
-            cdb: &cdb,
-            data_out: &data,
-            expected_len,
+            cdb: std::mem::take(&mut task.cdb),
+            data: std::mem::take(&mut task.data),
+            expected_len: task.cmd.expected_len,
         };
-        let inline_io = self.setup.options.inline_io;
-        // LUN masking and read-only LUNs are looked up per command by LUN
-        // number, under the initiator's name.
-        let initiator: Arc<str> = Arc::from(self.setup.params.initiator_name.as_str());
-        let inline = guarded(
-            itt,
-            || {
-                inline_io
-                    .then(|| {
-                        target
-                            .scsi
-                            .try_execute_nowait_for(&req, Some(&initiator))
-                    })
-                    .flatten()
-            },
-            Some,
+        let counting = Counting {
+            lun: target.lun_counters(lun),
+            initiator: Some(self.initiator_counters.clone()),
+        };
+        let tx = self.done_tx.clone();
+        self.executor.execute(
+            &target.scsi,
+            cmd,
+            counting,
+            &TokioBlocking,
+            Box::new(move |f| {
+                let _ = tx.send(Event::Done(itt, f));
+            }),
         );
-        if let Some(resp) = inline {
-            let _ = tx.send(Event::Done(itt, resp));
-            return;
-        }
-        // A READ or WRITE on a LUN with an asynchronous engine (io_uring):
-        // checked here, submitted to the LUN's ring, and completed from the
-        // ring thread straight into this session's event channel; no thread
-        // waits for the I/O.
-        let prepared = guarded(
-            itt,
-            || {
-                target.scsi.prepare_async_for(&req, Some(&initiator))
-            },
-            Prepared::Done,
-        );
-        match prepared {
-            Prepared::Done(resp) => {
-                let _ = tx.send(Event::Done(itt, resp));
-                return;
-            }
-            Prepared::Io(plan) => {
-                plan.submit(data, move |resp| {
-                    let _ = tx.send(Event::Done(itt, resp));
-                });
-                return;
-            }
-            Prepared::Blocking => {}
-        }
-        tokio::task::spawn_blocking(move || {
-            let req = ScsiRequest {
-                nexus,
-                lun,
-                cdb: &cdb,
-                data_out: &data,
-                expected_len,
-            };
-            let resp = guarded(
-                itt,
-                || {
-                    target.scsi.execute_for(&req, Some(&initiator))
-                },
-                |r| r,
-            );
-            let _ = tx.send(Event::Done(itt, resp));
-        });
     }
 
-    fn on_done(&mut self, itt: u32, resp: ScsiResponse) {
+    fn on_done(&mut self, itt: u32, finished: Finished) {
+        let resp = finished.response;
         let Some(done) = self.tasks.complete(itt) else {
             return;
         };
@@ -704,8 +675,8 @@ impl Session {
         if resp.status != ScsiStatus::Good {
             debug!(session = self.setup.id, itt, opcode = task.cmd.cdb[0], status = ?resp.status, sense = ?resp.sense.get(..14), "command failed");
         }
-        if task.cmd.cdb[0] == 0x5f && resp.status == ScsiStatus::Good {
-            self.abort_preempted(lun_from_wire(task.cmd.lun));
+        if !finished.preempted.is_empty() {
+            self.abort_preempted(lun_from_wire(task.cmd.lun), finished.preempted);
         }
         if !done.aborted {
             self.respond(&task, resp);
@@ -720,11 +691,11 @@ impl Session {
     /// After a PERSISTENT RESERVE OUT: abort the tasks of the nexuses a
     /// PREEMPT AND ABORT preempted, in their sessions; they also get COMMANDS
     /// CLEARED BY ANOTHER INITIATOR.
-    fn abort_preempted(&mut self, lun: u64) {
+    fn abort_preempted(&mut self, lun: u64, preempted: Vec<Nexus>) {
         let Some(target) = self.setup.target.clone() else {
             return;
         };
-        for victim in target.scsi.take_preempted(lun) {
+        for victim in preempted {
             if victim == self.setup.nexus {
                 continue;
             }
@@ -1028,24 +999,11 @@ impl Session {
     }
 }
 
-/// Run command emulation for task `itt` so that a bug in it cannot take
-/// the session down: a panic is logged and the command fails as HARDWARE
-/// ERROR / INTERNAL TARGET FAILURE, handed to `failed` to fit `f`'s result.
-fn guarded<T>(itt: u32, f: impl FnOnce() -> T, failed: impl FnOnce(ScsiResponse) -> T) -> T {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| {
-        tracing::error!(itt, "command emulation panicked");
-        failed(check_condition(0x04, 0x44, 0x00))
-    })
-}
+/// Blocking commands run on tokio's blocking pool.
+struct TokioBlocking;
 
-/// A CHECK CONDITION response for failures found by the transport, before
-/// the command reaches its logical unit (fixed-format sense).
-fn check_condition(key: u8, asc: u8, ascq: u8) -> ScsiResponse {
-    let sense = ethersan_scsi::sense::Sense::new(key, asc, ascq).to_bytes(false);
-    ScsiResponse {
-        status: ScsiStatus::CheckCondition,
-        sense,
-        data_in: Vec::new(),
-        data_out_len: None,
+impl BlockingPool for TokioBlocking {
+    fn spawn(&self, job: Box<dyn FnOnce() + Send>) {
+        tokio::task::spawn_blocking(job);
     }
 }
