@@ -11,6 +11,7 @@
 //!   TARGET FAILURE).
 //! - [`counters`]: per-LUN and per-initiator counters (commands, bytes,
 //!   errors by sense key, a latency histogram), cheap on the data path.
+//! - [`budget`]: a per-session memory budget for command data buffers.
 //!
 //! No tokio in its API: front ends (iSCSI over TCP today, AoE and the
 //! Ethernet transport next) drive it by plain method calls and inject how
@@ -18,6 +19,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod task_set;
+pub mod budget;
 pub mod counters;
 pub mod directory;
 pub mod executor;

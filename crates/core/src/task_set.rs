@@ -322,6 +322,11 @@ impl<T, M> TaskSet<T, M> {
         self.tasks.get_mut(&tag).map(|e| &mut e.payload)
     }
 
+    /// Whether the task was aborted (it is still running and must finish).
+    pub fn is_aborted(&self, tag: Tag) -> bool {
+        self.tasks.get(&tag).is_some_and(|e| e.aborted)
+    }
+
     /// Whether the task has been admitted.
     pub fn is_admitted(&self, tag: Tag) -> bool {
         self.tasks.get(&tag).is_some_and(|e| e.seq.is_some())

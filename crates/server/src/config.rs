@@ -282,6 +282,11 @@ pub struct Options {
     /// a text negotiation may send; at least 8192, the login phase's
     /// MaxRecvDataSegmentLength.
     pub max_key_text_bytes: usize,
+    /// Most bytes of command data buffers one session holds at once
+    /// (writes' buffers are reserved when their R2Ts go out, reads' until
+    /// their Data-In is sent); commands beyond it wait. One command always
+    /// runs, however large.
+    pub session_memory_budget: usize,
     /// Directory for default backing files.
     pub data_dir: PathBuf,
     /// Threads that run sessions (tokio workers); 0: one per CPU.
@@ -353,6 +358,7 @@ impl Default for Options {
             max_sessions: 1024,
             max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
             max_key_text_bytes: DEFAULT_MAX_KEY_TEXT_BYTES,
+            session_memory_budget: ethersan_core::budget::DEFAULT_SESSION_BUDGET,
             data_dir: PathBuf::from("./ethersan-data"),
             worker_threads: 0,
             inline_io: true,
@@ -401,6 +407,13 @@ impl Options {
         }
         if self.max_sessions == 0 {
             return Err("max_sessions must be at least 1".into());
+        }
+        if self.session_memory_budget < 1 << 20 {
+            return Err(format!(
+                "session_memory_budget = {} is below 1 MiB (1048576); the default is {}",
+                self.session_memory_budget,
+                ethersan_core::budget::DEFAULT_SESSION_BUDGET
+            ));
         }
         if !(MIN_KEY_TEXT_BYTES..=16 << 20).contains(&self.max_key_text_bytes) {
             return Err(format!(

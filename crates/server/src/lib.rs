@@ -437,6 +437,7 @@ async fn serve_stream<R, W>(
             queue_depth: options.queue_depth,
             inline_io: options.inline_io,
             max_key_text: options.max_key_text_bytes,
+            memory_budget: options.session_memory_budget,
             nop_interval: (options.nop_interval_secs > 0)
                 .then(|| Duration::from_secs(options.nop_interval_secs)),
             nop_timeout: Duration::from_secs(options.nop_timeout_secs.max(1)),

@@ -7,6 +7,7 @@
 //! The only lock it touches is the registry's, and only on login,
 //! logout and task-management resets.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,6 +21,7 @@ use ethersan_proto::seq::{Admission, CmdWindow};
 use ethersan_proto::transfer::{data_in_segments, TransferLimits, WriteTransfer};
 use ethersan_core::task_set::{AbortScope, Removed, TaskAttr as SamAttr, TaskSet, Tmf, TmfResponse};
 use ethersan_scsi::commands::Op;
+use ethersan_core::budget::MemoryBudget;
 use ethersan_core::counters::IoCounters;
 use ethersan_core::executor::{check_condition, BlockingPool, Command, Counting, Executor, Finished};
 use ethersan_scsi::{Nexus, ScsiResponse, ScsiStatus};
@@ -58,6 +60,8 @@ pub(crate) struct SessionOptions {
     /// Most bytes of key text one Text request may send, across its
     /// Continue PDUs.
     pub(crate) max_key_text: usize,
+    /// Most bytes of command data buffers the session holds at once.
+    pub(crate) memory_budget: usize,
 }
 
 /// Everything a session needs from its login.
@@ -85,6 +89,8 @@ pub(crate) enum Event {
     Control(SessionControl),
     /// Periodic timer for NOP-In pings.
     Tick,
+    /// A read's Data-In has been sent: its buffer's bytes are free.
+    Released(usize),
 }
 
 /// The iSCSI side of one task; the task set ([`TaskSet`]) owns it and
@@ -100,6 +106,17 @@ struct Task {
     fail: Option<ScsiResponse>,
     /// R2Ts sent for this task (ExpDataSN of a write's response).
     r2t_count: u32,
+    /// Bytes of the session's memory budget this task's buffer holds.
+    reserved: usize,
+}
+
+/// What a task waits for when its buffer does not fit the budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Need {
+    /// A write's buffer, before its R2Ts go out.
+    Solicit,
+    /// A read's buffer, before it runs.
+    Start,
 }
 
 /// Items ordered by the CmdSN window.
@@ -128,6 +145,10 @@ pub(crate) struct Session {
     initiator: Arc<str>,
     /// The initiator's counters.
     initiator_counters: Arc<IoCounters>,
+    /// Data buffers held by this session's commands.
+    budget: MemoryBudget,
+    /// Tasks waiting for room in the budget, oldest first.
+    awaiting: VecDeque<(u32, Need)>,
     next_ttt: u32,
     pending_logout: Option<LogoutRequest>,
     last_rx: Instant,
@@ -152,6 +173,7 @@ impl Session {
         };
         let initiator: Arc<str> = Arc::from(setup.params.initiator_name.as_str());
         let initiator_counters = registry.directory().initiator_counters(&initiator);
+        let budget = MemoryBudget::new(setup.options.memory_budget);
         Session {
             setup,
             registry,
@@ -163,6 +185,8 @@ impl Session {
             executor,
             initiator,
             initiator_counters,
+            budget,
+            awaiting: VecDeque::new(),
             next_ttt: 1,
             pending_logout: None,
             last_rx: Instant::now(),
@@ -211,6 +235,11 @@ impl Session {
                 false
             }
             Event::Tick => self.on_tick(),
+            Event::Released(n) => {
+                self.budget.release(n);
+                self.retry_awaiting();
+                true
+            }
         }
     }
 
@@ -455,6 +484,7 @@ impl Session {
         let edtl = cmd.expected_len;
         let mut fail = None;
         let mut data = Vec::new();
+        let mut reserved = 0;
         let transfer = if cmd.write && edtl > 0 {
             let imm = raw.data.len().min(edtl as usize);
             if !p.immediate_data && !raw.data.is_empty() {
@@ -463,14 +493,22 @@ impl Session {
             }
             if edtl > MAX_EDTL {
                 fail = Some(check_condition(0x05, 0x24, 0x00));
-            } else if imm == edtl as usize {
-                // All the data came as immediate data: the PDU's buffer is
-                // the command's buffer, no copy.
+            } else {
+                // Only what may arrive unasked is buffered now: the
+                // immediate data, and with InitialR2T=No the rest of the
+                // first burst. The whole buffer is reserved when the
+                // command's R2Ts are about to go out.
+                let unsolicited = if p.initial_r2t {
+                    imm
+                } else {
+                    imm.max(p.first_burst_length as usize)
+                        .min(edtl as usize)
+                };
                 data = std::mem::take(&mut raw.data);
                 data.truncate(imm);
-            } else {
-                data = vec![0u8; edtl as usize];
-                data[..imm].copy_from_slice(&raw.data[..imm]);
+                data.resize(unsolicited, 0);
+                reserved = unsolicited;
+                self.budget.force(reserved);
             }
             let limits = TransferLimits {
                 initial_r2t: p.initial_r2t,
@@ -508,6 +546,7 @@ impl Session {
             transfer,
             fail,
             r2t_count: 0,
+            reserved,
         };
         if self.tasks.insert(itt, lun, attr, data_ready, exempt, task).is_err() {
             unreachable!("checked above that the ITT is free");
@@ -527,7 +566,11 @@ impl Session {
             .get(itt)
             .is_some_and(|t| t.transfer.is_some() && t.fail.is_none());
         if solicit {
-            self.solicit(itt);
+            if self.awaiting.is_empty() && self.reserve(itt) {
+                self.solicit(itt);
+            } else {
+                self.awaiting.push_back((itt, Need::Solicit));
+            }
         }
         self.dispatch();
     }
@@ -586,6 +629,14 @@ impl Session {
             data.len() as u32,
             d.final_bit,
         ) {
+            Ok(()) if task.fail.is_none() && d.buffer_offset as usize + data.len() > task.data.len() => {
+                // Data the target did not ask for and has no room for.
+                warn!(session = self.setup.id, itt = d.itt, "unsolicited Data-Out beyond the first burst; failing the command");
+                task.fail = Some(check_condition(0x0b, 0x4b, 0x00));
+                task.transfer = None;
+                self.tasks.set_data_ready(d.itt);
+                self.dispatch();
+            }
             Ok(()) => {
                 if task.fail.is_none() {
                     let off = d.buffer_offset as usize;
@@ -633,6 +684,16 @@ impl Session {
             ));
             return;
         }
+        if task.cmd.read && task.reserved == 0 && task.cmd.expected_len > 0 {
+            // The read's buffer must fit the budget before it runs.
+            if !self.awaiting.is_empty() || !self.reserve(itt) {
+                self.awaiting.push_back((itt, Need::Start));
+                return;
+            }
+        }
+        let Some(task) = self.tasks.get_mut(itt) else {
+            return;
+        };
         let target = self
             .setup
             .target
@@ -664,14 +725,20 @@ impl Session {
     }
 
     fn on_done(&mut self, itt: u32, finished: Finished) {
-        let resp = finished.response;
         let Some(done) = self.tasks.complete(itt) else {
             return;
         };
-        let task = done.payload;
+        let mut task = done.payload;
         if done.admitted {
             self.window.complete();
         }
+        // A write's buffer is gone with its execution; a read's goes with
+        // its Data-In (released when sent).
+        if !task.cmd.read || done.aborted || finished.response.data_in.is_empty() {
+            self.budget.release(std::mem::take(&mut task.reserved));
+            self.retry_awaiting();
+        }
+        let resp = finished.response;
         if resp.status != ScsiStatus::Good {
             debug!(session = self.setup.id, itt, opcode = task.cmd.cdb[0], status = ?resp.status, sense = ?resp.sense.get(..14), "command failed");
         }
@@ -736,7 +803,15 @@ impl Session {
         } else {
             (0, false, edtl > 0, edtl as u32)
         };
-        let data = Bytes::from(resp.data_in);
+        let data = if task.reserved > 0 {
+            // The budget gets the bytes back when the writer has sent them.
+            Bytes::from_owner(HeldData {
+                data: resp.data_in,
+                release: Some((task.reserved, self.done_tx.clone())),
+            })
+        } else {
+            Bytes::from(resp.data_in)
+        };
         let collapse = resp.status == ScsiStatus::Good && resp.sense.is_empty() && send_len > 0;
         let p = &self.setup.params;
         let segs: Vec<_> =
@@ -798,14 +873,81 @@ impl Session {
     fn abort_tasks(&mut self, scope: AbortScope) -> Vec<u32> {
         let (removed, running) = self.tasks.abort(scope);
         self.release(removed);
+        self.drop_awaiting(&running);
         running
     }
 
     /// Tasks taken out before they ran give back their window places.
     fn release(&mut self, removed: Vec<Removed<Task>>) {
+        let mut freed = false;
         for r in removed {
             if r.admitted {
                 self.window.complete();
+            }
+            self.awaiting.retain(|(i, _)| *i != r.tag);
+            if r.payload.reserved > 0 {
+                self.budget.release(r.payload.reserved);
+                freed = true;
+            }
+        }
+        if freed {
+            self.retry_awaiting();
+        }
+    }
+
+    /// Reserve the whole buffer of task `itt` (a write's grows to its
+    /// expected length); false when it does not fit yet.
+    fn reserve(&mut self, itt: u32) -> bool {
+        let Some(task) = self.tasks.get_mut(itt) else {
+            return true;
+        };
+        let want = task.cmd.expected_len as usize;
+        let more = want.saturating_sub(task.reserved);
+        if !self.budget.try_reserve(more) {
+            return false;
+        }
+        task.reserved += more;
+        if task.cmd.write {
+            task.data.resize(want, 0);
+        }
+        true
+    }
+
+    /// Give waiting tasks their buffers, oldest first, while they fit.
+    fn retry_awaiting(&mut self) {
+        while let Some(&(itt, need)) = self.awaiting.front() {
+            if !self.tasks.contains(itt) {
+                self.awaiting.pop_front();
+                continue;
+            }
+            if !self.reserve(itt) {
+                return;
+            }
+            self.awaiting.pop_front();
+            match need {
+                Need::Solicit => self.solicit(itt),
+                Need::Start => self.start(itt),
+            }
+        }
+    }
+
+    /// Running tasks that never got their buffer finish at once (aborted:
+    /// no response goes out for them).
+    fn drop_awaiting(&mut self, running: &[u32]) {
+        for itt in running {
+            if let Some(pos) = self
+                .awaiting
+                .iter()
+                .position(|(i, n)| i == itt && *n == Need::Start)
+            {
+                self.awaiting.remove(pos);
+                let _ = self.done_tx.send(Event::Done(
+                    *itt,
+                    Finished {
+                        response: check_condition(0x0b, 0x00, 0x00),
+                        preempted: Vec::new(),
+                    },
+                ));
             }
         }
     }
@@ -839,6 +981,13 @@ impl Session {
         };
         let outcome = self.tasks.task_management(tmf, lun_exists, t);
         self.release(outcome.removed);
+        let running: Vec<u32> = self
+            .awaiting
+            .iter()
+            .filter(|(i, n)| *n == Need::Start && self.tasks.is_aborted(*i))
+            .map(|(i, _)| *i)
+            .collect();
+        self.drop_awaiting(&running);
         let name = target.as_ref().map(|t| t.name.as_str());
         let fx = outcome.effects;
         if let Some(on) = fx.abort_others {
@@ -1005,5 +1154,26 @@ struct TokioBlocking;
 impl BlockingPool for TokioBlocking {
     fn spawn(&self, job: Box<dyn FnOnce() + Send>) {
         tokio::task::spawn_blocking(job);
+    }
+}
+
+/// A read's Data-In buffer; dropping it (the writer sent the last of it)
+/// gives its bytes back to the session's budget.
+struct HeldData {
+    data: Vec<u8>,
+    release: Option<(usize, mpsc::UnboundedSender<Event>)>,
+}
+
+impl AsRef<[u8]> for HeldData {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+impl Drop for HeldData {
+    fn drop(&mut self) {
+        if let Some((n, tx)) = self.release.take() {
+            let _ = tx.send(Event::Released(n));
+        }
     }
 }
