@@ -26,9 +26,7 @@ impl CommandKind {
         use ethersan_scsi::commands::{lookup, Op};
         match lookup(cdb).map(|d| d.op) {
             Some(Op::Read) => CommandKind::Read,
-            Some(Op::Write | Op::WriteVerify | Op::WriteAtomic | Op::OrWrite) => {
-                CommandKind::Write
-            }
+            Some(Op::Write | Op::WriteVerify | Op::WriteAtomic | Op::OrWrite) => CommandKind::Write,
             _ => CommandKind::Other,
         }
     }
@@ -207,8 +205,16 @@ mod tests {
         fixed[0] = 0x70;
         fixed[2] = 0x03;
         let medium_error = resp(ScsiStatus::CheckCondition, fixed);
-        c.record(CommandKind::Write, 512, &medium_error, Duration::from_micros(5));
-        let desc = resp(ScsiStatus::CheckCondition, vec![0x72, 0x05, 0x24, 0, 0, 0, 0, 0]);
+        c.record(
+            CommandKind::Write,
+            512,
+            &medium_error,
+            Duration::from_micros(5),
+        );
+        let desc = resp(
+            ScsiStatus::CheckCondition,
+            vec![0x72, 0x05, 0x24, 0, 0, 0, 0, 0],
+        );
         c.record(CommandKind::Other, 0, &desc, Duration::from_micros(1));
         c.record(
             CommandKind::Other,
@@ -228,7 +234,10 @@ mod tests {
 
     #[test]
     fn kinds_from_the_command_table() {
-        assert_eq!(CommandKind::of(&[0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0]), CommandKind::Read);
+        assert_eq!(
+            CommandKind::of(&[0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0]),
+            CommandKind::Read
+        );
         assert_eq!(CommandKind::of(&[0x8a; 16]), CommandKind::Write);
         assert_eq!(CommandKind::of(&[0x12, 0, 0, 0, 36, 0]), CommandKind::Other);
         assert_eq!(CommandKind::of(&[]), CommandKind::Other);

@@ -233,7 +233,10 @@ mod tests {
         assert_eq!(d.targets().len(), 2);
         assert!(d.target("b").is_some());
         d.remove_target("a").unwrap();
-        assert!(matches!(d.remove_target("a"), Err(DirectoryError::NoTarget(_))));
+        assert!(matches!(
+            d.remove_target("a"),
+            Err(DirectoryError::NoTarget(_))
+        ));
         assert!(d.target("a").is_none());
         assert_eq!(before[0].name, "a");
     }

@@ -18,8 +18,8 @@
 //! blocking work is run.
 #![warn(missing_docs, unreachable_pub)]
 
-pub mod task_set;
 pub mod budget;
 pub mod counters;
 pub mod directory;
 pub mod executor;
+pub mod task_set;

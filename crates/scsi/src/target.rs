@@ -546,7 +546,12 @@ mod tests {
         let t = two_luns();
         t.nexus_added(A);
         // A's first command takes its POWER ON unit attention.
-        check(&exec(&t, A, &[0, 0, 0, 0, 0, 0], &[]), key::UNIT_ATTENTION, 0x29, 0);
+        check(
+            &exec(&t, A, &[0, 0, 0, 0, 0, 0], &[]),
+            key::UNIT_ATTENTION,
+            0x29,
+            0,
+        );
         let lu = Arc::new(LogicalUnit::new(
             Arc::new(TestDevice::new(512)),
             config(false, false),
@@ -570,22 +575,51 @@ mod tests {
             Err(super::LunMapError::Exists(7))
         ));
         // LUN 0 reports the change once; REPORT LUNS lists LUN 7.
-        check(&exec(&t, A, &[0, 0, 0, 0, 0, 0], &[]), key::UNIT_ATTENTION, 0x3f, 0x0e);
+        check(
+            &exec(&t, A, &[0, 0, 0, 0, 0, 0], &[]),
+            key::UNIT_ATTENTION,
+            0x3f,
+            0x0e,
+        );
         good(exec(&t, A, &[0, 0, 0, 0, 0, 0], &[]));
         let d = good(exec(&t, A, &report_luns(0, 1024), &[]));
         assert_eq!(&d[..4], &24u32.to_be_bytes());
         assert_eq!(&d[24..32], &[0, 7, 0, 0, 0, 0, 0, 0]);
         // The new LUN starts with POWER ON for the logged-in nexus.
-        check(&exec_lun(&t, A, 7, &[0, 0, 0, 0, 0, 0], &[]), key::UNIT_ATTENTION, 0x29, 0);
+        check(
+            &exec_lun(&t, A, 7, &[0, 0, 0, 0, 0, 0], &[]),
+            key::UNIT_ATTENTION,
+            0x29,
+            0,
+        );
         good(exec_lun(&t, A, 7, &[0, 0, 0, 0, 0, 0], &[]));
         // Removed: gone from REPORT LUNS, commands get LOGICAL UNIT NOT SUPPORTED.
         t.remove_lun(7).unwrap();
-        assert!(matches!(t.remove_lun(7), Err(super::LunMapError::Missing(7))));
-        check(&exec(&t, A, &[0, 0, 0, 0, 0, 0], &[]), key::UNIT_ATTENTION, 0x3f, 0x0e);
-        check(&exec_lun(&t, A, 7, &[0, 0, 0, 0, 0, 0], &[]), key::ILLEGAL_REQUEST, 0x25, 0);
+        assert!(matches!(
+            t.remove_lun(7),
+            Err(super::LunMapError::Missing(7))
+        ));
+        check(
+            &exec(&t, A, &[0, 0, 0, 0, 0, 0], &[]),
+            key::UNIT_ATTENTION,
+            0x3f,
+            0x0e,
+        );
+        check(
+            &exec_lun(&t, A, 7, &[0, 0, 0, 0, 0, 0], &[]),
+            key::ILLEGAL_REQUEST,
+            0x25,
+            0,
+        );
         assert_eq!(good(exec(&t, A, &report_luns(0, 1024), &[])).len(), 24);
         assert!(matches!(
-            t.add_lun(super::MAX_LUN + 1, super::LunSlot { lu: t.lun(0).unwrap(), policy: Default::default() }),
+            t.add_lun(
+                super::MAX_LUN + 1,
+                super::LunSlot {
+                    lu: t.lun(0).unwrap(),
+                    policy: Default::default()
+                }
+            ),
             Err(super::LunMapError::OutOfRange(_))
         ));
     }
@@ -619,7 +653,12 @@ mod tests {
         run("alice", 0, &[0, 0, 0, 0, 0, 0], &[]);
         let d = good(run("bob", 0, &report_luns(0, 1024), &[]));
         assert_eq!(&d[..4], &8u32.to_be_bytes(), "bob sees LUN 0 only");
-        check(&run("bob", 1, &[0, 0, 0, 0, 0, 0], &[]), key::ILLEGAL_REQUEST, 0x25, 0);
+        check(
+            &run("bob", 1, &[0, 0, 0, 0, 0, 0], &[]),
+            key::ILLEGAL_REQUEST,
+            0x25,
+            0,
+        );
         let r = run("alice", 1, &cdb10(0x2a, 0, 0, 1), &[1u8; 4096]);
         check(&r, key::DATA_PROTECT, 0x27, 0);
     }

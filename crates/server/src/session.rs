@@ -12,6 +12,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use ethersan_core::budget::MemoryBudget;
+use ethersan_core::counters::IoCounters;
+use ethersan_core::executor::{
+    check_condition, BlockingPool, Command, Counting, Executor, Finished,
+};
+use ethersan_core::task_set::{
+    AbortScope, Removed, TaskAttr as SamAttr, TaskSet, Tmf, TmfResponse,
+};
 use ethersan_proto::pdu::{
     self, lun_from_wire, reject_reason, tmf_response, DataIn, DataOut, LogoutRequest,
     LogoutResponse, NopIn, NopOut, Pdu, RawPdu, Reject, ScsiCommand, TaskAttr, TaskMgmtRequest,
@@ -19,11 +27,7 @@ use ethersan_proto::pdu::{
 };
 use ethersan_proto::seq::{Admission, CmdWindow};
 use ethersan_proto::transfer::{data_in_segments, TransferLimits, WriteTransfer};
-use ethersan_core::task_set::{AbortScope, Removed, TaskAttr as SamAttr, TaskSet, Tmf, TmfResponse};
 use ethersan_scsi::commands::Op;
-use ethersan_core::budget::MemoryBudget;
-use ethersan_core::counters::IoCounters;
-use ethersan_core::executor::{check_condition, BlockingPool, Command, Counting, Executor, Finished};
 use ethersan_scsi::{Nexus, ScsiResponse, ScsiStatus};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
@@ -501,8 +505,7 @@ impl Session {
                 let unsolicited = if p.initial_r2t {
                     imm
                 } else {
-                    imm.max(p.first_burst_length as usize)
-                        .min(edtl as usize)
+                    imm.max(p.first_burst_length as usize).min(edtl as usize)
                 };
                 data = std::mem::take(&mut raw.data);
                 data.truncate(imm);
@@ -534,8 +537,7 @@ impl Session {
         };
         // Task management does not stop a SANITIZE (SBC-4 §4.11): it goes
         // on in the background, so nothing waits for it.
-        let exempt =
-            ethersan_scsi::commands::lookup(&cdb).is_some_and(|d| d.op == Op::Sanitize);
+        let exempt = ethersan_scsi::commands::lookup(&cdb).is_some_and(|d| d.op == Op::Sanitize);
         // A command that fails anyway runs at its turn, without its data.
         let data_ready = transfer.is_none() || fail.is_some();
         let lun = lun_from_wire(cmd.lun);
@@ -548,7 +550,11 @@ impl Session {
             r2t_count: 0,
             reserved,
         };
-        if self.tasks.insert(itt, lun, attr, data_ready, exempt, task).is_err() {
+        if self
+            .tasks
+            .insert(itt, lun, attr, data_ready, exempt, task)
+            .is_err()
+        {
             unreachable!("checked above that the ITT is free");
         }
         self.admit(cmd_sn, immediate, Ordered::Scsi(itt));
@@ -629,9 +635,16 @@ impl Session {
             data.len() as u32,
             d.final_bit,
         ) {
-            Ok(()) if task.fail.is_none() && d.buffer_offset as usize + data.len() > task.data.len() => {
+            Ok(())
+                if task.fail.is_none()
+                    && d.buffer_offset as usize + data.len() > task.data.len() =>
+            {
                 // Data the target did not ask for and has no room for.
-                warn!(session = self.setup.id, itt = d.itt, "unsolicited Data-Out beyond the first burst; failing the command");
+                warn!(
+                    session = self.setup.id,
+                    itt = d.itt,
+                    "unsolicited Data-Out beyond the first burst; failing the command"
+                );
                 task.fail = Some(check_condition(0x0b, 0x4b, 0x00));
                 task.transfer = None;
                 self.tasks.set_data_ready(d.itt);
@@ -907,8 +920,12 @@ impl Session {
             return false;
         }
         task.reserved += more;
-        if task.cmd.write {
-            task.data.resize(want, 0);
+        if task.cmd.write && task.data.len() < want {
+            // A fresh zeroed allocation: pages are touched only as the
+            // data arrives.
+            let mut buf = vec![0u8; want];
+            buf[..task.data.len()].copy_from_slice(&task.data);
+            task.data = buf;
         }
         true
     }

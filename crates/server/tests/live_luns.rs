@@ -52,7 +52,10 @@ async fn sense(s: &Session, lun: u64) -> Option<(u8, u8, u8)> {
 }
 
 async fn report_luns(s: &Session) -> Vec<u64> {
-    let r = s.command(0, &REPORT_LUNS, Bytes::new(), 1024).await.unwrap();
+    let r = s
+        .command(0, &REPORT_LUNS, Bytes::new(), 1024)
+        .await
+        .unwrap();
     assert_eq!(r.status, 0, "REPORT LUNS failed: {:?}", r.sense_key());
     listed(&r.data)
 }
@@ -114,7 +117,9 @@ async fn a_lun_added_while_a_session_is_logged_in_is_seen_after_report_luns() {
     assert_eq!(sense(&s, 0).await, Some((6, 0x3f, 0x0e)));
     assert_eq!(report_luns(&s).await, vec![0]);
     assert_eq!(sense(&s, 1).await, Some((5, 0x25, 0)));
-    let ls = tokio::task::spawn_blocking(move || iscsi_ls(&addr)).await.unwrap();
+    let ls = tokio::task::spawn_blocking(move || iscsi_ls(&addr))
+        .await
+        .unwrap();
     assert!(!ls.contains("Lun:1"), "iscsi-ls still lists LUN 1:\n{ls}");
 
     s.logout().await.unwrap();

@@ -50,7 +50,10 @@ impl BlockDevice for Panicking {
 }
 
 fn target(dev: Arc<dyn BlockDevice>) -> Arc<ScsiTarget> {
-    let t = Arc::new(ScsiTarget::new(vec![Arc::new(LogicalUnit::new(dev, config()))]));
+    let t = Arc::new(ScsiTarget::new(vec![Arc::new(LogicalUnit::new(
+        dev,
+        config(),
+    ))]));
     t.nexus_added(Nexus(1));
     t
 }
@@ -100,7 +103,13 @@ fn run(
 ) -> Arc<Mutex<Option<Finished>>> {
     let out = Arc::new(Mutex::new(None));
     let o = out.clone();
-    exec.execute(t, c, counting, pool, Box::new(move |f| *o.lock().unwrap() = Some(f)));
+    exec.execute(
+        t,
+        c,
+        counting,
+        pool,
+        Box::new(move |f| *o.lock().unwrap() = Some(f)),
+    );
     out
 }
 
@@ -129,9 +138,24 @@ fn a_ram_lun_completes_on_the_callers_thread_and_is_counted() {
     let f = run(exec, &t, cmd(&TUR, vec![], 0), counting.clone(), &pool);
     let f = f.lock().unwrap().take().expect("done at once");
     assert_eq!(f.response.status, ScsiStatus::CheckCondition);
-    let f = run(exec, &t, cmd(&write10(1, 2), vec![7; 1024], 1024), counting.clone(), &pool);
-    assert_eq!(f.lock().unwrap().take().unwrap().response.status, ScsiStatus::Good);
-    let f = run(exec, &t, cmd(&read10(1, 2), vec![], 1024), counting.clone(), &pool);
+    let f = run(
+        exec,
+        &t,
+        cmd(&write10(1, 2), vec![7; 1024], 1024),
+        counting.clone(),
+        &pool,
+    );
+    assert_eq!(
+        f.lock().unwrap().take().unwrap().response.status,
+        ScsiStatus::Good
+    );
+    let f = run(
+        exec,
+        &t,
+        cmd(&read10(1, 2), vec![], 1024),
+        counting.clone(),
+        &pool,
+    );
     let f = f.lock().unwrap().take().unwrap();
     assert_eq!(f.response.data_in, vec![7; 1024]);
     assert!(f.preempted.is_empty());
@@ -150,7 +174,10 @@ fn without_the_inline_attempt_a_command_goes_to_the_pool() {
     let exec = Executor { inline_io: false };
     let pool = Held::default();
     let f = run(exec, &t, cmd(&TUR, vec![], 0), Counting::default(), &pool);
-    assert!(f.lock().unwrap().is_none(), "not done before the pool runs it");
+    assert!(
+        f.lock().unwrap().is_none(),
+        "not done before the pool runs it"
+    );
     assert_eq!(pool.run_all(), 1);
     let f = f.lock().unwrap().take().unwrap();
     assert_eq!(f.response.status, ScsiStatus::CheckCondition);
@@ -174,5 +201,8 @@ fn a_panic_in_emulation_becomes_internal_target_failure() {
     assert_eq!(lun.snapshot().errors[4], 1);
     // The unit still answers.
     let f = run(exec, &t, cmd(&TUR, vec![], 0), Counting::default(), &Inline);
-    assert_eq!(f.lock().unwrap().take().unwrap().response.status, ScsiStatus::Good);
+    assert_eq!(
+        f.lock().unwrap().take().unwrap().response.status,
+        ScsiStatus::Good
+    );
 }

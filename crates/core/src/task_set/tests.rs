@@ -72,8 +72,10 @@ fn head_of_queue_starts_at_once_even_behind_ordered() {
 fn newest_head_of_queue_goes_first() {
     let mut s = Set::new();
     // Tasks held for data keep the queue from draining between admissions.
-    s.insert(1, 0, TaskAttr::HeadOfQueue, false, false, "a").unwrap();
-    s.insert(2, 0, TaskAttr::HeadOfQueue, false, false, "b").unwrap();
+    s.insert(1, 0, TaskAttr::HeadOfQueue, false, false, "a")
+        .unwrap();
+    s.insert(2, 0, TaskAttr::HeadOfQueue, false, false, "b")
+        .unwrap();
     s.admit(1);
     s.admit(2);
     s.set_data_ready(1);
@@ -95,7 +97,8 @@ fn a_task_runs_only_after_admission_and_data() {
 #[test]
 fn a_task_collecting_data_still_holds_back_newer_simple_tasks_behind_it_only_if_ordered() {
     let mut s = Set::new();
-    s.insert(1, 0, TaskAttr::Ordered, false, false, "w").unwrap();
+    s.insert(1, 0, TaskAttr::Ordered, false, false, "w")
+        .unwrap();
     s.admit(1);
     add(&mut s, 2, 0, TaskAttr::Simple);
     assert!(startable(&mut s).is_empty());
@@ -109,7 +112,10 @@ fn a_task_collecting_data_still_holds_back_newer_simple_tasks_behind_it_only_if_
 fn duplicate_tags_are_refused() {
     let mut s = Set::new();
     add(&mut s, 1, 0, TaskAttr::Simple);
-    assert_eq!(s.insert(1, 0, TaskAttr::Simple, true, false, "again"), Err("again"));
+    assert_eq!(
+        s.insert(1, 0, TaskAttr::Simple, true, false, "again"),
+        Err("again")
+    );
     assert_eq!(s.len(), 1);
 }
 
@@ -269,7 +275,8 @@ fn nexus_and_target_resets_abort_everything() {
 #[test]
 fn exempt_tasks_are_aborted_but_not_waited_for() {
     let mut s = Set::new();
-    s.insert(1, 0, TaskAttr::Simple, true, true, "sanitize").unwrap();
+    s.insert(1, 0, TaskAttr::Simple, true, true, "sanitize")
+        .unwrap();
     s.admit(1);
     assert_eq!(startable(&mut s), vec![1]);
     let o = s.task_management(Tmf::LogicalUnitReset { lun: 0 }, true, 3);
@@ -317,7 +324,8 @@ fn two_tmfs_waiting_on_the_same_task_both_finish() {
 fn an_aborted_ordered_task_releases_the_tasks_behind_it() {
     let mut s = Set::new();
     add(&mut s, 1, 0, TaskAttr::Simple);
-    s.insert(2, 0, TaskAttr::Ordered, false, false, "w").unwrap();
+    s.insert(2, 0, TaskAttr::Ordered, false, false, "w")
+        .unwrap();
     s.admit(2);
     add(&mut s, 3, 1, TaskAttr::Simple);
     assert_eq!(startable(&mut s), vec![1]);
