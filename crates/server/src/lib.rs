@@ -302,6 +302,11 @@ fn digests(list: &str) -> Vec<ethersan_proto::negotiate::Digest> {
         .collect()
 }
 
+/// PDUs read ahead of the session at most: enough to keep a session
+/// busy (a full CmdSN window arrives in batches), few enough that a slow
+/// session pushes back on its initiator instead of queueing without end.
+const PDU_QUEUE: usize = 64;
+
 /// Warnings about refused connections, each at most once a second.
 struct Refusals {
     per_address: limits::LogThrottle,
@@ -443,8 +448,9 @@ async fn serve_stream<R, W>(
             nop_timeout: Duration::from_secs(options.nop_timeout_secs.max(1)),
         },
     };
-    // Reader task: PDUs into the session's event queue.
-    let rd_tx = ev_tx.clone();
+    // Reader task: PDUs into the session's bounded PDU queue (it stops
+    // reading while the session is behind).
+    let (rd_tx, pdus) = mpsc::channel(PDU_QUEUE);
     let reader_task = tokio::spawn(async move {
         loop {
             let r = reader.read().await;
@@ -453,7 +459,7 @@ async fn serve_stream<R, W>(
                     r,
                     Err(wire::ReadError::DataDigest(..)) | Err(wire::ReadError::TooLong { .. })
                 );
-            if rd_tx.send(Event::Pdu(r)).is_err() || stop {
+            if rd_tx.send(r).await.is_err() || stop {
                 break;
             }
         }
@@ -470,7 +476,7 @@ async fn serve_stream<R, W>(
         }
     });
     let session = Session::new(setup, registry, out, ev_tx);
-    session.run(ev_rx).await;
+    session.run(ev_rx, pdus).await;
     reader_task.abort();
     ticker.abort();
     let _ = writer.await;

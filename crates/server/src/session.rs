@@ -202,13 +202,36 @@ impl Session {
     }
 
     /// Run until logout, connection loss or shutdown.
-    pub(crate) async fn run(mut self, mut events: mpsc::UnboundedReceiver<Event>) {
+    ///
+    /// `pdus` is bounded: while the session is busy the reader stops
+    /// reading and TCP's window pushes back on the initiator. `events`
+    /// (completions, control messages, timers) comes first.
+    pub(crate) async fn run(
+        mut self,
+        mut events: mpsc::UnboundedReceiver<Event>,
+        mut pdus: mpsc::Receiver<Result<RawPdu, ReadError>>,
+    ) {
         if let Some(t) = &self.setup.target {
             t.scsi.nexus_added(self.setup.nexus);
             t.scsi
                 .set_initiator_name(self.setup.nexus, &self.setup.params.initiator_name);
         }
-        while let Some(ev) = events.recv().await {
+        let mut reading = true;
+        loop {
+            let ev = tokio::select! {
+                biased;
+                ev = events.recv() => match ev {
+                    Some(ev) => ev,
+                    None => break,
+                },
+                pdu = pdus.recv(), if reading => match pdu {
+                    Some(pdu) => Event::Pdu(pdu),
+                    None => {
+                        reading = false;
+                        continue;
+                    }
+                },
+            };
             if !self.apply(ev) {
                 break;
             }
