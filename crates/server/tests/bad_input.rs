@@ -459,7 +459,7 @@ async fn login_text_split_over_pdus_with_the_c_bit() {
     );
 }
 
-/// Send one SCSI command over a raw session.
+/// Send one SIMPLE SCSI command over a raw session.
 async fn raw_command(
     sock: &mut TcpStream,
     itt: u32,
@@ -469,6 +469,31 @@ async fn raw_command(
     expected_len: u32,
     write: bool,
 ) {
+    raw_command_attr(
+        sock,
+        itt,
+        cmd_sn,
+        cdb,
+        data,
+        expected_len,
+        write,
+        pdu::TaskAttr::Simple,
+    )
+    .await
+}
+
+/// Send one SCSI command with a task attribute over a raw session.
+#[allow(clippy::too_many_arguments)]
+async fn raw_command_attr(
+    sock: &mut TcpStream,
+    itt: u32,
+    cmd_sn: u32,
+    cdb: &[u8],
+    data: &[u8],
+    expected_len: u32,
+    write: bool,
+    attr: pdu::TaskAttr,
+) {
     let mut cdb16 = [0u8; 16];
     cdb16[..cdb.len()].copy_from_slice(cdb);
     let cmd = pdu::ScsiCommand {
@@ -476,7 +501,7 @@ async fn raw_command(
         final_bit: true,
         read: !write && expected_len > 0,
         write,
-        attr: pdu::TaskAttr::Simple,
+        attr,
         lun: pdu::lun_to_wire(0),
         itt,
         expected_len,
@@ -930,4 +955,75 @@ async fn feed(
             }
         }
     }
+}
+
+/// The next PDU within `ms` milliseconds, if any.
+async fn pdu_within(sock: &mut TcpStream, ms: u64) -> Option<Pdu> {
+    let (bhs, _) = tokio::time::timeout(Duration::from_millis(ms), read_pdu(sock))
+        .await
+        .ok()??;
+    Some(Pdu::decode(&bhs).unwrap())
+}
+
+#[tokio::test]
+async fn ordered_and_head_of_queue_tasks_keep_sam_order() {
+    use pdu::TaskAttr::{HeadOfQueue, Ordered, Simple};
+    let (addr, h, stop) = start().await;
+    let mut sock = raw_login(&addr).await;
+    raw_command(&mut sock, 1, 1, &[0; 6], &[], 0, false).await;
+    assert_eq!(raw_response(&mut sock, 1, None).await, 2, "POWER ON first");
+    // A: a SIMPLE write waiting for its data.
+    let write10 = [0x2a, 0, 0, 0, 0, 9, 0, 0, 1, 0];
+    raw_command(&mut sock, 10, 2, &write10, &[], 512, true).await;
+    let r2t = match pdu_within(&mut sock, 5000).await {
+        Some(Pdu::R2t(r)) if r.itt == 10 => r,
+        other => panic!("expected an R2T for the write, got {other:?}"),
+    };
+    // B: ORDERED waits for A.
+    raw_command_attr(&mut sock, 11, 3, &[0; 6], &[], 0, false, Ordered).await;
+    // C: HEAD OF QUEUE runs at once, ahead of the ORDERED task.
+    raw_command_attr(&mut sock, 12, 4, &[0; 6], &[], 0, false, HeadOfQueue).await;
+    match pdu_within(&mut sock, 5000).await {
+        Some(Pdu::ScsiResponse(r)) => assert_eq!((r.itt, r.status), (12, 0)),
+        other => panic!("expected the HEAD OF QUEUE task's response, got {other:?}"),
+    }
+    // D: SIMPLE waits for the older ORDERED task.
+    raw_command_attr(&mut sock, 13, 5, &[0; 6], &[], 0, false, Simple).await;
+    assert!(
+        pdu_within(&mut sock, 300).await.is_none(),
+        "a task ran ahead of an older ORDERED task"
+    );
+    // A's data: A, then B, then D complete, in that order.
+    let d = pdu::DataOut {
+        final_bit: true,
+        lun: pdu::lun_to_wire(0),
+        itt: 10,
+        ttt: r2t.ttt,
+        exp_stat_sn: 0,
+        data_sn: 0,
+        buffer_offset: 0,
+    };
+    let mut out = Vec::new();
+    pdu::write_pdu(
+        &mut out,
+        &Pdu::DataOut(d).encode(512),
+        &[7u8; 512],
+        false,
+        false,
+    );
+    sock.write_all(&out).await.unwrap();
+    let mut order = Vec::new();
+    while order.len() < 3 {
+        match pdu_within(&mut sock, 5000).await {
+            Some(Pdu::ScsiResponse(r)) => {
+                assert_eq!(r.status, 0, "task {}", r.itt);
+                order.push(r.itt);
+            }
+            other => panic!("expected responses, got {other:?}"),
+        }
+    }
+    assert_eq!(order, vec![10, 11, 13]);
+    drop(sock);
+    let _ = stop.send(());
+    h.await.unwrap();
 }
