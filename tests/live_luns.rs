@@ -3,6 +3,8 @@
 //! (REPORTED LUNS DATA HAS CHANGED, then REPORT LUNS), and libiscsi's
 //! `iscsi-ls` sees the new LUN without a restart.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -61,10 +63,11 @@ async fn report_luns(s: &Session) -> Vec<u64> {
 }
 
 fn iscsi_ls(addr: &str) -> String {
+    common::require_tool("iscsi-ls");
     let out = std::process::Command::new("iscsi-ls")
         .args(["-s", &format!("iscsi://{addr}")])
         .output()
-        .expect("iscsi-ls is not installed: run ./scripts/test, which installs it");
+        .expect("run iscsi-ls");
     assert!(out.status.success(), "iscsi-ls failed: {out:?}");
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
