@@ -305,7 +305,9 @@ async fn login_inner<R: AsyncRead + Unpin>(
                 target.as_ref().map(|t| t.name.as_str()),
                 &params.initiator_name,
                 first.isid,
-                events,
+                Box::new(move |c| {
+                    let _ = events.send(crate::session::Event::Control(c));
+                }),
             );
             let mut resp = base_response(&st, &req, true, req.csg, 3);
             resp.tsih = tsih;

@@ -8,9 +8,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ethersan_core::directory::Directory;
-use tokio::sync::mpsc;
-
-use crate::session::Event;
 
 /// The I_T nexus identifier of a session: a stable hash of (initiator
 /// name, ISID, target), so a reinstated session maps to the same nexus.
@@ -40,6 +37,10 @@ impl ethersan_core::directory::TargetAccess for crate::config::Access {
     }
 }
 
+/// How the registry reaches a session: delivers a control message to it
+/// (a message to a session that has ended is dropped).
+pub(crate) type Mailbox = Box<dyn Fn(SessionControl) + Send + Sync>;
+
 /// Messages one session sends another through the registry.
 #[derive(Debug)]
 pub enum SessionControl {
@@ -49,13 +50,23 @@ pub enum SessionControl {
     Shutdown,
 }
 
-#[derive(Debug)]
 struct SessionHandle {
     target: Option<String>,
     initiator: String,
     isid: [u8; 6],
     tsih: u16,
-    tx: mpsc::UnboundedSender<Event>,
+    tx: Mailbox,
+}
+
+impl std::fmt::Debug for SessionHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionHandle")
+            .field("target", &self.target)
+            .field("initiator", &self.initiator)
+            .field("isid", &self.isid)
+            .field("tsih", &self.tsih)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The server's shared directory of targets and sessions.
@@ -154,7 +165,7 @@ impl Registry {
         target: Option<&str>,
         initiator: &str,
         isid: [u8; 6],
-        tx: mpsc::UnboundedSender<Event>,
+        tx: Mailbox,
     ) -> (u64, u16) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let tsih = ((id % 0xfffe) + 1) as u16;
@@ -168,7 +179,7 @@ impl Registry {
             .collect();
         for k in old {
             if let Some(h) = s.remove(&k) {
-                let _ = h.tx.send(Event::Control(SessionControl::Shutdown));
+                (h.tx)(SessionControl::Shutdown);
             }
         }
         s.insert(
@@ -199,7 +210,7 @@ impl Registry {
     pub(crate) fn abort_lun_others(&self, me: u64, target: Option<&str>, lun: Option<u64>) {
         for (id, h) in self.lock().iter() {
             if *id != me && h.target.as_deref() == target && target.is_some() {
-                let _ = h.tx.send(Event::Control(SessionControl::AbortLun(lun)));
+                (h.tx)(SessionControl::AbortLun(lun));
             }
         }
     }
@@ -220,8 +231,7 @@ impl Registry {
                 && h.target.as_deref() == target
                 && nexus_key(&h.initiator, &h.isid, h.target.as_deref()) == nexus
             {
-                let _ =
-                    h.tx.send(Event::Control(SessionControl::AbortLun(Some(lun))));
+                let _ = (h.tx)(SessionControl::AbortLun(Some(lun)));
                 asked += 1;
             }
         }
@@ -232,7 +242,7 @@ impl Registry {
     pub(crate) fn shutdown_target_others(&self, me: u64, target: Option<&str>) {
         for (id, h) in self.lock().iter() {
             if *id != me && h.target.as_deref() == target && target.is_some() {
-                let _ = h.tx.send(Event::Control(SessionControl::Shutdown));
+                (h.tx)(SessionControl::Shutdown);
             }
         }
     }
@@ -240,7 +250,7 @@ impl Registry {
     /// End every session (server shutdown).
     pub fn shutdown_all(&self) {
         for h in self.lock().values() {
-            let _ = h.tx.send(Event::Control(SessionControl::Shutdown));
+            (h.tx)(SessionControl::Shutdown);
         }
     }
 
