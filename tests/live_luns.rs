@@ -120,12 +120,69 @@ async fn a_lun_added_while_a_session_is_logged_in_is_seen_after_report_luns() {
     assert_eq!(sense(&s, 0).await, Some((6, 0x3f, 0x0e)));
     assert_eq!(report_luns(&s).await, vec![0]);
     assert_eq!(sense(&s, 1).await, Some((5, 0x25, 0)));
-    let ls = tokio::task::spawn_blocking(move || iscsi_ls(&addr))
-        .await
-        .unwrap();
+    let ls = tokio::task::spawn_blocking({
+        let addr = addr.clone();
+        move || iscsi_ls(&addr)
+    })
+    .await
+    .unwrap();
     assert!(!ls.contains("Lun:1"), "iscsi-ls still lists LUN 1:\n{ls}");
 
     s.logout().await.unwrap();
+
+    // A target added live is found by discovery and logins; removed, it
+    // ends its sessions and is gone from discovery.
+    let other = "iqn.2026-11.org.ethersan:live2";
+    let mut luns = ethersan_scsi::LunMap::new();
+    luns.insert(0, ram_lun("live-2"));
+    registry
+        .directory()
+        .add_target(ethersan_server::registry::TargetEntry::new(
+            other.into(),
+            None,
+            luns,
+            Arc::new(ethersan_core::directory::AllowAll),
+        ))
+        .unwrap();
+    let found = ethersan_initiator::discover_with(&addr, &LoginOptions::default())
+        .await
+        .unwrap();
+    assert!(found.iter().any(|(n, _)| n == other), "{found:?}");
+    let s2 = connect(
+        &addr,
+        &LoginOptions {
+            target_name: Some(other.to_string()),
+            ..LoginOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(sense(&s2, 0).await.map(|k| k.0), Some(6));
+    registry.remove_target(other).unwrap();
+    let gone = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            if s2.command(0, &TUR, Bytes::new(), 0).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(gone.is_ok(), "the removed target's session still answers");
+    let found = ethersan_initiator::discover_with(&addr, &LoginOptions::default())
+        .await
+        .unwrap();
+    assert!(!found.iter().any(|(n, _)| n == other), "{found:?}");
+    assert!(connect(
+        &addr,
+        &LoginOptions {
+            target_name: Some(other.to_string()),
+            ..LoginOptions::default()
+        },
+    )
+    .await
+    .is_err());
+
     let _ = stop_tx.send(());
     tokio::time::timeout(Duration::from_secs(15), running)
         .await

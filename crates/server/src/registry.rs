@@ -247,6 +247,21 @@ impl Registry {
         }
     }
 
+    /// Stop exporting a target: new logins and discovery no longer find
+    /// it, and every session logged in to it ends.
+    pub fn remove_target(
+        &self,
+        name: &str,
+    ) -> Result<Arc<TargetEntry>, ethersan_core::directory::DirectoryError> {
+        let t = self.directory.remove_target(name)?;
+        for h in self.lock().values() {
+            if h.target.as_deref() == Some(name) {
+                (h.tx)(SessionControl::Shutdown);
+            }
+        }
+        Ok(t)
+    }
+
     /// End every session (server shutdown).
     pub fn shutdown_all(&self) {
         for h in self.lock().values() {
