@@ -231,7 +231,7 @@ impl Registry {
                 && h.target.as_deref() == target
                 && nexus_key(&h.initiator, &h.isid, h.target.as_deref()) == nexus
             {
-                let _ = (h.tx)(SessionControl::AbortLun(Some(lun)));
+                (h.tx)(SessionControl::AbortLun(Some(lun)));
                 asked += 1;
             }
         }

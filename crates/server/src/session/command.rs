@@ -1,0 +1,473 @@
+//! SCSI commands in a session (RFC 7143 §11.3–§11.8): a command's arrival
+//! and its immediate data, its turn in CmdSN order, R2Ts and Data-Out,
+//! handing it to the target core's executor, and Data-In and status.
+
+use bytes::Bytes;
+use ethersan_core::executor::{check_condition, BlockingPool, Command, Counting, Finished};
+use ethersan_core::task_set::TaskAttr as SamAttr;
+use ethersan_proto::pdu::{
+    self, lun_from_wire, reject_reason, DataIn, DataOut, Pdu, RawPdu, ScsiCommand, TaskAttr,
+    RESERVED_TAG,
+};
+use ethersan_proto::transfer::{data_in_segments, TransferLimits, WriteTransfer};
+use ethersan_scsi::commands::Op;
+use ethersan_scsi::{Nexus, ScsiResponse, ScsiStatus};
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use super::{Event, Need, Ordered, Session, Task, MAX_EDTL};
+
+impl Session {
+    pub(super) fn on_scsi_command(&mut self, cmd: ScsiCommand, mut raw: RawPdu) {
+        if self.setup.target.is_none() {
+            self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR);
+            return;
+        }
+        if self.tasks.contains(cmd.itt) {
+            // An ITT must be unique among the session's tasks (§11.3.4? ITT).
+            self.reject(&raw.bhs, reject_reason::TASK_IN_PROGRESS);
+            return;
+        }
+        let mut cdb = cmd.cdb.to_vec();
+        // Extended CDB AHS (type 1): bytes beyond the first 16.
+        let mut ahs = raw.ahs.as_slice();
+        while ahs.len() >= 4 {
+            let len = u16::from_be_bytes([ahs[0], ahs[1]]) as usize;
+            let ty = ahs[2];
+            let body_end = (3 + len).min(ahs.len());
+            if ty == 1 && len > 1 {
+                cdb.extend_from_slice(&ahs[4..body_end.max(4)]);
+            }
+            let total = (3 + len + 3) & !3;
+            if total == 0 || total > ahs.len() {
+                break;
+            }
+            ahs = &ahs[total..];
+        }
+        let p = &self.setup.params;
+        let edtl = cmd.expected_len;
+        let mut fail = None;
+        let mut data = Vec::new();
+        let mut reserved = 0;
+        let transfer = if cmd.write && edtl > 0 {
+            let imm = raw.data.len().min(edtl as usize);
+            if !p.immediate_data && !raw.data.is_empty() {
+                self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR);
+                return;
+            }
+            if edtl > MAX_EDTL {
+                fail = Some(check_condition(0x05, 0x24, 0x00));
+            } else {
+                // Only what may arrive unasked is buffered now: the
+                // immediate data, and with InitialR2T=No the rest of the
+                // first burst. The whole buffer is reserved when the
+                // command's R2Ts are about to go out.
+                let unsolicited = if p.initial_r2t {
+                    imm
+                } else {
+                    imm.max(p.first_burst_length as usize).min(edtl as usize)
+                };
+                data = std::mem::take(&mut raw.data);
+                data.truncate(imm);
+                data.resize(unsolicited, 0);
+                reserved = unsolicited;
+                self.budget.force(reserved);
+            }
+            let limits = TransferLimits {
+                initial_r2t: p.initial_r2t,
+                first_burst_length: p.first_burst_length,
+                max_burst_length: p.max_burst_length,
+                max_outstanding_r2t: p.max_outstanding_r2t,
+            };
+            let t = WriteTransfer::new(edtl, imm as u32, cmd.final_bit, limits);
+            (!t.is_complete()).then_some(t)
+        } else {
+            if edtl > MAX_EDTL {
+                fail = Some(check_condition(0x05, 0x24, 0x00));
+            }
+            None
+        };
+        let itt = cmd.itt;
+        let (cmd_sn, immediate) = (cmd.cmd_sn, cmd.immediate);
+        let attr = match cmd.attr {
+            TaskAttr::Ordered => SamAttr::Ordered,
+            TaskAttr::HeadOfQueue => SamAttr::HeadOfQueue,
+            // Untagged, ACA (NormACA is 0) and reserved values: SIMPLE.
+            _ => SamAttr::Simple,
+        };
+        // Task management does not stop a SANITIZE (SBC-4 §4.11): it goes
+        // on in the background, so nothing waits for it.
+        let exempt = ethersan_scsi::commands::lookup(&cdb).is_some_and(|d| d.op == Op::Sanitize);
+        // A command that fails anyway runs at its turn, without its data.
+        let data_ready = transfer.is_none() || fail.is_some();
+        let lun = lun_from_wire(cmd.lun);
+        let task = Task {
+            cmd,
+            cdb,
+            data,
+            transfer,
+            fail,
+            r2t_count: 0,
+            reserved,
+        };
+        if self
+            .tasks
+            .insert(itt, lun, attr, data_ready, exempt, task)
+            .is_err()
+        {
+            unreachable!("checked above that the ITT is free");
+        }
+        self.admit(cmd_sn, immediate, Ordered::Scsi(itt));
+    }
+
+    /// A SCSI command reached its turn in CmdSN order.
+    pub(super) fn activate(&mut self, itt: u32) {
+        if !self.tasks.admit(itt) {
+            // Aborted before its turn: its place in the window is free.
+            self.window.complete();
+            return;
+        }
+        let solicit = self
+            .tasks
+            .get(itt)
+            .is_some_and(|t| t.transfer.is_some() && t.fail.is_none());
+        if solicit {
+            if self.awaiting.is_empty() && self.reserve(itt) {
+                self.solicit(itt);
+            } else {
+                self.awaiting.push_back((itt, Need::Solicit));
+            }
+        }
+        self.dispatch();
+    }
+
+    /// Send the R2Ts a collecting task may have outstanding.
+    pub(super) fn solicit(&mut self, itt: u32) {
+        let mut ttts = Vec::new();
+        let Some(task) = self.tasks.get_mut(itt) else {
+            return;
+        };
+        let Some(t) = &mut task.transfer else {
+            return;
+        };
+        let mut next = self.next_ttt;
+        let reqs = t.next_r2ts(|| {
+            let v = next;
+            next = next.wrapping_add(1);
+            if next == RESERVED_TAG {
+                next = 1;
+            }
+            ttts.push(v);
+            v
+        });
+        self.next_ttt = next;
+        task.r2t_count = t.r2t_count();
+        let lun = task.cmd.lun;
+        for r in reqs {
+            let r2t = pdu::R2t {
+                lun,
+                itt,
+                ttt: r.ttt,
+                stat_sn: self.stat_sn,
+                exp_cmd_sn: self.window.exp_cmd_sn(),
+                max_cmd_sn: self.window.max_cmd_sn(),
+                r2t_sn: r.r2t_sn,
+                buffer_offset: r.offset,
+                desired_len: r.len,
+            };
+            self.send(Pdu::R2t(r2t), Bytes::new());
+        }
+    }
+
+    pub(super) fn on_data_out(&mut self, d: DataOut, data: Vec<u8>) {
+        let admitted = self.tasks.is_admitted(d.itt);
+        let Some(task) = self.tasks.get_mut(d.itt) else {
+            // Data for a task that was aborted or failed: discard.
+            return;
+        };
+        let Some(t) = &mut task.transfer else {
+            return;
+        };
+        match t.on_data_out(
+            d.ttt,
+            d.data_sn,
+            d.buffer_offset,
+            data.len() as u32,
+            d.final_bit,
+        ) {
+            Ok(())
+                if task.fail.is_none()
+                    && d.buffer_offset as usize + data.len() > task.data.len() =>
+            {
+                // Data the target did not ask for and has no room for.
+                warn!(
+                    session = self.setup.id,
+                    itt = d.itt,
+                    "unsolicited Data-Out beyond the first burst; failing the command"
+                );
+                task.fail = Some(check_condition(0x0b, 0x4b, 0x00));
+                task.transfer = None;
+                self.tasks.set_data_ready(d.itt);
+                self.dispatch();
+            }
+            Ok(()) => {
+                if task.fail.is_none() {
+                    let off = d.buffer_offset as usize;
+                    task.data[off..off + data.len()].copy_from_slice(&data);
+                }
+                if t.is_complete() {
+                    task.transfer = None;
+                    self.tasks.set_data_ready(d.itt);
+                    self.dispatch();
+                } else if admitted && task.fail.is_none() {
+                    self.solicit(d.itt);
+                }
+            }
+            Err(e) => {
+                warn!(session = self.setup.id, itt = d.itt, %e, "bad Data-Out; failing the command");
+                // ABORTED COMMAND / DATA PHASE ERROR ends the command at once.
+                task.fail = Some(check_condition(0x0b, 0x4b, 0x00));
+                task.transfer = None;
+                self.tasks.set_data_ready(d.itt);
+                self.dispatch();
+            }
+        }
+    }
+
+    /// Start every task the task set allows to run now.
+    pub(super) fn dispatch(&mut self) {
+        while let Some(itt) = self.tasks.next_startable() {
+            self.start(itt);
+        }
+    }
+
+    /// Hand a task whose turn has come to the target core's executor;
+    /// its outcome comes back as [`Event::Done`].
+    pub(super) fn start(&mut self, itt: u32) {
+        let Some(task) = self.tasks.get_mut(itt) else {
+            return;
+        };
+        if let Some(response) = task.fail.take() {
+            let _ = self.done_tx.send(Event::Done(
+                itt,
+                Finished {
+                    response,
+                    preempted: Vec::new(),
+                },
+            ));
+            return;
+        }
+        if task.cmd.read && task.reserved == 0 && task.cmd.expected_len > 0 {
+            // The read's buffer must fit the budget before it runs.
+            if !self.awaiting.is_empty() || !self.reserve(itt) {
+                self.awaiting.push_back((itt, Need::Start));
+                return;
+            }
+        }
+        let Some(task) = self.tasks.get_mut(itt) else {
+            return;
+        };
+        let target = self
+            .setup
+            .target
+            .clone()
+            .expect("SCSI tasks only in normal sessions");
+        let lun = lun_from_wire(task.cmd.lun);
+        let cmd = Command {
+            nexus: self.setup.nexus,
+            initiator: self.initiator.clone(),
+            lun,
+            cdb: std::mem::take(&mut task.cdb),
+            data: std::mem::take(&mut task.data),
+            expected_len: task.cmd.expected_len,
+        };
+        let counting = Counting {
+            lun: target.lun_counters(lun),
+            initiator: Some(self.initiator_counters.clone()),
+        };
+        let tx = self.done_tx.clone();
+        self.executor.execute(
+            &target.scsi,
+            cmd,
+            counting,
+            &TokioBlocking,
+            Box::new(move |f| {
+                let _ = tx.send(Event::Done(itt, f));
+            }),
+        );
+    }
+
+    pub(super) fn on_done(&mut self, itt: u32, finished: Finished) {
+        let Some(done) = self.tasks.complete(itt) else {
+            return;
+        };
+        let mut task = done.payload;
+        if done.admitted {
+            self.window.complete();
+        }
+        // A write's buffer is gone with its execution; a read's goes with
+        // its Data-In (released when sent).
+        if !task.cmd.read || done.aborted || finished.response.data_in.is_empty() {
+            self.budget.release(std::mem::take(&mut task.reserved));
+            self.retry_awaiting();
+        }
+        let resp = finished.response;
+        if resp.status != ScsiStatus::Good {
+            debug!(session = self.setup.id, itt, opcode = task.cmd.cdb[0], status = ?resp.status, sense = ?resp.sense.get(..14), "command failed");
+        }
+        if !finished.preempted.is_empty() {
+            self.abort_preempted(lun_from_wire(task.cmd.lun), finished.preempted);
+        }
+        if !done.aborted {
+            self.respond(&task, resp);
+        }
+        for (req, response) in done.tmfs_done {
+            self.send_tmf_response(req, response);
+        }
+        self.try_finish_logout();
+        self.dispatch();
+    }
+
+    /// After a PERSISTENT RESERVE OUT: abort the tasks of the nexuses a
+    /// PREEMPT AND ABORT preempted, in their sessions; they also get COMMANDS
+    /// CLEARED BY ANOTHER INITIATOR.
+    pub(super) fn abort_preempted(&mut self, lun: u64, preempted: Vec<Nexus>) {
+        let Some(target) = self.setup.target.clone() else {
+            return;
+        };
+        for victim in preempted {
+            if victim == self.setup.nexus {
+                continue;
+            }
+            let asked =
+                self.registry
+                    .abort_nexus_lun(self.setup.id, Some(&target.name), victim.0, lun);
+            target.scsi.tasks_cleared(lun, victim, self.setup.nexus);
+            debug!(
+                session = self.setup.id,
+                lun,
+                sessions = asked,
+                "PREEMPT AND ABORT: tasks aborted"
+            );
+        }
+    }
+
+    /// Send Data-In and status for a finished command.
+    pub(super) fn respond(&mut self, task: &Task, resp: ScsiResponse) {
+        let cmd = &task.cmd;
+        let edtl = cmd.expected_len as usize;
+        let produced = resp.data_in.len();
+        let (send_len, overflow, underflow, residual) = if cmd.read || produced > 0 {
+            if produced > edtl {
+                (edtl, true, false, (produced - edtl) as u32)
+            } else if produced < edtl && resp.status == ScsiStatus::Good {
+                (produced, false, true, (edtl - produced) as u32)
+            } else {
+                (produced, false, false, 0)
+            }
+        } else if cmd.write {
+            // Writes: residuals compare the CDB's transfer length (SPDTL,
+            // reported by the SCSI layer) with the expected length.
+            match resp.data_out_len {
+                Some(w) if w > edtl => (0, true, false, (w - edtl) as u32),
+                Some(w) if w < edtl => (0, false, true, (edtl - w) as u32),
+                _ => (0, false, false, 0),
+            }
+        } else {
+            (0, false, edtl > 0, edtl as u32)
+        };
+        let data = if task.reserved > 0 {
+            // The budget gets the bytes back when the writer has sent them.
+            Bytes::from_owner(HeldData {
+                data: resp.data_in,
+                release: Some((task.reserved, self.done_tx.clone())),
+            })
+        } else {
+            Bytes::from(resp.data_in)
+        };
+        let collapse = resp.status == ScsiStatus::Good && resp.sense.is_empty() && send_len > 0;
+        let p = &self.setup.params;
+        let segs: Vec<_> =
+            data_in_segments(send_len as u32, p.max_send_dsl, p.max_burst_length).collect();
+        let nsegs = segs.len() as u32;
+        for seg in segs {
+            let status_here = collapse && seg.last;
+            let din = DataIn {
+                final_bit: seg.final_bit,
+                ack: false,
+                overflow: status_here && overflow,
+                underflow: status_here && underflow,
+                status_present: status_here,
+                status: resp.status as u8,
+                lun: if status_here { 0 } else { cmd.lun },
+                itt: cmd.itt,
+                ttt: RESERVED_TAG,
+                stat_sn: if status_here { self.next_stat_sn() } else { 0 },
+                exp_cmd_sn: self.window.exp_cmd_sn(),
+                max_cmd_sn: self.window.max_cmd_sn(),
+                data_sn: seg.data_sn,
+                buffer_offset: seg.offset,
+                residual: if status_here { residual } else { 0 },
+            };
+            let chunk = data.slice(seg.offset as usize..(seg.offset + seg.len) as usize);
+            self.send(Pdu::DataIn(din), chunk);
+        }
+        if collapse {
+            return;
+        }
+        let sense = if resp.sense.is_empty() {
+            Bytes::new()
+        } else {
+            let mut s = Vec::with_capacity(resp.sense.len() + 2);
+            s.extend_from_slice(&(resp.sense.len() as u16).to_be_bytes());
+            s.extend_from_slice(&resp.sense);
+            Bytes::from(s)
+        };
+        // ExpDataSN: Data-In PDUs sent for a read, R2Ts for a write (§11.4.8).
+        let exp_data_sn = if cmd.read { nsegs } else { task.r2t_count };
+        let r = pdu::ScsiResponse {
+            overflow,
+            underflow,
+            response: 0,
+            status: resp.status as u8,
+            itt: cmd.itt,
+            stat_sn: self.next_stat_sn(),
+            exp_cmd_sn: self.window.exp_cmd_sn(),
+            max_cmd_sn: self.window.max_cmd_sn(),
+            exp_data_sn,
+            residual,
+            ..Default::default()
+        };
+        self.send(Pdu::ScsiResponse(r), sense);
+    }
+}
+
+/// Blocking commands run on tokio's blocking pool.
+struct TokioBlocking;
+
+impl BlockingPool for TokioBlocking {
+    fn spawn(&self, job: Box<dyn FnOnce() + Send>) {
+        tokio::task::spawn_blocking(job);
+    }
+}
+
+/// A read's Data-In buffer; dropping it (the writer sent the last of it)
+/// gives its bytes back to the session's budget.
+struct HeldData {
+    data: Vec<u8>,
+    release: Option<(usize, mpsc::UnboundedSender<Event>)>,
+}
+
+impl AsRef<[u8]> for HeldData {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+impl Drop for HeldData {
+    fn drop(&mut self) {
+        if let Some((n, tx)) = self.release.take() {
+            let _ = tx.send(Event::Released(n));
+        }
+    }
+}

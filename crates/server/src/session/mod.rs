@@ -1,0 +1,481 @@
+//! The full feature phase of one session (RFC 7143 §4, §11).
+//!
+//! One task owns all of a session's state. It waits for the next event
+//! (a PDU from the reader task, a finished command from the blocking pool,
+//! a control message from another session, a timer) and applies it
+//! synchronously: `loop { let ev = self.select().await; self.apply(ev) }`.
+//! The only lock it touches is the registry's, and only on login,
+//! logout and task-management resets.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ethersan_core::budget::MemoryBudget;
+use ethersan_core::counters::IoCounters;
+use ethersan_core::executor::{Executor, Finished};
+use ethersan_core::task_set::{AbortScope, TaskSet};
+use ethersan_proto::pdu::{
+    self, reject_reason, LogoutRequest, NopIn, NopOut, Pdu, RawPdu, Reject, ScsiCommand,
+    TaskMgmtRequest, TextRequest, RESERVED_TAG,
+};
+use ethersan_proto::seq::{Admission, CmdWindow};
+use ethersan_proto::transfer::WriteTransfer;
+use ethersan_scsi::{Nexus, ScsiResponse};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+use crate::registry::{Registry, SessionControl, TargetEntry};
+use crate::wire::{Frame, ReadError, WriterMsg};
+
+mod command;
+mod management;
+mod tasks;
+
+/// Largest Expected Data Transfer Length accepted for one command; larger
+/// commands are refused with CHECK CONDITION instead of buffering them.
+pub(crate) const MAX_EDTL: u32 = 64 << 20;
+
+/// The values negotiated at login that the full feature phase needs.
+#[derive(Debug, Clone)]
+pub(crate) struct Negotiated {
+    /// What we may send per PDU (the initiator's declaration).
+    pub(crate) max_send_dsl: u32,
+    pub(crate) initial_r2t: bool,
+    pub(crate) immediate_data: bool,
+    pub(crate) first_burst_length: u32,
+    pub(crate) max_burst_length: u32,
+    pub(crate) max_outstanding_r2t: u32,
+    pub(crate) discovery: bool,
+    pub(crate) initiator_name: String,
+}
+
+/// Runtime knobs of a session.
+#[derive(Debug, Clone)]
+pub(crate) struct SessionOptions {
+    pub(crate) queue_depth: u32,
+    pub(crate) nop_interval: Option<Duration>,
+    pub(crate) nop_timeout: Duration,
+    /// Try commands on the session task before the blocking pool.
+    pub(crate) inline_io: bool,
+    /// Most bytes of key text one Text request may send, across its
+    /// Continue PDUs.
+    pub(crate) max_key_text: usize,
+    /// Most bytes of command data buffers the session holds at once.
+    pub(crate) memory_budget: usize,
+}
+
+/// Everything a session needs from its login.
+#[derive(Debug)]
+pub(crate) struct SessionSetup {
+    pub(crate) id: u64,
+    pub(crate) target: Option<Arc<TargetEntry>>,
+    pub(crate) params: Negotiated,
+    pub(crate) nexus: Nexus,
+    pub(crate) exp_cmd_sn: u32,
+    pub(crate) stat_sn: u32,
+    pub(crate) options: SessionOptions,
+    /// The initiator's address (for access lists).
+    pub(crate) peer_ip: Option<std::net::IpAddr>,
+}
+
+/// Events the session loop reacts to.
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// A PDU arrived, or reading failed.
+    Pdu(Result<RawPdu, ReadError>),
+    /// A command finished executing.
+    Done(u32, Finished),
+    /// A message from the registry (another session's TMF, shutdown).
+    Control(SessionControl),
+    /// Periodic timer for NOP-In pings.
+    Tick,
+    /// A read's Data-In has been sent: its buffer's bytes are free.
+    Released(usize),
+}
+
+/// The iSCSI side of one task; the task set ([`TaskSet`]) owns it and
+/// decides when it runs.
+#[derive(Debug)]
+struct Task {
+    cmd: ScsiCommand,
+    cdb: Vec<u8>,
+    data: Vec<u8>,
+    /// A write still collecting Data-Out.
+    transfer: Option<WriteTransfer>,
+    /// The command must fail with this sense instead of running.
+    fail: Option<ScsiResponse>,
+    /// R2Ts sent for this task (ExpDataSN of a write's response).
+    r2t_count: u32,
+    /// Bytes of the session's memory budget this task's buffer holds.
+    reserved: usize,
+}
+
+/// What a task waits for when its buffer does not fit the budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Need {
+    /// A write's buffer, before its R2Ts go out.
+    Solicit,
+    /// A read's buffer, before it runs.
+    Start,
+}
+
+/// Items ordered by the CmdSN window.
+#[derive(Debug)]
+enum Ordered {
+    Scsi(u32),
+    Nop(NopOut, Vec<u8>),
+    Tmf(TaskMgmtRequest),
+    Text(TextRequest, Vec<u8>),
+    Logout(LogoutRequest),
+}
+
+/// One session's state, owned by its task.
+pub(crate) struct Session {
+    setup: SessionSetup,
+    registry: Arc<Registry>,
+    out: mpsc::UnboundedSender<WriterMsg>,
+    done_tx: mpsc::UnboundedSender<Event>,
+    window: CmdWindow<Ordered>,
+    stat_sn: u32,
+    /// The SAM task set: every task of the session, in command order.
+    tasks: TaskSet<Task, TaskMgmtRequest>,
+    /// Runs the session's commands.
+    executor: Executor,
+    /// The initiator's name, shared with every command.
+    initiator: Arc<str>,
+    /// The initiator's counters.
+    initiator_counters: Arc<IoCounters>,
+    /// Data buffers held by this session's commands.
+    budget: MemoryBudget,
+    /// Tasks waiting for room in the budget, oldest first.
+    awaiting: VecDeque<(u32, Need)>,
+    next_ttt: u32,
+    pending_logout: Option<LogoutRequest>,
+    last_rx: Instant,
+    ping: Option<(u32, Instant)>,
+    text_continuation: Option<(u32, Vec<u8>)>,
+    /// A Text request arriving in pieces (C bit): its ITT and the text so far.
+    text_in: Option<(u32, u32, ethersan_proto::text::TextAssembler)>,
+    closing: bool,
+}
+
+impl Session {
+    pub(crate) fn new(
+        setup: SessionSetup,
+        registry: Arc<Registry>,
+        out: mpsc::UnboundedSender<WriterMsg>,
+        done_tx: mpsc::UnboundedSender<Event>,
+    ) -> Self {
+        let window = CmdWindow::new(setup.exp_cmd_sn, setup.options.queue_depth);
+        let stat_sn = setup.stat_sn;
+        let executor = Executor {
+            inline_io: setup.options.inline_io,
+        };
+        let initiator: Arc<str> = Arc::from(setup.params.initiator_name.as_str());
+        let initiator_counters = registry.directory().initiator_counters(&initiator);
+        let budget = MemoryBudget::new(setup.options.memory_budget);
+        Session {
+            setup,
+            registry,
+            out,
+            done_tx,
+            window,
+            stat_sn,
+            tasks: TaskSet::new(),
+            executor,
+            initiator,
+            initiator_counters,
+            budget,
+            awaiting: VecDeque::new(),
+            next_ttt: 1,
+            pending_logout: None,
+            last_rx: Instant::now(),
+            ping: None,
+            text_continuation: None,
+            text_in: None,
+            closing: false,
+        }
+    }
+
+    /// Run until logout, connection loss or shutdown.
+    ///
+    /// `pdus` is bounded: while the session is busy the reader stops
+    /// reading and TCP's window pushes back on the initiator. `events`
+    /// (completions, control messages, timers) comes first.
+    pub(crate) async fn run(
+        mut self,
+        mut events: mpsc::UnboundedReceiver<Event>,
+        mut pdus: mpsc::Receiver<Result<RawPdu, ReadError>>,
+    ) {
+        if let Some(t) = &self.setup.target {
+            t.scsi.nexus_added(self.setup.nexus);
+            t.scsi
+                .set_initiator_name(self.setup.nexus, &self.setup.params.initiator_name);
+        }
+        let mut reading = true;
+        loop {
+            let ev = tokio::select! {
+                biased;
+                ev = events.recv() => match ev {
+                    Some(ev) => ev,
+                    None => break,
+                },
+                pdu = pdus.recv(), if reading => match pdu {
+                    Some(pdu) => Event::Pdu(pdu),
+                    None => {
+                        reading = false;
+                        continue;
+                    }
+                },
+            };
+            if !self.apply(ev) {
+                break;
+            }
+        }
+        self.teardown(&mut events).await;
+    }
+
+    /// Apply one event; false ends the session.
+    fn apply(&mut self, ev: Event) -> bool {
+        match ev {
+            Event::Pdu(Ok(pdu)) => {
+                self.last_rx = Instant::now();
+                self.on_pdu(pdu)
+            }
+            Event::Pdu(Err(e)) => self.on_read_error(e),
+            Event::Done(itt, resp) => {
+                self.on_done(itt, resp);
+                !self.closing
+            }
+            Event::Control(SessionControl::AbortLun(lun)) => {
+                self.abort_tasks(lun.map_or(AbortScope::All, AbortScope::Lun));
+                self.dispatch();
+                true
+            }
+            Event::Control(SessionControl::Shutdown) => {
+                info!(session = self.setup.id, "session shut down");
+                self.abort_tasks(AbortScope::All);
+                false
+            }
+            Event::Tick => self.on_tick(),
+            Event::Released(n) => {
+                self.budget.release(n);
+                self.retry_awaiting();
+                true
+            }
+        }
+    }
+
+    async fn teardown(&mut self, events: &mut mpsc::UnboundedReceiver<Event>) {
+        // Let commands already in the blocking pool finish so no write is
+        // left half-applied behind the initiator's back.
+        self.abort_tasks(AbortScope::All);
+        while self.tasks.running() > 0 {
+            match events.recv().await {
+                Some(Event::Done(itt, _)) => {
+                    self.tasks.complete(itt);
+                }
+                Some(_) => {}
+                None => break,
+            }
+        }
+        if let Some(t) = &self.setup.target {
+            t.scsi.nexus_lost(self.setup.nexus);
+        }
+        self.registry.remove_session(self.setup.id);
+        let _ = self.out.send(WriterMsg::Close);
+    }
+
+    fn on_read_error(&mut self, e: ReadError) -> bool {
+        match e {
+            ReadError::Closed => {
+                debug!(session = self.setup.id, "connection closed by initiator");
+                false
+            }
+            ReadError::Io(err) => {
+                debug!(session = self.setup.id, %err, "connection lost");
+                false
+            }
+            ReadError::HeaderDigest(err) => {
+                warn!(session = self.setup.id, %err, "header digest error; dropping connection");
+                false
+            }
+            ReadError::DataDigest(bhs, err) => {
+                warn!(session = self.setup.id, %err, "data digest error; PDU rejected");
+                self.reject(&bhs, reject_reason::DATA_DIGEST_ERROR);
+                true
+            }
+            ReadError::TooLong { bhs, len, limit } => {
+                warn!(
+                    session = self.setup.id,
+                    len, limit, "data segment over MaxRecvDataSegmentLength"
+                );
+                self.reject(&bhs, reject_reason::PROTOCOL_ERROR);
+                true
+            }
+        }
+    }
+
+    fn on_tick(&mut self) -> bool {
+        let Some(interval) = self.setup.options.nop_interval else {
+            return true;
+        };
+        if let Some((_, sent)) = self.ping {
+            if sent.elapsed() > self.setup.options.nop_timeout {
+                warn!(
+                    session = self.setup.id,
+                    "initiator did not answer NOP-In; dropping connection"
+                );
+                return false;
+            }
+            return true;
+        }
+        if self.last_rx.elapsed() >= interval {
+            let ttt = self.alloc_ttt();
+            self.ping = Some((ttt, Instant::now()));
+            let nop = NopIn {
+                lun: 0,
+                itt: RESERVED_TAG,
+                ttt,
+                stat_sn: self.stat_sn,
+                exp_cmd_sn: self.window.exp_cmd_sn(),
+                max_cmd_sn: self.window.max_cmd_sn(),
+            };
+            self.send(Pdu::NopIn(nop), Bytes::new());
+        }
+        true
+    }
+
+    fn alloc_ttt(&mut self) -> u32 {
+        let t = self.next_ttt;
+        self.next_ttt = self.next_ttt.wrapping_add(1);
+        if self.next_ttt == RESERVED_TAG {
+            self.next_ttt = 1;
+        }
+        t
+    }
+
+    fn send(&self, pdu: Pdu, data: Bytes) {
+        let bhs = pdu.encode(data.len() as u32);
+        let _ = self.out.send(WriterMsg::Frame(Frame { bhs, data }));
+    }
+
+    /// Take the next StatSN for a response.
+    fn next_stat_sn(&mut self) -> u32 {
+        let s = self.stat_sn;
+        self.stat_sn = self.stat_sn.wrapping_add(1);
+        s
+    }
+
+    fn reject(&mut self, bhs: &pdu::Bhs, reason: u8) {
+        let rej = Reject {
+            reason,
+            stat_sn: self.next_stat_sn(),
+            exp_cmd_sn: self.window.exp_cmd_sn(),
+            max_cmd_sn: self.window.max_cmd_sn(),
+            data_sn: 0,
+        };
+        self.send(Pdu::Reject(rej), Bytes::copy_from_slice(&bhs.0));
+    }
+
+    fn on_pdu(&mut self, raw: RawPdu) -> bool {
+        let pdu = match Pdu::decode(&raw.bhs) {
+            Ok(p) => p,
+            Err(_) => {
+                self.reject(&raw.bhs, reject_reason::COMMAND_NOT_SUPPORTED);
+                return true;
+            }
+        };
+        if self.setup.params.discovery
+            && !matches!(
+                pdu,
+                Pdu::TextRequest(_) | Pdu::LogoutRequest(_) | Pdu::NopOut(_)
+            )
+        {
+            self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR);
+            return true;
+        }
+        match pdu {
+            Pdu::ScsiCommand(cmd) => self.on_scsi_command(cmd, raw),
+            Pdu::DataOut(d) => self.on_data_out(d, raw.data),
+            Pdu::NopOut(n) => {
+                if n.itt == RESERVED_TAG {
+                    // Answer to our ping (never carries a CmdSN of its own).
+                    if self.ping.map(|(t, _)| t) == Some(n.ttt) {
+                        self.ping = None;
+                    }
+                } else {
+                    self.admit(n.cmd_sn, n.immediate, Ordered::Nop(n.clone(), raw.data));
+                }
+            }
+            Pdu::TaskMgmtRequest(t) => self.admit(t.cmd_sn, t.immediate, Ordered::Tmf(t.clone())),
+            Pdu::TextRequest(t) => {
+                self.admit(t.cmd_sn, t.immediate, Ordered::Text(t.clone(), raw.data))
+            }
+            Pdu::LogoutRequest(l) => self.admit(l.cmd_sn, l.immediate, Ordered::Logout(l.clone())),
+            Pdu::Snack(_) => {
+                // ErrorRecoveryLevel 0: no SNACK support (§11.16).
+                self.reject(&raw.bhs, reject_reason::COMMAND_NOT_SUPPORTED)
+            }
+            Pdu::LoginRequest(_) => self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR),
+            _ => self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR),
+        }
+        !self.closing || self.tasks.running() > 0 || self.pending_logout.is_some()
+    }
+
+    fn admit(&mut self, cmd_sn: u32, immediate: bool, item: Ordered) {
+        match self.window.admit(cmd_sn, immediate, item) {
+            Admission::Deliver(items) => {
+                for it in items {
+                    self.deliver(it);
+                }
+            }
+            Admission::Held => {}
+            Admission::Dropped(Ordered::Scsi(itt)) => {
+                debug!(
+                    session = self.setup.id,
+                    cmd_sn, "command outside the CmdSN window ignored"
+                );
+                self.tasks.abort(AbortScope::Task(itt));
+            }
+            Admission::Dropped(_) => {
+                debug!(
+                    session = self.setup.id,
+                    cmd_sn, "PDU outside the CmdSN window ignored"
+                );
+            }
+        }
+    }
+
+    fn deliver(&mut self, item: Ordered) {
+        match item {
+            Ordered::Scsi(itt) => self.activate(itt),
+            Ordered::Nop(n, data) => {
+                self.window.complete();
+                let nop = NopIn {
+                    lun: n.lun,
+                    itt: n.itt,
+                    ttt: RESERVED_TAG,
+                    stat_sn: self.next_stat_sn(),
+                    exp_cmd_sn: self.window.exp_cmd_sn(),
+                    max_cmd_sn: self.window.max_cmd_sn(),
+                };
+                let len = data.len().min(self.setup.params.max_send_dsl as usize);
+                let mut data = data;
+                data.truncate(len);
+                self.send(Pdu::NopIn(nop), Bytes::from(data));
+            }
+            Ordered::Tmf(t) => self.on_tmf(t),
+            Ordered::Text(t, data) => {
+                self.window.complete();
+                self.on_text(t, data);
+            }
+            Ordered::Logout(l) => {
+                self.pending_logout = Some(l);
+                self.try_finish_logout();
+            }
+        }
+    }
+}
