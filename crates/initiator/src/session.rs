@@ -470,31 +470,29 @@ impl<W: AsyncWrite + Unpin> Driver<W> {
             Pdu::ScsiResponse(r) => {
                 self.update_window(r.exp_cmd_sn, r.max_cmd_sn);
                 self.status_seen(r.stat_sn);
-                if let Some(p) = self.pending.remove(&r.itt) {
-                    if let Pending::Scsi {
-                        mut result, reply, ..
-                    } = p
-                    {
-                        result.status = r.status;
-                        result.residual = r.residual;
-                        result.overflow = r.overflow;
-                        result.underflow = r.underflow;
-                        if r.underflow {
-                            let keep = result.data.len().saturating_sub(r.residual as usize);
-                            result.data.truncate(keep);
-                        }
-                        if raw.data.len() >= 2 {
-                            let n = u16::from_be_bytes([raw.data[0], raw.data[1]]) as usize;
-                            result.sense = raw.data[2..(2 + n).min(raw.data.len())].to_vec();
-                        }
-                        if r.response != 0 {
-                            let _ = reply.send(Err(Error::Protocol(format!(
-                                "iSCSI response {:#x}",
-                                r.response
-                            ))));
-                        } else {
-                            let _ = reply.send(Ok(result));
-                        }
+                if let Some(Pending::Scsi {
+                    mut result, reply, ..
+                }) = self.pending.remove(&r.itt)
+                {
+                    result.status = r.status;
+                    result.residual = r.residual;
+                    result.overflow = r.overflow;
+                    result.underflow = r.underflow;
+                    if r.underflow {
+                        let keep = result.data.len().saturating_sub(r.residual as usize);
+                        result.data.truncate(keep);
+                    }
+                    if raw.data.len() >= 2 {
+                        let n = u16::from_be_bytes([raw.data[0], raw.data[1]]) as usize;
+                        result.sense = raw.data[2..(2 + n).min(raw.data.len())].to_vec();
+                    }
+                    if r.response != 0 {
+                        let _ = reply.send(Err(Error::Protocol(format!(
+                            "iSCSI response {:#x}",
+                            r.response
+                        ))));
+                    } else {
+                        let _ = reply.send(Ok(result));
                     }
                 }
             }
@@ -596,15 +594,13 @@ impl<W: AsyncWrite + Unpin> Driver<W> {
             }
             Pdu::LogoutResponse(l) => {
                 self.status_seen(l.stat_sn);
-                if let Some(p) = self.pending.remove(&l.itt) {
-                    if let Pending::Logout { reply } = p {
-                        let r = if l.response == 0 {
-                            Ok(())
-                        } else {
-                            Err(Error::Protocol(format!("logout response {}", l.response)))
-                        };
-                        let _ = reply.send(r);
-                    }
+                if let Some(Pending::Logout { reply }) = self.pending.remove(&l.itt) {
+                    let r = if l.response == 0 {
+                        Ok(())
+                    } else {
+                        Err(Error::Protocol(format!("logout response {}", l.response)))
+                    };
+                    let _ = reply.send(r);
                 }
                 return Ok(true);
             }
