@@ -54,7 +54,7 @@ pub struct ScsiResponse {
 /// Task Management Function Response (§11.6).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskMgmtResponse {
-    /// Response code (see [`tmf_response`]).
+    /// Response code (see [`tmf_response`](super::tmf_response)).
     pub response: u8,
     /// ITT of the request.
     pub itt: u32,
@@ -165,7 +165,7 @@ pub struct AsyncMessage {
 /// Reject (§11.17).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reject {
-    /// Reason (see [`reject_reason`]).
+    /// Reason (see [`reject_reason`](super::reject_reason)).
     pub reason: u8,
     /// StatSN
     pub stat_sn: u32,
