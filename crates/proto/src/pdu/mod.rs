@@ -9,15 +9,18 @@
 //! The module is split by seam: [`Bhs`] and its common fields, opcodes and
 //! LUN encoding (`bhs`); the typed headers of initiator PDUs
 //! (`initiator`) and target PDUs (`target`); the [`Pdu`] codec (`codec`);
-//! and whole-PDU framing on a byte stream (`frame`). Everything is
+//! whole-PDU framing on a byte stream, the [`Framer`] both the target and
+//! the initiator use (`frame`); and the Extended CDB AHS (`ahs`). Everything is
 //! re-exported here, so paths stay `ethersan_proto::pdu::*`.
 
+mod ahs;
 mod bhs;
 mod codec;
 mod frame;
 mod initiator;
 mod target;
 
+pub use ahs::*;
 pub use bhs::*;
 pub use codec::*;
 pub use frame::*;
