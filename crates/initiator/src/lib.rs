@@ -103,6 +103,20 @@ pub struct Negotiated {
     pub tsih: u16,
 }
 
+impl Negotiated {
+    /// The framing rules these values set for the connection. Data
+    /// segments from the target are accepted up to the 24-bit maximum, not
+    /// only up to our MaxRecvDataSegmentLength, as this initiator always
+    /// has been lenient there.
+    pub fn framer(&self) -> ethersan_proto::pdu::Framer {
+        ethersan_proto::pdu::Framer {
+            header_digest: self.header_digest,
+            data_digest: self.data_digest,
+            max_recv_data_segment_length: ethersan_proto::pdu::MAX_DATA_SEGMENT,
+        }
+    }
+}
+
 /// What to log in to.
 #[derive(Debug, Clone)]
 pub struct LoginOptions {

@@ -9,8 +9,8 @@ use std::collections::{HashMap, VecDeque};
 
 use bytes::Bytes;
 use ethersan_proto::pdu::{
-    self, lun_to_wire, pad_len, Bhs, DataOut, LogoutRequest, NopOut, Pdu, RawPdu, ScsiCommand,
-    TaskAttr, TextRequest, BHS_LEN, RESERVED_TAG,
+    self, lun_to_wire, Bhs, DataOut, LogoutRequest, NopOut, Pdu, RawPdu, ScsiCommand, TaskAttr,
+    TextRequest, BHS_LEN, RESERVED_TAG,
 };
 use ethersan_proto::seq::sn_le;
 use ethersan_proto::text::{encode_text, parse_text};
@@ -308,20 +308,9 @@ impl<W: AsyncWrite + Unpin> Driver<W> {
                     exp_stat_sn: self.exp_stat_sn,
                     cdb: cdb16,
                 };
-                let ahs = if cdb.len() > 16 {
-                    let extra = &cdb[16..];
-                    let mut a = Vec::new();
-                    a.extend_from_slice(&((extra.len() + 1) as u16).to_be_bytes());
-                    a.push(1);
-                    a.push(0);
-                    a.extend_from_slice(extra);
-                    a.resize(a.len() + pad_len(a.len()), 0);
-                    a
-                } else {
-                    Vec::new()
-                };
-                let mut bhs = Pdu::ScsiCommand(cmd).encode(immediate as u32);
-                bhs.0[4] = (ahs.len() / 4) as u8;
+                let ahs = pdu::extended_cdb_ahs(&cdb);
+                // The framer sets TotalAHSLength from `ahs`.
+                let bhs = Pdu::ScsiCommand(cmd).encode(immediate as u32);
                 write_frame(
                     &mut self.wr,
                     &bhs,
@@ -644,7 +633,8 @@ fn fail(p: Pending, err: Error) {
     }
 }
 
-/// Write one PDU (header, AHS, digests, data and padding).
+/// Write one PDU (header, AHS, digests, data and padding) as [`Framer`]
+/// encodes it.
 pub(crate) async fn write_frame<W: AsyncWrite + Unpin>(
     w: &mut W,
     bhs: &Bhs,
@@ -652,51 +642,29 @@ pub(crate) async fn write_frame<W: AsyncWrite + Unpin>(
     data: &[u8],
     p: &Negotiated,
 ) -> Result<(), Error> {
-    w.write_all(&bhs.0).await?;
-    w.write_all(ahs).await?;
-    if p.header_digest {
-        w.write_all(&bhs.digest(ahs).to_le_bytes()).await?;
-    }
-    if !data.is_empty() {
-        w.write_all(data).await?;
-        w.write_all(&[0u8; 3][..pad_len(data.len())]).await?;
-        if p.data_digest {
-            w.write_all(&ethersan_proto::digest::data_digest(data).to_le_bytes())
-                .await?;
-        }
-    }
+    let e = p.framer().encode(bhs, ahs, data);
+    w.write_all(&e.head).await?;
+    w.write_all(data).await?;
+    w.write_all(&e.tail).await?;
     Ok(())
 }
 
-/// Read one PDU, verifying digests.
+/// Read one PDU with the three decoding steps of [`Framer`], verifying
+/// digests.
 pub(crate) async fn read_pdu<R: AsyncRead + Unpin>(
     r: &mut R,
     p: &Negotiated,
 ) -> Result<RawPdu, Error> {
+    let f = p.framer();
     let mut bhs = Bhs::default();
     r.read_exact(&mut bhs.0).await?;
-    let l = bhs.layout(p.header_digest, p.data_digest);
-    let mut ahs = vec![0u8; l.ahs_len];
-    r.read_exact(&mut ahs).await?;
-    if p.header_digest {
-        let mut d = [0u8; 4];
-        r.read_exact(&mut d).await?;
-        bhs.verify_digest(&ahs, d)
-            .map_err(|e| Error::Protocol(e.to_string()))?;
-    }
-    if l.data_len > p.max_recv_dsl as usize && l.data_len > 16 << 20 {
-        return Err(Error::Protocol(format!(
-            "data segment of {} bytes from target",
-            l.data_len
-        )));
-    }
-    let mut data = vec![0u8; l.data_len + l.pad_len];
-    r.read_exact(&mut data).await?;
-    data.truncate(l.data_len);
-    if l.data_digest_len > 0 {
-        let mut d = [0u8; 4];
-        r.read_exact(&mut d).await?;
-        pdu::verify_data_digest(&data, d).map_err(|e| Error::Protocol(e.to_string()))?;
-    }
-    Ok(RawPdu { bhs, ahs, data })
+    let mut rest = vec![0u8; f.header_rest_len(&bhs)];
+    r.read_exact(&mut rest).await?;
+    let head = f
+        .check_header(bhs, &rest)
+        .map_err(|e| Error::Protocol(e.to_string()))?;
+    let mut part = vec![0u8; head.data_part_len()];
+    r.read_exact(&mut part).await?;
+    f.finish(head, part)
+        .map_err(|e| Error::Protocol(e.to_string()))
 }

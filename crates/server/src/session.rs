@@ -458,22 +458,11 @@ impl Session {
             self.reject(&raw.bhs, reject_reason::TASK_IN_PROGRESS);
             return;
         }
-        let mut cdb = cmd.cdb.to_vec();
-        // Extended CDB AHS (type 1): bytes beyond the first 16.
-        let mut ahs = raw.ahs.as_slice();
-        while ahs.len() >= 4 {
-            let len = u16::from_be_bytes([ahs[0], ahs[1]]) as usize;
-            let ty = ahs[2];
-            let body_end = (3 + len).min(ahs.len());
-            if ty == 1 && len > 1 {
-                cdb.extend_from_slice(&ahs[4..body_end.max(4)]);
-            }
-            let total = (3 + len + 3) & !3;
-            if total == 0 || total > ahs.len() {
-                break;
-            }
-            ahs = &ahs[total..];
-        }
+        // Extended CDB AHS (type 1): bytes beyond the first 16 (§11.2.2.3).
+        let Ok(cdb) = pdu::cdb_from_ahs(&cmd.cdb, &raw.ahs) else {
+            self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR);
+            return;
+        };
         let p = &self.setup.params;
         let edtl = cmd.expected_len;
         let mut fail = None;

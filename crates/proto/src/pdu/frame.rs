@@ -226,7 +226,10 @@ impl Framer {
         data_len: usize,
         data_crc: impl FnOnce() -> u32,
     ) -> Encoded {
-        assert!(ahs.len().is_multiple_of(4) && ahs.len() <= 255 * 4, "AHS length");
+        assert!(
+            ahs.len().is_multiple_of(4) && ahs.len() <= 255 * 4,
+            "AHS length"
+        );
         let data_len32 = u32::try_from(data_len).expect("data segment length");
         let mut bhs = *bhs;
         bhs.0[4] = (ahs.len() / 4) as u8;
