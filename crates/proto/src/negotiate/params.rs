@@ -1,6 +1,8 @@
 //! What a login settles: the negotiated session parameters (RFC 7143 §13)
 //! and the errors that end a negotiation (§11.13.5).
 
+use crate::pdu::Framer;
+
 /// Normal or discovery session (§13.21).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SessionType {
@@ -11,7 +13,20 @@ pub enum SessionType {
     Discovery,
 }
 
-/// Everything a login settles (RFC defaults until negotiated).
+/// Everything a login settles (RFC defaults until negotiated): the one
+/// struct for a session's negotiated parameters, produced by both
+/// [`TargetNegotiator::finish`](super::TargetNegotiator::finish) and
+/// [`InitiatorNegotiator::finish`](super::InitiatorNegotiator::finish) and used
+/// by both sides as is.
+///
+/// The two MaxRecvDataSegmentLength declarations are named from the
+/// target's side on both sides: `max_recv_data_segment_length` is what the
+/// target declared (what it receives), `max_send_data_segment_length` what
+/// the initiator declared. Prefer the direction-named accessors, which read
+/// the same on either side: [`max_data_out_segment`](Self::max_data_out_segment)
+/// for PDUs from initiator to target, [`max_data_in_segment`](Self::max_data_in_segment)
+/// for PDUs from target to initiator, and the framers
+/// [`target_framer`](Self::target_framer) / [`initiator_framer`](Self::initiator_framer).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionParams {
     /// Normal or discovery.
@@ -85,6 +100,40 @@ impl SessionParams {
     /// Whether this is a discovery session.
     pub fn is_discovery(&self) -> bool {
         self.session_type == SessionType::Discovery
+    }
+
+    /// Largest data segment of a PDU from initiator to target (SCSI
+    /// Command immediate data, Data-Out, Text/Login requests): the
+    /// target's MaxRecvDataSegmentLength.
+    pub fn max_data_out_segment(&self) -> u32 {
+        self.max_recv_data_segment_length
+    }
+
+    /// Largest data segment of a PDU from target to initiator (Data-In,
+    /// SCSI Response sense, Text responses): the initiator's
+    /// MaxRecvDataSegmentLength.
+    pub fn max_data_in_segment(&self) -> u32 {
+        self.max_send_data_segment_length
+    }
+
+    /// The framing rules of the target's receive side: the negotiated
+    /// digests and the target's MaxRecvDataSegmentLength.
+    pub fn target_framer(&self) -> Framer {
+        Framer {
+            header_digest: self.header_digest,
+            data_digest: self.data_digest,
+            max_recv_data_segment_length: self.max_data_out_segment(),
+        }
+    }
+
+    /// The framing rules of the initiator's receive side: the negotiated
+    /// digests and the initiator's MaxRecvDataSegmentLength.
+    pub fn initiator_framer(&self) -> Framer {
+        Framer {
+            header_digest: self.header_digest,
+            data_digest: self.data_digest,
+            max_recv_data_segment_length: self.max_data_in_segment(),
+        }
     }
 }
 

@@ -246,6 +246,31 @@ fn initiator_and_target_agree() {
     assert_eq!(i.portal_group_tag, Some(1));
 }
 
+#[test]
+fn both_sides_read_the_segment_limits_by_direction() {
+    let mut t = TargetNegotiator::new(TargetSettings {
+        max_recv_data_segment_length: 65_536,
+        ..TargetSettings::default()
+    });
+    let mut i = InitiatorNegotiator::new(InitiatorSettings {
+        target_name: Some("iqn.2026-11.org.ethersan:default".into()),
+        max_recv_data_segment_length: 16_384,
+        data_digest: true,
+        ..Default::default()
+    });
+    let a = t.security_keys(&i.security_proposal()).unwrap();
+    i.accept_response(&a).unwrap();
+    let b = t.operational_keys(&i.operational_proposal()).unwrap();
+    i.accept_response(&b).unwrap();
+    for p in [t.finish().unwrap(), i.finish()] {
+        assert_eq!(p.max_data_out_segment(), 65_536, "{p:?}");
+        assert_eq!(p.max_data_in_segment(), 16_384, "{p:?}");
+        assert_eq!(p.target_framer().max_recv_data_segment_length, 65_536);
+        assert_eq!(p.initiator_framer().max_recv_data_segment_length, 16_384);
+        assert!(p.target_framer().data_digest && p.initiator_framer().data_digest);
+    }
+}
+
 proptest! {
     #[test]
     fn negotiator_never_panics(keys in proptest::collection::vec(("[A-Za-z#.-]{1,20}", "[ -~]{0,20}"), 0..20)) {
