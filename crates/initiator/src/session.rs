@@ -17,7 +17,8 @@ use ethersan_proto::text::{encode_text, parse_text};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::{Error, Negotiated};
+use crate::Error;
+use ethersan_proto::negotiate::SessionParams;
 
 /// The outcome of one SCSI command.
 #[derive(Debug, Clone, Default)]
@@ -88,7 +89,8 @@ enum Pending {
 #[derive(Clone)]
 pub struct Session {
     tx: mpsc::UnboundedSender<Request>,
-    params: Negotiated,
+    params: SessionParams,
+    tsih: u16,
 }
 
 impl std::fmt::Debug for Session {
@@ -104,7 +106,8 @@ impl Session {
     pub(crate) fn start<R, W>(
         rd: R,
         wr: W,
-        params: Negotiated,
+        params: SessionParams,
+        tsih: u16,
         cmd_sn: u32,
         exp_stat_sn: u32,
         max_cmd_sn: u32,
@@ -141,12 +144,17 @@ impl Session {
             queued: VecDeque::new(),
         };
         tokio::spawn(driver.run(rx));
-        Session { tx, params }
+        Session { tx, params, tsih }
     }
 
     /// The negotiated parameters.
-    pub fn params(&self) -> &Negotiated {
+    pub fn params(&self) -> &SessionParams {
         &self.params
+    }
+
+    /// The TSIH the target assigned to the session.
+    pub fn tsih(&self) -> u16 {
+        self.tsih
     }
 
     /// Run one SCSI command. `data_out` is sent to the target (write);
@@ -194,7 +202,7 @@ struct Driver<W> {
     /// PDUs from the reader task, in arrival order.
     pdus: mpsc::Receiver<Result<RawPdu, Error>>,
     wr: BufWriter<W>,
-    params: Negotiated,
+    params: SessionParams,
     cmd_sn: u32,
     exp_stat_sn: u32,
     max_cmd_sn: u32,
@@ -283,7 +291,7 @@ impl<W: AsyncWrite + Unpin> Driver<W> {
                     data_out
                         .len()
                         .min(p.first_burst_length as usize)
-                        .min(p.max_send_dsl as usize)
+                        .min(p.max_data_out_segment() as usize)
                 } else {
                     0
                 };
@@ -323,7 +331,8 @@ impl<W: AsyncWrite + Unpin> Driver<W> {
                 let mut off = immediate;
                 let mut data_sn = 0;
                 while off < unsolicited_end {
-                    let n = (unsolicited_end - off).min(self.params.max_send_dsl as usize);
+                    let n =
+                        (unsolicited_end - off).min(self.params.max_data_out_segment() as usize);
                     let d = DataOut {
                         final_bit: off + n == unsolicited_end,
                         lun: wire_lun,
@@ -500,7 +509,7 @@ impl<W: AsyncWrite + Unpin> Driver<W> {
                 let mut off = start;
                 let mut data_sn = 0;
                 while off < end {
-                    let n = (end - off).min(self.params.max_send_dsl as usize);
+                    let n = (end - off).min(self.params.max_data_out_segment() as usize);
                     let d = DataOut {
                         final_bit: off + n == end,
                         lun,
@@ -640,9 +649,9 @@ pub(crate) async fn write_frame<W: AsyncWrite + Unpin>(
     bhs: &Bhs,
     ahs: &[u8],
     data: &[u8],
-    p: &Negotiated,
+    p: &SessionParams,
 ) -> Result<(), Error> {
-    let e = p.framer().encode(bhs, ahs, data);
+    let e = crate::framer(p).encode(bhs, ahs, data);
     w.write_all(&e.head).await?;
     w.write_all(data).await?;
     w.write_all(&e.tail).await?;
@@ -653,9 +662,9 @@ pub(crate) async fn write_frame<W: AsyncWrite + Unpin>(
 /// digests.
 pub(crate) async fn read_pdu<R: AsyncRead + Unpin>(
     r: &mut R,
-    p: &Negotiated,
+    p: &SessionParams,
 ) -> Result<RawPdu, Error> {
-    let f = p.framer();
+    let f = crate::framer(p);
     let mut bhs = Bhs::default();
     r.read_exact(&mut bhs.0).await?;
     let mut rest = vec![0u8; f.header_rest_len(&bhs)];
