@@ -116,6 +116,24 @@ async fn data_out_respects_the_targets_segment_limit() {
     s.logout().await.unwrap();
 }
 
+/// A CDB longer than 16 bytes travels in an Extended CDB AHS, built by the
+/// initiator and read by the target through the one framer: the command is
+/// answered (not rejected as a malformed PDU) and the session goes on.
+#[tokio::test]
+async fn extended_cdb_crosses_the_wire() {
+    let srv = server("").await;
+    for digests in [false, true] {
+        let s = connect(&srv, normal(digests)).await.unwrap();
+        clear_ua(&s, 0).await;
+        // TEST UNIT READY padded to 32 bytes.
+        let r = s.command(0, &[0u8; 32], Bytes::new(), 0).await.unwrap();
+        assert_eq!(r.status, 0, "sense {:?}", r.sense_key());
+        let (blocks, _) = s.read_capacity(0).await.unwrap();
+        assert_eq!(blocks, 16 << 20 >> 9);
+        s.logout().await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn many_commands_in_flight() {
     let srv = server("").await;
