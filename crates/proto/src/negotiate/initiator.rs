@@ -2,6 +2,7 @@
 //! [`InitiatorSettings`] and [`InitiatorNegotiator`].
 
 use super::*;
+
 /// What the initiator asks for.
 #[derive(Debug, Clone)]
 pub struct InitiatorSettings {

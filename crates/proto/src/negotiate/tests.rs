@@ -1,3 +1,6 @@
+//! Tests of login and text negotiation: both negotiators, alone and talking
+//! to each other (RFC 7143 §6, §13).
+
 use super::*;
 use proptest::prelude::*;
 

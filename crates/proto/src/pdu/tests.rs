@@ -1,3 +1,5 @@
+//! Tests of the BHS codec, typed PDUs and whole-PDU framing (RFC 7143 §11).
+
 use super::*;
 use proptest::prelude::*;
 
