@@ -323,7 +323,7 @@ async fn open_engine(a: &BenchArgs) -> anyhow::Result<(Engine, &'static str)> {
 pub(crate) async fn run(a: &BenchArgs) -> anyhow::Result<Report> {
     let (engine, engine_name) = open_engine(a).await?;
     let block = engine.block_size();
-    if a.bs == 0 || a.bs % block != 0 {
+    if a.bs == 0 || !a.bs.is_multiple_of(block) {
         bail!("--bs {} is not a multiple of the block size {block}", a.bs);
     }
     let span = a.size.unwrap_or(engine.capacity()).min(engine.capacity());
@@ -465,9 +465,9 @@ pub(crate) async fn run(a: &BenchArgs) -> anyhow::Result<Report> {
 }
 
 fn size_text(bytes: u64) -> String {
-    if bytes % (1 << 20) == 0 {
+    if bytes.is_multiple_of(1 << 20) {
         format!("{}M", bytes >> 20)
-    } else if bytes % 1024 == 0 {
+    } else if bytes.is_multiple_of(1024) {
         format!("{}K", bytes >> 10)
     } else {
         bytes.to_string()

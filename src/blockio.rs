@@ -177,7 +177,7 @@ impl Lun {
 
     fn lba(&self, offset: u64, len: usize) -> anyhow::Result<(u64, u32)> {
         let bs = u64::from(self.block_size);
-        if offset % bs != 0 || len as u64 % bs != 0 {
+        if !offset.is_multiple_of(bs) || !(len as u64).is_multiple_of(bs) {
             bail!("offset {offset} and length {len} must be multiples of the block size {bs}");
         }
         Ok((offset / bs, (len as u64 / bs) as u32))

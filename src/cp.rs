@@ -114,7 +114,7 @@ async fn write_chunk(
     match dst {
         End::Lun(l) => {
             let bs = l.block_size as usize;
-            if data.len() % bs == 0 {
+            if data.len().is_multiple_of(bs) {
                 return l.write(at, Bytes::from(data), fua).await;
             }
             // A tail shorter than a block: keep the rest of the last block.
@@ -188,7 +188,7 @@ pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
     // The LUN side(s): offset checks.
     for end in [&src, &dst] {
         if let End::Lun(l) = end {
-            if a.offset % u64::from(l.block_size) != 0 {
+            if !a.offset.is_multiple_of(u64::from(l.block_size)) {
                 bail!(
                     "--offset {} is not a multiple of the block size {}",
                     a.offset,

@@ -4,6 +4,10 @@
 //! embedded default (127.0.0.1:3260, one target, a 1 GiB sparse LUN under
 //! `./ethersan-data/`).
 
+// The doc comments on the clap structs of this binary are its `--help` text,
+// written for a terminal: `host[:port]` is syntax, not an intra-doc link.
+#![allow(rustdoc::broken_intra_doc_links)]
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;

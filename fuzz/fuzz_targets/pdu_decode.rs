@@ -1,11 +1,23 @@
 //! The PDU decoder on arbitrary headers: never a panic, and whatever
-//! decodes encodes back to a header that decodes to the same PDU.
+//! decodes encodes back to a header that decodes to the same PDU; the
+//! framer and the Extended CDB AHS reader on the same bytes never panic.
 #![no_main]
 
-use ethersan_proto::pdu::{Bhs, Pdu, BHS_LEN};
+use ethersan_proto::pdu::{cdb_from_ahs, Bhs, Framer, Pdu, BHS_LEN};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
+    for (hd, dd) in [(false, false), (true, true)] {
+        let f = Framer {
+            header_digest: hd,
+            data_digest: dd,
+            max_recv_data_segment_length: 1 << 16,
+        };
+        if let Ok(Some((_, used))) = f.decode(data) {
+            assert!(used <= data.len(), "the framer used more bytes than it had");
+        }
+    }
+    let _ = cdb_from_ahs(&[0; 16], data);
     if data.len() < BHS_LEN {
         return;
     }

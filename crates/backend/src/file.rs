@@ -496,7 +496,10 @@ impl BlockDevice for FileDevice {
         // a second.
         const PAGE: u64 = 4096;
         const SLOW: std::time::Duration = std::time::Duration::from_micros(500);
-        if offset % PAGE != 0 || buf.len() as u64 % PAGE != 0 || buf.len() > 256 * 1024 {
+        if !offset.is_multiple_of(PAGE)
+            || !(buf.len() as u64).is_multiple_of(PAGE)
+            || buf.len() > 256 * 1024
+        {
             return Ok(false);
         }
         let now = self.opened.elapsed().as_nanos() as u64;
@@ -716,7 +719,7 @@ mod tests {
         d.write_at(4 << 20, &vec![1u8; 1 << 20], false).unwrap();
         let (mapped, len) = d.lba_status(4 << 20, 8 << 20).unwrap();
         assert!(mapped);
-        assert!(len >= 1 << 20 && len < 8 << 20, "{len}");
+        assert!((1 << 20..8 << 20).contains(&len), "{len}");
         assert_eq!(d.lba_status(0, 8 << 20).unwrap(), (false, 4 << 20));
         d.unmap(4 << 20, 1 << 20).unwrap();
         assert_eq!(d.lba_status(4 << 20, 1 << 20).unwrap(), (false, 1 << 20));

@@ -10,8 +10,10 @@ mod session;
 pub mod url;
 
 use bytes::Bytes;
-use ethersan_proto::negotiate::{InitiatorNegotiator, InitiatorSettings, SessionType};
-use ethersan_proto::pdu::{LoginRequest, Pdu};
+use ethersan_proto::negotiate::{
+    InitiatorNegotiator, InitiatorSettings, SessionParams, SessionType,
+};
+use ethersan_proto::pdu::{Framer, LoginRequest, Pdu};
 use ethersan_proto::text::{encode_text, parse_text, TextAssembler};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -80,27 +82,15 @@ fn login_status_text(class: u8, detail: u8) -> &'static str {
     }
 }
 
-/// Values negotiated at login that the full feature phase uses.
-#[derive(Debug, Clone)]
-pub struct Negotiated {
-    /// CRC32C header digests in use.
-    pub header_digest: bool,
-    /// CRC32C data digests in use.
-    pub data_digest: bool,
-    /// Largest data segment we may send (the target's declaration).
-    pub max_send_dsl: u32,
-    /// Largest data segment we accept (our declaration).
-    pub max_recv_dsl: u32,
-    /// ImmediateData
-    pub immediate_data: bool,
-    /// InitialR2T
-    pub initial_r2t: bool,
-    /// FirstBurstLength
-    pub first_burst_length: u32,
-    /// MaxBurstLength
-    pub max_burst_length: u32,
-    /// TSIH the target assigned.
-    pub tsih: u16,
+/// The framing rules of our receive side for `p`. Data segments from the
+/// target are accepted up to the 24-bit maximum, not only up to our
+/// MaxRecvDataSegmentLength, as this initiator always has been lenient
+/// there.
+pub(crate) fn framer(p: &SessionParams) -> Framer {
+    Framer {
+        max_recv_data_segment_length: ethersan_proto::pdu::MAX_DATA_SEGMENT,
+        ..p.initiator_framer()
+    }
 }
 
 /// What to log in to.
@@ -180,17 +170,8 @@ where
             challenge,
         ));
     }
-    let plain = Negotiated {
-        header_digest: false,
-        data_digest: false,
-        max_send_dsl: 8192,
-        max_recv_dsl: 8192,
-        immediate_data: false,
-        initial_r2t: true,
-        first_burst_length: 0,
-        max_burst_length: 0,
-        tsih: 0,
-    };
+    // Login PDUs carry no digests (§13.1) and the RFC default limits.
+    let plain = SessionParams::default();
     let itt = 0x1000;
     let mut stat_sn = 0u32;
     let mut csg = 0u8;
@@ -268,22 +249,11 @@ where
             ));
         }
         if resp.transit && resp.nsg == 3 {
-            let p = neg.finish();
-            let negotiated = Negotiated {
-                header_digest: p.header_digest,
-                data_digest: p.data_digest,
-                max_send_dsl: p.max_send_data_segment_length,
-                max_recv_dsl: p.max_recv_data_segment_length,
-                immediate_data: p.immediate_data,
-                initial_r2t: p.initial_r2t,
-                first_burst_length: p.first_burst_length,
-                max_burst_length: p.max_burst_length,
-                tsih: resp.tsih,
-            };
             return Ok(Session::start(
                 rd,
                 wr,
-                negotiated,
+                neg.finish(),
+                resp.tsih,
                 resp.exp_cmd_sn,
                 stat_sn,
                 resp.max_cmd_sn,

@@ -9,15 +9,16 @@ use std::collections::{HashMap, VecDeque};
 
 use bytes::Bytes;
 use ethersan_proto::pdu::{
-    self, lun_to_wire, pad_len, Bhs, DataOut, LogoutRequest, NopOut, Pdu, RawPdu, ScsiCommand,
-    TaskAttr, TextRequest, BHS_LEN, RESERVED_TAG,
+    self, lun_to_wire, Bhs, DataOut, LogoutRequest, NopOut, Pdu, RawPdu, ScsiCommand, TaskAttr,
+    TextRequest, BHS_LEN, RESERVED_TAG,
 };
 use ethersan_proto::seq::sn_le;
 use ethersan_proto::text::{encode_text, parse_text};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::{Error, Negotiated};
+use crate::Error;
+use ethersan_proto::negotiate::SessionParams;
 
 /// The outcome of one SCSI command.
 #[derive(Debug, Clone, Default)]
@@ -88,7 +89,8 @@ enum Pending {
 #[derive(Clone)]
 pub struct Session {
     tx: mpsc::UnboundedSender<Request>,
-    params: Negotiated,
+    params: SessionParams,
+    tsih: u16,
 }
 
 impl std::fmt::Debug for Session {
@@ -104,7 +106,8 @@ impl Session {
     pub(crate) fn start<R, W>(
         rd: R,
         wr: W,
-        params: Negotiated,
+        params: SessionParams,
+        tsih: u16,
         cmd_sn: u32,
         exp_stat_sn: u32,
         max_cmd_sn: u32,
@@ -141,12 +144,17 @@ impl Session {
             queued: VecDeque::new(),
         };
         tokio::spawn(driver.run(rx));
-        Session { tx, params }
+        Session { tx, params, tsih }
     }
 
     /// The negotiated parameters.
-    pub fn params(&self) -> &Negotiated {
+    pub fn params(&self) -> &SessionParams {
         &self.params
+    }
+
+    /// The TSIH the target assigned to the session.
+    pub fn tsih(&self) -> u16 {
+        self.tsih
     }
 
     /// Run one SCSI command. `data_out` is sent to the target (write);
@@ -194,7 +202,7 @@ struct Driver<W> {
     /// PDUs from the reader task, in arrival order.
     pdus: mpsc::Receiver<Result<RawPdu, Error>>,
     wr: BufWriter<W>,
-    params: Negotiated,
+    params: SessionParams,
     cmd_sn: u32,
     exp_stat_sn: u32,
     max_cmd_sn: u32,
@@ -283,7 +291,7 @@ impl<W: AsyncWrite + Unpin> Driver<W> {
                     data_out
                         .len()
                         .min(p.first_burst_length as usize)
-                        .min(p.max_send_dsl as usize)
+                        .min(p.max_data_out_segment() as usize)
                 } else {
                     0
                 };
@@ -308,20 +316,9 @@ impl<W: AsyncWrite + Unpin> Driver<W> {
                     exp_stat_sn: self.exp_stat_sn,
                     cdb: cdb16,
                 };
-                let ahs = if cdb.len() > 16 {
-                    let extra = &cdb[16..];
-                    let mut a = Vec::new();
-                    a.extend_from_slice(&((extra.len() + 1) as u16).to_be_bytes());
-                    a.push(1);
-                    a.push(0);
-                    a.extend_from_slice(extra);
-                    a.resize(a.len() + pad_len(a.len()), 0);
-                    a
-                } else {
-                    Vec::new()
-                };
-                let mut bhs = Pdu::ScsiCommand(cmd).encode(immediate as u32);
-                bhs.0[4] = (ahs.len() / 4) as u8;
+                let ahs = pdu::extended_cdb_ahs(&cdb);
+                // The framer sets TotalAHSLength from `ahs`.
+                let bhs = Pdu::ScsiCommand(cmd).encode(immediate as u32);
                 write_frame(
                     &mut self.wr,
                     &bhs,
@@ -334,7 +331,8 @@ impl<W: AsyncWrite + Unpin> Driver<W> {
                 let mut off = immediate;
                 let mut data_sn = 0;
                 while off < unsolicited_end {
-                    let n = (unsolicited_end - off).min(self.params.max_send_dsl as usize);
+                    let n =
+                        (unsolicited_end - off).min(self.params.max_data_out_segment() as usize);
                     let d = DataOut {
                         final_bit: off + n == unsolicited_end,
                         lun: wire_lun,
@@ -470,31 +468,29 @@ impl<W: AsyncWrite + Unpin> Driver<W> {
             Pdu::ScsiResponse(r) => {
                 self.update_window(r.exp_cmd_sn, r.max_cmd_sn);
                 self.status_seen(r.stat_sn);
-                if let Some(p) = self.pending.remove(&r.itt) {
-                    if let Pending::Scsi {
-                        mut result, reply, ..
-                    } = p
-                    {
-                        result.status = r.status;
-                        result.residual = r.residual;
-                        result.overflow = r.overflow;
-                        result.underflow = r.underflow;
-                        if r.underflow {
-                            let keep = result.data.len().saturating_sub(r.residual as usize);
-                            result.data.truncate(keep);
-                        }
-                        if raw.data.len() >= 2 {
-                            let n = u16::from_be_bytes([raw.data[0], raw.data[1]]) as usize;
-                            result.sense = raw.data[2..(2 + n).min(raw.data.len())].to_vec();
-                        }
-                        if r.response != 0 {
-                            let _ = reply.send(Err(Error::Protocol(format!(
-                                "iSCSI response {:#x}",
-                                r.response
-                            ))));
-                        } else {
-                            let _ = reply.send(Ok(result));
-                        }
+                if let Some(Pending::Scsi {
+                    mut result, reply, ..
+                }) = self.pending.remove(&r.itt)
+                {
+                    result.status = r.status;
+                    result.residual = r.residual;
+                    result.overflow = r.overflow;
+                    result.underflow = r.underflow;
+                    if r.underflow {
+                        let keep = result.data.len().saturating_sub(r.residual as usize);
+                        result.data.truncate(keep);
+                    }
+                    if raw.data.len() >= 2 {
+                        let n = u16::from_be_bytes([raw.data[0], raw.data[1]]) as usize;
+                        result.sense = raw.data[2..(2 + n).min(raw.data.len())].to_vec();
+                    }
+                    if r.response != 0 {
+                        let _ = reply.send(Err(Error::Protocol(format!(
+                            "iSCSI response {:#x}",
+                            r.response
+                        ))));
+                    } else {
+                        let _ = reply.send(Ok(result));
                     }
                 }
             }
@@ -513,7 +509,7 @@ impl<W: AsyncWrite + Unpin> Driver<W> {
                 let mut off = start;
                 let mut data_sn = 0;
                 while off < end {
-                    let n = (end - off).min(self.params.max_send_dsl as usize);
+                    let n = (end - off).min(self.params.max_data_out_segment() as usize);
                     let d = DataOut {
                         final_bit: off + n == end,
                         lun,
@@ -596,15 +592,13 @@ impl<W: AsyncWrite + Unpin> Driver<W> {
             }
             Pdu::LogoutResponse(l) => {
                 self.status_seen(l.stat_sn);
-                if let Some(p) = self.pending.remove(&l.itt) {
-                    if let Pending::Logout { reply } = p {
-                        let r = if l.response == 0 {
-                            Ok(())
-                        } else {
-                            Err(Error::Protocol(format!("logout response {}", l.response)))
-                        };
-                        let _ = reply.send(r);
-                    }
+                if let Some(Pending::Logout { reply }) = self.pending.remove(&l.itt) {
+                    let r = if l.response == 0 {
+                        Ok(())
+                    } else {
+                        Err(Error::Protocol(format!("logout response {}", l.response)))
+                    };
+                    let _ = reply.send(r);
                 }
                 return Ok(true);
             }
@@ -648,59 +642,38 @@ fn fail(p: Pending, err: Error) {
     }
 }
 
-/// Write one PDU (header, AHS, digests, data and padding).
+/// Write one PDU (header, AHS, digests, data and padding) as [`Framer`]
+/// encodes it.
 pub(crate) async fn write_frame<W: AsyncWrite + Unpin>(
     w: &mut W,
     bhs: &Bhs,
     ahs: &[u8],
     data: &[u8],
-    p: &Negotiated,
+    p: &SessionParams,
 ) -> Result<(), Error> {
-    w.write_all(&bhs.0).await?;
-    w.write_all(ahs).await?;
-    if p.header_digest {
-        w.write_all(&bhs.digest(ahs).to_le_bytes()).await?;
-    }
-    if !data.is_empty() {
-        w.write_all(data).await?;
-        w.write_all(&[0u8; 3][..pad_len(data.len())]).await?;
-        if p.data_digest {
-            w.write_all(&ethersan_proto::digest::data_digest(data).to_le_bytes())
-                .await?;
-        }
-    }
+    let e = crate::framer(p).encode(bhs, ahs, data);
+    w.write_all(&e.head).await?;
+    w.write_all(data).await?;
+    w.write_all(&e.tail).await?;
     Ok(())
 }
 
-/// Read one PDU, verifying digests.
+/// Read one PDU with the three decoding steps of [`Framer`], verifying
+/// digests.
 pub(crate) async fn read_pdu<R: AsyncRead + Unpin>(
     r: &mut R,
-    p: &Negotiated,
+    p: &SessionParams,
 ) -> Result<RawPdu, Error> {
+    let f = crate::framer(p);
     let mut bhs = Bhs::default();
     r.read_exact(&mut bhs.0).await?;
-    let l = bhs.layout(p.header_digest, p.data_digest);
-    let mut ahs = vec![0u8; l.ahs_len];
-    r.read_exact(&mut ahs).await?;
-    if p.header_digest {
-        let mut d = [0u8; 4];
-        r.read_exact(&mut d).await?;
-        bhs.verify_digest(&ahs, d)
-            .map_err(|e| Error::Protocol(e.to_string()))?;
-    }
-    if l.data_len > p.max_recv_dsl as usize && l.data_len > 16 << 20 {
-        return Err(Error::Protocol(format!(
-            "data segment of {} bytes from target",
-            l.data_len
-        )));
-    }
-    let mut data = vec![0u8; l.data_len + l.pad_len];
-    r.read_exact(&mut data).await?;
-    data.truncate(l.data_len);
-    if l.data_digest_len > 0 {
-        let mut d = [0u8; 4];
-        r.read_exact(&mut d).await?;
-        pdu::verify_data_digest(&data, d).map_err(|e| Error::Protocol(e.to_string()))?;
-    }
-    Ok(RawPdu { bhs, ahs, data })
+    let mut rest = vec![0u8; f.header_rest_len(&bhs)];
+    r.read_exact(&mut rest).await?;
+    let head = f
+        .check_header(bhs, &rest)
+        .map_err(|e| Error::Protocol(e.to_string()))?;
+    let mut part = vec![0u8; head.data_part_len()];
+    r.read_exact(&mut part).await?;
+    f.finish(head, part)
+        .map_err(|e| Error::Protocol(e.to_string()))
 }

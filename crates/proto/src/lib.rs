@@ -3,7 +3,8 @@
 //! Bytes go in, typed PDUs and decisions come out: the same code is driven
 //! by the tokio server, by the initiator library and by in-memory tests.
 //!
-//! - [`pdu`]: Basic Header Segment codec and typed PDUs (§11).
+//! - [`pdu`]: Basic Header Segment codec, typed PDUs, the Extended CDB AHS
+//!   and [`pdu::Framer`], the one framer of the server and the initiator (§11).
 //! - [`digest`]: CRC32C header and data digests (§11.1, Appendix B).
 //! - [`text`]: key=value text encoding (§6.1).
 //! - [`negotiate`]: login/text key negotiation (§6.2, §13).

@@ -3,9 +3,10 @@
 //! [`Server::bind`] turns a [`config::Config`] into open backends, SCSI
 //! targets and listening portals; [`Server::run`] accepts connections until
 //! its shutdown future resolves. Each connection runs the login phase
-//! ([`login`]) and then a session task ([`session`]) that owns all of that
-//! session's state; SCSI commands execute on tokio's blocking pool so a slow
-//! I/O never holds up other commands or sessions.
+//! (`login`) and then a session task (`session`) that owns all of that
+//! session's state and drives the target core (`ethersan_core`): its task
+//! set, its executor (no-wait attempt, io_uring, blocking pool), the live
+//! directory of targets and LUNs.
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod config;
@@ -30,7 +31,7 @@ use tracing::{debug, info, warn};
 
 use crate::config::{Config, Options};
 use crate::registry::{Registry, TargetEntry};
-use crate::session::{Event, Negotiated, Session, SessionOptions, SessionSetup};
+use crate::session::{Event, Session, SessionOptions, SessionSetup};
 use crate::wire::{spawn_writer, PduReader};
 
 /// Errors starting or running the server.
@@ -409,9 +410,7 @@ async fn serve_stream<R, W>(
     };
     let p = &outcome.params;
     info!(%peer, initiator = %p.initiator_name, target = ?outcome.target.as_ref().map(|t| &t.name), isid = ?outcome.isid, "session started");
-    reader.header_digest = p.header_digest;
-    reader.data_digest = p.data_digest;
-    reader.max_data = p.max_recv_data_segment_length;
+    reader.framer = p.target_framer();
     let _ = out.send(wire::WriterMsg::Digests {
         header: p.header_digest,
         data: p.data_digest,
@@ -424,16 +423,7 @@ async fn serve_stream<R, W>(
     let setup = SessionSetup {
         id: outcome.session_id,
         target: outcome.target.clone(),
-        params: Negotiated {
-            max_send_dsl: p.max_send_data_segment_length,
-            initial_r2t: p.initial_r2t,
-            immediate_data: p.immediate_data,
-            first_burst_length: p.first_burst_length,
-            max_burst_length: p.max_burst_length,
-            max_outstanding_r2t: p.max_outstanding_r2t,
-            discovery: p.is_discovery(),
-            initiator_name: p.initiator_name.clone(),
-        },
+        params: p.clone(),
         nexus: Nexus(nexus_key),
         exp_cmd_sn: outcome.exp_cmd_sn,
         stat_sn: outcome.stat_sn,

@@ -1,12 +1,15 @@
 //! Reading and writing PDUs on a byte stream (RFC 7143 §11 framing).
 //!
-//! [`PduReader`] reads one PDU at a time, verifying digests and the
-//! negotiated data-segment limit; [`spawn_writer`] runs the task that owns
-//! the write half and sends frames in batches, computing digests once.
+//! Thin async adapters over the sans-IO [`Framer`] of `ethersan_proto`,
+//! which holds the wire format: [`PduReader`] reads one PDU at a time
+//! (read-ahead buffer; large data segments read straight into their own
+//! buffers), verifying digests and the negotiated data-segment limit;
+//! [`spawn_writer`] runs the task that owns the write half and sends frames
+//! in batches, one vectored write of uncopied data segments, computing
+//! each digest once.
 
 use bytes::Bytes;
-use ethersan_proto::digest;
-use ethersan_proto::pdu::{pad_len, Bhs, PduError, RawPdu, BHS_LEN};
+use ethersan_proto::pdu::{Bhs, FrameError, Framer, PduError, RawPdu, BHS_LEN, MAX_DATA_SEGMENT};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 
@@ -47,12 +50,9 @@ const READ_BUFFER: usize = 32 * 1024;
 #[derive(Debug)]
 pub(crate) struct PduReader<R> {
     r: BufReader<R>,
-    /// Verify header digests.
-    pub(crate) header_digest: bool,
-    /// Verify data digests.
-    pub(crate) data_digest: bool,
-    /// Largest data segment accepted (our MaxRecvDataSegmentLength).
-    pub(crate) max_data: u32,
+    /// The framing rules in force: digests to verify, the largest data
+    /// segment accepted (our MaxRecvDataSegmentLength).
+    pub(crate) framer: Framer,
 }
 
 impl<R: AsyncRead + Unpin> PduReader<R> {
@@ -62,14 +62,18 @@ impl<R: AsyncRead + Unpin> PduReader<R> {
             // data segments larger than this are read straight into their
             // own buffers, bypassing it.
             r: BufReader::with_capacity(READ_BUFFER, r),
-            header_digest: false,
-            data_digest: false,
-            max_data,
+            framer: Framer {
+                header_digest: false,
+                data_digest: false,
+                max_recv_data_segment_length: max_data,
+            },
         }
     }
 
-    /// Read one whole PDU.
+    /// Read one whole PDU: the three decoding steps of [`Framer`], each part
+    /// read straight into its own buffer.
     pub(crate) async fn read(&mut self) -> Result<RawPdu, ReadError> {
+        let f = self.framer;
         let mut bhs = Bhs::default();
         // Distinguish a clean close between PDUs from a truncated one.
         let n = self.r.read(&mut bhs.0).await?;
@@ -79,42 +83,39 @@ impl<R: AsyncRead + Unpin> PduReader<R> {
         if n < BHS_LEN {
             self.r.read_exact(&mut bhs.0[n..]).await?;
         }
-        let layout = bhs.layout(self.header_digest, self.data_digest);
-        let mut ahs = vec![0u8; layout.ahs_len];
-        self.r.read_exact(&mut ahs).await?;
-        if self.header_digest {
-            let mut d = [0u8; 4];
-            self.r.read_exact(&mut d).await?;
-            bhs.verify_digest(&ahs, d)
-                .map_err(ReadError::HeaderDigest)?;
-        }
-        let len = layout.data_len as u32;
-        if len > self.max_data {
-            // Read and drop the oversized segment so the stream stays framed.
-            let mut left = layout.data_part() as u64;
-            let mut sink = tokio::io::sink();
-            let copied = tokio::io::copy(&mut (&mut self.r).take(left), &mut sink).await?;
-            left -= copied;
-            if left > 0 {
-                return Err(ReadError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+        let mut rest = vec![0u8; f.header_rest_len(&bhs)];
+        self.r.read_exact(&mut rest).await?;
+        let head = match f.check_header(bhs, &rest) {
+            Ok(head) => head,
+            Err(e) => {
+                if let FrameError::TooLong { skip, .. } = e {
+                    // Read and drop the oversized segment so the stream
+                    // stays framed.
+                    let mut sink = tokio::io::sink();
+                    let skip = skip as u64;
+                    let copied = tokio::io::copy(&mut (&mut self.r).take(skip), &mut sink).await?;
+                    if copied < skip {
+                        return Err(ReadError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+                    }
+                }
+                return Err(e.into());
             }
-            return Err(ReadError::TooLong {
-                bhs,
-                len,
-                limit: self.max_data,
-            });
+        };
+        let mut part = vec![0u8; head.data_part_len()];
+        self.r.read_exact(&mut part).await?;
+        Ok(f.finish(head, part)?)
+    }
+}
+
+impl From<FrameError> for ReadError {
+    fn from(e: FrameError) -> Self {
+        match e {
+            FrameError::HeaderDigest(e) => ReadError::HeaderDigest(e),
+            FrameError::DataDigest { bhs, error } => ReadError::DataDigest(bhs, error),
+            FrameError::TooLong {
+                bhs, len, limit, ..
+            } => ReadError::TooLong { bhs, len, limit },
         }
-        let mut data = vec![0u8; layout.data_len + layout.pad_len];
-        self.r.read_exact(&mut data).await?;
-        data.truncate(layout.data_len);
-        if layout.data_digest_len > 0 {
-            let mut d = [0u8; 4];
-            self.r.read_exact(&mut d).await?;
-            if let Err(e) = ethersan_proto::pdu::verify_data_digest(&data, d) {
-                return Err(ReadError::DataDigest(bhs, e));
-            }
-        }
-        Ok(RawPdu { bhs, ahs, data })
     }
 }
 
@@ -201,24 +202,18 @@ async fn write_batch<W: AsyncWrite + Unpin>(
         return Ok(());
     }
     // Per frame: header (+ header digest), and after the data its padding
-    // and data digest, each a small owned buffer.
+    // and data digest, each a small owned buffer from the framer.
+    let framer = Framer {
+        header_digest: hd,
+        data_digest: dd,
+        max_recv_data_segment_length: MAX_DATA_SEGMENT,
+    };
     let mut heads: Vec<Vec<u8>> = Vec::with_capacity(batch.len());
     let mut tails: Vec<Vec<u8>> = Vec::with_capacity(batch.len());
     for f in batch.iter() {
-        let mut h = Vec::with_capacity(BHS_LEN + 4);
-        h.extend_from_slice(&f.bhs.0);
-        if hd {
-            h.extend_from_slice(&f.bhs.digest(&[]).to_le_bytes());
-        }
-        heads.push(h);
-        let mut t = Vec::new();
-        if !f.data.is_empty() {
-            t.extend_from_slice(&[0u8; 3][..pad_len(f.data.len())]);
-            if dd {
-                t.extend_from_slice(&digest::data_digest(&f.data).to_le_bytes());
-            }
-        }
-        tails.push(t);
+        let e = framer.encode(&f.bhs, &[], &f.data);
+        heads.push(e.head);
+        tails.push(e.tail);
     }
     let mut slices: Vec<std::io::IoSlice<'_>> = Vec::with_capacity(batch.len() * 3);
     for ((f, h), t) in batch.iter().zip(&heads).zip(&tails) {

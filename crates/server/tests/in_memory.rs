@@ -92,6 +92,48 @@ async fn write_read_roundtrip_with_and_without_digests() {
     }
 }
 
+/// The initiator cuts immediate data and Data-Out to the target's
+/// MaxRecvDataSegmentLength (not its own, larger, declaration).
+#[tokio::test]
+async fn data_out_respects_the_targets_segment_limit() {
+    let srv = server("max_recv_data_segment_length = 8192").await;
+    let s = connect(&srv, normal(false)).await.unwrap();
+    assert_eq!(s.params().max_data_out_segment(), 8192);
+    assert_eq!(s.params().max_data_in_segment(), 262_144);
+    clear_ua(&s, 0).await;
+    let data = pattern(256 << 10, 7);
+    let w = s
+        .write16(0, 8, Bytes::from(data.clone()), 512, false)
+        .await
+        .unwrap();
+    assert_eq!(w.status, 0, "write failed: {:?}", w.sense_key());
+    let r = s
+        .read16(0, 8, (data.len() / 512) as u32, 512)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 0);
+    assert!(r.data == data, "read back differs");
+    s.logout().await.unwrap();
+}
+
+/// A CDB longer than 16 bytes travels in an Extended CDB AHS, built by the
+/// initiator and read by the target through the one framer: the command is
+/// answered (not rejected as a malformed PDU) and the session goes on.
+#[tokio::test]
+async fn extended_cdb_crosses_the_wire() {
+    let srv = server("").await;
+    for digests in [false, true] {
+        let s = connect(&srv, normal(digests)).await.unwrap();
+        clear_ua(&s, 0).await;
+        // TEST UNIT READY padded to 32 bytes.
+        let r = s.command(0, &[0u8; 32], Bytes::new(), 0).await.unwrap();
+        assert_eq!(r.status, 0, "sense {:?}", r.sense_key());
+        let (blocks, _) = s.read_capacity(0).await.unwrap();
+        assert_eq!(blocks, 16 << 20 >> 9);
+        s.logout().await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn many_commands_in_flight() {
     let srv = server("").await;

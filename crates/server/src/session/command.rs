@@ -28,22 +28,11 @@ impl Session {
             self.reject(&raw.bhs, reject_reason::TASK_IN_PROGRESS);
             return;
         }
-        let mut cdb = cmd.cdb.to_vec();
-        // Extended CDB AHS (type 1): bytes beyond the first 16.
-        let mut ahs = raw.ahs.as_slice();
-        while ahs.len() >= 4 {
-            let len = u16::from_be_bytes([ahs[0], ahs[1]]) as usize;
-            let ty = ahs[2];
-            let body_end = (3 + len).min(ahs.len());
-            if ty == 1 && len > 1 {
-                cdb.extend_from_slice(&ahs[4..body_end.max(4)]);
-            }
-            let total = (3 + len + 3) & !3;
-            if total == 0 || total > ahs.len() {
-                break;
-            }
-            ahs = &ahs[total..];
-        }
+        // Extended CDB AHS (type 1): bytes beyond the first 16 (§11.2.2.3).
+        let Ok(cdb) = pdu::cdb_from_ahs(&cmd.cdb, &raw.ahs) else {
+            self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR);
+            return;
+        };
         let p = &self.setup.params;
         let edtl = cmd.expected_len;
         let mut fail = None;
@@ -388,7 +377,8 @@ impl Session {
         let collapse = resp.status == ScsiStatus::Good && resp.sense.is_empty() && send_len > 0;
         let p = &self.setup.params;
         let segs: Vec<_> =
-            data_in_segments(send_len as u32, p.max_send_dsl, p.max_burst_length).collect();
+            data_in_segments(send_len as u32, p.max_data_in_segment(), p.max_burst_length)
+                .collect();
         let nsegs = segs.len() as u32;
         for seg in segs {
             let status_here = collapse && seg.last;

@@ -97,7 +97,7 @@ impl Session {
     }
 
     pub(super) fn on_text(&mut self, t: TextRequest, data: Vec<u8>) {
-        let max = self.setup.params.max_send_dsl as usize;
+        let max = self.setup.params.max_data_in_segment() as usize;
         // Continuation of a long response: an empty request with our TTT.
         let body = match self.text_continuation.take() {
             Some((ttt, rest)) if t.ttt == ttt && !t.continue_bit => rest,

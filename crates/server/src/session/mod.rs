@@ -16,6 +16,7 @@ use ethersan_core::budget::MemoryBudget;
 use ethersan_core::counters::IoCounters;
 use ethersan_core::executor::{Executor, Finished};
 use ethersan_core::task_set::{AbortScope, TaskSet};
+use ethersan_proto::negotiate::SessionParams;
 use ethersan_proto::pdu::{
     self, reject_reason, LogoutRequest, NopIn, NopOut, Pdu, RawPdu, Reject, ScsiCommand,
     TaskMgmtRequest, TextRequest, RESERVED_TAG,
@@ -37,20 +38,6 @@ mod tasks;
 /// commands are refused with CHECK CONDITION instead of buffering them.
 pub(crate) const MAX_EDTL: u32 = 64 << 20;
 
-/// The values negotiated at login that the full feature phase needs.
-#[derive(Debug, Clone)]
-pub(crate) struct Negotiated {
-    /// What we may send per PDU (the initiator's declaration).
-    pub(crate) max_send_dsl: u32,
-    pub(crate) initial_r2t: bool,
-    pub(crate) immediate_data: bool,
-    pub(crate) first_burst_length: u32,
-    pub(crate) max_burst_length: u32,
-    pub(crate) max_outstanding_r2t: u32,
-    pub(crate) discovery: bool,
-    pub(crate) initiator_name: String,
-}
-
 /// Runtime knobs of a session.
 #[derive(Debug, Clone)]
 pub(crate) struct SessionOptions {
@@ -71,7 +58,8 @@ pub(crate) struct SessionOptions {
 pub(crate) struct SessionSetup {
     pub(crate) id: u64,
     pub(crate) target: Option<Arc<TargetEntry>>,
-    pub(crate) params: Negotiated,
+    /// What login negotiated (the one struct both negotiators produce).
+    pub(crate) params: SessionParams,
     pub(crate) nexus: Nexus,
     pub(crate) exp_cmd_sn: u32,
     pub(crate) stat_sn: u32,
@@ -388,7 +376,7 @@ impl Session {
                 return true;
             }
         };
-        if self.setup.params.discovery
+        if self.setup.params.is_discovery()
             && !matches!(
                 pdu,
                 Pdu::TextRequest(_) | Pdu::LogoutRequest(_) | Pdu::NopOut(_)
@@ -462,7 +450,9 @@ impl Session {
                     exp_cmd_sn: self.window.exp_cmd_sn(),
                     max_cmd_sn: self.window.max_cmd_sn(),
                 };
-                let len = data.len().min(self.setup.params.max_send_dsl as usize);
+                let len = data
+                    .len()
+                    .min(self.setup.params.max_data_in_segment() as usize);
                 let mut data = data;
                 data.truncate(len);
                 self.send(Pdu::NopIn(nop), Bytes::from(data));
