@@ -465,8 +465,18 @@ async fn serve_stream<R, W>(
             }
         }
     });
-    let session = Session::new(setup, registry, out, ev_tx);
-    session.run(ev_rx, pdus).await;
+    let executor = ethersan_core::executor::Executor {
+        inline_io: setup.options.inline_io,
+    };
+    let release = session::driver::release_to(ev_tx.clone());
+    let session = Session::new(setup, registry, release, std::time::Instant::now());
+    let channels = session::driver::Channels {
+        events: ev_rx,
+        events_tx: ev_tx,
+        pdus,
+        out,
+    };
+    session::driver::run(session, executor, channels).await;
     reader_task.abort();
     ticker.abort();
     let _ = writer.await;

@@ -3,7 +3,7 @@
 //! handing it to the target core's executor, and Data-In and status.
 
 use bytes::Bytes;
-use ethersan_core::executor::{check_condition, BlockingPool, Command, Counting, Finished};
+use ethersan_core::executor::{check_condition, Command, Counting, Finished};
 use ethersan_core::task_set::TaskAttr as SamAttr;
 use ethersan_proto::pdu::{
     self, lun_from_wire, reject_reason, DataIn, DataOut, Pdu, RawPdu, ScsiCommand, TaskAttr,
@@ -12,10 +12,9 @@ use ethersan_proto::pdu::{
 use ethersan_proto::transfer::{data_in_segments, TransferLimits, WriteTransfer};
 use ethersan_scsi::commands::Op;
 use ethersan_scsi::{Nexus, ScsiResponse, ScsiStatus};
-use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use super::{Event, Need, Ordered, Session, Task, MAX_EDTL};
+use super::{Event, Need, Ordered, Output, ReleaseFn, Session, Task, MAX_EDTL};
 
 impl Session {
     pub(super) fn on_scsi_command(&mut self, cmd: ScsiCommand, mut raw: RawPdu) {
@@ -237,7 +236,7 @@ impl Session {
             return;
         };
         if let Some(response) = task.fail.take() {
-            let _ = self.done_tx.send(Event::Done(
+            self.internal.push_back(Event::Done(
                 itt,
                 Finished {
                     response,
@@ -274,16 +273,12 @@ impl Session {
             lun: target.lun_counters(lun),
             initiator: Some(self.initiator_counters.clone()),
         };
-        let tx = self.done_tx.clone();
-        self.executor.execute(
-            &target.scsi,
+        self.outputs.push_back(Output::Execute {
+            itt,
+            target: target.scsi.clone(),
             cmd,
             counting,
-            &TokioBlocking,
-            Box::new(move |f| {
-                let _ = tx.send(Event::Done(itt, f));
-            }),
-        );
+        });
     }
 
     pub(super) fn on_done(&mut self, itt: u32, finished: Finished) {
@@ -369,7 +364,7 @@ impl Session {
             // The budget gets the bytes back when the writer has sent them.
             Bytes::from_owner(HeldData {
                 data: resp.data_in,
-                release: Some((task.reserved, self.done_tx.clone())),
+                release: Some((task.reserved, self.release.clone())),
             })
         } else {
             Bytes::from(resp.data_in)
@@ -432,20 +427,11 @@ impl Session {
     }
 }
 
-/// Blocking commands run on tokio's blocking pool.
-struct TokioBlocking;
-
-impl BlockingPool for TokioBlocking {
-    fn spawn(&self, job: Box<dyn FnOnce() + Send>) {
-        tokio::task::spawn_blocking(job);
-    }
-}
-
 /// A read's Data-In buffer; dropping it (the writer sent the last of it)
 /// gives its bytes back to the session's budget.
 struct HeldData {
     data: Vec<u8>,
-    release: Option<(usize, mpsc::UnboundedSender<Event>)>,
+    release: Option<(usize, ReleaseFn)>,
 }
 
 impl AsRef<[u8]> for HeldData {
@@ -456,8 +442,8 @@ impl AsRef<[u8]> for HeldData {
 
 impl Drop for HeldData {
     fn drop(&mut self) {
-        if let Some((n, tx)) = self.release.take() {
-            let _ = tx.send(Event::Released(n));
+        if let Some((n, release)) = self.release.take() {
+            release(n);
         }
     }
 }

@@ -81,7 +81,8 @@ impl Session {
         };
         self.tmf_reply(&req, code);
         if self.closing {
-            let _ = self.out.send(WriterMsg::Close);
+            self.outputs
+                .push_back(super::Output::Send(WriterMsg::Close));
         }
     }
 

@@ -1,11 +1,15 @@
-//! The full feature phase of one session (RFC 7143 §4, §11).
+//! The target side of the full feature phase of one session (RFC 7143 §4,
+//! §11), as a state machine that does no I/O.
 //!
-//! One task owns all of a session's state. It waits for the next event
-//! (a PDU from the reader task, a finished command from the blocking pool,
-//! a control message from another session, a timer) and applies it
-//! synchronously: `loop { let ev = self.select().await; self.apply(ev) }`.
-//! The only lock it touches is the registry's, and only on login,
-//! logout and task-management resets.
+//! [`Session::handle`] applies one [`Event`] (a PDU, a finished command, a
+//! control message from another session, a timer tick) with the time
+//! passed in; [`Session::poll_output`] then hands out what to do: PDUs for
+//! the writer and commands for the target core's executor ([`Output`]).
+//! The tokio driver ([`driver`]) pumps it: `loop { let ev = select().await;
+//! session.handle(ev, now); while let Some(o) = session.poll_output() {…} }`.
+//! Unit tests drive it directly with made-up PDUs (`tests`). The only lock
+//! it touches is the registry's, and only on login, logout and task
+//! management that reaches other sessions.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -14,7 +18,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use ethersan_core::budget::MemoryBudget;
 use ethersan_core::counters::IoCounters;
-use ethersan_core::executor::{Executor, Finished};
+use ethersan_core::executor::Finished;
 use ethersan_core::task_set::{AbortScope, TaskSet};
 use ethersan_proto::negotiate::SessionParams;
 use ethersan_proto::pdu::{
@@ -24,15 +28,17 @@ use ethersan_proto::pdu::{
 use ethersan_proto::seq::{Admission, CmdWindow};
 use ethersan_proto::transfer::WriteTransfer;
 use ethersan_scsi::{Nexus, ScsiResponse};
-use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::registry::{Registry, SessionControl, TargetEntry};
 use crate::wire::{Frame, ReadError, WriterMsg};
 
 mod command;
+pub(crate) mod driver;
 mod management;
 mod tasks;
+#[cfg(test)]
+mod tests;
 
 /// Largest Expected Data Transfer Length accepted for one command; larger
 /// commands are refused with CHECK CONDITION instead of buffering them.
@@ -83,6 +89,28 @@ pub(crate) enum Event {
     Released(usize),
 }
 
+/// What the session asks its driver to do.
+pub(crate) enum Output {
+    /// Hand this to the writer task.
+    Send(WriterMsg),
+    /// Run this command on the target core's executor; its outcome comes
+    /// back as [`Event::Done`] with this ITT.
+    Execute {
+        /// The task's ITT.
+        itt: u32,
+        /// The SCSI target device it goes to.
+        target: Arc<ethersan_scsi::ScsiTarget>,
+        /// The command.
+        cmd: ethersan_core::executor::Command,
+        /// Where it is counted.
+        counting: ethersan_core::executor::Counting,
+    },
+}
+
+/// Gives bytes of the memory budget back when a read's Data-In has been
+/// sent (called from the writer's side when the buffer is dropped).
+pub(crate) type ReleaseFn = Arc<dyn Fn(usize) + Send + Sync>;
+
 /// The iSCSI side of one task; the task set ([`TaskSet`]) owns it and
 /// decides when it runs.
 #[derive(Debug)]
@@ -123,14 +151,18 @@ enum Ordered {
 pub(crate) struct Session {
     setup: SessionSetup,
     registry: Arc<Registry>,
-    out: mpsc::UnboundedSender<WriterMsg>,
-    done_tx: mpsc::UnboundedSender<Event>,
+    /// What the driver is to do next.
+    outputs: VecDeque<Output>,
+    /// Events the session sends itself (a command failed before running).
+    internal: VecDeque<Event>,
+    /// Gives budget back when a read's buffer is gone.
+    release: ReleaseFn,
+    /// The time of the event being handled.
+    now: Instant,
     window: CmdWindow<Ordered>,
     stat_sn: u32,
     /// The SAM task set: every task of the session, in command order.
     tasks: TaskSet<Task, TaskMgmtRequest>,
-    /// Runs the session's commands.
-    executor: Executor,
     /// The initiator's name, shared with every command.
     initiator: Arc<str>,
     /// The initiator's counters.
@@ -150,36 +182,35 @@ pub(crate) struct Session {
 }
 
 impl Session {
+    /// A session in its full feature phase, as login left it.
     pub(crate) fn new(
         setup: SessionSetup,
         registry: Arc<Registry>,
-        out: mpsc::UnboundedSender<WriterMsg>,
-        done_tx: mpsc::UnboundedSender<Event>,
+        release: ReleaseFn,
+        now: Instant,
     ) -> Self {
         let window = CmdWindow::new(setup.exp_cmd_sn, setup.options.queue_depth);
         let stat_sn = setup.stat_sn;
-        let executor = Executor {
-            inline_io: setup.options.inline_io,
-        };
         let initiator: Arc<str> = Arc::from(setup.params.initiator_name.as_str());
         let initiator_counters = registry.directory().initiator_counters(&initiator);
         let budget = MemoryBudget::new(setup.options.memory_budget);
         Session {
             setup,
             registry,
-            out,
-            done_tx,
+            outputs: VecDeque::new(),
+            internal: VecDeque::new(),
+            release,
+            now,
             window,
             stat_sn,
             tasks: TaskSet::new(),
-            executor,
             initiator,
             initiator_counters,
             budget,
             awaiting: VecDeque::new(),
             next_ttt: 1,
             pending_logout: None,
-            last_rx: Instant::now(),
+            last_rx: now,
             ping: None,
             text_continuation: None,
             text_in: None,
@@ -187,49 +218,68 @@ impl Session {
         }
     }
 
-    /// Run until logout, connection loss or shutdown.
-    ///
-    /// `pdus` is bounded: while the session is busy the reader stops
-    /// reading and TCP's window pushes back on the initiator. `events`
-    /// (completions, control messages, timers) comes first.
-    pub(crate) async fn run(
-        mut self,
-        mut events: mpsc::UnboundedReceiver<Event>,
-        mut pdus: mpsc::Receiver<Result<RawPdu, ReadError>>,
-    ) {
+    /// The nexus starts: every LU learns of it (POWER ON unit attention).
+    pub(crate) fn begin(&mut self) {
         if let Some(t) = &self.setup.target {
             t.scsi.nexus_added(self.setup.nexus);
             t.scsi
                 .set_initiator_name(self.setup.nexus, &self.setup.params.initiator_name);
         }
-        let mut reading = true;
-        loop {
-            let ev = tokio::select! {
-                biased;
-                ev = events.recv() => match ev {
-                    Some(ev) => ev,
-                    None => break,
-                },
-                pdu = pdus.recv(), if reading => match pdu {
-                    Some(pdu) => Event::Pdu(pdu),
-                    None => {
-                        reading = false;
-                        continue;
-                    }
-                },
-            };
-            if !self.apply(ev) {
-                break;
+    }
+
+    /// Handle one event that happened at `now`; false ends the session
+    /// (then call [`finish`](Self::finish)).
+    pub(crate) fn handle(&mut self, ev: Event, now: Instant) -> bool {
+        self.now = now;
+        let mut go_on = self.apply(ev);
+        while let Some(ev) = self.internal.pop_front() {
+            go_on = self.apply(ev) && go_on;
+        }
+        go_on
+    }
+
+    /// The next thing to do, if any.
+    pub(crate) fn poll_output(&mut self) -> Option<Output> {
+        self.outputs.pop_front()
+    }
+
+    /// The session is over: abort what is left. Returns how many commands
+    /// are still executing; their [`Event::Done`] go to
+    /// [`finished_running`](Self::finished_running), then call
+    /// [`close`](Self::close).
+    pub(crate) fn finish(&mut self) -> usize {
+        // Commands already executing finish, so no write is left
+        // half-applied behind the initiator's back.
+        self.abort_tasks(AbortScope::All);
+        while let Some(ev) = self.internal.pop_front() {
+            if let Event::Done(itt, _) = ev {
+                self.tasks.complete(itt);
             }
         }
-        self.teardown(&mut events).await;
+        self.tasks.running()
+    }
+
+    /// A command that was executing when the session ended has finished;
+    /// returns how many are still executing.
+    pub(crate) fn finished_running(&mut self, itt: u32) -> usize {
+        self.tasks.complete(itt);
+        self.tasks.running()
+    }
+
+    /// Forget the nexus and the session; the writer is told to close.
+    pub(crate) fn close(&mut self) {
+        if let Some(t) = &self.setup.target {
+            t.scsi.nexus_lost(self.setup.nexus);
+        }
+        self.registry.remove_session(self.setup.id);
+        self.outputs.push_back(Output::Send(WriterMsg::Close));
     }
 
     /// Apply one event; false ends the session.
     fn apply(&mut self, ev: Event) -> bool {
         match ev {
             Event::Pdu(Ok(pdu)) => {
-                self.last_rx = Instant::now();
+                self.last_rx = self.now;
                 self.on_pdu(pdu)
             }
             Event::Pdu(Err(e)) => self.on_read_error(e),
@@ -254,26 +304,6 @@ impl Session {
                 true
             }
         }
-    }
-
-    async fn teardown(&mut self, events: &mut mpsc::UnboundedReceiver<Event>) {
-        // Let commands already in the blocking pool finish so no write is
-        // left half-applied behind the initiator's back.
-        self.abort_tasks(AbortScope::All);
-        while self.tasks.running() > 0 {
-            match events.recv().await {
-                Some(Event::Done(itt, _)) => {
-                    self.tasks.complete(itt);
-                }
-                Some(_) => {}
-                None => break,
-            }
-        }
-        if let Some(t) = &self.setup.target {
-            t.scsi.nexus_lost(self.setup.nexus);
-        }
-        self.registry.remove_session(self.setup.id);
-        let _ = self.out.send(WriterMsg::Close);
     }
 
     fn on_read_error(&mut self, e: ReadError) -> bool {
@@ -311,7 +341,7 @@ impl Session {
             return true;
         };
         if let Some((_, sent)) = self.ping {
-            if sent.elapsed() > self.setup.options.nop_timeout {
+            if self.now.saturating_duration_since(sent) > self.setup.options.nop_timeout {
                 warn!(
                     session = self.setup.id,
                     "initiator did not answer NOP-In; dropping connection"
@@ -320,9 +350,9 @@ impl Session {
             }
             return true;
         }
-        if self.last_rx.elapsed() >= interval {
+        if self.now.saturating_duration_since(self.last_rx) >= interval {
             let ttt = self.alloc_ttt();
-            self.ping = Some((ttt, Instant::now()));
+            self.ping = Some((ttt, self.now));
             let nop = NopIn {
                 lun: 0,
                 itt: RESERVED_TAG,
@@ -345,9 +375,10 @@ impl Session {
         t
     }
 
-    fn send(&self, pdu: Pdu, data: Bytes) {
+    fn send(&mut self, pdu: Pdu, data: Bytes) {
         let bhs = pdu.encode(data.len() as u32);
-        let _ = self.out.send(WriterMsg::Frame(Frame { bhs, data }));
+        self.outputs
+            .push_back(Output::Send(WriterMsg::Frame(Frame { bhs, data })));
     }
 
     /// Take the next StatSN for a response.

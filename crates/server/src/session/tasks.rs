@@ -84,7 +84,7 @@ impl Session {
                 .position(|(i, n)| i == itt && *n == Need::Start)
             {
                 self.awaiting.remove(pos);
-                let _ = self.done_tx.send(Event::Done(
+                self.internal.push_back(Event::Done(
                     *itt,
                     Finished {
                         response: check_condition(0x0b, 0x00, 0x00),

@@ -1,0 +1,109 @@
+//! The tokio driver of a [`Session`]: it waits for the next event, lets
+//! the session handle it, and carries out what the session asks for —
+//! PDUs to the writer task, commands to the target core's executor.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use ethersan_core::executor::{BlockingPool, Executor};
+use ethersan_proto::pdu::RawPdu;
+use tokio::sync::mpsc;
+
+use super::{Event, Output, Session};
+use crate::wire::{ReadError, WriterMsg};
+
+/// Blocking commands run on tokio's blocking pool.
+struct TokioBlocking;
+
+impl BlockingPool for TokioBlocking {
+    fn spawn(&self, job: Box<dyn FnOnce() + Send>) {
+        tokio::task::spawn_blocking(job);
+    }
+}
+
+/// The channels a session is driven through.
+pub(crate) struct Channels {
+    /// Completions, control messages, timers, budget releases (served
+    /// first).
+    pub(crate) events: mpsc::UnboundedReceiver<Event>,
+    /// The same channel's sending side, for command completions.
+    pub(crate) events_tx: mpsc::UnboundedSender<Event>,
+    /// PDUs from the reader task. Bounded: while the session is busy the
+    /// reader stops reading and TCP's window pushes back on the initiator.
+    pub(crate) pdus: mpsc::Receiver<Result<RawPdu, ReadError>>,
+    /// Frames to the writer task.
+    pub(crate) out: mpsc::UnboundedSender<WriterMsg>,
+}
+
+/// Run `session` until logout, connection loss or shutdown.
+pub(crate) async fn run(mut session: Session, executor: Executor, mut ch: Channels) {
+    session.begin();
+    let mut reading = true;
+    loop {
+        let ev = tokio::select! {
+            biased;
+            ev = ch.events.recv() => match ev {
+                Some(ev) => ev,
+                None => break,
+            },
+            pdu = ch.pdus.recv(), if reading => match pdu {
+                Some(pdu) => Event::Pdu(pdu),
+                None => {
+                    reading = false;
+                    continue;
+                }
+            },
+        };
+        let go_on = session.handle(ev, Instant::now());
+        carry_out(&mut session, &executor, &ch);
+        if !go_on {
+            break;
+        }
+    }
+    let mut running = session.finish();
+    carry_out(&mut session, &executor, &ch);
+    while running > 0 {
+        match ch.events.recv().await {
+            Some(Event::Done(itt, _)) => running = session.finished_running(itt),
+            Some(_) => {}
+            None => break,
+        }
+    }
+    session.close();
+    carry_out(&mut session, &executor, &ch);
+}
+
+/// Do what the session asked for.
+fn carry_out(session: &mut Session, executor: &Executor, ch: &Channels) {
+    while let Some(o) = session.poll_output() {
+        match o {
+            Output::Send(msg) => {
+                let _ = ch.out.send(msg);
+            }
+            Output::Execute {
+                itt,
+                target,
+                cmd,
+                counting,
+            } => {
+                let tx = ch.events_tx.clone();
+                executor.execute(
+                    &target,
+                    cmd,
+                    counting,
+                    &TokioBlocking,
+                    Box::new(move |f| {
+                        let _ = tx.send(Event::Done(itt, f));
+                    }),
+                );
+            }
+        }
+    }
+}
+
+/// A [`Session`]'s budget releases, sent to it as [`Event::Released`].
+pub(crate) fn release_to(tx: mpsc::UnboundedSender<Event>) -> super::ReleaseFn {
+    Arc::new(move |n| {
+        let _ = tx.send(Event::Released(n));
+    })
+}

@@ -1,0 +1,443 @@
+//! The session state machine driven directly, in the manner of
+//! quinn-proto's tests: PDUs built with the protocol core's encoders go in
+//! with the time passed in, what the session asks for comes out, commands
+//! run on the target core's executor inline, and their completions go back
+//! in. No sockets, no tasks, no clock.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use ethersan_core::executor::{Executor, Inline};
+use ethersan_proto::negotiate::SessionParams;
+use ethersan_proto::pdu::{
+    self, lun_to_wire, DataOut, NopOut, Pdu, RawPdu, ScsiCommand, TaskAttr, TaskMgmtRequest,
+    TmfFunction, RESERVED_TAG,
+};
+use ethersan_scsi::{LogicalUnit, LuConfig, LunMap, LunPolicy, LunSlot, Nexus};
+
+use super::{Event, Output, Session, SessionOptions, SessionSetup};
+use crate::registry::{Registry, TargetEntry};
+use crate::wire::WriterMsg;
+
+const IQN: &str = "iqn.2026-11.org.ethersan:sm";
+
+/// One session and what it sent.
+struct Harness {
+    s: Session,
+    executor: Executor,
+    now: Instant,
+    /// PDUs the session sent, decoded, with their data.
+    sent: Vec<(Pdu, Bytes)>,
+    /// Budget releases the writer side would report.
+    released: Arc<Mutex<Vec<usize>>>,
+    closed: bool,
+    cmd_sn: u32,
+}
+
+fn target() -> Arc<TargetEntry> {
+    let dev = Arc::new(ethersan_backend::ram::RamDevice::new(64 << 20, 512).unwrap());
+    let lu = LogicalUnit::new(
+        dev,
+        LuConfig {
+            read_only: false,
+            removable: false,
+            vendor: "ETHERSAN".into(),
+            product: "ethersan disk".into(),
+            revision: "0001".into(),
+            serial: "sm".into(),
+            naa: [0x6a; 16],
+            target_name: IQN.into(),
+            write_cache: true,
+            pr_state_file: None,
+            physical_block_size: 0,
+        },
+    );
+    let mut luns = LunMap::new();
+    luns.insert(
+        0,
+        LunSlot {
+            lu: Arc::new(lu),
+            policy: LunPolicy::default(),
+        },
+    );
+    Arc::new(TargetEntry::new(
+        IQN.into(),
+        None,
+        luns,
+        Arc::new(ethersan_core::directory::AllowAll),
+    ))
+}
+
+impl Harness {
+    fn new(memory_budget: usize) -> Harness {
+        let t = target();
+        let registry = Arc::new(Registry::new(vec![t.clone()], vec![]));
+        let params = SessionParams {
+            initiator_name: "iqn.2026-11.org.ethersan:i".into(),
+            target_name: Some(IQN.into()),
+            ..SessionParams::default()
+        };
+        let setup = SessionSetup {
+            id: 1,
+            target: Some(t),
+            params,
+            nexus: Nexus(7),
+            exp_cmd_sn: 1,
+            stat_sn: 100,
+            options: SessionOptions {
+                queue_depth: 16,
+                nop_interval: Some(Duration::from_secs(30)),
+                nop_timeout: Duration::from_secs(10),
+                inline_io: true,
+                max_key_text: 65536,
+                memory_budget,
+            },
+            peer_ip: None,
+        };
+        let released = Arc::new(Mutex::new(Vec::new()));
+        let r = released.clone();
+        let now = Instant::now();
+        let mut s = Session::new(
+            setup,
+            registry,
+            Arc::new(move |n| r.lock().unwrap().push(n)),
+            now,
+        );
+        s.begin();
+        let mut h = Harness {
+            s,
+            executor: Executor { inline_io: true },
+            now,
+            sent: Vec::new(),
+            released,
+            closed: false,
+            cmd_sn: 1,
+        };
+        // The POWER ON unit attention.
+        let itt = h.command(0x900, &[0; 6], &[], 0, false, TaskAttr::Simple);
+        assert_eq!(h.response(itt).status, 2);
+        h.sent.clear();
+        h
+    }
+
+    /// Feed one event, then do what the session asks until it is quiet.
+    fn event(&mut self, ev: Event) -> bool {
+        let mut go_on = self.s.handle(ev, self.now);
+        loop {
+            let mut done = Vec::new();
+            while let Some(o) = self.s.poll_output() {
+                match o {
+                    Output::Send(WriterMsg::Frame(f)) => {
+                        self.sent.push((Pdu::decode(&f.bhs).unwrap(), f.data));
+                    }
+                    Output::Send(WriterMsg::Close) => self.closed = true,
+                    Output::Send(WriterMsg::Digests { .. }) => {}
+                    Output::Execute {
+                        itt,
+                        target,
+                        cmd,
+                        counting,
+                    } => {
+                        let out = Arc::new(Mutex::new(None));
+                        let o = out.clone();
+                        self.executor.execute(
+                            &target,
+                            cmd,
+                            counting,
+                            &Inline,
+                            Box::new(move |f| *o.lock().unwrap() = Some(f)),
+                        );
+                        let f = out.lock().unwrap().take().expect("RAM completes inline");
+                        done.push(Event::Done(itt, f));
+                    }
+                }
+            }
+            if done.is_empty() {
+                return go_on;
+            }
+            for ev in done {
+                go_on = self.s.handle(ev, self.now) && go_on;
+            }
+        }
+    }
+
+    fn pdu(&mut self, pdu: Pdu, data: &[u8]) -> bool {
+        let raw = RawPdu {
+            bhs: pdu.encode(data.len() as u32),
+            ahs: Vec::new(),
+            data: data.to_vec(),
+        };
+        self.event(Event::Pdu(Ok(raw)))
+    }
+
+    /// Send a SCSI command with the next CmdSN; returns its ITT.
+    fn command(
+        &mut self,
+        itt: u32,
+        cdb: &[u8],
+        immediate: &[u8],
+        expected_len: u32,
+        write: bool,
+        attr: TaskAttr,
+    ) -> u32 {
+        let mut cdb16 = [0u8; 16];
+        cdb16[..cdb.len()].copy_from_slice(cdb);
+        let cmd = ScsiCommand {
+            immediate: false,
+            final_bit: true,
+            read: !write && expected_len > 0,
+            write,
+            attr,
+            lun: lun_to_wire(0),
+            itt,
+            expected_len,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: 0,
+            cdb: cdb16,
+        };
+        self.cmd_sn += 1;
+        self.pdu(Pdu::ScsiCommand(cmd), immediate);
+        itt
+    }
+
+    /// The SCSI Response (or status-carrying Data-In) for `itt`, taken
+    /// out of what was sent.
+    fn response(&mut self, itt: u32) -> pdu::ScsiResponse {
+        let i = self
+            .sent
+            .iter()
+            .position(|(p, _)| matches!(p, Pdu::ScsiResponse(r) if r.itt == itt))
+            .unwrap_or_else(|| panic!("no response for {itt}: {:?}", self.sent));
+        match self.sent.remove(i).0 {
+            Pdu::ScsiResponse(r) => r,
+            _ => unreachable!(),
+        }
+    }
+
+    fn r2ts(&mut self) -> Vec<pdu::R2t> {
+        let (r2ts, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.sent)
+            .into_iter()
+            .partition(|(p, _)| matches!(p, Pdu::R2t(_)));
+        self.sent = rest;
+        r2ts.into_iter()
+            .map(|(p, _)| match p {
+                Pdu::R2t(r) => r,
+                _ => unreachable!(),
+            })
+            .collect()
+    }
+
+    /// Answer an R2T with all it asks for, 8 KiB per Data-Out.
+    fn answer(&mut self, r: &pdu::R2t, fill: u8) {
+        let mut off = 0;
+        let mut data_sn = 0;
+        while off < r.desired_len {
+            let len = (r.desired_len - off).min(8192);
+            let d = DataOut {
+                final_bit: off + len == r.desired_len,
+                lun: lun_to_wire(0),
+                itt: r.itt,
+                ttt: r.ttt,
+                exp_stat_sn: 0,
+                data_sn,
+                buffer_offset: r.buffer_offset + off,
+            };
+            self.pdu(Pdu::DataOut(d), &vec![fill; len as usize]);
+            off += len;
+            data_sn += 1;
+        }
+    }
+
+    fn tmf(&mut self, itt: u32, function: TmfFunction, referenced: u32) -> u8 {
+        let t = TaskMgmtRequest {
+            immediate: true,
+            function,
+            lun: lun_to_wire(0),
+            itt,
+            referenced_task_tag: referenced,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: 0,
+            ref_cmd_sn: 0,
+            exp_data_sn: 0,
+        };
+        self.pdu(Pdu::TaskMgmtRequest(t), &[]);
+        let i = self
+            .sent
+            .iter()
+            .position(|(p, _)| matches!(p, Pdu::TaskMgmtResponse(r) if r.itt == itt))
+            .expect("a TMF response");
+        match self.sent.remove(i).0 {
+            Pdu::TaskMgmtResponse(r) => r.response,
+            _ => unreachable!(),
+        }
+    }
+}
+
+fn write10(lba: u32, blocks: u16) -> Vec<u8> {
+    let mut c = vec![0x2a, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    c[2..6].copy_from_slice(&lba.to_be_bytes());
+    c[7..9].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+fn read10(lba: u32, blocks: u16) -> Vec<u8> {
+    let mut c = write10(lba, blocks);
+    c[0] = 0x28;
+    c
+}
+
+#[test]
+fn a_write_with_immediate_data_and_r2ts_reads_back() {
+    let mut h = Harness::new(128 << 20);
+    // 256 KiB: 8 KiB immediate data, the rest solicited by one R2T
+    // (MaxBurstLength 256 KiB, MaxOutstandingR2T 1).
+    let len = 256 * 1024;
+    let imm = vec![1u8; 8192];
+    h.command(10, &write10(8, 512), &imm, len, true, TaskAttr::Simple);
+    let r2ts = h.r2ts();
+    assert_eq!(r2ts.len(), 1);
+    assert_eq!(
+        (r2ts[0].buffer_offset, r2ts[0].desired_len),
+        (8192, len - 8192)
+    );
+    h.answer(&r2ts[0], 2);
+    let r = h.response(10);
+    assert_eq!(r.status, 0);
+    // ExpCmdSN moved past both commands; the window is 16 wide.
+    assert_eq!((r.exp_cmd_sn, r.max_cmd_sn), (3, 18));
+    h.command(11, &read10(8, 512), &[], len, false, TaskAttr::Simple);
+    let data: Vec<u8> = h
+        .sent
+        .iter()
+        .filter_map(|(p, d)| matches!(p, Pdu::DataIn(x) if x.itt == 11).then_some(d))
+        .flat_map(|d| d.iter().copied())
+        .collect();
+    assert_eq!(data.len(), len as usize);
+    assert!(data[..8192].iter().all(|b| *b == 1) && data[8192..].iter().all(|b| *b == 2));
+    // The read's buffer went back to the budget when the Data-In went.
+    h.sent.clear();
+    assert_eq!(*h.released.lock().unwrap(), vec![len as usize]);
+}
+
+#[test]
+fn commands_wait_for_a_gap_in_cmd_sn_to_fill() {
+    let mut h = Harness::new(128 << 20);
+    let first = h.cmd_sn;
+    h.cmd_sn += 1;
+    h.command(21, &[0; 6], &[], 0, false, TaskAttr::Simple);
+    assert!(h.sent.is_empty(), "ran ahead of an earlier CmdSN");
+    h.cmd_sn = first;
+    h.command(20, &[0; 6], &[], 0, false, TaskAttr::Simple);
+    let order: Vec<u32> = h
+        .sent
+        .iter()
+        .map(|(p, _)| match p {
+            Pdu::ScsiResponse(r) => r.itt,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(order, vec![20, 21]);
+}
+
+#[test]
+fn abort_task_drops_a_write_waiting_for_data_and_frees_its_window_place() {
+    let mut h = Harness::new(128 << 20);
+    h.command(30, &write10(0, 16), &[], 8192, true, TaskAttr::Simple);
+    let r2t = h.r2ts().pop().expect("an R2T");
+    assert_eq!(
+        h.tmf(31, TmfFunction::AbortTask, 30),
+        0,
+        "FUNCTION COMPLETE"
+    );
+    // Data for the aborted task is ignored; no response ever comes for it.
+    h.answer(&r2t, 9);
+    assert!(
+        !h.sent
+            .iter()
+            .any(|(p, _)| matches!(p, Pdu::ScsiResponse(r) if r.itt == 30)),
+        "{:?}",
+        h.sent
+    );
+    // Nothing landed, and the window moved on.
+    h.command(32, &read10(0, 16), &[], 8192, false, TaskAttr::Simple);
+    let (p, d) = h.sent.pop().unwrap();
+    match p {
+        Pdu::DataIn(x) => {
+            assert_eq!((x.itt, x.status_present, x.status), (32, true, 0));
+            // The immediate TMF took no CmdSN; the aborted write gave
+            // its window place back (MaxCmdSN = ExpCmdSN + 15).
+            assert_eq!((x.exp_cmd_sn, x.max_cmd_sn), (4, 19));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(d.iter().all(|b| *b == 0));
+    // ABORT TASK for a task that is not there.
+    assert_eq!(
+        h.tmf(33, TmfFunction::AbortTask, 30),
+        1,
+        "TASK DOES NOT EXIST"
+    );
+}
+
+#[test]
+fn writes_beyond_the_memory_budget_wait_for_their_r2ts() {
+    // Budget 1 MiB: one 1 MiB write at a time.
+    let mut h = Harness::new(1 << 20);
+    let mib = 1 << 20;
+    h.command(40, &write10(0, 2048), &[], mib, true, TaskAttr::Simple);
+    h.command(41, &write10(2048, 2048), &[], mib, true, TaskAttr::Simple);
+    let r2ts = h.r2ts();
+    assert_eq!(r2ts.iter().map(|r| r.itt).collect::<Vec<_>>(), vec![40]);
+    // Feed 40 to the end; 41 gets its R2T when 40's buffer is freed.
+    let mut r = r2ts[0].clone();
+    loop {
+        h.answer(&r, 4);
+        let mut next = h.r2ts();
+        if let Some(i) = next.iter().position(|x| x.itt == 40) {
+            r = next.remove(i);
+            assert!(next.is_empty(), "41 solicited while 40 holds the budget");
+            continue;
+        }
+        assert_eq!(h.response(40).status, 0);
+        assert_eq!(next.iter().map(|r| r.itt).collect::<Vec<_>>(), vec![41]);
+        break;
+    }
+}
+
+#[test]
+fn the_initiator_is_pinged_when_idle_and_dropped_when_silent() {
+    let mut h = Harness::new(128 << 20);
+    h.now += Duration::from_secs(29);
+    assert!(h.event(Event::Tick));
+    assert!(h.sent.is_empty(), "no ping before 30 s of silence");
+    h.now += Duration::from_secs(2);
+    assert!(h.event(Event::Tick));
+    let ttt = match h.sent.pop() {
+        Some((Pdu::NopIn(n), _)) => {
+            assert_eq!(n.itt, RESERVED_TAG);
+            n.ttt
+        }
+        other => panic!("expected a NOP-In, got {other:?}"),
+    };
+    // Answered: the session goes on.
+    let nop = NopOut {
+        immediate: true,
+        lun: 0,
+        itt: RESERVED_TAG,
+        ttt,
+        cmd_sn: h.cmd_sn,
+        exp_stat_sn: 0,
+    };
+    assert!(h.pdu(Pdu::NopOut(nop), &[]));
+    h.now += Duration::from_secs(31);
+    assert!(h.event(Event::Tick));
+    assert!(matches!(h.sent.pop(), Some((Pdu::NopIn(_), _))));
+    // Not answered within the timeout: the session ends.
+    h.now += Duration::from_secs(11);
+    assert!(!h.event(Event::Tick));
+    assert_eq!(h.s.finish(), 0);
+    h.s.close();
+    h.event(Event::Tick);
+    assert!(h.closed);
+}
