@@ -8,7 +8,7 @@ use ethersan_backend::file::{FileDevice, FileOptions, IoEngine};
 use ethersan_backend::ram::RamDevice;
 use ethersan_backend::{BackendError, BlockDevice};
 
-use super::{parse_size, ConfigError};
+use super::{parse_naa, parse_size, ConfigError};
 
 /// Where a LUN's blocks live.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,8 +38,12 @@ pub struct LunConfig {
     pub removable: bool,
     /// Logical block size: 512 or 4096.
     pub block_size: u32,
-    /// Unit serial number; derived from target and LUN when absent.
+    /// Unit serial number (VPD 0x80); when absent, the LUN's stored or
+    /// generated identity gives it (see `docs/config.md`, "Disk identity").
     pub serial: Option<String>,
+    /// NAA designator (VPD 0x83) as parsed by [`super::parse_naa`]; when
+    /// absent, the LUN's stored or generated identity gives it.
+    pub naa: Option<[u8; 16]>,
     /// Initial write cache state (WCE).
     pub write_cache: bool,
     /// Fully provisioned (preallocated) instead of thin.
@@ -60,7 +64,7 @@ pub struct LunConfig {
 pub const DEFAULT_ENGINE: IoEngine = IoEngine::Uring;
 
 impl LunConfig {
-    /// Parse the command-line form `PATH[:SIZE][,ro][,removable][,bs=4096]`
+    /// Parse the command-line form `PATH[:SIZE][,ro][,removable][,bs=4096][,serial=S][,naa=HEX]`
     /// or `ram:SIZE[,...]`.
     pub fn from_spec(spec: &str) -> Result<LunConfig, ConfigError> {
         let mut parts = spec.split(',');
@@ -94,6 +98,7 @@ impl LunConfig {
             removable: false,
             block_size: 512,
             serial: None,
+            naa: None,
             write_cache: true,
             preallocate: false,
             physical_block_size: 4096,
@@ -127,9 +132,14 @@ impl LunConfig {
                     }
                 }
                 o if o.starts_with("serial=") => lun.serial = Some(o[7..].to_string()),
+                o if o.starts_with("naa=") => {
+                    lun.naa = Some(parse_naa(&o[4..]).map_err(|e| {
+                        ConfigError::Invalid(format!("LUN spec {spec:?}: {e}"))
+                    })?)
+                }
                 o => {
                     return Err(ConfigError::Invalid(format!(
-                        "LUN spec {spec:?}: unknown option {o:?} (known: ro, removable, bs=512|4096, pbs=512|4096, serial=S, wce=0, full, direct, engine=sync|uring)"
+                        "LUN spec {spec:?}: unknown option {o:?} (known: ro, removable, bs=512|4096, pbs=512|4096, serial=S, naa=HEX, wce=0, full, direct, engine=sync|uring)"
                     )))
                 }
             }

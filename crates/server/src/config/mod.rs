@@ -23,7 +23,7 @@ pub use options::{
     Options, Placement, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS, DEFAULT_MAX_KEY_TEXT_BYTES,
     MIN_KEY_TEXT_BYTES,
 };
-pub use values::{parse_size, validate_name};
+pub use values::{format_naa, parse_naa, parse_size, validate_name};
 
 /// A configuration error, with its origin.
 #[derive(Debug, thiserror::Error)]
@@ -122,6 +122,7 @@ impl Config {
                     removable: false,
                     block_size: 512,
                     serial: None,
+                    naa: None,
                     write_cache: true,
                     preallocate: false,
                     physical_block_size: 4096,

@@ -9,8 +9,8 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::{
-    parse_network, parse_size, validate_name, Access, Backing, ChapConfig, Config, ConfigError,
-    LunConfig, Options, TargetConfig, DEFAULT_ENGINE,
+    parse_naa, parse_network, parse_size, validate_name, Access, Backing, ChapConfig, Config,
+    ConfigError, LunConfig, Options, TargetConfig, DEFAULT_ENGINE,
 };
 
 #[derive(Deserialize)]
@@ -153,6 +153,8 @@ struct RawLunTable {
     removable: bool,
     block_size: Option<u32>,
     serial: Option<String>,
+    /// NAA designator, 32 hex digits (NAA-6) or 16 (NAA-5).
+    naa: Option<String>,
     write_cache: Option<bool>,
     provisioning: Option<String>,
     physical_block_size: Option<u32>,
@@ -302,6 +304,12 @@ impl Config {
                             removable: tb.removable,
                             block_size: tb.block_size.unwrap_or(512),
                             serial: tb.serial,
+                            naa: tb
+                                .naa
+                                .as_deref()
+                                .map(parse_naa)
+                                .transpose()
+                                .map_err(|m| at(Some(span.clone()), m))?,
                             write_cache: tb.write_cache.unwrap_or(true),
                             physical_block_size: tb.physical_block_size.unwrap_or(4096),
                             direct: tb.direct,

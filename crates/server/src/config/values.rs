@@ -79,3 +79,47 @@ pub fn validate_name(name: &str) -> Result<(), ConfigError> {
         bad("must start with iqn., eui. or naa.")
     }
 }
+
+/// Parse a configured NAA designator: 32 hex digits starting with `6`
+/// (NAA IEEE Registered Extended, 16 bytes) or 16 hex digits starting with
+/// `5` (NAA IEEE Registered, 8 bytes, returned in the first 8 bytes with
+/// the rest zero). An optional `0x` or `naa.` prefix is ignored.
+pub fn parse_naa(s: &str) -> Result<[u8; 16], String> {
+    let t = s.trim();
+    let hex = t
+        .strip_prefix("0x")
+        .or_else(|| t.strip_prefix("naa."))
+        .unwrap_or(t);
+    if !hex.bytes().all(|c| c.is_ascii_hexdigit()) {
+        return Err(format!("naa {s:?}: only hex digits are allowed"));
+    }
+    let want = match hex.as_bytes().first() {
+        Some(b'6') => 32,
+        Some(b'5') => 16,
+        _ => {
+            return Err(format!(
+                "naa {s:?}: use 32 hex digits starting with 6 (NAA-6) or 16 starting with 5 (NAA-5)"
+            ))
+        }
+    };
+    if hex.len() != want {
+        return Err(format!(
+            "naa {s:?}: NAA-{} needs {want} hex digits, not {}",
+            &hex[..1],
+            hex.len()
+        ));
+    }
+    let mut out = [0u8; 16];
+    for (i, byte) in out.iter_mut().take(want / 2).enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16)
+            .map_err(|_| format!("naa {s:?}: only hex digits are allowed"))?;
+    }
+    Ok(out)
+}
+
+/// The text form of an NAA designator as [`parse_naa`] reads it: 32 hex
+/// digits for NAA-6, 16 for NAA-5 (its first 8 bytes).
+pub fn format_naa(naa: &[u8; 16]) -> String {
+    let len = if naa[0] >> 4 == 5 { 8 } else { 16 };
+    naa[..len].iter().map(|b| format!("{b:02x}")).collect()
+}
