@@ -333,3 +333,45 @@ fn example_config_parses() {
     let text = include_str!("../../../../examples/ethersan.toml");
     Config::from_toml_str(text, "examples/ethersan.toml").unwrap();
 }
+
+#[test]
+fn naa_key_and_spec_option() {
+    let l = LunConfig::from_spec("/tmp/x.img:1G,naa=6001405f0102030405060708090a0b0c,serial=S1")
+        .unwrap();
+    assert_eq!(
+        l.naa.map(|n| format_naa(&n)).as_deref(),
+        Some("6001405f0102030405060708090a0b0c")
+    );
+    assert_eq!(l.serial.as_deref(), Some("S1"));
+    let l = LunConfig::from_spec("/tmp/x.img:1G,naa=5001405f01020304").unwrap();
+    assert_eq!(l.naa.unwrap()[..8], [0x50, 0x01, 0x40, 0x5f, 1, 2, 3, 4]);
+    assert_eq!(LunConfig::from_spec("ram:1M").unwrap().naa, None);
+    for bad in [
+        "naa=7001405f01020304",
+        "naa=6001405f01020304",
+        "naa=",
+        "naa=5zz1405f01020304",
+    ] {
+        let e = LunConfig::from_spec(&format!("/tmp/x.img:1G,{bad}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("naa") && e.contains("/tmp/x.img"), "{bad}: {e}");
+    }
+    let base = "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\n[[target.lun]]\npath = \"/tmp/x.img\"\n";
+    let c = Config::from_toml_str(
+        &format!("{base}naa = \"6001405F0102030405060708090A0B0C\"\n"),
+        "t",
+    )
+    .unwrap();
+    assert_eq!(
+        format_naa(&c.targets[0].luns[0].naa.unwrap()),
+        "6001405f0102030405060708090a0b0c"
+    );
+    let e = Config::from_toml_str(&format!("{base}naa = \"6001\"\n"), "t")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("t:4:") && e.contains("NAA-6 needs 32 hex digits"),
+        "{e}"
+    );
+}

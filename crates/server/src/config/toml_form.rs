@@ -138,7 +138,7 @@ enum RawSize {
 #[serde(untagged)]
 enum RawLun {
     Spec(String),
-    Table(RawLunTable),
+    Table(Box<RawLunTable>),
 }
 
 #[derive(Deserialize)]
@@ -272,6 +272,7 @@ impl Config {
                     RawLun::Spec(s) => LunConfig::from_spec(&s)
                         .map_err(|e| at(Some(span.clone()), e.to_string()))?,
                     RawLun::Table(tb) => {
+                        let tb = *tb;
                         for i in &tb.initiators {
                             validate_name(i)
                                 .map_err(|e| at(Some(span.clone()), format!("initiators: {e}")))?;
