@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{ethersan, Server, IQN};
+use common::{ethersan, require_tool, run, Server, IQN};
 
 /// The default target's name (`Config::embedded_default`).
 const DEFAULT_IQN: &str = "iqn.2026-11.org.ethersan:default";
@@ -104,6 +104,18 @@ fn default_servers_in_two_directories_differ_and_each_keeps_its_own() {
     assert!(
         text.contains(&format!("naa = \"{}\"", ida.1))
             && text.contains(&format!("serial = \"{}\"", ida.0)),
+        "{text}"
+    );
+    // libiscsi reads the same serial.
+    require_tool("iscsi-inq");
+    let o = run(
+        "iscsi-inq",
+        &["-e", "1", "-c", "128", &default_url(&sb)],
+        Duration::from_secs(20),
+    );
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains(&format!("Unit Serial Number:[{}]", idb.0)),
         "{text}"
     );
     assert!(sa.stop().is_some_and(|s| s.success()));
