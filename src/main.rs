@@ -91,10 +91,10 @@ struct ServeArgs {
     /// Target name (IQN).
     #[arg(long, value_name = "IQN")]
     target: Option<String>,
-    /// A LUN: PATH[:SIZE][,ro][,removable][,bs=4096][,engine=sync|uring][,direct] or ram:SIZE (repeatable, numbered from 0).
+    /// A LUN: PATH[:SIZE][,ro][,removable][,bs=4096][,engine=sync|uring][,direct][,serial=S][,naa=HEX] or ram:SIZE (repeatable, numbered from 0). A file LUN's WWN and serial are kept in PATH.id.
     #[arg(long, value_name = "SPEC")]
     lun: Vec<String>,
-    /// Directory for the default LUN's backing file.
+    /// Directory for the default LUN's backing file (and block devices' identity files).
     #[arg(long, value_name = "DIR", default_value = "./ethersan-data")]
     data_dir: PathBuf,
     /// Only this initiator may log in and see the target (repeatable; default: any).

@@ -112,8 +112,11 @@ pub struct LuConfig {
     pub revision: String,
     /// Unit serial number (VPD 0x80); stable across restarts.
     pub serial: String,
-    /// 16-byte NAA IEEE Registered Extended identifier body (VPD 0x83),
-    /// stable across restarts (the server derives it from target name and LUN).
+    /// NAA designator body (VPD 0x83), stable across restarts (the server
+    /// keeps it with the LUN's backing store). First nibble 6: the 16-byte
+    /// IEEE Registered Extended form, all 16 bytes. First nibble 5: the
+    /// 8-byte IEEE Registered form in the first 8 bytes (the rest is
+    /// ignored).
     pub naa: [u8; 16],
     /// Target name, for the SCSI name designator in VPD 0x83.
     pub target_name: String,

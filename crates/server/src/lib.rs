@@ -10,6 +10,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod config;
+pub mod identity;
 pub mod limits;
 mod login;
 mod placement;
@@ -47,6 +48,16 @@ pub enum ServerError {
         /// The backend's error.
         source: ethersan_backend::BackendError,
     },
+    /// A LUN's identity (WWN and serial) could not be read or made.
+    #[error("target {target} LUN {lun}: {source}")]
+    Identity {
+        /// Target name.
+        target: String,
+        /// LUN number.
+        lun: usize,
+        /// What went wrong.
+        source: identity::IdentityError,
+    },
     /// A portal could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -66,7 +77,6 @@ pub struct Server {
     settings: Arc<TargetSettings>,
 }
 
-/// A stable 64-bit FNV-1a hash, for identifiers that must survive restarts.
 impl Server {
     /// Open every backend, build the targets and bind every portal.
     pub async fn bind(config: &Config) -> Result<Server, ServerError> {
@@ -80,14 +90,15 @@ impl Server {
                     lun: i,
                     source,
                 })?;
-                let h1 = registry::stable_hash(&[t.name.as_bytes(), &(i as u64).to_be_bytes()]);
-                let h2 = registry::stable_hash(&[&h1.to_be_bytes(), t.name.as_bytes()]);
-                let mut naa = [0u8; 16];
-                naa[..8].copy_from_slice(&h1.to_be_bytes());
-                naa[8..].copy_from_slice(&h2.to_be_bytes());
-                // NAA 6 (IEEE Registered Extended), locally chosen company id bits.
-                naa[0] = 0x60 | (naa[0] & 0x0f);
-                let serial = l.serial.clone().unwrap_or_else(|| format!("{h1:016x}"));
+                let (id, origin) =
+                    identity::resolve(l, &config.options.data_dir).map_err(|source| {
+                        ServerError::Identity {
+                            target: t.name.clone(),
+                            lun: i,
+                            source,
+                        }
+                    })?;
+                let (naa, serial) = (id.naa, id.serial);
                 let cfg = LuConfig {
                     read_only: l.read_only,
                     removable: l.removable,
@@ -109,7 +120,7 @@ impl Server {
                         _ => None,
                     },
                 };
-                info!(target = %t.name, lun = i, backend = %dev.describe(), "logical unit ready");
+                info!(target = %t.name, lun = i, backend = %dev.describe(), naa = %config::format_naa(&naa), serial = %cfg.serial, identity = %origin, "logical unit ready");
                 devices.push(dev.clone());
                 let policy = LunPolicy {
                     visible_to: t.access.luns.get(i).cloned().unwrap_or_default(),

@@ -84,8 +84,10 @@ impl LogicalUnit {
             out.extend_from_slice(&[proto_codeset, piv_assoc_type, 0, body.len() as u8]);
             out.extend_from_slice(body);
         };
-        // NAA IEEE Registered Extended, logical unit.
-        desig(0x01, 0x03, &self.cfg.naa);
+        // NAA, logical unit: IEEE Registered (NAA 5, 8 bytes) or IEEE
+        // Registered Extended (NAA 6, 16 bytes).
+        let naa_len = if self.cfg.naa[0] >> 4 == 5 { 8 } else { 16 };
+        desig(0x01, 0x03, &self.cfg.naa[..naa_len]);
         // T10 vendor ID: vendor + serial, logical unit.
         let mut t10 = pad(&self.cfg.vendor, 8);
         t10.extend(self.cfg.serial.bytes().take(64));
@@ -297,6 +299,25 @@ mod tests {
         // Same configuration, same page: stable across restarts.
         let (again, _) = target(512);
         assert_eq!(good(exec(&again, A, &inquiry(true, 0x83, 0xffff), &[])), d);
+    }
+
+    #[test]
+    fn naa5_designator_is_eight_bytes() {
+        let mut cfg = config(false, false);
+        cfg.naa = [
+            0x52, 0x01, 0x40, 0x5f, 1, 2, 3, 4, 0xee, 0xee, 0xee, 0xee, 0xee, 0xee, 0xee, 0xee,
+        ];
+        let t = target_over(Arc::new(TestDevice::new(512)), cfg);
+        let d = good(exec(&t, A, &inquiry(true, 0x83, 0xffff), &[]));
+        let naa: Vec<_> = designators(&d)
+            .into_iter()
+            .filter(|d| d.1 == 0x03)
+            .collect();
+        assert_eq!(
+            naa,
+            vec![(0x01, 0x03, vec![0x52, 0x01, 0x40, 0x5f, 1, 2, 3, 4])],
+            "NAA 5 is 8 bytes; the unused tail must not be sent"
+        );
     }
 
     #[test]

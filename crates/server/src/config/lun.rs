@@ -1,0 +1,201 @@
+//! One LUN: its backing store and options, the command-line spec form,
+//! consistency checks, and opening the backing store.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ethersan_backend::file::{FileDevice, FileOptions, IoEngine};
+use ethersan_backend::ram::RamDevice;
+use ethersan_backend::{BackendError, BlockDevice};
+
+use super::{parse_naa, parse_size, ConfigError};
+
+/// Where a LUN's blocks live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backing {
+    /// A regular file (created sparse if missing) or a block device.
+    File {
+        /// Path.
+        path: PathBuf,
+        /// Size; required when the file does not exist.
+        size: Option<u64>,
+    },
+    /// Memory.
+    Ram {
+        /// Size in bytes.
+        size: u64,
+    },
+}
+
+/// One LUN.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LunConfig {
+    /// The backing store.
+    pub backing: Backing,
+    /// Write protected.
+    pub read_only: bool,
+    /// Removable medium.
+    pub removable: bool,
+    /// Logical block size: 512 or 4096.
+    pub block_size: u32,
+    /// Unit serial number (VPD 0x80); when absent, the LUN's stored or
+    /// generated identity gives it (see `docs/config.md`, "Disk identity").
+    pub serial: Option<String>,
+    /// NAA designator (VPD 0x83) as parsed by [`super::parse_naa`]; when
+    /// absent, the LUN's stored or generated identity gives it.
+    pub naa: Option<[u8; 16]>,
+    /// Initial write cache state (WCE).
+    pub write_cache: bool,
+    /// Fully provisioned (preallocated) instead of thin.
+    pub preallocate: bool,
+    /// Physical block size to report: 512 or 4096 (default 4096, the page
+    /// size the backends write best), never below the logical block size.
+    pub physical_block_size: u32,
+    /// Open the file or block device with `O_DIRECT` (bypass the page
+    /// cache). Not for RAM LUNs.
+    pub direct: bool,
+    /// The I/O engine for a file or block device (default
+    /// [`DEFAULT_ENGINE`]); ignored for RAM LUNs.
+    pub engine: IoEngine,
+}
+
+/// The I/O engine of a file LUN that names none: the faster one in the
+/// measurements in docs/benchmark.md ("I/O engines").
+pub const DEFAULT_ENGINE: IoEngine = IoEngine::Uring;
+
+impl LunConfig {
+    /// Parse the command-line form `PATH[:SIZE][,ro][,removable][,bs=4096][,serial=S][,naa=HEX]`
+    /// or `ram:SIZE[,...]`.
+    pub fn from_spec(spec: &str) -> Result<LunConfig, ConfigError> {
+        let mut parts = spec.split(',');
+        let head = parts.next().unwrap_or("");
+        if head.is_empty() {
+            return Err(ConfigError::Invalid(format!(
+                "LUN spec {spec:?} names no backing store"
+            )));
+        }
+        let backing = if let Some(size) = head.strip_prefix("ram:") {
+            Backing::Ram {
+                size: parse_size(size)?,
+            }
+        } else {
+            match head.rsplit_once(':') {
+                Some((path, size)) if !path.is_empty() && parse_size(size).is_ok() => {
+                    Backing::File {
+                        path: PathBuf::from(path),
+                        size: Some(parse_size(size)?),
+                    }
+                }
+                _ => Backing::File {
+                    path: PathBuf::from(head),
+                    size: None,
+                },
+            }
+        };
+        let mut lun = LunConfig {
+            backing,
+            read_only: false,
+            removable: false,
+            block_size: 512,
+            serial: None,
+            naa: None,
+            write_cache: true,
+            preallocate: false,
+            physical_block_size: 4096,
+            direct: false,
+            engine: DEFAULT_ENGINE,
+        };
+        for opt in parts {
+            match opt {
+                "ro" => lun.read_only = true,
+                "removable" => lun.removable = true,
+                "wce=0" | "nowce" => lun.write_cache = false,
+                "full" | "prealloc" => lun.preallocate = true,
+                "direct" => lun.direct = true,
+                o if o.starts_with("engine=") => {
+                    lun.engine = o[7..].parse().map_err(|e| {
+                        ConfigError::Invalid(format!("LUN spec {spec:?}: engine: {e}"))
+                    })?
+                }
+                o if o.starts_with("pbs=") => {
+                    lun.physical_block_size = match &o[4..] {
+                        "512" => 512,
+                        "4096" | "4K" | "4k" => 4096,
+                        v => return Err(ConfigError::Invalid(format!("LUN spec {spec:?}: pbs={v} (use 512 or 4096)"))),
+                    }
+                }
+                o if o.starts_with("bs=") => {
+                    lun.block_size = match &o[3..] {
+                        "512" => 512,
+                        "4096" | "4K" | "4k" => 4096,
+                        v => return Err(ConfigError::Invalid(format!("LUN spec {spec:?}: bs={v} (use 512 or 4096)"))),
+                    }
+                }
+                o if o.starts_with("serial=") => lun.serial = Some(o[7..].to_string()),
+                o if o.starts_with("naa=") => {
+                    lun.naa = Some(parse_naa(&o[4..]).map_err(|e| {
+                        ConfigError::Invalid(format!("LUN spec {spec:?}: {e}"))
+                    })?)
+                }
+                o => {
+                    return Err(ConfigError::Invalid(format!(
+                        "LUN spec {spec:?}: unknown option {o:?} (known: ro, removable, bs=512|4096, pbs=512|4096, serial=S, naa=HEX, wce=0, full, direct, engine=sync|uring)"
+                    )))
+                }
+            }
+        }
+        lun.check().map_err(ConfigError::Invalid)?;
+        Ok(lun)
+    }
+
+    pub(super) fn check(&self) -> Result<(), String> {
+        let size = match &self.backing {
+            Backing::Ram { size } => Some(*size),
+            Backing::File { size, .. } => *size,
+        };
+        if let Some(s) = size {
+            if s % u64::from(self.block_size) != 0 {
+                return Err(format!(
+                    "size {s} is not a multiple of the block size {}",
+                    self.block_size
+                ));
+            }
+        }
+        if self.block_size != 512 && self.block_size != 4096 {
+            return Err(format!("block size {} (use 512 or 4096)", self.block_size));
+        }
+        if !matches!(self.physical_block_size, 512 | 4096)
+            || self.physical_block_size < self.block_size
+        {
+            return Err(format!(
+                "physical block size {} (use 512 or 4096, not below the block size {})",
+                self.physical_block_size, self.block_size
+            ));
+        }
+        if matches!(self.backing, Backing::Ram { .. }) && self.read_only {
+            return Err("a RAM LUN cannot be read-only (it would hold only zeros)".into());
+        }
+        if matches!(self.backing, Backing::Ram { .. }) && self.direct {
+            return Err("direct (O_DIRECT) is for files and block devices, not RAM LUNs".into());
+        }
+        Ok(())
+    }
+
+    /// Open the backing store.
+    pub fn open(&self) -> Result<Arc<dyn BlockDevice>, BackendError> {
+        Ok(match &self.backing {
+            Backing::Ram { size } => Arc::new(RamDevice::new(*size, self.block_size)?),
+            Backing::File { path, size } => Arc::new(FileDevice::open(
+                path,
+                &FileOptions {
+                    size: *size,
+                    block_size: self.block_size,
+                    read_only: self.read_only,
+                    preallocate: self.preallocate,
+                    direct: self.direct,
+                    engine: self.engine,
+                },
+            )?),
+        })
+    }
+}

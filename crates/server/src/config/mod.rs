@@ -1,0 +1,138 @@
+//! The server's configuration model: portals, targets, LUNs and options,
+//! from a TOML file or from the command line's `--lun` specs.
+//!
+//! Every error names where it comes from: `FILE:LINE:COL: what is wrong`
+//! for files, the spec itself for the command line. The schema is
+//! documented in `docs/config.md`; `examples/ethersan.toml` shows every key.
+
+mod access;
+mod lun;
+mod options;
+mod toml_form;
+mod values;
+
+#[cfg(test)]
+mod tests;
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+pub use access::{parse_network, Access};
+pub use lun::{Backing, LunConfig, DEFAULT_ENGINE};
+pub use options::{
+    Options, Placement, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS, DEFAULT_MAX_KEY_TEXT_BYTES,
+    MIN_KEY_TEXT_BYTES,
+};
+pub use values::{format_naa, parse_naa, parse_size, validate_name};
+
+/// A configuration error, with its origin.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A problem at a known place in a file.
+    #[error("{origin}:{line}:{col}: {msg}")]
+    At {
+        /// File name.
+        origin: String,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        col: usize,
+        /// What is wrong.
+        msg: String,
+    },
+    /// A problem in a value given on the command line (or with no place).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Portals (one portal group, tag 1); every target is reachable on each.
+    pub portals: Vec<SocketAddr>,
+    /// Exported targets.
+    pub targets: Vec<TargetConfig>,
+    /// Protocol and runtime options.
+    pub options: Options,
+    /// CHAP: when set, every login (normal, and discovery unless
+    /// `chap_discovery` is off) must authenticate.
+    pub chap: Option<ChapConfig>,
+    /// `[discovery.chap]`: discovery sessions' own credentials, overriding
+    /// `chap` (and its `discovery` switch) for them.
+    pub discovery_chap: Option<ChapConfig>,
+}
+
+/// CHAP settings (`[chap]`, or `serve --chap` / `--mutual-chap`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChapConfig {
+    /// Name and secret initiators must prove.
+    pub initiator: ethersan_proto::chap::Credentials,
+    /// The target's own, for mutual CHAP.
+    pub target: Option<ethersan_proto::chap::Credentials>,
+    /// Discovery sessions authenticate too (meaningful in the global
+    /// `[chap]` only; `[discovery.chap]` and `[target.chap]` set it true).
+    pub discovery: bool,
+}
+
+/// One target.
+#[derive(Debug, Clone)]
+pub struct TargetConfig {
+    /// iSCSI name (iqn., eui. or naa.).
+    pub name: String,
+    /// TargetAlias.
+    pub alias: Option<String>,
+    /// LUNs, numbered from 0 in order.
+    pub luns: Vec<LunConfig>,
+    /// Who may log in to the target (and see it in SendTargets).
+    pub access: Access,
+    /// `[target.chap]`: this target's own CHAP credentials, overriding the
+    /// global `[chap]` for logins to it.
+    pub chap: Option<ChapConfig>,
+}
+
+impl Config {
+    /// The embedded default: 127.0.0.1:3260, target
+    /// `iqn.2026-11.org.ethersan:default`, LUN 0 a 1 GiB sparse file in `data_dir`.
+    pub fn embedded_default(data_dir: &Path) -> Config {
+        let options = Options {
+            data_dir: data_dir.to_path_buf(),
+            ..Options::default()
+        };
+        Config {
+            portals: vec![SocketAddr::from(([127, 0, 0, 1], 3260))],
+            targets: vec![TargetConfig {
+                name: "iqn.2026-11.org.ethersan:default".into(),
+                alias: Some("ethersan default".into()),
+                access: Access::default(),
+                chap: None,
+                luns: vec![LunConfig {
+                    backing: Backing::File {
+                        path: data_dir.join("default-lun0.img"),
+                        size: Some(1 << 30),
+                    },
+                    read_only: false,
+                    removable: false,
+                    block_size: 512,
+                    serial: None,
+                    naa: None,
+                    write_cache: true,
+                    preallocate: false,
+                    physical_block_size: 4096,
+                    direct: false,
+                    engine: DEFAULT_ENGINE,
+                }],
+            }],
+            options,
+            chap: None,
+            discovery_chap: None,
+        }
+    }
+}

@@ -1,0 +1,377 @@
+use super::*;
+use ethersan_backend::file::IoEngine;
+
+#[test]
+fn networks_and_access_lists() {
+    let ip = |s: &str| Some(s.parse::<std::net::IpAddr>().unwrap());
+    let a = Access {
+        initiators: vec![],
+        networks: vec![
+            parse_network("10.0.0.0/8").unwrap(),
+            parse_network("::1").unwrap(),
+        ],
+        luns: vec![],
+        read_only: vec![],
+    };
+    assert!(a.allows("any", ip("10.1.2.3")) && !a.allows("any", ip("11.0.0.1")));
+    assert!(a.allows("any", ip("::1")) && !a.allows("any", ip("::2")) && !a.allows("any", None));
+    assert!(
+        a.allows("any", ip("::ffff:10.9.9.9")),
+        "IPv4-mapped IPv6 matches the IPv4 network"
+    );
+    let b = Access {
+        initiators: vec!["iqn.2026-11.x:a".into()],
+        networks: vec![],
+        luns: vec![],
+        read_only: vec![],
+    };
+    assert!(b.allows("iqn.2026-11.x:a", None) && !b.allows("iqn.2026-11.x:b", ip("10.0.0.1")));
+    assert!(Access::default().allows("anyone", None));
+    for bad in ["10.0.0.0/33", "nope", "::/129", "1.2.3.4/x"] {
+        assert!(parse_network(bad).is_err(), "{bad}");
+    }
+    assert_eq!(parse_network("0.0.0.0/0").unwrap().1, 0);
+    assert!(Access {
+        initiators: vec![],
+        networks: vec![parse_network("0.0.0.0/0").unwrap()],
+        luns: vec![],
+        read_only: vec![]
+    }
+    .allows("x", ip("8.8.8.8")));
+}
+
+#[test]
+fn chap_section_secrets_from_inline_file_or_env() {
+    let base = "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\nlun = [\"ram:1M\"]\n";
+    let c = Config::from_toml_str(
+        &format!("{base}[chap]\nuser = \"alice\"\nsecret = \"alice-secret-123\"\n"),
+        "t",
+    )
+    .unwrap();
+    let chap = c.chap.unwrap();
+    assert_eq!(chap.initiator.user, "alice");
+    assert!(chap.discovery && chap.target.is_none());
+    std::env::set_var("ETHERSAN_TEST_CHAP_SECRET", "from-the-environment");
+    let dir = std::env::temp_dir().join(format!("ethersan-chap-{}", std::process::id()));
+    std::fs::write(&dir, "from-a-file-secret\n").unwrap();
+    let text = format!(
+        "{base}[chap]\nuser = \"alice\"\nsecret_env = \"ETHERSAN_TEST_CHAP_SECRET\"\nmutual_user = \"tgt\"\nmutual_secret_file = {:?}\ndiscovery = false\n",
+        dir.display().to_string()
+    );
+    let chap = Config::from_toml_str(&text, "t").unwrap().chap.unwrap();
+    assert_eq!(chap.initiator.secret, b"from-the-environment");
+    assert_eq!(chap.target.unwrap().secret, b"from-a-file-secret");
+    assert!(!chap.discovery);
+    let _ = std::fs::remove_file(&dir);
+    for bad in [
+        "[chap]\nuser = \"alice\"\nsecret = \"short\"\n",
+        "[chap]\nuser = \"alice\"\n",
+        "[chap]\nuser = \"alice\"\nsecret = \"alice-secret-123\"\nsecret_env = \"X\"\n",
+        "[chap]\nuser = \"alice\"\nsecret_env = \"ETHERSAN_TEST_UNSET_VARIABLE\"\n",
+        "[chap]\nuser = \"alice\"\nsecret = \"alice-secret-123\"\nmutual_user = \"t\"\n",
+    ] {
+        let e = Config::from_toml_str(&format!("{base}{bad}"), "t")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("t:5:") && e.contains("[chap]"), "{bad}: {e}");
+        assert!(!e.contains("alice-secret-123"), "a secret in an error: {e}");
+    }
+}
+
+#[test]
+fn placement_option() {
+    let base = "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\nlun = [\"ram:1M\"]\n";
+    let c = Config::from_toml_str(base, "t").unwrap();
+    assert_eq!(c.options.placement, Placement::Shared);
+    let c =
+        Config::from_toml_str(&format!("{base}[options]\nplacement = \"pinned\"\n"), "t").unwrap();
+    assert_eq!(c.options.placement, Placement::Pinned);
+    let e = Config::from_toml_str(
+        &format!("{base}[options]\nplacement = \"everywhere\"\n"),
+        "t",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("everywhere") && e.contains("pinned"), "{e}");
+    assert_eq!("pinned".parse::<Placement>(), Ok(Placement::Pinned));
+    assert!("x".parse::<Placement>().is_err());
+}
+
+#[test]
+fn per_target_and_discovery_chap() {
+    let targets = "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.x:a\"\nlun = [\"ram:1M\"]\n[target.chap]\nuser = \"ua\"\nsecret = \"secret-of-a-123\"\nmutual_user = \"ta\"\nmutual_secret = \"target-a-secret\"\n[[target]]\nname = \"iqn.2026-11.org.x:b\"\nlun = [\"ram:1M\"]\n[[target]]\nname = \"iqn.2026-11.org.x:c\"\nlun = [\"ram:1M\"]\n[target.chap]\nuser = \"uc\"\nsecret = \"secret-of-c-123\"\n";
+    let c = Config::from_toml_str(
+        &format!("{targets}[chap]\nuser = \"g\"\nsecret = \"global-secret-1\"\n[discovery.chap]\nuser = \"d\"\nsecret = \"discovery-secret\"\n"),
+        "t",
+    )
+    .unwrap();
+    let a = c.targets[0].chap.as_ref().unwrap();
+    assert_eq!(a.initiator.user, "ua");
+    assert_eq!(a.target.as_ref().unwrap().user, "ta");
+    assert!(c.targets[1].chap.is_none(), "b uses the global [chap]");
+    assert_eq!(c.targets[2].chap.as_ref().unwrap().initiator.user, "uc");
+    assert_eq!(c.chap.as_ref().unwrap().initiator.user, "g");
+    assert_eq!(
+        c.discovery_chap.as_ref().unwrap().initiator.secret,
+        b"discovery-secret"
+    );
+    // Neither global nor discovery CHAP: only the targets that ask.
+    let c = Config::from_toml_str(targets, "t").unwrap();
+    assert!(c.chap.is_none() && c.discovery_chap.is_none());
+    // Mistakes name the table and the line, never the secret.
+    for (bad, line, what) in [
+        ("[discovery.chap]\nuser = \"d\"\n", 19, "[discovery.chap]"),
+        ("[discovery.chap]\nuser = \"d\"\nsecret = \"discovery-secret\"\ndiscovery = true\n", 19, "[discovery.chap]"),
+        ("[chap]\nuser = \"g\"\nsecret = \"global-secret-1\"\ndiscovery = false\n[discovery.chap]\nuser = \"d\"\nsecret = \"discovery-secret\"\n", 23, "contradicts"),
+        ("[discovery]\nchap_user = \"x\"\n", 20, "unknown field"),
+    ] {
+        let e = Config::from_toml_str(&format!("{targets}{bad}"), "t")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&format!("t:{line}:")) && e.contains(what), "{bad}: {e}");
+        assert!(!e.contains("discovery-secret") && !e.contains("global-secret-1"), "{e}");
+    }
+    for (bad, what) in [
+        ("user = \"x\"\nsecret = \"short\"\n", "at least 12"),
+        ("user = \"x\"\n", "needs secret"),
+        ("user = \"x\"\nsecret = \"secret-of-x-123\"\ndiscovery = false\n", "belongs in the global"),
+        ("user = \"x\"\nsecret = \"secret-of-x-123\"\nmutual_user = \"t\"\nmutual_secret = \"secret-of-x-123\"\n", "must differ"),
+    ] {
+        let text = format!("portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.x:a\"\nlun = [\"ram:1M\"]\n[target.chap]\n{bad}");
+        let e = Config::from_toml_str(&text, "t").unwrap_err().to_string();
+        assert!(
+            e.starts_with("t:5:") && e.contains("[target.chap] of \"iqn.2026-11.org.x:a\"") && e.contains(what),
+            "{bad}: {e}"
+        );
+        assert!(!e.contains("secret-of-x-123"), "{e}");
+    }
+}
+
+#[test]
+fn connection_and_key_text_limits() {
+    let o = Options::default();
+    assert_eq!(o.max_connections_per_address, 128);
+    assert_eq!(o.max_key_text_bytes, 65536);
+    let base = "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\nlun = [\"ram:1M\"]\n";
+    let c = Config::from_toml_str(
+        &format!("{base}[options]\nmax_connections_per_address = 0\nmax_key_text_bytes = 8192\n"),
+        "t",
+    )
+    .unwrap();
+    assert_eq!(c.options.max_connections_per_address, 0);
+    assert_eq!(c.options.max_key_text_bytes, 8192);
+    for bad in [
+        "max_key_text_bytes = 8191",
+        "max_key_text_bytes = 16777217",
+        "max_connections_per_address = -1",
+    ] {
+        let e = Config::from_toml_str(&format!("{base}[options]\n{bad}\n"), "t")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("t:"), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn sizes() {
+    assert_eq!(parse_size("64M").unwrap(), 64 << 20);
+    assert_eq!(parse_size("1G").unwrap(), 1 << 30);
+    assert_eq!(parse_size("512K").unwrap(), 512 << 10);
+    assert_eq!(parse_size("2TiB").unwrap(), 2 << 40);
+    assert_eq!(parse_size("4096").unwrap(), 4096);
+    assert!(parse_size("12Q").is_err());
+    assert!(parse_size("0").is_err());
+    assert!(parse_size("").is_err());
+}
+
+#[test]
+fn names() {
+    assert!(validate_name("iqn.2026-11.org.ethersan:default").is_ok());
+    assert!(validate_name("eui.0123456789abcdef").is_ok());
+    assert!(validate_name("naa.0123456789abcdef").is_ok());
+    assert!(validate_name("iqn.2026-11.Org.x").is_err());
+    assert!(validate_name("iqn.26-11.org.x").is_err());
+    assert!(validate_name("target0").is_err());
+}
+
+#[test]
+fn lun_specs() {
+    let l = LunConfig::from_spec("ram:64M").unwrap();
+    assert_eq!(l.backing, Backing::Ram { size: 64 << 20 });
+    let l = LunConfig::from_spec("/tmp/a:b/disk.img:1G,ro,removable,bs=4096").unwrap();
+    assert_eq!(
+        l.backing,
+        Backing::File {
+            path: "/tmp/a:b/disk.img".into(),
+            size: Some(1 << 30)
+        }
+    );
+    assert!(l.read_only && l.removable && l.block_size == 4096);
+    let l = LunConfig::from_spec("/dev/sdb").unwrap();
+    assert_eq!(
+        l.backing,
+        Backing::File {
+            path: "/dev/sdb".into(),
+            size: None
+        }
+    );
+    assert!(LunConfig::from_spec("ram:64M,fast")
+        .unwrap_err()
+        .to_string()
+        .contains("unknown option"));
+    assert!(LunConfig::from_spec("ram:1000,bs=4096").is_err());
+    assert!(LunConfig::from_spec("x:1G,bs=1024").is_err());
+    assert!(LunConfig::from_spec("").is_err());
+}
+
+#[test]
+fn engine_and_direct_keys() {
+    let l = LunConfig::from_spec("/tmp/x.img:1G").unwrap();
+    assert_eq!((l.engine, l.direct), (DEFAULT_ENGINE, false));
+    let l = LunConfig::from_spec("/tmp/x.img:1G,engine=uring,direct").unwrap();
+    assert_eq!((l.engine, l.direct), (IoEngine::Uring, true));
+    let l = LunConfig::from_spec("/dev/sdb,engine=sync").unwrap();
+    assert_eq!(l.engine, IoEngine::Sync);
+    let e = LunConfig::from_spec("/tmp/x.img:1G,engine=aio")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("engine") && e.contains("\"aio\"") && e.contains("\"uring\""),
+        "{e}"
+    );
+    let e = LunConfig::from_spec("ram:64M,direct")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not RAM"), "{e}");
+
+    let base = "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\n[[target.lun]]\n";
+    let c = Config::from_toml_str(
+        &format!("{base}path = \"/tmp/x.img\"\nengine = \"uring\"\ndirect = true\n"),
+        "t",
+    )
+    .unwrap();
+    let l = &c.targets[0].luns[0];
+    assert_eq!((l.engine, l.direct), (IoEngine::Uring, true));
+    let c = Config::from_toml_str(&format!("{base}path = \"/tmp/x.img\"\n"), "t").unwrap();
+    let l = &c.targets[0].luns[0];
+    assert_eq!((l.engine, l.direct), (DEFAULT_ENGINE, false));
+    for (bad, says) in [
+        (
+            "path = \"/x\"\nengine = \"fast\"\n",
+            "engine = unknown I/O engine \"fast\"",
+        ),
+        ("path = \"/x\"\ndirect = \"yes\"\n", ""),
+        ("ram = \"1M\"\ndirect = true\n", "not RAM"),
+    ] {
+        let e = Config::from_toml_str(&format!("{base}{bad}"), "t")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("t:"), "{bad}: {e}");
+        assert!(e.contains(says), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn toml_errors_name_the_line() {
+    let text = "portals = [\"127.0.0.1:3260\"]\n\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\n[[target.lun]]\nram = \"64M\"\nsise = 3\n";
+    let e = Config::from_toml_str(text, "bad.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("bad.toml:5:") || e.starts_with("bad.toml:7:"),
+        "{e}"
+    );
+    assert!(e.contains("sise") || e.contains("did not match"), "{e}");
+    let text = "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"Target\"\nluns = []\n";
+    let e = Config::from_toml_str(text, "t.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("t.toml:"), "{e}");
+    let text = "portals = [\"127.0.0.1\"]\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\n[[target.lun]]\nram = \"64M\"\n";
+    let e = Config::from_toml_str(text, "p.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("p.toml:1:"), "{e}");
+    let text = "portals = [\"127.0.0.1:3260\"]\n[options]\nqueue_depth = 0\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\nlun = [\"ram:1M\"]\n";
+    let e = Config::from_toml_str(text, "o.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("queue_depth"), "{e}");
+}
+
+#[test]
+fn good_toml() {
+    let text = r#"
+portals = ["127.0.0.1:3260", "[::1]:3260"]
+[options]
+queue_depth = 64
+[[target]]
+name = "iqn.2026-11.org.ethersan:a"
+alias = "first"
+lun = ["ram:64M", "/tmp/x.img:1G,ro"]
+[[target]]
+name = "iqn.2026-11.org.ethersan:b"
+[[target.lun]]
+path = "/tmp/y.img"
+size = "256M"
+block_size = 4096
+removable = true
+[[target.lun]]
+ram = 1048576
+"#;
+    let c = Config::from_toml_str(text, "x.toml").unwrap();
+    assert_eq!(c.portals.len(), 2);
+    assert_eq!(c.options.queue_depth, 64);
+    assert_eq!(c.targets[0].luns.len(), 2);
+    assert!(c.targets[0].luns[1].read_only);
+    assert_eq!(c.targets[1].luns[0].block_size, 4096);
+    assert_eq!(c.targets[1].luns[1].backing, Backing::Ram { size: 1 << 20 });
+}
+
+#[test]
+fn example_config_parses() {
+    let text = include_str!("../../../../examples/ethersan.toml");
+    Config::from_toml_str(text, "examples/ethersan.toml").unwrap();
+}
+
+#[test]
+fn naa_key_and_spec_option() {
+    let l = LunConfig::from_spec("/tmp/x.img:1G,naa=6001405f0102030405060708090a0b0c,serial=S1")
+        .unwrap();
+    assert_eq!(
+        l.naa.map(|n| format_naa(&n)).as_deref(),
+        Some("6001405f0102030405060708090a0b0c")
+    );
+    assert_eq!(l.serial.as_deref(), Some("S1"));
+    let l = LunConfig::from_spec("/tmp/x.img:1G,naa=5001405f01020304").unwrap();
+    assert_eq!(l.naa.unwrap()[..8], [0x50, 0x01, 0x40, 0x5f, 1, 2, 3, 4]);
+    assert_eq!(LunConfig::from_spec("ram:1M").unwrap().naa, None);
+    for bad in [
+        "naa=7001405f01020304",
+        "naa=6001405f01020304",
+        "naa=",
+        "naa=5zz1405f01020304",
+    ] {
+        let e = LunConfig::from_spec(&format!("/tmp/x.img:1G,{bad}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("naa") && e.contains("/tmp/x.img"), "{bad}: {e}");
+    }
+    let base = "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\n[[target.lun]]\npath = \"/tmp/x.img\"\n";
+    let c = Config::from_toml_str(
+        &format!("{base}naa = \"6001405F0102030405060708090A0B0C\"\n"),
+        "t",
+    )
+    .unwrap();
+    assert_eq!(
+        format_naa(&c.targets[0].luns[0].naa.unwrap()),
+        "6001405f0102030405060708090a0b0c"
+    );
+    let e = Config::from_toml_str(&format!("{base}naa = \"6001\"\n"), "t")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("t:4:") && e.contains("NAA-6 needs 32 hex digits"),
+        "{e}"
+    );
+}

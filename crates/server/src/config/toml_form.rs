@@ -1,0 +1,418 @@
+//! The TOML form of the configuration: raw serde types and their
+//! conversion, with `FILE:LINE:COL` in every error.
+
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::{
+    parse_naa, parse_network, parse_size, validate_name, Access, Backing, ChapConfig, Config,
+    ConfigError, LunConfig, Options, TargetConfig, DEFAULT_ENGINE,
+};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    portals: Vec<Spanned<String>>,
+    #[serde(default, rename = "target")]
+    targets: Vec<Spanned<RawTarget>>,
+    #[serde(default)]
+    options: Option<Spanned<Options>>,
+    chap: Option<Spanned<RawChap>>,
+    discovery: Option<RawDiscovery>,
+}
+
+/// `[discovery]`: settings for discovery sessions.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDiscovery {
+    chap: Option<Spanned<RawChap>>,
+}
+
+/// `[chap]`: a secret inline, from a file, or from an environment variable.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawChap {
+    user: String,
+    secret: Option<String>,
+    secret_file: Option<PathBuf>,
+    secret_env: Option<String>,
+    mutual_user: Option<String>,
+    mutual_secret: Option<String>,
+    mutual_secret_file: Option<PathBuf>,
+    mutual_secret_env: Option<String>,
+    /// Only in the global `[chap]`: discovery sessions authenticate too.
+    discovery: Option<bool>,
+}
+
+/// One secret from exactly one of: inline, file (trailing newline dropped),
+/// environment variable.
+fn read_secret(
+    inline: Option<String>,
+    file: Option<PathBuf>,
+    env: Option<String>,
+    what: &str,
+) -> Result<Option<Vec<u8>>, String> {
+    match (inline, file, env) {
+        (None, None, None) => Ok(None),
+        (Some(s), None, None) => Ok(Some(s.into_bytes())),
+        (None, Some(f), None) => {
+            let mut b =
+                std::fs::read(&f).map_err(|e| format!("{what}_file {}: {e}", f.display()))?;
+            while b.last().is_some_and(|c| *c == b'\n' || *c == b'\r') {
+                b.pop();
+            }
+            Ok(Some(b))
+        }
+        (None, None, Some(v)) => std::env::var(&v)
+            .map(|s| Some(s.into_bytes()))
+            .map_err(|_| format!("{what}_env: environment variable {v} is not set")),
+        _ => Err(format!("give one of {what}, {what}_file, {what}_env")),
+    }
+}
+
+impl RawChap {
+    /// `global`: the `[chap]` table, the only one with `discovery`.
+    fn resolve(self, global: bool) -> Result<ChapConfig, String> {
+        use ethersan_proto::chap::Credentials;
+        if !global && self.discovery.is_some() {
+            return Err(
+                "`discovery` belongs in the global [chap] (use [discovery.chap] for discovery credentials)"
+                    .into(),
+            );
+        }
+        let secret = read_secret(self.secret, self.secret_file, self.secret_env, "secret")?
+            .ok_or("needs secret, secret_file or secret_env")?;
+        let initiator = Credentials::new(&self.user, &secret)?;
+        let mutual = read_secret(
+            self.mutual_secret,
+            self.mutual_secret_file,
+            self.mutual_secret_env,
+            "mutual_secret",
+        )?;
+        let target = match (self.mutual_user, mutual) {
+            (None, None) => None,
+            (Some(u), Some(s)) => Some(Credentials::new(&u, &s)?),
+            _ => return Err("mutual CHAP needs both mutual_user and a mutual secret".into()),
+        };
+        if target
+            .as_ref()
+            .is_some_and(|t| t.secret == initiator.secret)
+        {
+            return Err("the mutual secret must differ from the initiator's secret".into());
+        }
+        Ok(ChapConfig {
+            initiator,
+            target,
+            discovery: self.discovery.unwrap_or(true),
+        })
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTarget {
+    name: Spanned<String>,
+    alias: Option<String>,
+    #[serde(default, rename = "lun")]
+    luns: Vec<Spanned<RawLun>>,
+    #[serde(default)]
+    allow_initiators: Vec<Spanned<String>>,
+    #[serde(default)]
+    allow_networks: Vec<Spanned<String>>,
+    chap: Option<Spanned<RawChap>>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawSize {
+    Bytes(u64),
+    Text(String),
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawLun {
+    Spec(String),
+    Table(Box<RawLunTable>),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLunTable {
+    path: Option<PathBuf>,
+    ram: Option<RawSize>,
+    size: Option<RawSize>,
+    #[serde(default)]
+    read_only: bool,
+    #[serde(default)]
+    removable: bool,
+    block_size: Option<u32>,
+    serial: Option<String>,
+    /// NAA designator, 32 hex digits (NAA-6) or 16 (NAA-5).
+    naa: Option<String>,
+    write_cache: Option<bool>,
+    provisioning: Option<String>,
+    physical_block_size: Option<u32>,
+    /// O_DIRECT.
+    #[serde(default)]
+    direct: bool,
+    /// "sync" or "uring".
+    engine: Option<String>,
+    /// LUN masking: the initiators that see this LUN.
+    #[serde(default)]
+    initiators: Vec<String>,
+    /// Initiators for which this LUN is read-only.
+    #[serde(default)]
+    read_only_initiators: Vec<String>,
+}
+
+fn raw_size(s: &RawSize) -> Result<u64, ConfigError> {
+    match s {
+        RawSize::Bytes(b) => Ok(*b),
+        RawSize::Text(t) => parse_size(t),
+    }
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before
+        .rsplit('\n')
+        .next()
+        .map(|l| l.chars().count())
+        .unwrap_or(0)
+        + 1;
+    (line, col)
+}
+
+impl Config {
+    /// Read and check a TOML file.
+    pub fn from_toml_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Config::from_toml_str(&text, &path.display().to_string())
+    }
+
+    /// Parse and check TOML text; `origin` names it in errors.
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let at = |span: Option<Range<usize>>, msg: String| {
+            let (line, col) = line_col(text, span.map(|s| s.start).unwrap_or(0));
+            ConfigError::At {
+                origin: origin.to_string(),
+                line,
+                col,
+                msg,
+            }
+        };
+        let raw: RawConfig =
+            toml::from_str(text).map_err(|e| at(e.span(), e.message().to_string()))?;
+        let options = match raw.options {
+            Some(o) => {
+                let span = o.span();
+                let o = o.into_inner();
+                o.validate().map_err(|m| at(Some(span), m))?;
+                o
+            }
+            None => Options::default(),
+        };
+        let mut portals = Vec::new();
+        for p in &raw.portals {
+            let addr: SocketAddr = p.get_ref().parse().map_err(|_| {
+                at(
+                    Some(p.span()),
+                    format!(
+                        "portal {:?} is not ADDR:PORT (IPv6 as [::1]:3260)",
+                        p.get_ref()
+                    ),
+                )
+            })?;
+            portals.push(addr);
+        }
+        if portals.is_empty() {
+            return Err(at(
+                None,
+                "no portals: add e.g. portals = [\"127.0.0.1:3260\"]".into(),
+            ));
+        }
+        if raw.targets.is_empty() {
+            return Err(at(None, "no targets: add a [[target]] table".into()));
+        }
+        let mut targets: Vec<TargetConfig> = Vec::new();
+        for t in raw.targets {
+            let tspan = t.span();
+            let t = t.into_inner();
+            validate_name(t.name.get_ref()).map_err(|e| at(Some(t.name.span()), e.to_string()))?;
+            if targets.iter().any(|o| &o.name == t.name.get_ref()) {
+                return Err(at(
+                    Some(t.name.span()),
+                    format!("duplicate target name {:?}", t.name.get_ref()),
+                ));
+            }
+            if t.luns.is_empty() {
+                return Err(at(
+                    Some(tspan),
+                    format!("target {:?} has no [[target.lun]]", t.name.get_ref()),
+                ));
+            }
+            let mut luns = Vec::new();
+            let mut lun_initiators: Vec<Vec<String>> = Vec::new();
+            let mut lun_read_only: Vec<Vec<String>> = Vec::new();
+            for l in t.luns {
+                let span = l.span();
+                let mut seen_by = Vec::new();
+                let mut read_only_for = Vec::new();
+                let lun = match l.into_inner() {
+                    RawLun::Spec(s) => LunConfig::from_spec(&s)
+                        .map_err(|e| at(Some(span.clone()), e.to_string()))?,
+                    RawLun::Table(tb) => {
+                        let tb = *tb;
+                        for i in &tb.initiators {
+                            validate_name(i)
+                                .map_err(|e| at(Some(span.clone()), format!("initiators: {e}")))?;
+                        }
+                        seen_by = tb.initiators.clone();
+                        for i in &tb.read_only_initiators {
+                            validate_name(i).map_err(|e| {
+                                at(Some(span.clone()), format!("read_only_initiators: {e}"))
+                            })?;
+                        }
+                        read_only_for = tb.read_only_initiators.clone();
+                        let backing = match (&tb.path, &tb.ram) {
+                            (Some(p), None) => Backing::File {
+                                path: p.clone(),
+                                size: tb.size.as_ref().map(raw_size).transpose().map_err(|e| at(Some(span.clone()), e.to_string()))?,
+                            },
+                            (None, Some(r)) if tb.size.is_none() => {
+                                Backing::Ram { size: raw_size(r).map_err(|e| at(Some(span.clone()), e.to_string()))? }
+                            }
+                            _ => {
+                                return Err(at(
+                                    Some(span),
+                                    "a LUN needs exactly one of path = \"...\" (with optional size) or ram = \"SIZE\"".into(),
+                                ))
+                            }
+                        };
+                        let lun = LunConfig {
+                            backing,
+                            read_only: tb.read_only,
+                            removable: tb.removable,
+                            block_size: tb.block_size.unwrap_or(512),
+                            serial: tb.serial,
+                            naa: tb
+                                .naa
+                                .as_deref()
+                                .map(parse_naa)
+                                .transpose()
+                                .map_err(|m| at(Some(span.clone()), m))?,
+                            write_cache: tb.write_cache.unwrap_or(true),
+                            physical_block_size: tb.physical_block_size.unwrap_or(4096),
+                            direct: tb.direct,
+                            engine: match tb.engine.as_deref() {
+                                None => DEFAULT_ENGINE,
+                                Some(e) => e
+                                    .parse()
+                                    .map_err(|e| at(Some(span.clone()), format!("engine = {e}")))?,
+                            },
+                            preallocate: match tb.provisioning.as_deref() {
+                                None | Some("thin") => false,
+                                Some("full") => true,
+                                Some(other) => {
+                                    return Err(at(
+                                        Some(span),
+                                        format!(
+                                            "provisioning = {other:?}: use \"thin\" or \"full\""
+                                        ),
+                                    ))
+                                }
+                            },
+                        };
+                        lun.check().map_err(|m| at(Some(span.clone()), m))?;
+                        lun
+                    }
+                };
+                luns.push(lun);
+                lun_initiators.push(seen_by);
+                lun_read_only.push(read_only_for);
+            }
+            let mut access = Access {
+                luns: lun_initiators,
+                read_only: lun_read_only,
+                ..Access::default()
+            };
+            for i in &t.allow_initiators {
+                validate_name(i.get_ref())
+                    .map_err(|e| at(Some(i.span()), format!("allow_initiators: {e}")))?;
+                access.initiators.push(i.get_ref().clone());
+            }
+            for n in &t.allow_networks {
+                access.networks.push(
+                    parse_network(n.get_ref())
+                        .map_err(|e| at(Some(n.span()), format!("allow_networks: {e}")))?,
+                );
+            }
+            let chap = match t.chap {
+                Some(c) => {
+                    let span = c.span();
+                    Some(c.into_inner().resolve(false).map_err(|m| {
+                        at(
+                            Some(span),
+                            format!("[target.chap] of {:?}: {m}", t.name.get_ref()),
+                        )
+                    })?)
+                }
+                None => None,
+            };
+            targets.push(TargetConfig {
+                name: t.name.into_inner(),
+                alias: t.alias,
+                luns,
+                access,
+                chap,
+            });
+        }
+        let chap = match raw.chap {
+            Some(c) => {
+                let span = c.span();
+                Some(
+                    c.into_inner()
+                        .resolve(true)
+                        .map_err(|m| at(Some(span), format!("[chap]: {m}")))?,
+                )
+            }
+            None => None,
+        };
+        let discovery_chap = match raw.discovery.and_then(|d| d.chap) {
+            Some(c) => {
+                let span = c.span();
+                if chap.as_ref().is_some_and(|c| !c.discovery) {
+                    return Err(at(
+                        Some(span),
+                        "[discovery.chap] contradicts discovery = false in [chap]; remove one"
+                            .into(),
+                    ));
+                }
+                let mut d = c
+                    .into_inner()
+                    .resolve(false)
+                    .map_err(|m| at(Some(span), format!("[discovery.chap]: {m}")))?;
+                d.discovery = true;
+                Some(d)
+            }
+            None => None,
+        };
+        Ok(Config {
+            portals,
+            targets,
+            options,
+            chap,
+            discovery_chap,
+        })
+    }
+}
