@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -19,45 +18,9 @@ const DEFAULT_IQN: &str = "iqn.2026-11.org.ethersan:default";
 /// `ethersan serve ARGS` run in `cwd` (so the default data directory,
 /// `./ethersan-data`, is there), listening on a free loopback port.
 fn start_in(cwd: &Path, args: &[&str]) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ethersan"))
-        .arg("serve")
-        .args(["--listen", "127.0.0.1:0"])
-        .args(args)
-        .current_dir(cwd)
-        .env("ETHERSAN_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start ethersan serve");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let log2 = log.clone();
-    std::thread::spawn(move || {
-        let mut addrs = Vec::new();
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(rest) = line.split("listening on ").nth(1) {
-                addrs.push(rest.trim().to_string());
-            }
-            if line.contains("connect with") {
-                let _ = tx.send(std::mem::take(&mut addrs));
-            }
-            log2.lock().unwrap().push(line);
-        }
-    });
-    let addrs: Vec<String> = rx
-        .recv_timeout(Duration::from_secs(20))
-        .unwrap_or_else(|_| {
-            let _ = child.kill();
-            panic!("ethersan serve did not start: {:?}", log.lock().unwrap());
-        });
-    Server {
-        child,
-        lun_base: 0,
-        addr: addrs[0].clone(),
-        addrs,
-        log,
-    }
+    let mut all: Vec<String> = vec!["serve".into(), "--listen".into(), "127.0.0.1:0".into()];
+    all.extend(args.iter().map(|a| a.to_string()));
+    Server::start_args_in(&all, Some(cwd))
 }
 
 /// (serial, NAA designator) of a LUN, as `ethersan inquiry --json` shows them.

@@ -19,17 +19,10 @@ const IQN: &str = "iqn.2026-11.org.ethersan:live";
 fn ram_lun(serial: &str) -> LunSlot {
     let dev = Arc::new(ethersan_backend::ram::RamDevice::new(8 << 20, 512).unwrap());
     let cfg = LuConfig {
-        read_only: false,
-        removable: false,
-        vendor: "ETHERSAN".into(),
-        product: "ethersan disk".into(),
-        revision: "0001".into(),
         serial: serial.into(),
         naa: [0x6e; 16],
         target_name: IQN.into(),
-        write_cache: true,
-        pr_state_file: None,
-        physical_block_size: 0,
+        ..LuConfig::default()
     };
     LunSlot {
         lu: Arc::new(LogicalUnit::new(dev, cfg)),

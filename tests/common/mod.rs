@@ -97,7 +97,16 @@ impl Server {
 
     /// Start with arbitrary `ethersan` arguments; waits for "listening on".
     pub fn start_args(args: &[String]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ethersan"))
+        Server::start_args_in(args, None)
+    }
+
+    /// [`start_args`](Self::start_args) in working directory `cwd`.
+    pub fn start_args_in(args: &[String], cwd: Option<&Path>) -> Server {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ethersan"));
+        if let Some(dir) = cwd {
+            cmd.current_dir(dir);
+        }
+        let mut child = cmd
             .args(args)
             .env("ETHERSAN_LOG", "info")
             .stdout(Stdio::null())

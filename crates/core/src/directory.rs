@@ -193,17 +193,10 @@ mod tests {
         Arc::new(LogicalUnit::new(
             dev,
             LuConfig {
-                read_only: false,
-                removable: false,
-                vendor: "ETHERSAN".into(),
-                product: "test".into(),
-                revision: "0001".into(),
                 serial: "s".into(),
                 naa: [0x60; 16],
                 target_name: "t".into(),
-                write_cache: true,
-                pr_state_file: None,
-                physical_block_size: 0,
+                ..LuConfig::default()
             },
         ))
     }

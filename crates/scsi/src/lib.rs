@@ -97,7 +97,10 @@ pub enum ResetKind {
     TargetCold,
 }
 
-/// Configuration of one logical unit.
+/// Configuration of one logical unit. [`LuConfig::default`] is a writable,
+/// non-removable unit with write cache on and ethersan's INQUIRY strings,
+/// serial "0" and an all-zero designator: set `serial`, `naa` and
+/// `target_name` for a real one.
 #[derive(Debug, Clone)]
 pub struct LuConfig {
     /// Write protected (DATA PROTECT on writes, WP bit in mode data).
@@ -128,6 +131,24 @@ pub struct LuConfig {
     /// Physical block size reported in READ CAPACITY(16) (logical blocks
     /// per physical block); 0 or the logical size: one block per block.
     pub physical_block_size: u32,
+}
+
+impl Default for LuConfig {
+    fn default() -> Self {
+        LuConfig {
+            read_only: false,
+            removable: false,
+            vendor: "ETHERSAN".into(),
+            product: "ethersan disk".into(),
+            revision: "0001".into(),
+            serial: "0".into(),
+            naa: [0; 16],
+            target_name: String::new(),
+            write_cache: true,
+            pr_state_file: None,
+            physical_block_size: 0,
+        }
+    }
 }
 
 pub use disk::{AsyncIoPlan, LogicalUnit, Prepared};

@@ -844,15 +844,8 @@ async fn writes_that_send_no_data_hold_no_memory_beyond_the_session_budget() {
     // R2Ts go out only for the commands whose buffers fit the default
     // budget (128 MiB: two of them).
     let mut solicited = std::collections::BTreeMap::new();
-    while let Ok(Some((bhs, _))) =
-        tokio::time::timeout(Duration::from_millis(1500), read_pdu(&mut sock)).await
-    {
-        match Pdu::decode(&bhs).unwrap() {
-            Pdu::R2t(r) => {
-                solicited.entry(r.itt).or_insert(r);
-            }
-            other => panic!("unexpected {other:?}"),
-        }
+    while let Some(pdu) = pdu_within(&mut sock, 1500).await {
+        collect_r2t(pdu, &mut solicited);
     }
     assert_eq!(
         solicited.keys().copied().collect::<Vec<_>>(),
@@ -873,15 +866,10 @@ async fn writes_that_send_no_data_hold_no_memory_beyond_the_session_budget() {
         feed(&mut sock, r2t, &mut solicited).await;
     }
     while !solicited.contains_key(&103) {
-        let (bhs, _) = read_pdu(&mut sock)
+        let pdu = pdu_within(&mut sock, 5000)
             .await
             .expect("R2Ts for the next commands");
-        match Pdu::decode(&bhs).unwrap() {
-            Pdu::R2t(r) => {
-                solicited.entry(r.itt).or_insert(r);
-            }
-            other => panic!("unexpected {other:?}"),
-        }
+        collect_r2t(pdu, &mut solicited);
     }
     assert_eq!(
         solicited.keys().copied().collect::<Vec<_>>(),
@@ -891,6 +879,16 @@ async fn writes_that_send_no_data_hold_no_memory_beyond_the_session_budget() {
     good.logout().await.unwrap();
     let _ = stop.send(());
     h.await.unwrap();
+}
+
+/// Keep the first R2T of each command; anything else is unexpected.
+fn collect_r2t(pdu: Pdu, r2ts: &mut std::collections::BTreeMap<u32, pdu::R2t>) {
+    match pdu {
+        Pdu::R2t(r) => {
+            r2ts.entry(r.itt).or_insert(r);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
 }
 
 /// Send a write all the data its R2Ts ask for, until its response (which

@@ -10,17 +10,10 @@ use super::*;
 
 fn config() -> LuConfig {
     LuConfig {
-        read_only: false,
-        removable: false,
-        vendor: "ETHERSAN".into(),
-        product: "test".into(),
-        revision: "0001".into(),
         serial: "s".into(),
         naa: [0x60; 16],
         target_name: "iqn.2026-11.org.ethersan:t".into(),
-        write_cache: true,
-        pr_state_file: None,
-        physical_block_size: 0,
+        ..LuConfig::default()
     }
 }
 

@@ -40,17 +40,10 @@ fn target() -> Arc<TargetEntry> {
     let lu = LogicalUnit::new(
         dev,
         LuConfig {
-            read_only: false,
-            removable: false,
-            vendor: "ETHERSAN".into(),
-            product: "ethersan disk".into(),
-            revision: "0001".into(),
             serial: "sm".into(),
             naa: [0x6a; 16],
             target_name: IQN.into(),
-            write_cache: true,
-            pr_state_file: None,
-            physical_block_size: 0,
+            ..LuConfig::default()
         },
     );
     let mut luns = LunMap::new();
