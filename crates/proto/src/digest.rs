@@ -17,7 +17,8 @@ pub fn crc32c_parts(parts: &[&[u8]]) -> u32 {
 
 /// Digest of a data segment of `data` followed by its zero padding to 4 bytes.
 pub fn data_digest(data: &[u8]) -> u32 {
-    let pad = crate::pdu::pad_len(data.len());
+    // Zero padding to a 4-byte boundary (§11.1).
+    let pad = (4 - data.len() % 4) % 4;
     crc32c::crc32c_append(crc32c::crc32c(data), &[0u8; 3][..pad])
 }
 
