@@ -10,15 +10,19 @@
 //!   READ and WRITE, bypassing the page cache. Caller buffers that are not
 //!   page-aligned are bounced through an [`AlignedBuf`]; a transfer the
 //!   device refuses as misaligned (EINVAL, e.g. 512-byte blocks on a 4Kn
-//!   disk) goes through the buffered descriptor instead. The non-blocking
-//!   fast paths report "would wait" (a direct read always waits for the
-//!   device), so the caller never runs direct I/O on an async worker.
-//! - `engine`: [`IoEngine::Sync`] (blocking `pread`/`pwrite`, run by the
-//!   caller on threads) or [`IoEngine::Uring`], which adds an io_uring
-//!   [`UringEngine`] the server submits READ/WRITE to asynchronously
-//!   ([`BlockDevice::async_io`]). The blocking methods stay available (and
-//!   are what every other command uses). When the kernel refuses io_uring
-//!   the device falls back to the sync engine with a warning.
+//!   disk) goes through the buffered descriptor instead. A direct transfer
+//!   never completes inline (it always waits for the device).
+//! - `engine`: [`IoEngine::Sync`] (blocking `pread`/`pwrite`, handed back
+//!   to the caller as a [`Submission::Blocking`] job) or [`IoEngine::Uring`]
+//!   (an io_uring [`UringEngine`]: [`Submission::Pending`], completed from
+//!   the ring thread). When the kernel refuses io_uring the device falls
+//!   back to the sync engine with a warning.
+//!
+//! Both first try to finish inside [`BlockDevice::submit`] without waiting
+//! (buffered only): a READ with `preadv2(RWF_NOWAIT)` into the request's
+//! buffer (kept, never reallocated, when the attempt falls short), a
+//! WRITE without FUA with `pwritev2(RWF_NOWAIT)` or, where the filesystem
+//! has no such thing, a page-aligned write while those stay fast.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -30,8 +34,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::aligned::{AlignedBuf, DIRECT_ALIGN};
+use crate::fill::{align_prefix, read_fill};
 use crate::uring::UringEngine;
-use crate::{AsyncIo, BackendError, BlockDevice};
+use crate::{BackendError, BlockDevice, IoCompletion, IoRequest, IoResult, Submission};
 
 /// How a file or block device moves data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -293,100 +298,198 @@ impl FileDevice {
         }
     }
 
+    /// The io_uring engine, when the device uses one.
+    #[cfg(test)]
+    pub(crate) fn uring(&self) -> Option<&UringEngine> {
+        self.uring.as_ref()
+    }
+
     /// Whether transfers bypass the page cache (`O_DIRECT`).
     pub fn is_direct(&self) -> bool {
         self.direct.is_some()
     }
 
-    /// Read through the `O_DIRECT` descriptor, bouncing through an aligned
-    /// buffer when `buf` is not page-aligned. `Ok(false)`: the device
-    /// refused the alignment (EINVAL); use the buffered descriptor.
-    fn read_direct(d: &File, offset: u64, buf: &mut [u8]) -> io::Result<bool> {
-        let r = if buf.as_ptr().align_offset(DIRECT_ALIGN) == 0 {
-            d.read_exact_at(buf, offset)
-        } else {
-            let mut b = AlignedBuf::zeroed(buf.len());
-            let r = d.read_exact_at(b.as_mut_slice(), offset);
-            if r.is_ok() {
-                buf.copy_from_slice(b.as_slice());
-            }
-            r
-        };
-        match r {
-            Ok(()) => Ok(true),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
-            Err(e) => Err(e),
+    /// The blocking half of the sync engine, owning what it needs so that
+    /// it can run on another thread.
+    fn sync_io(&self) -> SyncIo {
+        SyncIo {
+            file: self.file.clone(),
+            direct: self.direct.clone(),
         }
     }
 
-    /// Write through the `O_DIRECT` descriptor (see [`read_direct`](Self::read_direct)).
-    fn write_direct(&self, d: &File, offset: u64, buf: &[u8], fua: bool) -> io::Result<bool> {
-        let bounce;
-        let data = if buf.as_ptr().align_offset(DIRECT_ALIGN) == 0 {
-            buf
-        } else {
-            bounce = AlignedBuf::copy_of(buf);
-            bounce.as_slice()
-        };
-        let r = if fua {
-            Self::write_dsync(d, offset, data)
-        } else {
-            d.write_all_at(data, offset)
-        };
-        match r {
-            Ok(()) => Ok(true),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// One `preadv2`/`pwritev2` with `RWF_NOWAIT`: whether it moved all of
-    /// `len` bytes without waiting.
-    fn nowait_io(
+    /// Try to finish a READ without waiting (never with `O_DIRECT`): whether
+    /// `buf` now holds all `len` bytes. Bytes read before the data ran out
+    /// stay in `buf`.
+    fn read_inline(
         &self,
         offset: u64,
-        ptr: *mut libc::c_void,
+        buf: &mut Vec<u8>,
         len: usize,
-        write: bool,
-    ) -> io::Result<bool> {
+    ) -> Result<bool, BackendError> {
+        if self.direct.is_some() || !self.nowait_reads.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        match read_fill(&self.file, offset, buf, 0, len, true) {
+            Ok(done) => Ok(done),
+            Err(e) if nowait_unsupported(&e) => {
+                self.nowait_reads.store(false, Ordering::Relaxed);
+                Ok(false)
+            }
+            Err(source) => Err(BackendError::Read { offset, source }),
+        }
+    }
+
+    /// Try to finish a WRITE without FUA without waiting: whether all of
+    /// `buf` was written (else nothing or part of it was, and the caller
+    /// writes all of it the waiting way).
+    fn write_inline(&self, offset: u64, buf: &[u8]) -> Result<bool, BackendError> {
+        if self.direct.is_some() {
+            return Ok(false);
+        }
+        if self.nowait_writes.load(Ordering::Relaxed) {
+            let done = self
+                .nowait_write(offset, buf)
+                .map_err(|source| BackendError::Write { offset, source })?;
+            if done || self.nowait_writes.load(Ordering::Relaxed) {
+                return Ok(done);
+            }
+        }
+        // The filesystem cannot say whether a buffered write would wait
+        // (ext4 has no RWF_NOWAIT for them). A page-aligned write into the
+        // page cache needs no read and normally takes microseconds: do it
+        // here while that holds; after one that took long (dirty-page
+        // throttling, a full journal), send writes the waiting way for a
+        // second.
+        const PAGE: u64 = 4096;
+        const SLOW: std::time::Duration = std::time::Duration::from_micros(500);
+        if offset % PAGE != 0 || buf.len() as u64 % PAGE != 0 || buf.len() > 256 * 1024 {
+            return Ok(false);
+        }
+        let now = self.opened.elapsed().as_nanos() as u64;
+        if now < self.inline_backoff_until.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        let started = std::time::Instant::now();
+        self.file
+            .write_all_at(buf, offset)
+            .map_err(|source| BackendError::Write { offset, source })?;
+        if started.elapsed() > SLOW {
+            self.inline_backoff_until
+                .store(now + 1_000_000_000, Ordering::Relaxed);
+        }
+        Ok(true)
+    }
+
+    /// One `pwritev2` with `RWF_NOWAIT`: whether it wrote all of `buf`
+    /// without waiting.
+    fn nowait_write(&self, offset: u64, buf: &[u8]) -> io::Result<bool> {
         let iov = libc::iovec {
-            iov_base: ptr,
-            iov_len: len,
+            iov_base: buf.as_ptr() as *mut libc::c_void,
+            iov_len: buf.len(),
         };
         let fd = self.file.as_raw_fd();
         loop {
-            // SAFETY: the iovec describes a live buffer of `len` bytes owned by
-            // the caller for the duration of the call (written by the kernel for
-            // a read, only read for a write); the fd is open for the life of
-            // `self`.
-            let n = unsafe {
-                if write {
-                    libc::pwritev2(fd, &iov, 1, offset as libc::off_t, libc::RWF_NOWAIT)
-                } else {
-                    libc::preadv2(fd, &iov, 1, offset as libc::off_t, libc::RWF_NOWAIT)
-                }
-            };
+            // SAFETY: the iovec describes `buf`, alive and only read by the
+            // kernel for the duration of the call; the fd is open for the
+            // life of `self`.
+            let n = unsafe { libc::pwritev2(fd, &iov, 1, offset as libc::off_t, libc::RWF_NOWAIT) };
             if n >= 0 {
-                return Ok(n as usize == len);
+                return Ok(n as usize == buf.len());
             }
             let e = io::Error::last_os_error();
             match e.raw_os_error() {
                 Some(libc::EINTR) => continue,
                 Some(libc::EAGAIN) => return Ok(false),
-                Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL) => {
-                    let flag = if write {
-                        &self.nowait_writes
-                    } else {
-                        &self.nowait_reads
-                    };
-                    flag.store(false, Ordering::Relaxed);
+                _ if nowait_unsupported(&e) => {
+                    self.nowait_writes.store(false, Ordering::Relaxed);
                     return Ok(false);
                 }
                 _ => return Err(e),
             }
         }
     }
+}
 
+/// Whether an error of a `RWF_NOWAIT` call means "not supported here".
+fn nowait_unsupported(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL)
+    )
+}
+
+/// The sync engine's blocking I/O (run by the caller of
+/// [`BlockDevice::submit`] as a [`Submission::Blocking`] job).
+#[derive(Debug, Clone)]
+struct SyncIo {
+    file: Arc<File>,
+    direct: Option<Arc<File>>,
+}
+
+impl SyncIo {
+    /// Read `len` bytes at `offset` into `buf` (which may hold the first
+    /// bytes already, from an inline attempt).
+    fn read(&self, offset: u64, mut buf: Vec<u8>, len: usize) -> IoResult {
+        let err = |source| BackendError::Read { offset, source };
+        if let Some(d) = &self.direct {
+            // Into an aligned spot of the same allocation; no bounce copy.
+            let skip = align_prefix(&mut buf, len, DIRECT_ALIGN);
+            match read_fill(d, offset, &mut buf, skip, len, false) {
+                Ok(_) => {
+                    buf.drain(..skip);
+                    return Ok(buf);
+                }
+                // The device refuses this alignment: use the page cache.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => buf.clear(),
+                Err(e) => return Err(err(e)),
+            }
+        }
+        // A sparse region reads as zeros.
+        read_fill(&self.file, offset, &mut buf, 0, len, false).map_err(err)?;
+        Ok(buf)
+    }
+
+    /// Write `buf` at `offset` (through the direct descriptor when there is
+    /// one, bouncing unaligned memory).
+    fn write(&self, offset: u64, buf: &[u8], fua: bool) -> IoResult {
+        let err = |source| BackendError::Write { offset, source };
+        if let Some(d) = &self.direct {
+            let bounce;
+            let data = if buf.as_ptr().align_offset(DIRECT_ALIGN) == 0 {
+                buf
+            } else {
+                bounce = AlignedBuf::copy_of(buf);
+                bounce.as_slice()
+            };
+            let r = if fua {
+                FileDevice::write_dsync(d, offset, data)
+            } else {
+                d.write_all_at(data, offset)
+            };
+            match r {
+                Ok(()) => return Ok(Vec::new()),
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+                Err(e) => return Err(err(e)),
+            }
+        }
+        let r = if fua {
+            FileDevice::write_dsync(&self.file, offset, buf)
+        } else {
+            self.file.write_all_at(buf, offset)
+        };
+        r.map(|()| Vec::new()).map_err(err)
+    }
+
+    fn flush(&self) -> IoResult {
+        self.file
+            .sync_data()
+            .map(|()| Vec::new())
+            .map_err(BackendError::Flush)
+    }
+}
+
+impl FileDevice {
     fn write_dsync(file: &File, offset: u64, buf: &[u8]) -> io::Result<()> {
         let mut done = 0usize;
         while done < buf.len() {
@@ -455,82 +558,72 @@ impl BlockDevice for FileDevice {
         let old = self.num_blocks.swap(blocks, Ordering::Relaxed);
         Ok((old != blocks).then_some(blocks))
     }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
-        if let Some(d) = &self.direct {
-            if Self::read_direct(d, offset, buf)
-                .map_err(|source| BackendError::Read { offset, source })?
-            {
-                return Ok(());
+    /// Inline when the page cache allows (never with `O_DIRECT`, never a
+    /// FUA write or a flush), else `Pending` on io_uring or `Blocking`
+    /// with the sync engine.
+    fn submit(&self, req: IoRequest, done: IoCompletion) -> Submission {
+        match req {
+            IoRequest::Read {
+                offset,
+                len,
+                mut buf,
+            } => {
+                buf.clear();
+                if len == 0 {
+                    return Submission::Done(Ok(buf));
+                }
+                match self.read_inline(offset, &mut buf, len) {
+                    Ok(true) => return Submission::Done(Ok(buf)),
+                    Ok(false) => {}
+                    Err(e) => return Submission::Done(Err(e)),
+                }
+                if let Some(u) = &self.uring {
+                    buf.clear();
+                    u.submit(IoRequest::Read { offset, len, buf }, done);
+                    return Submission::Pending;
+                }
+                let io = self.sync_io();
+                Submission::Blocking(Box::new(move || io.read(offset, buf, len)))
+            }
+            IoRequest::Write {
+                offset,
+                data,
+                len,
+                fua,
+            } => {
+                let len = len.min(data.len());
+                if len == 0 {
+                    return Submission::Done(Ok(Vec::new()));
+                }
+                if !fua {
+                    match self.write_inline(offset, &data[..len]) {
+                        Ok(true) => return Submission::Done(Ok(Vec::new())),
+                        Ok(false) => {}
+                        Err(e) => return Submission::Done(Err(e)),
+                    }
+                }
+                if let Some(u) = &self.uring {
+                    let req = IoRequest::Write {
+                        offset,
+                        data,
+                        len,
+                        fua,
+                    };
+                    u.submit(req, done);
+                    return Submission::Pending;
+                }
+                let io = self.sync_io();
+                Submission::Blocking(Box::new(move || io.write(offset, &data[..len], fua)))
+            }
+            IoRequest::Flush => {
+                if let Some(u) = &self.uring {
+                    u.submit(IoRequest::Flush, done);
+                    return Submission::Pending;
+                }
+                let io = self.sync_io();
+                Submission::Blocking(Box::new(move || io.flush()))
             }
         }
-        // read_exact_at retries on EINTR; a sparse region reads as zeros.
-        self.file
-            .read_exact_at(buf, offset)
-            .map_err(|source| BackendError::Read { offset, source })
-    }
-    fn try_read_at(&self, offset: u64, buf: &mut [u8]) -> Result<bool, BackendError> {
-        // A direct read always waits for the device.
-        if self.direct.is_some() || !self.nowait_reads.load(Ordering::Relaxed) {
-            return Ok(false);
-        }
-        self.nowait_io(offset, buf.as_mut_ptr().cast(), buf.len(), false)
-            .map_err(|source| BackendError::Read { offset, source })
-    }
-    fn try_write_at(&self, offset: u64, buf: &[u8]) -> Result<bool, BackendError> {
-        if self.direct.is_some() {
-            return Ok(false);
-        }
-        if self.nowait_writes.load(Ordering::Relaxed) {
-            let done = self
-                .nowait_io(offset, buf.as_ptr() as *mut libc::c_void, buf.len(), true)
-                .map_err(|source| BackendError::Write { offset, source })?;
-            if done || self.nowait_writes.load(Ordering::Relaxed) {
-                return Ok(done);
-            }
-        }
-        // The filesystem cannot say whether a buffered write would wait
-        // (ext4 has no RWF_NOWAIT for them). A page-aligned write into the
-        // page cache needs no read and normally takes microseconds: do it
-        // here while that holds; after one that took long (dirty-page
-        // throttling, a full journal), send writes to the blocking pool for
-        // a second.
-        const PAGE: u64 = 4096;
-        const SLOW: std::time::Duration = std::time::Duration::from_micros(500);
-        if offset % PAGE != 0 || buf.len() as u64 % PAGE != 0 || buf.len() > 256 * 1024 {
-            return Ok(false);
-        }
-        let now = self.opened.elapsed().as_nanos() as u64;
-        if now < self.inline_backoff_until.load(Ordering::Relaxed) {
-            return Ok(false);
-        }
-        let started = std::time::Instant::now();
-        self.file
-            .write_all_at(buf, offset)
-            .map_err(|source| BackendError::Write { offset, source })?;
-        if started.elapsed() > SLOW {
-            self.inline_backoff_until
-                .store(now + 1_000_000_000, Ordering::Relaxed);
-        }
-        Ok(true)
-    }
-    fn write_at(&self, offset: u64, buf: &[u8], fua: bool) -> Result<(), BackendError> {
-        if let Some(d) = &self.direct {
-            if self
-                .write_direct(d, offset, buf, fua)
-                .map_err(|source| BackendError::Write { offset, source })?
-            {
-                return Ok(());
-            }
-        }
-        let r = if fua {
-            Self::write_dsync(&self.file, offset, buf)
-        } else {
-            self.file.write_all_at(buf, offset)
-        };
-        r.map_err(|source| BackendError::Write { offset, source })
-    }
-    fn flush(&self) -> Result<(), BackendError> {
-        self.file.sync_data().map_err(BackendError::Flush)
     }
     fn prefetch(&self, offset: u64, len: u64) -> Result<(), BackendError> {
         // SAFETY: posix_fadvise only reads its integer arguments; the fd is open.
@@ -552,9 +645,6 @@ impl BlockDevice for FileDevice {
     }
     fn thin_provisioned(&self) -> bool {
         self.thin
-    }
-    fn async_io(&self) -> Option<&dyn AsyncIo> {
-        self.uring.as_ref().map(|u| u as &dyn AsyncIo)
     }
     fn unmap(&self, offset: u64, len: u64) -> Result<(), BackendError> {
         if !self.thin {
@@ -622,8 +712,23 @@ impl BlockDevice for FileDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::BlockDeviceExt;
     use std::os::unix::fs::MetadataExt;
     use std::sync::Arc;
+
+    /// A completion for requests that must not go pending.
+    pub(super) fn never() -> IoCompletion {
+        Box::new(|_| panic!("completion called for a request that did not go pending"))
+    }
+
+    pub(super) fn write(offset: u64, data: &[u8], fua: bool) -> IoRequest {
+        IoRequest::Write {
+            offset,
+            data: data.to_vec(),
+            len: data.len(),
+            fua,
+        }
+    }
 
     fn opts(size: Option<u64>, bs: u32) -> FileOptions {
         FileOptions {
@@ -662,14 +767,39 @@ mod tests {
         let data: Vec<u8> = (0..8192u32).map(|i| (i * 7) as u8).collect();
         // A page-aligned write is taken without waiting (RWF_NOWAIT or the
         // inline path); a misaligned one is left to the blocking path.
-        assert!(d.try_write_at(4096, &data).unwrap());
+        assert!(matches!(
+            d.submit(write(4096, &data, false), never()),
+            Submission::Done(Ok(_))
+        ));
         assert!(
-            !d.try_write_at(512, &data[..512]).unwrap() || d.nowait_writes.load(Ordering::Relaxed)
+            !matches!(
+                d.submit(write(512, &data[..512], false), never()),
+                Submission::Done(_)
+            ) || d.nowait_writes.load(Ordering::Relaxed)
         );
-        // Just written: in the page cache, so readable without waiting.
-        let mut back = vec![0u8; 8192];
-        assert!(d.try_read_at(4096, &mut back).unwrap());
+        // A FUA write and a flush always wait.
+        assert!(matches!(
+            d.submit(write(4096, &data, true), never()),
+            Submission::Blocking(_)
+        ));
+        assert!(matches!(
+            d.submit(IoRequest::Flush, never()),
+            Submission::Blocking(_)
+        ));
+        // Just written: in the page cache, so readable without waiting,
+        // into a reused buffer that held garbage, none of which comes back.
+        let garbage = vec![0xee; 16384];
+        let ptr = garbage.as_ptr();
+        let req = IoRequest::Read {
+            offset: 4096,
+            len: 8192,
+            buf: garbage,
+        };
+        let Submission::Done(Ok(back)) = d.submit(req, never()) else {
+            panic!("page-cache read did not complete inline")
+        };
         assert_eq!(back, data);
+        assert_eq!(back.as_ptr(), ptr, "the read reused the buffer given");
         let mut again = vec![0u8; 8192];
         d.read_at(4096, &mut again).unwrap();
         assert_eq!(again, data);
@@ -766,6 +896,7 @@ mod tests {
 #[cfg(test)]
 mod direct_tests {
     use super::*;
+    use crate::BlockDeviceExt;
 
     #[test]
     fn direct_mode_round_trips_unaligned_buffers_and_never_runs_inline() {
@@ -801,10 +932,30 @@ mod direct_tests {
                 d.read_at(off, a.as_mut_slice()).unwrap();
                 assert_eq!(a.as_slice(), &data[..]);
             }
-            // Direct I/O always waits for the device: never inline.
-            let mut b = vec![0u8; 4096];
-            assert!(!d.try_read_at(0, &mut b).unwrap());
-            assert!(!d.try_write_at(0, &b).unwrap());
+            // Direct I/O always waits for the device: never inline, also
+            // for data the page cache would have.
+            let b = vec![0u8; 4096];
+            for _ in 0..2 {
+                assert!(matches!(
+                    d.submit(IoRequest::read(0, 4096), tests::never()),
+                    Submission::Blocking(_)
+                ));
+                assert!(matches!(
+                    d.submit(tests::write(0, &b, false), tests::never()),
+                    Submission::Blocking(_)
+                ));
+            }
+            // The blocking job reads into the buffer given (garbage) and
+            // returns the medium's bytes only.
+            let req = IoRequest::Read {
+                offset: u64::from(bs),
+                len,
+                buf: vec![0xee; 3 * len],
+            };
+            let Submission::Blocking(job) = d.submit(req, tests::never()) else {
+                panic!()
+            };
+            assert_eq!(job().unwrap(), data);
             d.flush().unwrap();
             assert!(d.describe().contains("O_DIRECT"));
         }
@@ -832,7 +983,10 @@ mod direct_tests {
         .unwrap();
         d.uring = uring_or_fallback(p, || Err(io::Error::from_raw_os_error(libc::EPERM)));
         assert_eq!(d.engine(), IoEngine::Sync);
-        assert!(d.async_io().is_none());
+        assert!(matches!(
+            d.submit(IoRequest::Flush, tests::never()),
+            Submission::Blocking(_)
+        ));
         d.write_at(0, &[5u8; 512], true).unwrap();
         let mut b = [0u8; 512];
         d.read_at(0, &mut b).unwrap();
