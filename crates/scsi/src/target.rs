@@ -7,7 +7,9 @@ use crate::commands::Op;
 use crate::copy::CopyManager;
 use crate::disk::LogicalUnit;
 use crate::sense::Sense;
-use crate::{Nexus, Prepared, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus};
+use crate::{
+    LunAccess, Nexus, ResetKind, ScsiCommand, ScsiCompletion, ScsiResponse, ScsiStatus, Submitted,
+};
 
 /// REPORT LUNS parameter data for `luns` (peripheral addressing below 256,
 /// flat space above).
@@ -48,7 +50,7 @@ pub(crate) fn report_luns(cdb: &[u8], luns: &[u64]) -> Result<super::disk::Reply
 #[derive(Debug, Default)]
 pub struct ScsiTarget {
     luns: Vec<Arc<LogicalUnit>>,
-    copies: CopyManager,
+    copies: Arc<CopyManager>,
 }
 
 impl ScsiTarget {
@@ -56,7 +58,7 @@ impl ScsiTarget {
     pub fn new(luns: Vec<Arc<LogicalUnit>>) -> Self {
         ScsiTarget {
             luns,
-            copies: CopyManager::default(),
+            copies: Arc::default(),
         }
     }
 
@@ -69,105 +71,35 @@ impl ScsiTarget {
         usize::try_from(lun).ok().and_then(|i| self.luns.get(i))
     }
 
-    /// Execute a command only if that needs no waiting (see
-    /// [`LogicalUnit::try_execute_nowait`]); `None`: use
-    /// [`execute`](Self::execute) off the async workers.
-    pub fn try_execute_nowait(&self, req: &ScsiRequest<'_>) -> Option<ScsiResponse> {
-        self.try_execute_nowait_masked(req, None, None)
-    }
-
-    /// [`try_execute_nowait`](Self::try_execute_nowait) under a LUN mask (see
-    /// [`execute_masked`](Self::execute_masked)); a masked LUN is left to it.
-    pub fn try_execute_nowait_masked(
+    /// The one entry point: run `cmd` for an initiator whose access to
+    /// each LUN `access` tells. The lookup and the unit's checks (CDB,
+    /// unit attentions, reservations, medium, write protection) run once,
+    /// here; then the command is finished ([`Submitted::Done`]), in the
+    /// engine ([`Submitted::Pending`]: `done` gets the response), or left
+    /// as a job for a thread where blocking is fine
+    /// ([`Submitted::Blocking`]). `done` is called if and only if the
+    /// answer is `Pending`.
+    ///
+    /// REPORT LUNS lists only the visible LUNs; a LUN that is not visible
+    /// answers as one that does not exist (INQUIRY peripheral qualifier
+    /// 011b, other commands LOGICAL UNIT NOT SUPPORTED); on a read-only
+    /// LUN commands that change the medium get DATA PROTECT / WRITE
+    /// PROTECTED; EXTENDED COPY can name only visible, writable LUNs.
+    pub fn submit(
         &self,
-        req: &ScsiRequest<'_>,
-        mask: Option<&[bool]>,
-        read_only: Option<&[bool]>,
-    ) -> Option<ScsiResponse> {
-        let i = usize::try_from(req.lun).ok()?;
-        let hidden = mask.is_some_and(|m| !m.get(i).copied().unwrap_or(false));
-        let ro = read_only.is_some_and(|m| m.get(i).copied().unwrap_or(false));
-        if hidden || ro {
-            return None;
-        }
-        self.lun(req.lun)?.try_execute_nowait(req)
-    }
-
-    /// Plan a READ or WRITE for a LUN with an asynchronous backend (see
-    /// [`LogicalUnit::prepare_async`]) under a LUN mask; a masked or
-    /// read-only LUN, and any other command, is left to
-    /// [`execute_masked`](Self::execute_masked) ([`Prepared::Blocking`]).
-    pub fn prepare_async_masked(
-        &self,
-        req: &ScsiRequest<'_>,
-        mask: Option<&[bool]>,
-        read_only: Option<&[bool]>,
-    ) -> Prepared {
-        let Some(i) = usize::try_from(req.lun).ok() else {
-            return Prepared::Blocking;
-        };
-        let hidden = mask.is_some_and(|m| !m.get(i).copied().unwrap_or(false));
-        let ro = read_only.is_some_and(|m| m.get(i).copied().unwrap_or(false));
-        match self.lun(req.lun) {
-            Some(lu) if !hidden && !ro => lu.prepare_async(req),
-            _ => Prepared::Blocking,
-        }
-    }
-
-    /// Execute one command (blocking). Handles REPORT LUNS, unknown LUNs
-    /// (INQUIRY peripheral qualifier 011b, other commands LOGICAL UNIT NOT
-    /// SUPPORTED), and hands everything else to the logical unit.
-    pub fn execute(&self, req: &ScsiRequest<'_>) -> ScsiResponse {
-        self.execute_masked(req, None, None)
-    }
-
-    /// [`execute`](Self::execute) for an initiator that sees only the LUNs
-    /// whose entry in `mask` is true (LUN masking): REPORT LUNS lists only
-    /// those, the others answer as if they did not exist, and EXTENDED COPY
-    /// can name no other.
-    /// LUNs whose entry in `read_only` is true are write-protected for this
-    /// initiator: commands that change the medium get DATA PROTECT / WRITE
-    /// PROTECTED, and EXTENDED COPY cannot use them.
-    pub fn execute_masked(
-        &self,
-        req: &ScsiRequest<'_>,
-        mask: Option<&[bool]>,
-        read_only: Option<&[bool]>,
-    ) -> ScsiResponse {
-        let flag = |m: &[bool], l: u64| {
-            usize::try_from(l)
-                .ok()
-                .and_then(|i| m.get(i))
-                .copied()
-                .unwrap_or(false)
-        };
-        let visible = |l: u64| mask.is_none_or(|m| flag(m, l));
-        let writable = |l: u64| !read_only.is_some_and(|m| flag(m, l));
-        let opcode = req.cdb.first().copied().unwrap_or(0xff);
+        cmd: ScsiCommand,
+        access: &dyn Fn(u64) -> LunAccess,
+        done: ScsiCompletion,
+    ) -> Submitted {
+        let opcode = cmd.cdb.first().copied().unwrap_or(0xff);
         if opcode == 0xa0 {
-            if let Some((byte, bit)) = crate::commands::lookup(req.cdb)
-                .and_then(|d| crate::commands::reserved_bits(d, req.cdb))
-            {
-                return plain_check(Sense::invalid_cdb_field(byte, Some(bit)), self.lun(req.lun));
-            }
-            let all: Vec<u64> = (0..self.luns.len() as u64)
-                .filter(|l| visible(*l))
-                .collect();
-            return match report_luns(req.cdb, &all) {
-                Ok(data) => ScsiResponse {
-                    status: ScsiStatus::Good,
-                    sense: Vec::new(),
-                    data_in: data,
-                    data_out_len: None,
-                },
-                Err(s) => plain_check(s, self.lun(req.lun)),
-            };
+            return Submitted::Done(self.report_luns(&cmd, access));
         }
-        let Some(lu) = self.lun(req.lun).filter(|_| visible(req.lun)) else {
-            return crate::missing_lun::execute(req);
+        let Some(lu) = self.lun(cmd.lun).filter(|_| access(cmd.lun).visible) else {
+            return Submitted::Done(crate::missing_lun::execute(&cmd.request()));
         };
-        if !writable(req.lun) {
-            let changes_medium = crate::commands::lookup(req.cdb).is_some_and(|d| {
+        if access(cmd.lun).read_only {
+            let changes_medium = crate::commands::lookup(&cmd.cdb).is_some_and(|d| {
                 matches!(
                     d.op,
                     Op::Write
@@ -182,52 +114,77 @@ impl ScsiTarget {
                 )
             });
             if changes_medium {
-                return lu.check(crate::sense::codes::WRITE_PROTECTED);
+                return Submitted::Done(lu.check(crate::sense::codes::WRITE_PROTECTED));
             }
         }
         if opcode != 0x83 && opcode != 0x84 {
-            return lu.execute(req);
+            return lu.submit(cmd, done);
         }
-        let def = match lu.precheck(req) {
+        let def = match lu.precheck(&cmd.request()) {
             Ok(d) => d,
-            Err(resp) => return resp,
+            Err(resp) => return Submitted::Done(resp),
         };
-        let ok = |data_in: Vec<u8>| ScsiResponse {
-            status: ScsiStatus::Good,
-            sense: Vec::new(),
-            data_in,
-            data_out_len: None,
-        };
-        let result = match def.op {
-            // Only the LUNs this initiator may see (the LIO CVE-2020-28374
-            // lesson: a copy must not reach any other).
-            Op::ExtendedCopy => self
-                .copies
-                .extended_copy(
-                    req.nexus,
-                    req.cdb,
-                    req.data_out,
-                    &self
-                        .luns
-                        .iter()
-                        .enumerate()
-                        .filter(|(i, _)| visible(*i as u64) && writable(*i as u64))
-                        .map(|(_, lu)| lu.clone())
-                        .collect::<Vec<_>>(),
-                )
-                .map(|_| ok(Vec::new())),
-            Op::ReceiveCopyResults => self.copies.receive_copy_results(req.nexus, req.cdb).map(ok),
-            _ => return lu.execute(req),
-        };
-        let mut resp = result.unwrap_or_else(|s| lu.check(s));
-        if def.op == Op::ExtendedCopy {
-            resp.data_out_len =
-                Some(
-                    u32::from_be_bytes([req.cdb[10], req.cdb[11], req.cdb[12], req.cdb[13]])
-                        as usize,
-                );
+        if !matches!(def.op, Op::ExtendedCopy | Op::ReceiveCopyResults) {
+            return lu.submit(cmd, done);
         }
-        resp
+        // Only the LUNs this initiator may see and write (the LIO
+        // CVE-2020-28374 lesson: a copy must not reach any other).
+        let reachable: Vec<Arc<LogicalUnit>> = self
+            .luns
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| {
+                let a = access(*i as u64);
+                a.visible && !a.read_only
+            })
+            .map(|(_, lu)| lu.clone())
+            .collect();
+        let copies = self.copies.clone();
+        let lu = lu.clone();
+        Submitted::Blocking(Box::new(move || {
+            copy_command(&copies, &lu, def.op, &cmd, &reachable)
+        }))
+    }
+
+    /// [`submit`](Self::submit) and wait for the response on this thread
+    /// (running a blocking job here): for tools, tests and fuzzing.
+    pub fn submit_and_wait(
+        &self,
+        cmd: ScsiCommand,
+        access: &dyn Fn(u64) -> LunAccess,
+    ) -> ScsiResponse {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let done: ScsiCompletion = Box::new(move |r| {
+            let _ = tx.send(r);
+        });
+        match self.submit(cmd, access, done) {
+            Submitted::Done(r) => r,
+            Submitted::Blocking(job) => job(),
+            Submitted::Pending => rx
+                .recv()
+                .expect("the engine completes every pending command"),
+        }
+    }
+
+    /// REPORT LUNS: the target answers it, listing the visible LUNs.
+    fn report_luns(&self, cmd: &ScsiCommand, access: &dyn Fn(u64) -> LunAccess) -> ScsiResponse {
+        if let Some((byte, bit)) = crate::commands::lookup(&cmd.cdb)
+            .and_then(|d| crate::commands::reserved_bits(d, &cmd.cdb))
+        {
+            return plain_check(Sense::invalid_cdb_field(byte, Some(bit)), self.lun(cmd.lun));
+        }
+        let all: Vec<u64> = (0..self.luns.len() as u64)
+            .filter(|l| access(*l).visible)
+            .collect();
+        match report_luns(&cmd.cdb, &all) {
+            Ok(data) => ScsiResponse {
+                status: ScsiStatus::Good,
+                sense: Vec::new(),
+                data_in: data,
+                data_out_len: None,
+            },
+            Err(s) => plain_check(s, self.lun(cmd.lun)),
+        }
     }
 
     /// A new I_T nexus appeared (login): it gets a POWER ON OR RESET unit
@@ -285,6 +242,36 @@ impl ScsiTarget {
             }
         }
     }
+}
+
+/// EXTENDED COPY or RECEIVE COPY RESULTS, checked already, run by the
+/// copy manager over the LUNs the initiator may reach.
+fn copy_command(
+    copies: &CopyManager,
+    lu: &LogicalUnit,
+    op: Op,
+    cmd: &ScsiCommand,
+    reachable: &[Arc<LogicalUnit>],
+) -> ScsiResponse {
+    let ok = |data_in: Vec<u8>| ScsiResponse {
+        status: ScsiStatus::Good,
+        sense: Vec::new(),
+        data_in,
+        data_out_len: None,
+    };
+    let result = if op == Op::ExtendedCopy {
+        copies
+            .extended_copy(cmd.nexus, &cmd.cdb, &cmd.data_out, reachable)
+            .map(|_| ok(Vec::new()))
+    } else {
+        copies.receive_copy_results(cmd.nexus, &cmd.cdb).map(ok)
+    };
+    let mut resp = result.unwrap_or_else(|s| lu.check(s));
+    if op == Op::ExtendedCopy {
+        let c = &cmd.cdb;
+        resp.data_out_len = Some(u32::from_be_bytes([c[10], c[11], c[12], c[13]]) as usize);
+    }
+    resp
 }
 
 pub(crate) fn plain_check(s: Sense, lu: Option<&Arc<LogicalUnit>>) -> ScsiResponse {
