@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use ethersan_backend::ram::RamDevice;
-use ethersan_scsi::{LogicalUnit, LuConfig, Nexus, ScsiRequest, ScsiStatus, ScsiTarget};
+use ethersan_scsi::{LogicalUnit, LunAccess, LuConfig, Nexus, ScsiCommand, ScsiRequest, ScsiStatus, ScsiTarget};
 use libfuzzer_sys::fuzz_target;
 
 fn target() -> ScsiTarget {
@@ -53,7 +53,9 @@ fuzz_target!(|data: &[u8]| {
             data_out,
             expected_len: 1 << 16,
         };
-        let resp = if sel & 2 == 0 { t.execute(&req) } else { t.try_execute_nowait(&req).unwrap_or_else(|| t.execute(&req)) };
+        // Bit 1: the LUN is read-only for this initiator.
+        let access = |_| LunAccess { visible: true, read_only: sel & 2 != 0 };
+        let resp = t.submit_and_wait(ScsiCommand::from(&req), &access);
         if resp.status == ScsiStatus::CheckCondition {
             let s = &resp.sense;
             assert!(s.len() >= 8, "short sense {s:?}");
@@ -61,5 +63,5 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let tur = ScsiRequest { nexus: a, lun: 0, cdb: &[0; 6], data_out: &[], expected_len: 0 };
-    let _ = t.execute(&tur);
+    let _ = t.submit_and_wait(ScsiCommand::from(&tur), &LunAccess::all);
 });
