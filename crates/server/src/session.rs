@@ -19,7 +19,10 @@ use ethersan_proto::pdu::{
 };
 use ethersan_proto::seq::{Admission, CmdWindow};
 use ethersan_proto::transfer::{data_in_segments, TransferLimits, WriteTransfer};
-use ethersan_scsi::{Nexus, Prepared, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus};
+use ethersan_scsi::{
+    LunAccess, Nexus, ResetKind, ScsiCommand as ScsiCmd, ScsiCompletion, ScsiResponse, ScsiStatus,
+    Submitted,
+};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
@@ -682,80 +685,45 @@ impl Session {
         let lun = lun_from_wire(task.cmd.lun);
         let expected_len = task.cmd.expected_len;
         let tx = self.done_tx.clone();
-        // Fast path: a command that needs no waiting (page-cache reads and
-        // writes, RAM, metadata) runs right here, with no thread handoff.
-        let req = ScsiRequest {
+        let cmd = ScsiCmd {
             nexus,
             lun,
-            cdb: &cdb,
-            data_out: &data,
+            cdb,
+            data_out: data,
             expected_len,
         };
-        let inline_io = self.setup.options.inline_io;
-        let mask = self.setup.lun_mask.clone();
-        let ro = self.setup.read_only_mask.clone();
-        let inline = guarded(
-            itt,
-            || {
-                inline_io
-                    .then(|| {
-                        target
-                            .scsi
-                            .try_execute_nowait_masked(&req, mask.as_deref(), ro.as_deref())
-                    })
-                    .flatten()
-            },
-            Some,
-        );
-        if let Some(resp) = inline {
-            let _ = tx.send(Event::Done(itt, resp));
+        let (mask, ro) = (self.setup.lun_mask.clone(), self.setup.read_only_mask.clone());
+        let access = move |l| LunAccess::from_masks(mask.as_deref(), ro.as_deref(), l);
+        let done_tx = tx.clone();
+        let done: ScsiCompletion = Box::new(move |resp| {
+            let _ = done_tx.send(Event::Done(itt, resp));
+        });
+        // One submission: looked up and checked once, then finished now
+        // (page cache, RAM, metadata; no thread handoff), pending in the
+        // LUN's io_uring (completed from the ring thread straight into this
+        // session's event channel), or a job for the blocking pool (the sync
+        // engine's I/O, slow-path commands).
+        let submit = move || guarded(itt, || target.scsi.submit(cmd, &access, done), Submitted::Done);
+        let settle = move |submitted: Submitted| match submitted {
+            Submitted::Done(resp) => {
+                let _ = tx.send(Event::Done(itt, resp));
+            }
+            Submitted::Pending => {}
+            Submitted::Blocking(job) => {
+                let _ = tx.send(Event::Done(itt, guarded(itt, job, |r| r)));
+            }
+        };
+        if !self.setup.options.inline_io {
+            // Everything on the blocking pool.
+            tokio::task::spawn_blocking(move || settle(submit()));
             return;
         }
-        // A READ or WRITE on a LUN with an asynchronous engine (io_uring):
-        // checked here, submitted to the LUN's ring, and completed from the
-        // ring thread straight into this session's event channel; no thread
-        // waits for the I/O.
-        let prepared = guarded(
-            itt,
-            || {
-                target
-                    .scsi
-                    .prepare_async_masked(&req, mask.as_deref(), ro.as_deref())
-            },
-            Prepared::Done,
-        );
-        match prepared {
-            Prepared::Done(resp) => {
-                let _ = tx.send(Event::Done(itt, resp));
-                return;
+        match submit() {
+            Submitted::Blocking(job) => {
+                tokio::task::spawn_blocking(move || settle(Submitted::Blocking(job)));
             }
-            Prepared::Io(plan) => {
-                plan.submit(data, move |resp| {
-                    let _ = tx.send(Event::Done(itt, resp));
-                });
-                return;
-            }
-            Prepared::Blocking => {}
+            other => settle(other),
         }
-        tokio::task::spawn_blocking(move || {
-            let req = ScsiRequest {
-                nexus,
-                lun,
-                cdb: &cdb,
-                data_out: &data,
-                expected_len,
-            };
-            let resp = guarded(
-                itt,
-                || {
-                    target
-                        .scsi
-                        .execute_masked(&req, mask.as_deref(), ro.as_deref())
-                },
-                |r| r,
-            );
-            let _ = tx.send(Event::Done(itt, resp));
-        });
     }
 
     fn on_done(&mut self, itt: u32, resp: ScsiResponse) {
