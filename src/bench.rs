@@ -11,7 +11,7 @@ use anyhow::{bail, Context};
 use bytes::Bytes;
 use clap::{Args, ValueEnum};
 use ethersan_backend::file::{FileDevice, FileOptions, IoEngine};
-use ethersan_backend::{BlockDevice, IoRequest};
+use ethersan_backend::{BlockDevice, IoRequest, Submission};
 use ethersan_initiator::IscsiUrl;
 use hdrhistogram::Histogram;
 use serde::Serialize;
@@ -198,28 +198,15 @@ impl Worker {
                 check("READ(16)", &r)?;
                 Ok(())
             }
-            // As the server does: first without waiting (page cache), on
-            // this thread; only a read that would wait goes to the engine.
-            Engine::Local(dev) if dev.try_read_at(offset, &mut self.buf).context("read")? => {
-                // Done without an await: let the timer and other tasks run.
-                tokio::task::yield_now().await;
-                Ok(())
-            }
-            Engine::Local(dev) if dev.async_io().is_some() => {
-                let len = self.buf.len();
-                submit_local(dev, IoRequest::Read { offset, len }).await?;
-                Ok(())
-            }
+            // As the server does: one submission, which finishes on this
+            // thread when the data is at hand (page cache), goes to the
+            // ring (io_uring) or comes back as a job for the blocking pool
+            // (sync). The worker's buffer is reused, never zeroed.
             Engine::Local(dev) => {
-                let dev = dev.clone();
-                let mut buf = std::mem::take(&mut self.buf);
-                let (buf, r) = tokio::task::spawn_blocking(move || {
-                    let r = dev.read_at(offset, &mut buf);
-                    (buf, r)
-                })
-                .await?;
-                self.buf = buf;
-                r.context("read")?;
+                let len = self.data.len();
+                let buf = std::mem::take(&mut self.buf);
+                let req = IoRequest::Read { offset, len, buf };
+                self.buf = submit_local(dev, req).await.context("read")?;
                 Ok(())
             }
         }
@@ -241,45 +228,34 @@ impl Worker {
                     .await?;
                 check("WRITE(16)", &r)
             }
-            Engine::Local(dev)
-                if !self.fua && dev.try_write_at(offset, &self.data).context("write")? =>
-            {
-                Ok(())
-            }
-            Engine::Local(dev) if dev.async_io().is_some() => {
+            Engine::Local(dev) => {
                 let req = IoRequest::Write {
                     offset,
                     data: self.data.to_vec(),
                     len: self.data.len(),
                     fua: self.fua,
                 };
-                submit_local(dev, req).await?;
-                Ok(())
-            }
-            Engine::Local(dev) => {
-                let dev = dev.clone();
-                let data = self.data.clone();
-                let fua = self.fua;
-                tokio::task::spawn_blocking(move || dev.write_at(offset, &data, fua))
-                    .await?
-                    .context("write")?;
+                submit_local(dev, req).await.context("write")?;
                 Ok(())
             }
         }
     }
 }
 
-/// One request through a local device's io_uring engine, as the server
-/// submits a READ or WRITE.
+/// One request through a local device's engine, as the server submits a
+/// READ or WRITE: done now, pending on the ring, or a blocking job.
 async fn submit_local(dev: &FileDevice, req: IoRequest) -> anyhow::Result<Vec<u8>> {
-    let write = matches!(req, IoRequest::Write { .. });
     let (tx, rx) = tokio::sync::oneshot::channel();
-    dev.async_io()
-        .expect("checked by the caller")
-        .submit(req, Box::new(move |r| drop(tx.send(r))));
-    rx.await
-        .context("the io_uring engine dropped a request")?
-        .context(if write { "write" } else { "read" })
+    let r = match dev.submit(req, Box::new(move |r| drop(tx.send(r)))) {
+        Submission::Done(r) => {
+            // Done without an await: let the timer and other tasks run.
+            tokio::task::yield_now().await;
+            r
+        }
+        Submission::Pending => rx.await.context("the engine dropped a request")?,
+        Submission::Blocking(job) => tokio::task::spawn_blocking(job).await?,
+    };
+    Ok(r?)
 }
 
 async fn open_engine(a: &BenchArgs) -> anyhow::Result<(Engine, &'static str)> {
