@@ -11,7 +11,7 @@ use anyhow::{bail, Context};
 use bytes::Bytes;
 use clap::{Args, ValueEnum};
 use ethersan_backend::file::{FileDevice, FileOptions, IoEngine};
-use ethersan_backend::{BlockDevice, IoRequest, Submission};
+use ethersan_backend::{BlockDevice, IoRequest, IoResult, Submission};
 use ethersan_initiator::IscsiUrl;
 use hdrhistogram::Histogram;
 use serde::Serialize;
@@ -178,6 +178,22 @@ struct Worker {
     buf: Vec<u8>,
     data: Bytes,
     fua: bool,
+    /// Where this worker's pending local requests complete (one in flight
+    /// at a time), made once so that a submission allocates no channel.
+    done: Completions,
+}
+
+/// A worker's completion channel for a local engine.
+struct Completions {
+    tx: tokio::sync::mpsc::UnboundedSender<IoResult>,
+    rx: tokio::sync::mpsc::UnboundedReceiver<IoResult>,
+}
+
+impl Completions {
+    fn new() -> Completions {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        Completions { tx, rx }
+    }
 }
 
 impl Worker {
@@ -206,7 +222,9 @@ impl Worker {
                 let len = self.data.len();
                 let buf = std::mem::take(&mut self.buf);
                 let req = IoRequest::Read { offset, len, buf };
-                self.buf = submit_local(dev, req).await.context("read")?;
+                self.buf = submit_local(dev, req, &mut self.done)
+                    .await
+                    .context("read")?;
                 Ok(())
             }
         }
@@ -235,7 +253,9 @@ impl Worker {
                     len: self.data.len(),
                     fua: self.fua,
                 };
-                submit_local(dev, req).await.context("write")?;
+                submit_local(dev, req, &mut self.done)
+                    .await
+                    .context("write")?;
                 Ok(())
             }
         }
@@ -244,15 +264,23 @@ impl Worker {
 
 /// One request through a local device's engine, as the server submits a
 /// READ or WRITE: done now, pending on the ring, or a blocking job.
-async fn submit_local(dev: &FileDevice, req: IoRequest) -> anyhow::Result<Vec<u8>> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
+async fn submit_local(
+    dev: &FileDevice,
+    req: IoRequest,
+    done: &mut Completions,
+) -> anyhow::Result<Vec<u8>> {
+    let tx = done.tx.clone();
     let r = match dev.submit(req, Box::new(move |r| drop(tx.send(r)))) {
         Submission::Done(r) => {
             // Done without an await: let the timer and other tasks run.
             tokio::task::yield_now().await;
             r
         }
-        Submission::Pending => rx.await.context("the engine dropped a request")?,
+        Submission::Pending => done
+            .rx
+            .recv()
+            .await
+            .context("the engine dropped a request")?,
         Submission::Blocking(job) => tokio::task::spawn_blocking(job).await?,
     };
     Ok(r?)
@@ -326,6 +354,7 @@ pub(crate) async fn run(a: &BenchArgs) -> anyhow::Result<Report> {
             buf: vec![0u8; a.bs as usize],
             data: data.clone(),
             fua: a.fua,
+            done: Completions::new(),
         };
         let (stop, budget, cursor) = (stop.clone(), budget.clone(), cursor.clone());
         let (rw, read_pct, bs) = (a.rw, a.read_pct, a.bs);
