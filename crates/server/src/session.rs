@@ -692,7 +692,10 @@ impl Session {
             data_out: data,
             expected_len,
         };
-        let (mask, ro) = (self.setup.lun_mask.clone(), self.setup.read_only_mask.clone());
+        let (mask, ro) = (
+            self.setup.lun_mask.clone(),
+            self.setup.read_only_mask.clone(),
+        );
         let access = move |l| LunAccess::from_masks(mask.as_deref(), ro.as_deref(), l);
         let done_tx = tx.clone();
         let done: ScsiCompletion = Box::new(move |resp| {
@@ -703,7 +706,13 @@ impl Session {
         // LUN's io_uring (completed from the ring thread straight into this
         // session's event channel), or a job for the blocking pool (the sync
         // engine's I/O, slow-path commands).
-        let submit = move || guarded(itt, || target.scsi.submit(cmd, &access, done), Submitted::Done);
+        let submit = move || {
+            guarded(
+                itt,
+                || target.scsi.submit(cmd, &access, done),
+                Submitted::Done,
+            )
+        };
         let settle = move |submitted: Submitted| match submitted {
             Submitted::Done(resp) => {
                 let _ = tx.send(Event::Done(itt, resp));
