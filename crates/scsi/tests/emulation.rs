@@ -100,7 +100,7 @@ fn target(bs: u32, removable: bool, read_only: bool) -> ScsiTarget {
 
 fn exec(t: &ScsiTarget, nexus: Nexus, cdb: &[u8], data: &[u8]) -> ScsiResponse {
     execute(
-        &t,
+        t,
         &ScsiRequest {
             nexus,
             lun: 0,
@@ -577,7 +577,7 @@ fn extended_copy_between_luns_of_one_target_only() {
         cdb[0] = 0x83;
         cdb[10..14].copy_from_slice(&(params.len() as u32).to_be_bytes());
         execute(
-            &t,
+            t,
             &ScsiRequest {
                 nexus: N,
                 lun: 0,
