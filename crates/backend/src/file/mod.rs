@@ -8,7 +8,7 @@
 //! Two options change how the data moves ([`FileOptions`]):
 //! - `direct`: a second descriptor opened with `O_DIRECT` carries every
 //!   READ and WRITE, bypassing the page cache. Caller buffers that are not
-//!   page-aligned are bounced through an [`AlignedBuf`]; a transfer the
+//!   page-aligned are bounced through an [`AlignedBuf`](crate::aligned::AlignedBuf); a transfer the
 //!   device refuses as misaligned (EINVAL, e.g. 512-byte blocks on a 4Kn
 //!   disk) goes through the buffered descriptor instead. A direct transfer
 //!   never completes inline (it always waits for the device).
