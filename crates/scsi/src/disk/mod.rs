@@ -3,13 +3,14 @@
 //!
 //! The READ/WRITE path takes no lock: it reads an atomic "a unit attention
 //! is pending" flag and atomic mode bits, then submits the I/O to the
-//! unit's [`Volume`] (range locks, write-cache policy, the engine). Mode pages and medium state sit behind one mutex that only
-//! slow-path commands touch.
+//! unit's [`Volume`] (range locks, write-cache policy, the engine). Mode
+//! pages and medium state sit behind one mutex that only slow-path
+//! commands touch.
 //!
 //! This module holds the unit's state, the checks every command passes and
 //! dispatch; [`submit`] is the one entry point (checks once, then done
-//! now, pending on the engine, or a blocking job); the command families live in submodules: [`io`] (READ, WRITE,
-//! VERIFY, COMPARE AND WRITE, capacity, cache), [`provisioning`] (WRITE
+//! now, pending on the engine, or a blocking job); the command families
+//! live in submodules: [`io`] (READ, WRITE, VERIFY, COMPARE AND WRITE, capacity, cache), [`provisioning`] (WRITE
 //! SAME, UNMAP, GET LBA STATUS), [`inquiry`] (standard data and VPD pages),
 //! [`mode`] (MODE SENSE/SELECT), [`medium`] (START STOP UNIT, PREVENT ALLOW
 //! MEDIUM REMOVAL, REQUEST SENSE) and [`sanitize`].
@@ -90,7 +91,7 @@ pub struct LogicalUnit {
     state: Mutex<LuState>,
     ua: UnitAttentions,
     /// The data path: range locks, write-cache (WCE) policy, the engine.
-    vol: Volume,
+    vol: Arc<Volume>,
     d_sense: AtomicBool,
     swp: AtomicBool,
     ejected: AtomicBool,
@@ -114,6 +115,16 @@ fn backend_sense(e: &BackendError, write: bool) -> Sense {
 impl LogicalUnit {
     /// Create a logical unit over `dev`.
     pub fn new(dev: Arc<dyn BlockDevice>, cfg: LuConfig) -> Self {
+        let vol = Arc::new(Volume::new(dev, cfg.write_cache));
+        Self::with_volume(vol, cfg)
+    }
+
+    /// Create a logical unit over a volume that another protocol (AoE's
+    /// ATA, NVMe) may share: the range locks and the write cache are then
+    /// the same for both. The volume's write cache is set from `cfg`.
+    pub fn with_volume(vol: Arc<Volume>, cfg: LuConfig) -> Self {
+        let dev = vol.device().clone();
+        vol.set_write_cache(cfg.write_cache);
         let mode = ModeState {
             wce: cfg.write_cache,
             d_sense: false,
@@ -129,7 +140,7 @@ impl LogicalUnit {
                 prevent: HashSet::new(),
             }),
             ua: UnitAttentions::default(),
-            vol: Volume::new(dev.clone(), mode.wce),
+            vol,
             d_sense: AtomicBool::new(false),
             swp: AtomicBool::new(false),
             ejected: AtomicBool::new(false),
@@ -145,6 +156,11 @@ impl LogicalUnit {
     /// The backing device.
     pub fn device(&self) -> &Arc<dyn BlockDevice> {
         &self.dev
+    }
+
+    /// The volume the unit's data path goes through.
+    pub fn volume(&self) -> &Arc<Volume> {
+        &self.vol
     }
 
     /// The configuration.
