@@ -24,7 +24,7 @@ impl RamDevice {
                 "block size {block_size} is not 512 or 4096"
             )));
         }
-        if size == 0 || size % u64::from(block_size) != 0 {
+        if size == 0 || !size.is_multiple_of(u64::from(block_size)) {
             return Err(BackendError::Config(format!(
                 "size {size} is not a positive multiple of the block size {block_size}"
             )));

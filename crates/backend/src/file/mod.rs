@@ -362,7 +362,10 @@ impl FileDevice {
         // second.
         const PAGE: u64 = 4096;
         const SLOW: std::time::Duration = std::time::Duration::from_micros(500);
-        if offset % PAGE != 0 || buf.len() as u64 % PAGE != 0 || buf.len() > 256 * 1024 {
+        if !offset.is_multiple_of(PAGE)
+            || !(buf.len() as u64).is_multiple_of(PAGE)
+            || buf.len() > 256 * 1024
+        {
             return Ok(false);
         }
         let now = self.opened.elapsed().as_nanos() as u64;

@@ -56,7 +56,7 @@ impl LogicalUnit {
         // (INVALID FIELD IN COMMAND INFORMATION UNIT); libiscsi's residual
         // tests accept either outcome.
         let bs = self.bs() as usize;
-        if data_out.len() < len && data_out.len() % bs != 0 {
+        if data_out.len() < len && !data_out.len().is_multiple_of(bs) {
             return Err(codes::INVALID_FIELD_IN_IU);
         }
         Ok((off, data_out.len().min(len), verify || c.fua()))
@@ -283,7 +283,7 @@ impl LogicalUnit {
         // 4 KiB-block filesystem writes whole 4 KiB pages best).
         let bs = self.dev.block_size();
         let pbs = self.cfg.physical_block_size;
-        if pbs > bs && pbs % bs == 0 && (pbs / bs).is_power_of_two() {
+        if pbs > bs && pbs.is_multiple_of(bs) && (pbs / bs).is_power_of_two() {
             d[13] = (pbs / bs).trailing_zeros() as u8;
         }
         if self.dev.thin_provisioned() {
