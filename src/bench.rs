@@ -11,7 +11,7 @@ use anyhow::{bail, Context};
 use bytes::Bytes;
 use clap::{Args, ValueEnum};
 use ethersan_backend::file::{FileDevice, FileOptions, IoEngine};
-use ethersan_backend::{BlockDevice, IoRequest};
+use ethersan_backend::{BlockDevice, IoRequest, IoResult, Submission};
 use ethersan_initiator::IscsiUrl;
 use hdrhistogram::Histogram;
 use serde::Serialize;
@@ -178,6 +178,22 @@ struct Worker {
     buf: Vec<u8>,
     data: Bytes,
     fua: bool,
+    /// Where this worker's pending local requests complete (one in flight
+    /// at a time), made once so that a submission allocates no channel.
+    done: Completions,
+}
+
+/// A worker's completion channel for a local engine.
+struct Completions {
+    tx: tokio::sync::mpsc::UnboundedSender<IoResult>,
+    rx: tokio::sync::mpsc::UnboundedReceiver<IoResult>,
+}
+
+impl Completions {
+    fn new() -> Completions {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        Completions { tx, rx }
+    }
 }
 
 impl Worker {
@@ -198,28 +214,17 @@ impl Worker {
                 check("READ(16)", &r)?;
                 Ok(())
             }
-            // As the server does: first without waiting (page cache), on
-            // this thread; only a read that would wait goes to the engine.
-            Engine::Local(dev) if dev.try_read_at(offset, &mut self.buf).context("read")? => {
-                // Done without an await: let the timer and other tasks run.
-                tokio::task::yield_now().await;
-                Ok(())
-            }
-            Engine::Local(dev) if dev.async_io().is_some() => {
-                let len = self.buf.len();
-                submit_local(dev, IoRequest::Read { offset, len }).await?;
-                Ok(())
-            }
+            // As the server does: one submission, which finishes on this
+            // thread when the data is at hand (page cache), goes to the
+            // ring (io_uring) or comes back as a job for the blocking pool
+            // (sync). The worker's buffer is reused, never zeroed.
             Engine::Local(dev) => {
-                let dev = dev.clone();
-                let mut buf = std::mem::take(&mut self.buf);
-                let (buf, r) = tokio::task::spawn_blocking(move || {
-                    let r = dev.read_at(offset, &mut buf);
-                    (buf, r)
-                })
-                .await?;
-                self.buf = buf;
-                r.context("read")?;
+                let len = self.data.len();
+                let buf = std::mem::take(&mut self.buf);
+                let req = IoRequest::Read { offset, len, buf };
+                self.buf = submit_local(dev, req, &mut self.done)
+                    .await
+                    .context("read")?;
                 Ok(())
             }
         }
@@ -241,27 +246,15 @@ impl Worker {
                     .await?;
                 check("WRITE(16)", &r)
             }
-            Engine::Local(dev)
-                if !self.fua && dev.try_write_at(offset, &self.data).context("write")? =>
-            {
-                Ok(())
-            }
-            Engine::Local(dev) if dev.async_io().is_some() => {
+            Engine::Local(dev) => {
                 let req = IoRequest::Write {
                     offset,
                     data: self.data.to_vec(),
                     len: self.data.len(),
                     fua: self.fua,
                 };
-                submit_local(dev, req).await?;
-                Ok(())
-            }
-            Engine::Local(dev) => {
-                let dev = dev.clone();
-                let data = self.data.clone();
-                let fua = self.fua;
-                tokio::task::spawn_blocking(move || dev.write_at(offset, &data, fua))
-                    .await?
+                submit_local(dev, req, &mut self.done)
+                    .await
                     .context("write")?;
                 Ok(())
             }
@@ -269,17 +262,28 @@ impl Worker {
     }
 }
 
-/// One request through a local device's io_uring engine, as the server
-/// submits a READ or WRITE.
-async fn submit_local(dev: &FileDevice, req: IoRequest) -> anyhow::Result<Vec<u8>> {
-    let write = matches!(req, IoRequest::Write { .. });
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    dev.async_io()
-        .expect("checked by the caller")
-        .submit(req, Box::new(move |r| drop(tx.send(r))));
-    rx.await
-        .context("the io_uring engine dropped a request")?
-        .context(if write { "write" } else { "read" })
+/// One request through a local device's engine, as the server submits a
+/// READ or WRITE: done now, pending on the ring, or a blocking job.
+async fn submit_local(
+    dev: &FileDevice,
+    req: IoRequest,
+    done: &mut Completions,
+) -> anyhow::Result<Vec<u8>> {
+    let tx = done.tx.clone();
+    let r = match dev.submit(req, Box::new(move |r| drop(tx.send(r)))) {
+        Submission::Done(r) => {
+            // Done without an await: let the timer and other tasks run.
+            tokio::task::yield_now().await;
+            r
+        }
+        Submission::Pending => done
+            .rx
+            .recv()
+            .await
+            .context("the engine dropped a request")?,
+        Submission::Blocking(job) => tokio::task::spawn_blocking(job).await?,
+    };
+    Ok(r?)
 }
 
 async fn open_engine(a: &BenchArgs) -> anyhow::Result<(Engine, &'static str)> {
@@ -350,6 +354,7 @@ pub(crate) async fn run(a: &BenchArgs) -> anyhow::Result<Report> {
             buf: vec![0u8; a.bs as usize],
             data: data.clone(),
             fua: a.fua,
+            done: Completions::new(),
         };
         let (stop, budget, cursor) = (stop.clone(), budget.clone(), cursor.clone());
         let (rw, read_pct, bs) = (a.rw, a.read_pct, a.bs);

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use ethersan_backend::ram::RamDevice;
-use ethersan_scsi::{LogicalUnit, LuConfig, Nexus, ScsiRequest, ScsiStatus, ScsiTarget};
+use ethersan_scsi::{LogicalUnit, LuConfig, LunPolicy, Nexus, ScsiCommand, ScsiRequest, ScsiStatus, ScsiTarget};
 use libfuzzer_sys::fuzz_target;
 
 fn target() -> ScsiTarget {
@@ -24,7 +24,11 @@ fn target() -> ScsiTarget {
         pr_state_file: None,
         physical_block_size: 4096,
     };
-    ScsiTarget::new(vec![Arc::new(LogicalUnit::new(dev, cfg))])
+    let t = ScsiTarget::new(vec![Arc::new(LogicalUnit::new(dev, cfg))]);
+    // LUN 0 is read-only for the initiator named "ro".
+    t.set_policy(0, LunPolicy { visible_to: vec![], read_only_for: vec!["ro".into()] })
+        .expect("LUN 0 exists");
+    t
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -53,7 +57,9 @@ fuzz_target!(|data: &[u8]| {
             data_out,
             expected_len: 1 << 16,
         };
-        let resp = if sel & 2 == 0 { t.execute(&req) } else { t.try_execute_nowait(&req).unwrap_or_else(|| t.execute(&req)) };
+        // Bit 1: the command comes from the initiator the LUN is read-only for.
+        let who = if sel & 2 != 0 { "ro" } else { "rw" };
+        let resp = t.submit_and_wait(ScsiCommand::from(&req), Some(who));
         if resp.status == ScsiStatus::CheckCondition {
             let s = &resp.sense;
             assert!(s.len() >= 8, "short sense {s:?}");
@@ -61,5 +67,5 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     let tur = ScsiRequest { nexus: a, lun: 0, cdb: &[0; 6], data_out: &[], expected_len: 0 };
-    let _ = t.execute(&tur);
+    let _ = t.submit_and_wait(ScsiCommand::from(&tur), None);
 });

@@ -5,24 +5,34 @@
 //! always multiples of the block size. Implementations: regular files and
 //! block devices ([`file::FileDevice`]) and memory ([`ram::RamDevice`]).
 //!
-//! A file or block device can use one of two I/O engines
-//! ([`file::IoEngine`]): blocking `pread`/`pwrite` (the caller runs them on
-//! threads), or io_uring ([`uring::UringEngine`]), which takes READ, WRITE
-//! and flush requests with owned buffers through [`AsyncIo`] and completes
-//! them from one ring thread per device, without a thread per I/O. Either
-//! can open the store with `O_DIRECT` ([`aligned`] provides the aligned
-//! buffers that needs).
+//! Every engine has one data-path call, [`BlockDevice::submit`]: a READ,
+//! WRITE or flush with owned buffers goes in, and the answer is one of
+//! [`Submission::Done`] (finished without waiting: RAM always, a file when
+//! the page cache could take it, tried inside the engine with
+//! `RWF_NOWAIT`), [`Submission::Pending`] (the engine calls the completion
+//! later, from its io_uring thread) or [`Submission::Blocking`] (the sync
+//! engine: a job that does the blocking `pread`/`pwrite`, for the caller to
+//! run where blocking is fine). The caller never tries several protocols in
+//! turn, and a read buffer is allocated once and never zeroed: the kernel
+//! fills its spare capacity.
+//!
+//! A file or block device uses one of two I/O engines ([`file::IoEngine`]):
+//! blocking `pread`/`pwrite`, or io_uring ([`uring::UringEngine`]), which
+//! completes requests from one ring thread per device, without a thread per
+//! I/O. Either can open the store with `O_DIRECT` ([`aligned`] provides the
+//! aligned buffers that needs); a direct transfer never completes inline.
 #![warn(missing_docs, unreachable_pub)]
 
 use std::io;
 
 pub mod aligned;
 pub mod file;
+mod fill;
 pub mod ram;
 pub mod uring;
 
-/// One request to an asynchronous engine ([`AsyncIo`]); buffers are owned,
-/// so they stay alive until the kernel is done with them.
+/// One data-path request ([`BlockDevice::submit`]); buffers are owned, so
+/// they stay alive until the kernel is done with them.
 #[derive(Debug)]
 pub enum IoRequest {
     /// Read `len` bytes at byte `offset`.
@@ -31,6 +41,10 @@ pub enum IoRequest {
         offset: u64,
         /// Bytes to read.
         len: usize,
+        /// An allocation to reuse for the data: it is cleared (its old
+        /// contents are never returned) and grown as needed. `Vec::new()`
+        /// lets the engine allocate.
+        buf: Vec<u8>,
     },
     /// Write `data[..len]` at byte `offset`; with `fua` the data is on
     /// stable storage when the request completes.
@@ -48,18 +62,125 @@ pub enum IoRequest {
     Flush,
 }
 
-/// Called exactly once with a request's outcome: the bytes read for a
-/// [`IoRequest::Read`], an empty vector for a write or flush. It runs on
+impl IoRequest {
+    /// A read of `len` bytes at `offset` into a buffer the engine allocates.
+    pub fn read(offset: u64, len: usize) -> IoRequest {
+        IoRequest::Read {
+            offset,
+            len,
+            buf: Vec::new(),
+        }
+    }
+
+    /// The error for this request's failure with `source`.
+    pub fn error(&self, source: io::Error) -> BackendError {
+        match self {
+            IoRequest::Read { offset, .. } => BackendError::Read {
+                offset: *offset,
+                source,
+            },
+            IoRequest::Write { offset, .. } => BackendError::Write {
+                offset: *offset,
+                source,
+            },
+            IoRequest::Flush => BackendError::Flush(source),
+        }
+    }
+}
+
+/// A request's outcome: the bytes read for a [`IoRequest::Read`], an
+/// empty vector for a write or flush.
+pub type IoResult = Result<Vec<u8>, BackendError>;
+
+/// Called exactly once with a request's outcome when, and only when,
+/// [`BlockDevice::submit`] answered [`Submission::Pending`]. It runs on
 /// the engine's thread, so it must be quick (build a response, send it on
 /// a channel).
-pub type IoCompletion = Box<dyn FnOnce(Result<Vec<u8>, BackendError>) + Send>;
+pub type IoCompletion = Box<dyn FnOnce(IoResult) + Send>;
 
-/// Asynchronous submission of I/O (the io_uring engine).
-pub trait AsyncIo: Send + Sync {
-    /// Queue `req`; `done` is called when it completes or fails. Never
-    /// blocks on the I/O.
-    fn submit(&self, req: IoRequest, done: IoCompletion);
+/// The blocking part of a request: does the I/O and returns the outcome.
+pub type BlockingIo = Box<dyn FnOnce() -> IoResult + Send>;
+
+/// What [`BlockDevice::submit`] did with a request.
+pub enum Submission {
+    /// Finished without waiting; the completion was dropped uncalled.
+    Done(IoResult),
+    /// In flight; the completion is called once it finishes (maybe before
+    /// `submit` returns, on another thread).
+    Pending,
+    /// The request must wait for the device and this engine has no thread
+    /// of its own for that: run the job where blocking is fine (a blocking
+    /// thread pool). The completion was dropped uncalled; the job returns
+    /// the outcome.
+    ///
+    /// Why not a worker pool inside the sync engine: the server already
+    /// has a blocking pool per worker (placed on its CPU, see the server's
+    /// `placement`), sized for commands in flight, and the sync engine's
+    /// whole point is one thread per waiting I/O; a second pool would
+    /// duplicate it and hide its threads from that placement.
+    Blocking(BlockingIo),
 }
+
+impl std::fmt::Debug for Submission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Submission::Done(r) => f.debug_tuple("Done").field(r).finish(),
+            Submission::Pending => f.write_str("Pending"),
+            Submission::Blocking(_) => f.write_str("Blocking(..)"),
+        }
+    }
+}
+
+/// Submit `req` to `dev` and wait for its outcome on this thread (running
+/// a [`Submission::Blocking`] job here): for slow-path commands and tools
+/// that may block.
+pub fn submit_and_wait(dev: &(impl BlockDevice + ?Sized), req: IoRequest) -> IoResult {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    match dev.submit(
+        req,
+        Box::new(move |r| {
+            let _ = tx.send(r);
+        }),
+    ) {
+        Submission::Done(r) => r,
+        Submission::Blocking(job) => job(),
+        Submission::Pending => rx.recv().unwrap_or_else(|_| {
+            Err(BackendError::Flush(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the engine dropped a request",
+            )))
+        }),
+    }
+}
+
+/// Blocking conveniences over [`BlockDevice::submit`] for slow-path
+/// commands (VERIFY, COMPARE AND WRITE, ORWRITE, WRITE ATOMIC, WRITE SAME,
+/// EXTENDED COPY, SANITIZE) that run where blocking is fine. They are not a
+/// second protocol: each is one `submit` and a wait.
+pub trait BlockDeviceExt: BlockDevice {
+    /// Read `buf.len()` bytes at byte `offset`.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
+        let data = submit_and_wait(self, IoRequest::read(offset, buf.len()))?;
+        buf.copy_from_slice(&data);
+        Ok(())
+    }
+    /// Write `buf` at byte `offset` (durable on return with `fua`).
+    fn write_at(&self, offset: u64, buf: &[u8], fua: bool) -> Result<(), BackendError> {
+        let req = IoRequest::Write {
+            offset,
+            data: buf.to_vec(),
+            len: buf.len(),
+            fua,
+        };
+        submit_and_wait(self, req).map(drop)
+    }
+    /// Make every completed write durable (SYNCHRONIZE CACHE), waiting.
+    fn flush(&self) -> Result<(), BackendError> {
+        submit_and_wait(self, IoRequest::Flush).map(drop)
+    }
+}
+
+impl<T: BlockDevice + ?Sized> BlockDeviceExt for T {}
 
 /// Errors a backend reports; the SCSI layer maps each to sense data.
 #[derive(Debug, thiserror::Error)]
@@ -103,36 +224,21 @@ pub enum BackendError {
 /// A flat block store that a logical unit exports.
 ///
 /// All offsets and lengths passed in are multiples of [`block_size`](Self::block_size)
-/// and lie inside the device (the SCSI layer checks LBA ranges first).
-/// Methods are blocking; the server calls them off its async workers, so
-/// implementations must be safe to call from several threads at once
-/// (positional I/O, no shared file cursor).
+/// and lie inside the device (the volume layer checks LBA ranges first).
+/// The data path is [`submit`](Self::submit); the other methods (unmap,
+/// provisioning status, prefetch, size) are blocking and called where
+/// blocking is fine. Implementations must be safe to call from several
+/// threads at once (positional I/O, no shared file cursor).
 pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     /// Logical block size in bytes (512 or 4096).
     fn block_size(&self) -> u32;
     /// Number of logical blocks.
     fn num_blocks(&self) -> u64;
-    /// Read `buf.len()` bytes at byte `offset`.
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError>;
-    /// Write `buf` at byte `offset`. With `fua` the data is on stable storage
-    /// when this returns (Force Unit Access).
-    fn write_at(&self, offset: u64, buf: &[u8], fua: bool) -> Result<(), BackendError>;
-    /// Read without blocking if the data is at hand (page cache, memory):
-    /// `Ok(true)` when `buf` was filled, `Ok(false)` when the read would
-    /// have to wait (the caller then uses [`read_at`](Self::read_at) off the
-    /// async workers). Default: always `Ok(false)`.
-    fn try_read_at(&self, _offset: u64, _buf: &mut [u8]) -> Result<bool, BackendError> {
-        Ok(false)
-    }
-    /// Write (without FUA) if that needs no waiting; `Ok(false)` otherwise,
-    /// in which case nothing or part of `buf` may have been written and the
-    /// caller writes all of it with [`write_at`](Self::write_at).
-    /// Default: always `Ok(false)`.
-    fn try_write_at(&self, _offset: u64, _buf: &[u8]) -> Result<bool, BackendError> {
-        Ok(false)
-    }
-    /// Make every completed write durable (SYNCHRONIZE CACHE).
-    fn flush(&self) -> Result<(), BackendError>;
+    /// Start a READ, WRITE or flush (see [`Submission`]). `done` is
+    /// called exactly once if and only if the answer is
+    /// [`Submission::Pending`]. Never blocks on the I/O: an engine that
+    /// would have to wait answers `Pending` or `Blocking`.
+    fn submit(&self, req: IoRequest, done: IoCompletion) -> Submission;
     /// Hint that a range will be read soon (PRE-FETCH). Default: nothing.
     fn prefetch(&self, _offset: u64, _len: u64) -> Result<(), BackendError> {
         Ok(())
@@ -157,11 +263,6 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     /// Default: the size never changes.
     fn refresh_size(&self) -> Result<Option<u64>, BackendError> {
         Ok(None)
-    }
-    /// The asynchronous engine, when the device has one: READ and WRITE
-    /// can then be submitted without a thread per I/O. Default: none.
-    fn async_io(&self) -> Option<&dyn AsyncIo> {
-        None
     }
     /// Whether writes to the store persist (false for RAM).
     fn is_persistent(&self) -> bool {

@@ -2,7 +2,7 @@
 
 use std::sync::RwLock;
 
-use crate::{BackendError, BlockDevice};
+use crate::{BackendError, BlockDevice, IoCompletion, IoRequest, Submission};
 
 /// Number of bytes each lock shard covers; writes to different shards run
 /// in parallel.
@@ -61,6 +61,30 @@ impl RamDevice {
         }
     }
 
+    /// Copy `len` bytes at `offset` into `buf` (cleared first; its
+    /// allocation is reused, never zeroed).
+    fn read(&self, offset: u64, len: usize, mut buf: Vec<u8>) -> Result<Vec<u8>, BackendError> {
+        self.check(offset, len)?;
+        buf.clear();
+        buf.reserve(len);
+        self.for_each_piece(offset, len, |shard, within, _, n| {
+            let data = self.shards[shard].read().unwrap_or_else(|e| e.into_inner());
+            buf.extend_from_slice(&data[within..within + n]);
+        });
+        Ok(buf)
+    }
+
+    fn write(&self, offset: u64, buf: &[u8]) -> Result<(), BackendError> {
+        self.check(offset, buf.len())?;
+        self.for_each_piece(offset, buf.len(), |shard, within, done, n| {
+            let mut data = self.shards[shard]
+                .write()
+                .unwrap_or_else(|e| e.into_inner());
+            data[within..within + n].copy_from_slice(&buf[done..done + n]);
+        });
+        Ok(())
+    }
+
     fn check(&self, offset: u64, len: usize) -> Result<(), BackendError> {
         let end = offset.checked_add(len as u64);
         match end {
@@ -79,32 +103,17 @@ impl BlockDevice for RamDevice {
     fn num_blocks(&self) -> u64 {
         self.num_blocks
     }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
-        self.check(offset, buf.len())?;
-        self.for_each_piece(offset, buf.len(), |shard, within, done, n| {
-            let data = self.shards[shard].read().unwrap_or_else(|e| e.into_inner());
-            buf[done..done + n].copy_from_slice(&data[within..within + n]);
-        });
-        Ok(())
-    }
-    fn write_at(&self, offset: u64, buf: &[u8], _fua: bool) -> Result<(), BackendError> {
-        self.check(offset, buf.len())?;
-        self.for_each_piece(offset, buf.len(), |shard, within, done, n| {
-            let mut data = self.shards[shard]
-                .write()
-                .unwrap_or_else(|e| e.into_inner());
-            data[within..within + n].copy_from_slice(&buf[done..done + n]);
-        });
-        Ok(())
-    }
-    fn try_read_at(&self, offset: u64, buf: &mut [u8]) -> Result<bool, BackendError> {
-        self.read_at(offset, buf).map(|()| true)
-    }
-    fn try_write_at(&self, offset: u64, buf: &[u8]) -> Result<bool, BackendError> {
-        self.write_at(offset, buf, false).map(|()| true)
-    }
-    fn flush(&self) -> Result<(), BackendError> {
-        Ok(())
+    /// Always [`Submission::Done`]: memory never waits.
+    fn submit(&self, req: IoRequest, _done: IoCompletion) -> Submission {
+        Submission::Done(match req {
+            IoRequest::Read { offset, len, buf } => self.read(offset, len, buf),
+            IoRequest::Write {
+                offset, data, len, ..
+            } => self
+                .write(offset, &data[..len.min(data.len())])
+                .map(|()| Vec::new()),
+            IoRequest::Flush => Ok(Vec::new()),
+        })
     }
     fn is_persistent(&self) -> bool {
         false
@@ -121,6 +130,45 @@ impl BlockDevice for RamDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::BlockDeviceExt;
+
+    #[test]
+    fn every_request_completes_inline_without_a_completion() {
+        let dev = RamDevice::new(1 << 20, 512).unwrap();
+        let never = || -> IoCompletion { Box::new(|_| panic!("completion called")) };
+        let w = IoRequest::Write {
+            offset: 512,
+            data: vec![3; 2048],
+            len: 1024,
+            fua: true,
+        };
+        assert!(matches!(dev.submit(w, never()), Submission::Done(Ok(v)) if v.is_empty()));
+        // A reused buffer full of garbage comes back with the medium's bytes.
+        let garbage = vec![0xee; 4096];
+        let ptr = garbage.as_ptr();
+        let r = IoRequest::Read {
+            offset: 0,
+            len: 2048,
+            buf: garbage,
+        };
+        match dev.submit(r, never()) {
+            Submission::Done(Ok(v)) => {
+                assert_eq!(v.as_ptr(), ptr);
+                assert_eq!(v[..512], [0; 512]);
+                assert_eq!(v[512..1536], [3; 1024]);
+                assert_eq!(v[1536..], [0; 512]);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            dev.submit(IoRequest::Flush, never()),
+            Submission::Done(Ok(_))
+        ));
+        assert!(matches!(
+            dev.submit(IoRequest::read(1 << 20, 512), never()),
+            Submission::Done(Err(BackendError::Config(_)))
+        ));
+    }
 
     #[test]
     fn write_then_read_across_shards() {

@@ -1,6 +1,7 @@
 //! The io_uring engine: one ring per device, owned by one thread.
 //!
-//! Callers hand [`IoRequest`]s with owned buffers to
+//! [`FileDevice`](crate::file::FileDevice)'s `submit` hands the
+//! [`IoRequest`]s that cannot finish inline, with their owned buffers, to
 //! [`UringEngine::submit`] (any thread, never blocks on I/O): the request
 //! goes over a channel and an eventfd wakes the ring thread. The thread
 //! keeps a READ of that eventfd outstanding in the ring, so it sleeps in
@@ -17,8 +18,10 @@
 //! arrived; the thread exits only when nothing is in flight, also when the
 //! engine is dropped.
 //!
-//! With a direct (`O_DIRECT`) descriptor, transfers go through
-//! [`AlignedBuf`]s; a transfer the device refuses as misaligned (EINVAL)
+//! A read lands in the spare capacity of the request's own buffer (not
+//! zeroed first); with a direct (`O_DIRECT`) descriptor at an aligned spot
+//! of it, and a write from unaligned memory is bounced through an
+//! [`AlignedBuf`]; a transfer the device refuses as misaligned (EINVAL)
 //! is retried on the buffered descriptor.
 
 use std::collections::VecDeque;
@@ -32,7 +35,8 @@ use std::thread::JoinHandle;
 use io_uring::{opcode, types, IoUring};
 
 use crate::aligned::AlignedBuf;
-use crate::{AsyncIo, BackendError, IoCompletion, IoRequest};
+use crate::fill::align_prefix;
+use crate::{BackendError, IoCompletion, IoRequest};
 
 /// Submission queue entries per ring.
 const RING_ENTRIES: u32 = 256;
@@ -140,15 +144,17 @@ impl UringEngine {
     }
 }
 
-impl AsyncIo for UringEngine {
-    fn submit(&self, req: IoRequest, done: IoCompletion) {
+impl UringEngine {
+    /// Queue `req`; `done` is called when it completes or fails (on the
+    /// ring thread). Never blocks on the I/O.
+    pub fn submit(&self, req: IoRequest, done: IoCompletion) {
         let sent = match &self.tx {
             Some(tx) => tx.send(Job { req, done }),
             None => Err(mpsc::SendError(Job { req, done })),
         };
         if let Err(mpsc::SendError(job)) = sent {
             let err = io::Error::new(io::ErrorKind::BrokenPipe, "io_uring engine stopped");
-            (job.done)(Err(error_for(&job.req, 0, err)));
+            (job.done)(Err(job.req.error(err)));
             return;
         }
         // Order: the job is queued before the flag is read, and the thread
@@ -182,23 +188,29 @@ enum Buf {
     None,
     /// Data to write.
     Plain(Vec<u8>),
-    /// An empty vector whose capacity a read fills (not zeroed first: the
-    /// kernel writes every byte before the vector's length is set).
-    Fill(Vec<u8>),
+    /// A vector whose spare capacity a read fills after its first `skip`
+    /// bytes (a prefix that aligns the data for `O_DIRECT`); not zeroed
+    /// first: the kernel writes every byte before the vector's length
+    /// covers it.
+    Fill {
+        v: Vec<u8>,
+        skip: usize,
+    },
     Aligned(AlignedBuf),
 }
 
 impl Buf {
-    /// A buffer for a `len`-byte read: a plain vector when its memory
-    /// suits (always without `O_DIRECT`; with it when the allocator
-    /// happened to return page-aligned memory), else an aligned one.
-    fn for_read(len: usize, direct: bool) -> Buf {
-        let v: Vec<u8> = Vec::with_capacity(len);
-        if !direct || v.as_ptr().align_offset(crate::aligned::DIRECT_ALIGN) == 0 {
-            Buf::Fill(v)
+    /// The request's buffer, ready for a `len`-byte read (aligned for
+    /// `O_DIRECT`).
+    fn for_read(mut v: Vec<u8>, len: usize, direct: bool) -> Buf {
+        v.clear();
+        let skip = if direct {
+            align_prefix(&mut v, len, crate::aligned::DIRECT_ALIGN)
         } else {
-            Buf::Aligned(AlignedBuf::zeroed(len))
-        }
+            v.reserve(len);
+            0
+        };
+        Buf::Fill { v, skip }
     }
 
     /// Where the transfer continues after `done` bytes.
@@ -206,7 +218,7 @@ impl Buf {
         match self {
             Buf::None => std::ptr::null_mut(),
             Buf::Plain(v) => v[done..].as_mut_ptr(),
-            Buf::Fill(v) => v.spare_capacity_mut()[done..].as_mut_ptr().cast(),
+            Buf::Fill { v, .. } => v.spare_capacity_mut()[done..].as_mut_ptr().cast(),
             Buf::Aligned(a) => a.as_mut_slice()[done..].as_mut_ptr(),
         }
     }
@@ -250,20 +262,6 @@ struct RingThread {
     wake_armed: bool,
 }
 
-fn error_for(req: &IoRequest, _done: usize, source: io::Error) -> BackendError {
-    match req {
-        IoRequest::Read { offset, .. } => BackendError::Read {
-            offset: *offset,
-            source,
-        },
-        IoRequest::Write { offset, .. } => BackendError::Write {
-            offset: *offset,
-            source,
-        },
-        IoRequest::Flush => BackendError::Flush(source),
-    }
-}
-
 impl RingThread {
     fn run(mut self) {
         loop {
@@ -285,7 +283,7 @@ impl RingThread {
                 // sender is gone) are failed, not leaked.
                 while let Ok(job) = self.rx.try_recv() {
                     let err = io::Error::new(io::ErrorKind::BrokenPipe, "io_uring engine stopped");
-                    let e = error_for(&job.req, 0, err);
+                    let e = job.req.error(err);
                     complete(job.done, Err(e));
                 }
                 return;
@@ -346,14 +344,14 @@ impl RingThread {
     fn start(&mut self, job: Job) {
         let direct = self.direct.is_some();
         let op = match job.req {
-            IoRequest::Read { offset, len } => Op {
+            IoRequest::Read { offset, len, buf } => Op {
                 kind: Kind::Read,
                 offset,
                 len,
                 done_bytes: 0,
                 fua: false,
                 direct,
-                buf: Buf::for_read(len, direct),
+                buf: Buf::for_read(buf, len, direct),
                 completion: Some(job.done),
             },
             IoRequest::Write {
@@ -509,11 +507,14 @@ impl RingThread {
         } = op;
         let outcome = match r {
             Ok(()) => Ok(match (kind, buf) {
-                (Kind::Read, Buf::Fill(mut v)) => {
+                (Kind::Read, Buf::Fill { mut v, skip }) => {
                     // SAFETY: the read completed in full: the kernel wrote
-                    // all `done_bytes` (= the request's length, at most the
-                    // capacity) bytes at the start of the vector's buffer.
-                    unsafe { v.set_len(done_bytes) };
+                    // all `done_bytes` (= the request's length; the
+                    // capacity holds `skip` + that) bytes at the start of
+                    // the vector's spare capacity, right after the `skip`
+                    // initialized prefix bytes.
+                    unsafe { v.set_len(skip + done_bytes) };
+                    v.drain(..skip);
                     v
                 }
                 (Kind::Read, Buf::Aligned(a)) => a.into_vec(),
@@ -548,7 +549,7 @@ mod tests {
     use std::sync::mpsc;
 
     use crate::file::{FileDevice, FileOptions, IoEngine};
-    use crate::{BackendError, BlockDevice, IoRequest};
+    use crate::{BackendError, BlockDevice, BlockDeviceExt, IoRequest, Submission};
 
     fn open(path: &std::path::Path, size: Option<u64>, ro: bool, direct: bool) -> FileDevice {
         FileDevice::open(
@@ -568,7 +569,7 @@ mod tests {
     /// Submit and wait for the outcome.
     fn run(d: &FileDevice, req: IoRequest) -> Result<Vec<u8>, BackendError> {
         let (tx, rx) = mpsc::channel();
-        d.async_io()
+        d.uring()
             .expect("uring engine")
             .submit(req, Box::new(move |r| tx.send(r).unwrap()));
         rx.recv().unwrap()
@@ -614,7 +615,7 @@ mod tests {
                     },
                 );
                 assert!(r.unwrap().is_empty());
-                assert_eq!(run(&d, IoRequest::Read { offset: off, len }).unwrap(), data);
+                assert_eq!(run(&d, IoRequest::read(off, len)).unwrap(), data);
                 // The blocking engine sees the same bytes.
                 let mut back = vec![0u8; len];
                 d.read_at(off, &mut back).unwrap();
@@ -631,20 +632,11 @@ mod tests {
                 },
             );
             r.unwrap();
-            let got = run(
-                &d,
-                IoRequest::Read {
-                    offset: 0,
-                    len: 1024,
-                },
-            )
-            .unwrap();
+            let got = run(&d, IoRequest::read(0, 1024)).unwrap();
             assert!(got[..512].iter().all(|b| *b == 7));
             assert_eq!(got[512..], pattern(4096, 0)[512..1024]);
             run(&d, IoRequest::Flush).unwrap();
-            assert!(run(&d, IoRequest::Read { offset: 0, len: 0 })
-                .unwrap()
-                .is_empty());
+            assert!(run(&d, IoRequest::read(0, 0)).unwrap().is_empty());
         }
     }
 
@@ -654,25 +646,14 @@ mod tests {
         let d = open(&dir.path().join("short"), Some(8192), false, false);
         // Entirely past the end, and straddling it (a short read, then EOF).
         for (off, len) in [(8192u64, 512usize), (4096, 8192)] {
-            match run(&d, IoRequest::Read { offset: off, len }) {
+            match run(&d, IoRequest::read(off, len)) {
                 Err(BackendError::Read { source, .. }) => {
                     assert_eq!(source.kind(), std::io::ErrorKind::UnexpectedEof)
                 }
                 other => panic!("read at {off}: {other:?}"),
             }
         }
-        assert_eq!(
-            run(
-                &d,
-                IoRequest::Read {
-                    offset: 4096,
-                    len: 4096
-                }
-            )
-            .unwrap()
-            .len(),
-            4096
-        );
+        assert_eq!(run(&d, IoRequest::read(4096, 4096)).unwrap().len(), 4096);
     }
 
     #[test]
@@ -695,17 +676,7 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert_eq!(
-            run(
-                &d,
-                IoRequest::Read {
-                    offset: 0,
-                    len: 512
-                }
-            )
-            .unwrap(),
-            vec![0; 512]
-        );
+        assert_eq!(run(&d, IoRequest::read(0, 512)).unwrap(), vec![0; 512]);
     }
 
     #[test]
@@ -726,12 +697,9 @@ mod tests {
                     fua: false,
                 }
             } else {
-                IoRequest::Read {
-                    offset: off,
-                    len: 4096,
-                }
+                IoRequest::read(off, 4096)
             };
-            d.async_io()
+            d.uring()
                 .unwrap()
                 .submit(req, Box::new(move |r| tx.send(r.is_ok()).unwrap()));
         }
@@ -741,5 +709,56 @@ mod tests {
         let results: Vec<bool> = rx.iter().collect();
         assert_eq!(results.len(), n);
         assert!(results.iter().all(|ok| *ok));
+    }
+
+    #[test]
+    fn buffered_reads_from_the_page_cache_finish_inline_direct_ones_go_pending() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("p");
+        let d = open(&p, Some(1 << 20), false, false);
+        let data = pattern(8192, 5);
+        d.write_at(8192, &data, true).unwrap();
+        // In the page cache: done inline (RWF_NOWAIT), no completion.
+        match d.submit(
+            IoRequest::Read {
+                offset: 8192,
+                len: 8192,
+                buf: vec![0xee; 100],
+            },
+            Box::new(|_| panic!("went pending")),
+        ) {
+            Submission::Done(r) => assert_eq!(r.unwrap(), data),
+            other => panic!("{other:?}"),
+        }
+        // A FUA write and a flush go to the ring.
+        let (tx, rx) = mpsc::channel();
+        for req in [
+            IoRequest::Write {
+                offset: 0,
+                data: data.clone(),
+                len: 4096,
+                fua: true,
+            },
+            IoRequest::Flush,
+        ] {
+            let tx = tx.clone();
+            let s = d.submit(req, Box::new(move |r| tx.send(r).unwrap()));
+            assert!(matches!(s, Submission::Pending), "{s:?}");
+            rx.recv().unwrap().unwrap();
+        }
+        drop(d);
+        // O_DIRECT: always pending, the same bytes, garbage never returned.
+        let d = open(&p, None, false, true);
+        for _ in 0..3 {
+            let (tx, rx) = mpsc::channel();
+            let req = IoRequest::Read {
+                offset: 8192,
+                len: 8192,
+                buf: vec![0xee; 20000],
+            };
+            let s = d.submit(req, Box::new(move |r| tx.send(r).unwrap()));
+            assert!(matches!(s, Submission::Pending), "{s:?}");
+            assert_eq!(rx.recv().unwrap().unwrap(), data);
+        }
     }
 }

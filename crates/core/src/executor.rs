@@ -1,21 +1,24 @@
 //! The one place that runs a SCSI command, for every transport.
 //!
-//! A command first gets a no-wait attempt on the caller's thread (page
-//! cache, RAM, metadata: no thread handoff); a READ or WRITE on a LUN with
-//! an asynchronous engine (io_uring) is then submitted to it and completes
-//! from the engine's thread; anything else runs on the blocking pool the
-//! transport injects ([`BlockingPool`]). A panic in command emulation fails
-//! the command with HARDWARE ERROR / INTERNAL TARGET FAILURE instead of
-//! taking the session down. After a PERSISTENT RESERVE OUT the nexuses it
-//! preempted are reported ([`Finished::preempted`]) so the transport can
-//! abort their tasks (PREEMPT AND ABORT). Every command is counted on its
-//! LUN's and its initiator's [`IoCounters`].
+//! A command is submitted once to its target ([`ScsiTarget::submit`]: the
+//! lookup, the LUN policy and the unit's checks run once) on the caller's
+//! thread. It is then finished (page cache, RAM, metadata: no thread
+//! handoff), pending in the LUN's engine (io_uring: completed from the
+//! engine's thread), or a job for the blocking pool the transport injects
+//! ([`BlockingPool`]: the sync engine's I/O, slow-path commands). With
+//! `inline_io` off, the submission itself runs on the pool. A panic in
+//! command emulation fails the command with HARDWARE ERROR / INTERNAL
+//! TARGET FAILURE instead of taking the session down. After a PERSISTENT
+//! RESERVE OUT the nexuses it preempted are reported
+//! ([`Finished::preempted`]) so the transport can abort their tasks
+//! (PREEMPT AND ABORT). Every command is counted on its LUN's and its
+//! initiator's [`IoCounters`].
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use ethersan_scsi::commands::{lookup, Op};
-use ethersan_scsi::{Nexus, Prepared, ScsiRequest, ScsiResponse, ScsiStatus, ScsiTarget};
+use ethersan_scsi::{Nexus, ScsiCommand, ScsiResponse, ScsiStatus, ScsiTarget, Submitted};
 
 use crate::counters::{CommandKind, IoCounters};
 
@@ -79,12 +82,66 @@ pub struct Executor {
     pub inline_io: bool,
 }
 
-type Done = Box<dyn FnOnce(Finished) + Send>;
+/// Called once with a command's outcome (on the caller's thread, the
+/// engine's completion thread or the blocking pool).
+pub type Done = Arc<dyn Fn(Finished) + Send + Sync>;
+
+/// What happens when a command's response is ready: count it, look for
+/// preempted nexuses, hand it over. Cheap to clone (the engine's
+/// completion holds one copy, the submitting thread another; exactly one
+/// of them runs).
+#[derive(Clone)]
+struct Finisher {
+    started: Instant,
+    kind: CommandKind,
+    pr_out: bool,
+    write_bytes: u64,
+    lun: u64,
+    target: Arc<ScsiTarget>,
+    counting: Counting,
+    done: Done,
+}
+
+impl Finisher {
+    fn finish(&self, response: ScsiResponse) {
+        let bytes = match self.kind {
+            CommandKind::Read => response.data_in.len() as u64,
+            CommandKind::Write => self.write_bytes,
+            CommandKind::Other => 0,
+        };
+        let latency = self.started.elapsed();
+        for c in [&self.counting.lun, &self.counting.initiator]
+            .into_iter()
+            .flatten()
+        {
+            c.record(self.kind, bytes, &response, latency);
+        }
+        let preempted = if self.pr_out && response.status == ScsiStatus::Good {
+            self.target.take_preempted(self.lun)
+        } else {
+            Vec::new()
+        };
+        (self.done)(Finished {
+            response,
+            preempted,
+        })
+    }
+
+    /// Carry a submission on: finished now, pending (the engine calls back),
+    /// or a job to run here (on a thread where blocking is fine).
+    fn settle_here(&self, s: Submitted) {
+        match s {
+            Submitted::Done(r) => self.finish(r),
+            Submitted::Pending => {}
+            Submitted::Blocking(job) => self.finish(guarded(job, |r| r)),
+        }
+    }
+}
 
 impl Executor {
     /// Run `cmd` on `target`; `done` gets the outcome exactly once, on
-    /// this thread (no-wait attempt succeeded, or a check failed), on the
-    /// engine's completion thread, or on the blocking pool.
+    /// this thread (finished at once, or a check failed), on the engine's
+    /// completion thread, or on the blocking pool.
     pub fn execute(
         &self,
         target: &Arc<ScsiTarget>,
@@ -93,66 +150,51 @@ impl Executor {
         pool: &dyn BlockingPool,
         done: Done,
     ) {
-        let started = Instant::now();
-        let kind = CommandKind::of(&cmd.cdb);
-        let pr_out = lookup(&cmd.cdb).is_some_and(|d| d.op == Op::PrOut);
-        let write_bytes = cmd.data.len() as u64;
-        let lun = cmd.lun;
-        let tgt = target.clone();
-        // Count, look for preempted nexuses, hand over.
-        let finish = move |response: ScsiResponse| {
-            let bytes = match kind {
-                CommandKind::Read => response.data_in.len() as u64,
-                CommandKind::Write => write_bytes,
-                CommandKind::Other => 0,
-            };
-            let latency = started.elapsed();
-            for c in [&counting.lun, &counting.initiator].into_iter().flatten() {
-                c.record(kind, bytes, &response, latency);
-            }
-            let preempted = if pr_out && response.status == ScsiStatus::Good {
-                tgt.take_preempted(lun)
-            } else {
-                Vec::new()
-            };
-            done(Finished {
-                response,
-                preempted,
-            })
+        let fin = Finisher {
+            started: Instant::now(),
+            kind: CommandKind::of(&cmd.cdb),
+            pr_out: lookup(&cmd.cdb).is_some_and(|d| d.op == Op::PrOut),
+            write_bytes: cmd.data.len() as u64,
+            lun: cmd.lun,
+            target: target.clone(),
+            counting,
+            done,
         };
-        let req = ScsiRequest {
+        let initiator = cmd.initiator;
+        let scsi = ScsiCommand {
             nexus: cmd.nexus,
             lun: cmd.lun,
-            cdb: &cmd.cdb,
-            data_out: &cmd.data,
+            cdb: cmd.cdb,
+            data_out: cmd.data,
             expected_len: cmd.expected_len,
         };
-        let initiator = Some(&*cmd.initiator);
-        // Fast path: a command that needs no waiting runs right here.
-        if self.inline_io {
-            let inline = guarded(|| target.try_execute_nowait_for(&req, initiator), Some);
-            if let Some(resp) = inline {
-                return finish(resp);
+        let submit = {
+            let target = target.clone();
+            let fin = fin.clone();
+            move || {
+                let completion = fin.clone();
+                guarded(
+                    || {
+                        target.submit(
+                            scsi,
+                            Some(&initiator),
+                            Box::new(move |r| completion.finish(r)),
+                        )
+                    },
+                    Submitted::Done,
+                )
             }
+        };
+        if !self.inline_io {
+            // Everything, the submission too, on the blocking pool.
+            pool.spawn(Box::new(move || fin.settle_here(submit())));
+            return;
         }
-        // A READ or WRITE on a LUN with an asynchronous engine: checked
-        // here, submitted to the engine, completed from its thread.
-        match guarded(|| target.prepare_async_for(&req, initiator), Prepared::Done) {
-            Prepared::Done(resp) => finish(resp),
-            Prepared::Io(plan) => plan.submit(cmd.data, finish),
-            Prepared::Blocking => {
-                let target = target.clone();
-                pool.spawn(Box::new(move || {
-                    let req = ScsiRequest {
-                        nexus: cmd.nexus,
-                        lun: cmd.lun,
-                        cdb: &cmd.cdb,
-                        data_out: &cmd.data,
-                        expected_len: cmd.expected_len,
-                    };
-                    let resp = guarded(|| target.execute_for(&req, Some(&*cmd.initiator)), |r| r);
-                    finish(resp)
-                }));
+        match submit() {
+            Submitted::Done(r) => fin.finish(r),
+            Submitted::Pending => {}
+            Submitted::Blocking(job) => {
+                pool.spawn(Box::new(move || fin.settle_here(Submitted::Blocking(job))))
             }
         }
     }

@@ -9,6 +9,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use ethersan_backend::BlockDeviceExt;
+
 use crate::disk::LogicalUnit;
 use crate::sense::{key, Sense};
 use crate::Nexus;

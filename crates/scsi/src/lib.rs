@@ -1,9 +1,12 @@
 //! SCSI command emulation (SAM-5, SPC-4, SBC-3) for ethersan logical units.
 //!
 //! - [`ScsiTarget`] routes commands by LUN, answers REPORT LUNS and commands
-//!   for missing LUNs.
+//!   for missing LUNs. Its one entry point, [`ScsiTarget::submit`], runs the
+//!   lookup and the unit's checks once per command and answers
+//!   [`Submitted::Done`], [`Submitted::Pending`] or [`Submitted::Blocking`].
 //! - [`LogicalUnit`] emulates one direct-access block device over a
-//!   [`ethersan_backend::BlockDevice`].
+//!   [`ethersan_backend::BlockDevice`], moving data through an
+//!   [`ethersan_volume::Volume`] (range locks, write-cache policy).
 //! - [`commands`] is the one table of supported commands; [`sense`] builds
 //!   sense data.
 //! - Unit attentions are queued per nexus (`unit_attention`), block CDBs
@@ -18,7 +21,6 @@ pub mod commands;
 mod copy;
 mod disk;
 mod missing_lun;
-mod range_lock;
 mod reservations;
 pub mod sense;
 mod target;
@@ -54,7 +56,105 @@ pub enum ScsiStatus {
     TaskAborted = 0x40,
 }
 
-/// One command as the transport delivers it.
+/// One command as the transport delivers it, owning its CDB and Data-Out
+/// (the data of a WRITE goes to the engine without a copy).
+#[derive(Debug, Clone)]
+pub struct ScsiCommand {
+    /// Which I_T nexus sent it.
+    pub nexus: Nexus,
+    /// The 8-byte LUN field, already decoded to a flat LUN number.
+    pub lun: u64,
+    /// The CDB (6..16 bytes; longer with AHS).
+    pub cdb: Vec<u8>,
+    /// All Data-Out bytes the initiator sent (may be shorter or longer than
+    /// the CDB asks for: the expected data transfer length governs).
+    pub data_out: Vec<u8>,
+    /// Expected Data Transfer Length from the transport, in bytes.
+    pub expected_len: u32,
+}
+
+impl ScsiCommand {
+    /// The command as a borrowed request.
+    pub fn request(&self) -> ScsiRequest<'_> {
+        ScsiRequest {
+            nexus: self.nexus,
+            lun: self.lun,
+            cdb: &self.cdb,
+            data_out: &self.data_out,
+            expected_len: self.expected_len,
+        }
+    }
+}
+
+impl From<&ScsiRequest<'_>> for ScsiCommand {
+    fn from(r: &ScsiRequest<'_>) -> ScsiCommand {
+        ScsiCommand {
+            nexus: r.nexus,
+            lun: r.lun,
+            cdb: r.cdb.to_vec(),
+            data_out: r.data_out.to_vec(),
+            expected_len: r.expected_len,
+        }
+    }
+}
+
+/// What one initiator may do with one LUN (LUN masking and per-initiator
+/// write protection), looked up per command by LUN number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LunAccess {
+    /// The LUN exists for this initiator: REPORT LUNS lists it and
+    /// commands reach it (else it answers as a LUN that does not exist).
+    pub visible: bool,
+    /// Write-protected for this initiator: commands that change the medium
+    /// get DATA PROTECT / WRITE PROTECTED, EXTENDED COPY cannot use it.
+    pub read_only: bool,
+}
+
+impl LunAccess {
+    /// Visible and writable.
+    pub const FULL: LunAccess = LunAccess {
+        visible: true,
+        read_only: false,
+    };
+
+    /// Every LUN visible and writable (no masking).
+    pub fn all(_lun: u64) -> LunAccess {
+        LunAccess::FULL
+    }
+}
+
+/// Receives the response of a command that went [`Submitted::Pending`]
+/// (called once, on the engine's completion thread: it must be quick).
+pub type ScsiCompletion = Box<dyn FnOnce(ScsiResponse) + Send>;
+
+/// The blocking remainder of a command: runs it and returns its response.
+pub type ScsiJob = Box<dyn FnOnce() -> ScsiResponse + Send>;
+
+/// What [`ScsiTarget::submit`] did with a command.
+pub enum Submitted {
+    /// Finished: send this response (the completion was dropped uncalled).
+    Done(ScsiResponse),
+    /// In the engine: the completion gets the response.
+    Pending,
+    /// Must wait (the sync engine's I/O, or a slow-path command such as
+    /// COMPARE AND WRITE, WRITE SAME, UNMAP, EXTENDED COPY, SANITIZE,
+    /// PERSISTENT RESERVE, MODE SELECT): run the job where blocking is fine
+    /// and send its response (the completion was dropped uncalled). The
+    /// command's checks already ran.
+    Blocking(ScsiJob),
+}
+
+impl std::fmt::Debug for Submitted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Submitted::Done(r) => f.debug_tuple("Done").field(r).finish(),
+            Submitted::Pending => f.write_str("Pending"),
+            Submitted::Blocking(_) => f.write_str("Blocking(..)"),
+        }
+    }
+}
+
+/// One command borrowed: the form the emulation works on.
 #[derive(Debug)]
 pub struct ScsiRequest<'a> {
     /// Which I_T nexus sent it.
@@ -151,5 +251,5 @@ impl Default for LuConfig {
     }
 }
 
-pub use disk::{AsyncIoPlan, LogicalUnit, Prepared};
-pub use target::{LunAccess, LunMap, LunMapError, LunPolicy, LunSlot, ScsiTarget, MAX_LUN};
+pub use disk::LogicalUnit;
+pub use target::{LunMap, LunMapError, LunPolicy, LunSlot, ScsiTarget, MAX_LUN};

@@ -10,7 +10,9 @@ use crate::commands::Op;
 use crate::copy::CopyManager;
 use crate::disk::LogicalUnit;
 use crate::sense::Sense;
-use crate::{Nexus, Prepared, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus};
+use crate::{
+    LunAccess, Nexus, ResetKind, ScsiCommand, ScsiCompletion, ScsiResponse, ScsiStatus, Submitted,
+};
 
 /// REPORT LUNS parameter data for `luns` (peripheral addressing below 256,
 /// flat space above).
@@ -56,15 +58,6 @@ pub struct LunPolicy {
     pub visible_to: Vec<String>,
     /// Initiator names for which the LUN is read-only.
     pub read_only_for: Vec<String>,
-}
-
-/// What one initiator may do with one LUN.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LunAccess {
-    /// The LUN exists for this initiator (REPORT LUNS lists it).
-    pub visible: bool,
-    /// Commands that change the medium get DATA PROTECT / WRITE PROTECTED.
-    pub read_only: bool,
 }
 
 impl LunPolicy {
@@ -124,7 +117,7 @@ pub struct ScsiTarget {
     nexuses: Mutex<HashSet<Nexus>>,
     /// Serialises LUN map changes (readers never take it).
     changing: Mutex<()>,
-    copies: CopyManager,
+    copies: Arc<CopyManager>,
 }
 
 impl ScsiTarget {
@@ -234,92 +227,56 @@ impl ScsiTarget {
         Ok(())
     }
 
-    /// The unit for a command from `initiator`, with its access; `None`
-    /// when the LUN does not exist or is hidden from it.
-    fn routed(&self, lun: u64, initiator: Option<&str>) -> Option<(Arc<LogicalUnit>, LunAccess)> {
-        let map = self.luns.load();
-        let slot = map.get(&lun)?;
-        let access = slot.policy.access(initiator);
-        access.visible.then(|| (slot.lu.clone(), access))
+    /// What `initiator` may do with each LUN (for the whole command).
+    fn access_of<'a>(
+        map: &'a LunMap,
+        initiator: Option<&'a str>,
+    ) -> impl Fn(u64) -> LunAccess + 'a {
+        move |l| {
+            map.get(&l)
+                .map(|s| s.policy.access(initiator))
+                .unwrap_or(LunAccess {
+                    visible: false,
+                    read_only: false,
+                })
+        }
     }
 
-    /// Execute a command only if that needs no waiting (see
-    /// [`LogicalUnit::try_execute_nowait`]); `None`: use
-    /// [`execute`](Self::execute) off the async workers.
-    pub fn try_execute_nowait(&self, req: &ScsiRequest<'_>) -> Option<ScsiResponse> {
-        self.try_execute_nowait_for(req, None)
-    }
-
-    /// [`try_execute_nowait`](Self::try_execute_nowait) for a command from
-    /// `initiator` (see [`execute_for`](Self::execute_for)); a hidden or
-    /// read-only LUN is left to it.
-    pub fn try_execute_nowait_for(
+    /// The one entry point: run `cmd` from `initiator` (`None`: no name,
+    /// every LUN visible and writable), under each LUN's [`LunPolicy`]. The lookup and the unit's checks (CDB,
+    /// unit attentions, reservations, medium, write protection) run once,
+    /// here; then the command is finished ([`Submitted::Done`]), in the
+    /// engine ([`Submitted::Pending`]: `done` gets the response), or left
+    /// as a job for a thread where blocking is fine
+    /// ([`Submitted::Blocking`]). `done` is called if and only if the
+    /// answer is `Pending`.
+    ///
+    /// REPORT LUNS lists only the visible LUNs; a LUN that is not visible
+    /// answers as one that does not exist (INQUIRY peripheral qualifier
+    /// 011b, other commands LOGICAL UNIT NOT SUPPORTED); on a read-only
+    /// LUN commands that change the medium get DATA PROTECT / WRITE
+    /// PROTECTED; EXTENDED COPY can name only visible, writable LUNs.
+    pub fn submit(
         &self,
-        req: &ScsiRequest<'_>,
+        cmd: ScsiCommand,
         initiator: Option<&str>,
-    ) -> Option<ScsiResponse> {
-        match self.routed(req.lun, initiator) {
-            Some((lu, a)) if !a.read_only => lu.try_execute_nowait(req),
-            _ => None,
-        }
-    }
-
-    /// Plan a READ or WRITE for a LUN with an asynchronous backend (see
-    /// [`LogicalUnit::prepare_async`]) for a command from `initiator`; a
-    /// hidden or read-only LUN, and any other command, is left to
-    /// [`execute_for`](Self::execute_for) ([`Prepared::Blocking`]).
-    pub fn prepare_async_for(&self, req: &ScsiRequest<'_>, initiator: Option<&str>) -> Prepared {
-        match self.routed(req.lun, initiator) {
-            Some((lu, a)) if !a.read_only => lu.prepare_async(req),
-            _ => Prepared::Blocking,
-        }
-    }
-
-    /// Execute one command (blocking). Handles REPORT LUNS, unknown LUNs
-    /// (INQUIRY peripheral qualifier 011b, other commands LOGICAL UNIT NOT
-    /// SUPPORTED), and hands everything else to the logical unit.
-    pub fn execute(&self, req: &ScsiRequest<'_>) -> ScsiResponse {
-        self.execute_for(req, None)
-    }
-
-    /// [`execute`](Self::execute) for a command from `initiator`, under
-    /// each LUN's [`LunPolicy`]: REPORT LUNS lists only the LUNs it sees,
-    /// the others answer as if they did not exist, and EXTENDED COPY can
-    /// name no other. On LUNs that are read-only for it, commands that
-    /// change the medium get DATA PROTECT / WRITE PROTECTED, and EXTENDED
-    /// COPY cannot use them.
-    pub fn execute_for(&self, req: &ScsiRequest<'_>, initiator: Option<&str>) -> ScsiResponse {
+        done: ScsiCompletion,
+    ) -> Submitted {
         let map = self.luns.load_full();
-        let access = |l: u64| map.get(&l).map(|s| s.policy.access(initiator));
-        let visible = |l: u64| access(l).is_some_and(|a| a.visible);
-        let writable = |l: u64| access(l).is_some_and(|a| !a.read_only);
-        let lu_of = |l: u64| map.get(&l).filter(|_| visible(l)).map(|s| s.lu.clone());
-        let opcode = req.cdb.first().copied().unwrap_or(0xff);
+        let access = &Self::access_of(&map, initiator);
+        let opcode = cmd.cdb.first().copied().unwrap_or(0xff);
         if opcode == 0xa0 {
-            if let Some((byte, bit)) = crate::commands::lookup(req.cdb)
-                .and_then(|d| crate::commands::reserved_bits(d, req.cdb))
-            {
-                return plain_check(
-                    Sense::invalid_cdb_field(byte, Some(bit)),
-                    lu_of(req.lun).as_ref(),
-                );
-            }
-            let all: Vec<u64> = map.keys().copied().filter(|l| visible(*l)).collect();
-            return match report_luns(req.cdb, &all) {
-                Ok(data) => ScsiResponse {
-                    status: ScsiStatus::Good,
-                    sense: Vec::new(),
-                    data_in: data,
-                    data_out_len: None,
-                },
-                Err(s) => plain_check(s, lu_of(req.lun).as_ref()),
-            };
+            return Submitted::Done(self.report_luns(&cmd, &map, access));
         }
-        let Some(lu) = lu_of(req.lun) else {
-            return crate::missing_lun::execute(req);
+        let Some(lu) = map
+            .get(&cmd.lun)
+            .filter(|_| access(cmd.lun).visible)
+            .map(|s| s.lu.clone())
+        else {
+            return Submitted::Done(crate::missing_lun::execute(&cmd.request()));
         };
-        if !writable(req.lun) {
-            let changes_medium = crate::commands::lookup(req.cdb).is_some_and(|d| {
+        if access(cmd.lun).read_only {
+            let changes_medium = crate::commands::lookup(&cmd.cdb).is_some_and(|d| {
                 matches!(
                     d.op,
                     Op::Write
@@ -334,49 +291,78 @@ impl ScsiTarget {
                 )
             });
             if changes_medium {
-                return lu.check(crate::sense::codes::WRITE_PROTECTED);
+                return Submitted::Done(lu.check(crate::sense::codes::WRITE_PROTECTED));
             }
         }
         if opcode != 0x83 && opcode != 0x84 {
-            return lu.execute(req);
+            return lu.submit(cmd, done);
         }
-        let def = match lu.precheck(req) {
+        let def = match lu.precheck(&cmd.request()) {
             Ok(d) => d,
-            Err(resp) => return resp,
+            Err(resp) => return Submitted::Done(resp),
         };
-        let ok = |data_in: Vec<u8>| ScsiResponse {
-            status: ScsiStatus::Good,
-            sense: Vec::new(),
-            data_in,
-            data_out_len: None,
-        };
-        let result = match def.op {
-            // Only the LUNs this initiator may see (the LIO CVE-2020-28374
-            // lesson: a copy must not reach any other).
-            Op::ExtendedCopy => self
-                .copies
-                .extended_copy(
-                    req.nexus,
-                    req.cdb,
-                    req.data_out,
-                    &map.iter()
-                        .filter(|(l, _)| visible(**l) && writable(**l))
-                        .map(|(_, s)| s.lu.clone())
-                        .collect::<Vec<_>>(),
-                )
-                .map(|_| ok(Vec::new())),
-            Op::ReceiveCopyResults => self.copies.receive_copy_results(req.nexus, req.cdb).map(ok),
-            _ => return lu.execute(req),
-        };
-        let mut resp = result.unwrap_or_else(|s| lu.check(s));
-        if def.op == Op::ExtendedCopy {
-            resp.data_out_len =
-                Some(
-                    u32::from_be_bytes([req.cdb[10], req.cdb[11], req.cdb[12], req.cdb[13]])
-                        as usize,
-                );
+        if !matches!(def.op, Op::ExtendedCopy | Op::ReceiveCopyResults) {
+            return lu.submit(cmd, done);
         }
-        resp
+        // Only the LUNs this initiator may see and write (the LIO
+        // CVE-2020-28374 lesson: a copy must not reach any other).
+        let reachable: Vec<Arc<LogicalUnit>> = map
+            .iter()
+            .filter(|(l, _)| {
+                let a = access(**l);
+                a.visible && !a.read_only
+            })
+            .map(|(_, s)| s.lu.clone())
+            .collect();
+        let copies = self.copies.clone();
+        let lu = lu.clone();
+        Submitted::Blocking(Box::new(move || {
+            copy_command(&copies, &lu, def.op, &cmd, &reachable)
+        }))
+    }
+
+    /// [`submit`](Self::submit) and wait for the response on this thread
+    /// (running a blocking job here): for tools, tests and fuzzing.
+    pub fn submit_and_wait(&self, cmd: ScsiCommand, initiator: Option<&str>) -> ScsiResponse {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let done: ScsiCompletion = Box::new(move |r| {
+            let _ = tx.send(r);
+        });
+        match self.submit(cmd, initiator, done) {
+            Submitted::Done(r) => r,
+            Submitted::Blocking(job) => job(),
+            Submitted::Pending => rx
+                .recv()
+                .expect("the engine completes every pending command"),
+        }
+    }
+
+    /// REPORT LUNS: the target answers it, listing the visible LUNs.
+    fn report_luns(
+        &self,
+        cmd: &ScsiCommand,
+        map: &LunMap,
+        access: &dyn Fn(u64) -> LunAccess,
+    ) -> ScsiResponse {
+        let lu = map
+            .get(&cmd.lun)
+            .filter(|_| access(cmd.lun).visible)
+            .map(|s| s.lu.clone());
+        if let Some((byte, bit)) = crate::commands::lookup(&cmd.cdb)
+            .and_then(|d| crate::commands::reserved_bits(d, &cmd.cdb))
+        {
+            return plain_check(Sense::invalid_cdb_field(byte, Some(bit)), lu.as_ref());
+        }
+        let all: Vec<u64> = map.keys().copied().filter(|l| access(*l).visible).collect();
+        match report_luns(&cmd.cdb, &all) {
+            Ok(data) => ScsiResponse {
+                status: ScsiStatus::Good,
+                sense: Vec::new(),
+                data_in: data,
+                data_out_len: None,
+            },
+            Err(s) => plain_check(s, lu.as_ref()),
+        }
     }
 
     /// A new I_T nexus appeared (login): it gets a POWER ON OR RESET unit
@@ -436,6 +422,36 @@ impl ScsiTarget {
             }
         }
     }
+}
+
+/// EXTENDED COPY or RECEIVE COPY RESULTS, checked already, run by the
+/// copy manager over the LUNs the initiator may reach.
+fn copy_command(
+    copies: &CopyManager,
+    lu: &LogicalUnit,
+    op: Op,
+    cmd: &ScsiCommand,
+    reachable: &[Arc<LogicalUnit>],
+) -> ScsiResponse {
+    let ok = |data_in: Vec<u8>| ScsiResponse {
+        status: ScsiStatus::Good,
+        sense: Vec::new(),
+        data_in,
+        data_out_len: None,
+    };
+    let result = if op == Op::ExtendedCopy {
+        copies
+            .extended_copy(cmd.nexus, &cmd.cdb, &cmd.data_out, reachable)
+            .map(|_| ok(Vec::new()))
+    } else {
+        copies.receive_copy_results(cmd.nexus, &cmd.cdb).map(ok)
+    };
+    let mut resp = result.unwrap_or_else(|s| lu.check(s));
+    if op == Op::ExtendedCopy {
+        let c = &cmd.cdb;
+        resp.data_out_len = Some(u32::from_be_bytes([c[10], c[11], c[12], c[13]]) as usize);
+    }
+    resp
 }
 
 pub(crate) fn plain_check(s: Sense, lu: Option<&Arc<LogicalUnit>>) -> ScsiResponse {
@@ -626,15 +642,15 @@ mod tests {
 
     #[test]
     fn lun_policy_is_looked_up_per_command() {
-        use crate::ScsiRequest;
+        use crate::ScsiCommand;
         let t = two_luns();
         let run = |who: &str, lun: u64, cdb: &[u8], data: &[u8]| {
-            t.execute_for(
-                &ScsiRequest {
+            t.submit_and_wait(
+                ScsiCommand {
                     nexus: A,
                     lun,
-                    cdb,
-                    data_out: data,
+                    cdb: cdb.to_vec(),
+                    data_out: data.to_vec(),
                     expected_len: data.len() as u32,
                 },
                 Some(who),

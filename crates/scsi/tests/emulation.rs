@@ -4,9 +4,10 @@
 use std::sync::{Arc, Mutex};
 
 use ethersan_backend::ram::RamDevice;
-use ethersan_backend::{BackendError, BlockDevice};
+use ethersan_backend::{BackendError, BlockDevice, IoCompletion, IoRequest, IoResult, Submission};
 use ethersan_scsi::{
-    LogicalUnit, LuConfig, Nexus, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus, ScsiTarget,
+    LogicalUnit, LuConfig, Nexus, ResetKind, ScsiCommand, ScsiRequest, ScsiResponse, ScsiStatus,
+    ScsiTarget,
 };
 use proptest::prelude::*;
 
@@ -41,19 +42,34 @@ impl BlockDevice for Recording {
     fn num_blocks(&self) -> u64 {
         self.inner.num_blocks()
     }
-    fn read_at(&self, o: u64, b: &mut [u8]) -> Result<(), BackendError> {
-        self.inner.read_at(o, b)
-    }
-    fn write_at(&self, o: u64, b: &[u8], fua: bool) -> Result<(), BackendError> {
-        self.fua.lock().unwrap().push(fua);
-        self.inner.write_at(o, b, fua)
-    }
-    fn flush(&self) -> Result<(), BackendError> {
-        *self.flushes.lock().unwrap() += 1;
-        Ok(())
+    fn submit(&self, req: IoRequest, done: IoCompletion) -> Submission {
+        match &req {
+            IoRequest::Write { fua, .. } => self.fua.lock().unwrap().push(*fua),
+            IoRequest::Flush => *self.flushes.lock().unwrap() += 1,
+            IoRequest::Read { .. } => {}
+        }
+        self.inner.submit(req, done)
     }
     fn describe(&self) -> String {
         "recording".into()
+    }
+}
+
+/// Run one command through the target's entry point and wait for it.
+fn execute(t: &ScsiTarget, req: &ScsiRequest<'_>) -> ScsiResponse {
+    t.submit_and_wait(ScsiCommand::from(req), None)
+}
+
+/// Submit as a transport does, for a named initiator (LUN policies apply):
+/// take a response that is done now, run a blocking job, or wait for a
+/// pending command's completion.
+fn submit(t: &ScsiTarget, req: &ScsiRequest<'_>, initiator: Option<&str>) -> ScsiResponse {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let done = Box::new(move |r| tx.send(r).unwrap());
+    match t.submit(ScsiCommand::from(req), initiator, done) {
+        ethersan_scsi::Submitted::Done(r) => r,
+        ethersan_scsi::Submitted::Blocking(job) => job(),
+        ethersan_scsi::Submitted::Pending => rx.recv().unwrap(),
     }
 }
 
@@ -77,13 +93,16 @@ fn target(bs: u32, removable: bool, read_only: bool) -> ScsiTarget {
 }
 
 fn exec(t: &ScsiTarget, nexus: Nexus, cdb: &[u8], data: &[u8]) -> ScsiResponse {
-    t.execute(&ScsiRequest {
-        nexus,
-        lun: 0,
-        cdb,
-        data_out: data,
-        expected_len: 1 << 20,
-    })
+    execute(
+        t,
+        &ScsiRequest {
+            nexus,
+            lun: 0,
+            cdb,
+            data_out: data,
+            expected_len: 1 << 20,
+        },
+    )
 }
 
 fn sense(r: &ScsiResponse) -> Option<(u8, u8, u8)> {
@@ -211,21 +230,27 @@ fn inquiry_and_vpd() {
     );
     assert_eq!(&r.data_in[8..24], &cfg(false, false).naa);
     assert_eq!(exec(&t, N, &[0x12, 0, 0, 0, 5, 0], &[]).data_in.len(), 5);
-    let r = t.execute(&ScsiRequest {
-        nexus: N,
-        lun: 7,
-        cdb: &[0x12, 0, 0, 0, 36, 0],
-        data_out: &[],
-        expected_len: 36,
-    });
+    let r = execute(
+        &t,
+        &ScsiRequest {
+            nexus: N,
+            lun: 7,
+            cdb: &[0x12, 0, 0, 0, 36, 0],
+            data_out: &[],
+            expected_len: 36,
+        },
+    );
     assert_eq!(r.data_in[0], 0x7f);
-    let r = t.execute(&ScsiRequest {
-        nexus: N,
-        lun: 7,
-        cdb: &[0, 0, 0, 0, 0, 0],
-        data_out: &[],
-        expected_len: 0,
-    });
+    let r = execute(
+        &t,
+        &ScsiRequest {
+            nexus: N,
+            lun: 7,
+            cdb: &[0, 0, 0, 0, 0, 0],
+            data_out: &[],
+            expected_len: 0,
+        },
+    );
     assert_eq!(sense(&r), Some((5, 0x25, 0)));
 }
 
@@ -404,7 +429,7 @@ proptest! {
     #[test]
     fn random_cdbs_never_panic(cdb in proptest::collection::vec(any::<u8>(), 1..17), data in proptest::collection::vec(any::<u8>(), 0..2048), lun in 0u64..3) {
         let t = target(512, true, false);
-        let r = t.execute(&ScsiRequest { nexus: N, lun, cdb: &cdb, data_out: &data, expected_len: data.len() as u32 });
+        let r = execute(&t, &ScsiRequest { nexus: N, lun, cdb: &cdb, data_out: &data, expected_len: data.len() as u32 });
         if r.status == ScsiStatus::CheckCondition {
             prop_assert!(!r.sense.is_empty());
         }
@@ -528,13 +553,16 @@ fn extended_copy_between_luns_of_one_target_only() {
     let other_target = ScsiTarget::new(vec![foreign]);
     for lun in 0..2 {
         t.nexus_added(N);
-        t.execute(&ScsiRequest {
-            nexus: N,
-            lun,
-            cdb: &[0, 0, 0, 0, 0, 0],
-            data_out: &[],
-            expected_len: 0,
-        });
+        execute(
+            &t,
+            &ScsiRequest {
+                nexus: N,
+                lun,
+                cdb: &[0, 0, 0, 0, 0, 0],
+                data_out: &[],
+                expected_len: 0,
+            },
+        );
     }
     other_target.nexus_added(N);
     exec(&t, N, &write10(0, 4, false), &[0x5a; 2048]);
@@ -542,24 +570,30 @@ fn extended_copy_between_luns_of_one_target_only() {
         let mut cdb = [0u8; 16];
         cdb[0] = 0x83;
         cdb[10..14].copy_from_slice(&(params.len() as u32).to_be_bytes());
-        t.execute(&ScsiRequest {
-            nexus: N,
-            lun: 0,
-            cdb: &cdb,
-            data_out: params,
-            expected_len: params.len() as u32,
-        })
+        execute(
+            t,
+            &ScsiRequest {
+                nexus: N,
+                lun: 0,
+                cdb: &cdb,
+                data_out: params,
+                expected_len: params.len() as u32,
+            },
+        )
     };
     // LUN 0 -> LUN 1 of the same target.
     let r = xcopy(&t, &xcopy_params(&[naa_a, naa_b], 4, 0, 10));
     assert_eq!(r.status, ScsiStatus::Good, "{:?}", sense(&r));
-    let r = t.execute(&ScsiRequest {
-        nexus: N,
-        lun: 1,
-        cdb: &read10(10, 4),
-        data_out: &[],
-        expected_len: 2048,
-    });
+    let r = execute(
+        &t,
+        &ScsiRequest {
+            nexus: N,
+            lun: 1,
+            cdb: &read10(10, 4),
+            data_out: &[],
+            expected_len: 2048,
+        },
+    );
     assert!(r.data_in.iter().all(|b| *b == 0x5a));
     // RECEIVE COPY RESULTS reports it.
     let r = exec(
@@ -578,13 +612,16 @@ fn extended_copy_between_luns_of_one_target_only() {
     // A unit of another target cannot be named: COPY ABORTED, nothing written.
     let r = xcopy(&t, &xcopy_params(&[naa_a, naa_foreign], 4, 0, 0));
     assert_eq!(sense(&r), Some((0x0a, 0x0d, 0x02)));
-    let r = other_target.execute(&ScsiRequest {
-        nexus: N,
-        lun: 0,
-        cdb: &read10(0, 4),
-        data_out: &[],
-        expected_len: 2048,
-    });
+    let r = execute(
+        &other_target,
+        &ScsiRequest {
+            nexus: N,
+            lun: 0,
+            cdb: &read10(0, 4),
+            data_out: &[],
+            expected_len: 2048,
+        },
+    );
     assert!(r.data_in.iter().all(|b| *b == 0), "foreign LUN was written");
     // Malformed lists get the standard sense.
     let mut bad = xcopy_params(&[naa_a, naa_b], 4, 0, 10);
@@ -594,8 +631,8 @@ fn extended_copy_between_luns_of_one_target_only() {
     assert_eq!(sense(&xcopy(&t, &p[..40])), Some((5, 0x1a, 0)));
 }
 
-/// A device whose blocks from `bad_from` on fail with EIO, on both the
-/// blocking and the non-blocking path.
+/// A device whose blocks from `bad_from` on fail with EIO, whether the
+/// request comes through `submit` or the blocking conveniences.
 #[derive(Debug)]
 struct Failing {
     inner: RamDevice,
@@ -623,22 +660,20 @@ impl BlockDevice for Failing {
     fn num_blocks(&self) -> u64 {
         self.inner.num_blocks()
     }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
-        self.check(offset + buf.len() as u64 - 512, false)?;
-        self.inner.read_at(offset, buf)
-    }
-    fn try_read_at(&self, offset: u64, buf: &mut [u8]) -> Result<bool, BackendError> {
-        self.read_at(offset, buf).map(|()| true)
-    }
-    fn write_at(&self, offset: u64, buf: &[u8], fua: bool) -> Result<(), BackendError> {
-        self.check(offset + buf.len() as u64 - 512, true)?;
-        self.inner.write_at(offset, buf, fua)
-    }
-    fn try_write_at(&self, offset: u64, buf: &[u8]) -> Result<bool, BackendError> {
-        self.write_at(offset, buf, false).map(|()| true)
-    }
-    fn flush(&self) -> Result<(), BackendError> {
-        Ok(())
+    fn submit(&self, req: IoRequest, done: IoCompletion) -> Submission {
+        let failed: Option<IoResult> = match &req {
+            IoRequest::Read { offset, len, .. } => {
+                self.check(offset + *len as u64 - 512, false).err().map(Err)
+            }
+            IoRequest::Write { offset, len, .. } => {
+                self.check(offset + *len as u64 - 512, true).err().map(Err)
+            }
+            IoRequest::Flush => None,
+        };
+        match failed {
+            Some(r) => Submission::Done(r),
+            None => self.inner.submit(req, done),
+        }
     }
     fn describe(&self) -> String {
         "failing".into()
@@ -666,10 +701,9 @@ fn backend_errors_become_medium_errors_and_other_luns_keep_serving() {
             expected_len: 1 << 16,
         };
         if nowait {
-            t.try_execute_nowait(&req)
-                .unwrap_or_else(|| t.execute(&req))
+            submit(&t, &req, None)
         } else {
-            t.execute(&req)
+            execute(&t, &req)
         }
     };
     for lun in [0, 1] {
@@ -726,10 +760,9 @@ fn a_masked_lun_is_invisible_and_out_of_reach_of_extended_copy() {
             expected_len: 4096,
         };
         if masked {
-            t.try_execute_nowait_for(&req, Some("bob"))
-                .unwrap_or_else(|| t.execute_for(&req, Some("bob")))
+            submit(&t, &req, Some("bob"))
         } else {
-            t.execute(&req)
+            execute(&t, &req)
         }
     };
     for lun in 0..2 {
@@ -796,8 +829,7 @@ fn a_lun_read_only_for_one_initiator() {
             data_out: data,
             expected_len: 4096,
         };
-        t.try_execute_nowait_for(&req, read_only)
-            .unwrap_or_else(|| t.execute_for(&req, read_only))
+        submit(&t, &req, read_only)
     };
     run(&[0; 6], &[], None);
     assert_eq!(

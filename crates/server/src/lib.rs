@@ -23,7 +23,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ethersan_backend::BlockDevice;
+use ethersan_backend::{BlockDevice, BlockDeviceExt};
 use ethersan_proto::negotiate::TargetSettings;
 use ethersan_scsi::{LogicalUnit, LuConfig, LunMap, LunPolicy, LunSlot, Nexus};
 use tokio::net::{TcpListener, TcpStream};

@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use ethersan_backend::{BackendError, BlockDevice};
+use ethersan_backend::{BlockDevice, IoCompletion, IoRequest, Submission};
 use ethersan_scsi::{LogicalUnit, LuConfig, Nexus, ScsiStatus, ScsiTarget};
 
 use super::*;
@@ -28,14 +28,11 @@ impl BlockDevice for Panicking {
     fn num_blocks(&self) -> u64 {
         8
     }
-    fn read_at(&self, _: u64, _: &mut [u8]) -> Result<(), BackendError> {
-        panic!("backend bug")
-    }
-    fn write_at(&self, _: u64, _: &[u8], _: bool) -> Result<(), BackendError> {
-        Ok(())
-    }
-    fn flush(&self) -> Result<(), BackendError> {
-        Ok(())
+    fn submit(&self, req: IoRequest, _: IoCompletion) -> Submission {
+        match req {
+            IoRequest::Read { .. } => panic!("backend bug"),
+            _ => Submission::Done(Ok(Vec::new())),
+        }
     }
     fn describe(&self) -> String {
         "panicking".into()
@@ -101,7 +98,7 @@ fn run(
         c,
         counting,
         pool,
-        Box::new(move |f| *o.lock().unwrap() = Some(f)),
+        Arc::new(move |f| *o.lock().unwrap() = Some(f)),
     );
     out
 }

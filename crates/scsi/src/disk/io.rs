@@ -2,11 +2,14 @@
 //! COMPARE AND WRITE, ORWRITE, WRITE ATOMIC, PRE-FETCH, SYNCHRONIZE CACHE,
 //! READ CAPACITY and READ DEFECT DATA.
 //!
-//! None of these take the unit's state mutex: write-cache state is an
-//! atomic, and only writes that must be atomic against each other hold
-//! range locks.
+//! None of these take the unit's state mutex: write-cache state lives in
+//! the unit's volume, and only writes that must be atomic against each
+//! other hold range locks exclusive. READ, WRITE, WRITE AND VERIFY and
+//! SYNCHRONIZE CACHE are checked here ([`LogicalUnit::read_plan`],
+//! [`LogicalUnit::write_plan`], [`LogicalUnit::cache_range`]) and moved by
+//! the volume (`submit`); the others here run as blocking jobs.
 
-use std::sync::atomic::Ordering;
+use ethersan_backend::BlockDeviceExt;
 
 use super::{
     backend_sense, CmdResult, LogicalUnit, Reply, ATOMIC_UNIT_BYTES, MAX_ATOMIC_BYTES,
@@ -17,36 +20,6 @@ use crate::cdb::BlockCdb;
 use crate::sense::{codes, Sense};
 
 impl LogicalUnit {
-    /// READ (6/10/12/16).
-    pub(super) fn read(&self, cdb: &[u8]) -> CmdResult {
-        let (off, len) = self.read_plan(cdb)?;
-        let mut data = vec![0u8; len];
-        if len > 0 {
-            self.dev
-                .read_at(off, &mut data)
-                .map_err(|e| backend_sense(&e, false))?;
-        }
-        Ok(Reply { data })
-    }
-
-    /// READ without waiting: `None` when the data is not at hand (the
-    /// caller then runs [`read`](Self::read) where blocking is fine).
-    pub(super) fn read_nowait(&self, cdb: &[u8]) -> Option<CmdResult> {
-        let (off, len) = match self.read_plan(cdb) {
-            Ok(p) => p,
-            Err(s) => return Some(Err(s)),
-        };
-        let mut data = vec![0u8; len];
-        if len > 0 {
-            match self.dev.try_read_at(off, &mut data) {
-                Ok(true) => {}
-                Ok(false) => return None,
-                Err(e) => return Some(Err(backend_sense(&e, false))),
-            }
-        }
-        Some(Ok(Reply { data }))
-    }
-
     /// The checked byte range of a READ.
     pub(super) fn read_plan(&self, cdb: &[u8]) -> Result<(u64, usize), Sense> {
         let c = BlockCdb::parse(cdb);
@@ -54,46 +27,13 @@ impl LogicalUnit {
         self.range(&c)
     }
 
-    /// WRITE (6/10/12/16) and WRITE AND VERIFY (10/12/16). Only Data-Out
-    /// that arrived is written, in whole blocks (when the initiator's
-    /// expected length was short the transport reports the residual); WRITE
-    /// AND VERIFY writes through (the medium then holds exactly the data,
-    /// so the verification cannot miscompare).
-    pub(super) fn write(&self, cdb: &[u8], data_out: &[u8], verify: bool) -> CmdResult {
-        let (off, have, fua) = self.write_plan(cdb, data_out, verify)?;
-        if have > 0 {
-            let _held = self.ranges.lock(off, have as u64, false);
-            self.dev
-                .write_at(off, &data_out[..have], fua)
-                .map_err(|e| backend_sense(&e, true))?;
-        }
-        Reply::none()
-    }
-
-    /// WRITE without waiting: `None` when it would have to wait (FUA or
-    /// write-through, a COMPARE AND WRITE holding the range, or a backend
-    /// that cannot take the data at once); the caller then runs
-    /// [`write`](Self::write) where blocking is fine.
-    pub(super) fn write_nowait(&self, cdb: &[u8], data_out: &[u8]) -> Option<CmdResult> {
-        let (off, have, fua) = match self.write_plan(cdb, data_out, false) {
-            Ok(p) => p,
-            Err(s) => return Some(Err(s)),
-        };
-        if fua {
-            return None;
-        }
-        if have > 0 {
-            let _held = self.ranges.try_lock_shared(off, have as u64)?;
-            match self.dev.try_write_at(off, &data_out[..have]) {
-                Ok(true) => {}
-                Ok(false) => return None,
-                Err(e) => return Some(Err(backend_sense(&e, true))),
-            }
-        }
-        Some(Reply::none())
-    }
-
-    /// The checks of a WRITE: (byte offset, bytes to write, FUA).
+    /// The checks of a WRITE (6/10/12/16) or WRITE AND VERIFY (10/12/16):
+    /// (byte offset, bytes to write, FUA asked for). Only Data-Out that
+    /// arrived is written, in whole blocks (when the initiator's expected
+    /// length was short the transport reports the residual); WRITE AND
+    /// VERIFY writes through (the medium then holds exactly the data, so
+    /// the verification cannot miscompare). The volume adds FUA when the
+    /// write cache is off.
     pub(super) fn write_plan(
         &self,
         cdb: &[u8],
@@ -119,7 +59,7 @@ impl LogicalUnit {
         if data_out.len() < len && !data_out.len().is_multiple_of(bs) {
             return Err(codes::INVALID_FIELD_IN_IU);
         }
-        Ok((off, data_out.len().min(len), verify || self.fua(&c)))
+        Ok((off, data_out.len().min(len), verify || c.fua()))
     }
 
     /// Blocks per WRITE ATOMIC alignment/granularity unit.
@@ -150,7 +90,7 @@ impl LogicalUnit {
         if data.len() < len {
             return Err(codes::INVALID_FIELD_IN_CDB);
         }
-        let _held = self.ranges.lock(off, len as u64, true);
+        let _held = self.vol.ranges().lock(off, len as u64, true);
         self.dev
             .write_at(off, &data[..len], self.fua(&c))
             .map_err(|e| backend_sense(&e, true))?;
@@ -163,16 +103,16 @@ impl LogicalUnit {
         if let Some(s) = self.write_protected() {
             return Err(s);
         }
-        let _held = self.ranges.lock(off, data.len() as u64, false);
+        let _held = self.vol.ranges().lock(off, data.len() as u64, false);
         self.dev
-            .write_at(off, data, !self.wce.load(Ordering::Relaxed))
+            .write_at(off, data, self.vol.effective_fua(false))
             .map_err(|e| backend_sense(&e, true))
     }
 
     /// Whether a write must reach stable storage before it completes: FUA
     /// asked for it, or the write cache is off (Caching page WCE = 0).
     pub(super) fn fua(&self, c: &BlockCdb) -> bool {
-        c.fua() || !self.wce.load(Ordering::Relaxed)
+        self.vol.effective_fua(c.fua())
     }
 
     /// COMPARE AND WRITE: compare the first half of the Data-Out with the
@@ -195,7 +135,7 @@ impl LogicalUnit {
             return Err(Sense::invalid_cdb_field(13, None));
         }
         let (verify, write) = (&data[..len], &data[len..2 * len]);
-        let _held = self.ranges.lock(off, len as u64, true);
+        let _held = self.vol.ranges().lock(off, len as u64, true);
         let mut medium = vec![0u8; len];
         self.dev
             .read_at(off, &mut medium)
@@ -223,7 +163,7 @@ impl LogicalUnit {
         if data.len() < len {
             return Err(codes::INVALID_FIELD_IN_CDB);
         }
-        let _held = self.ranges.lock(off, len as u64, true);
+        let _held = self.vol.ranges().lock(off, len as u64, true);
         let mut medium = vec![0u8; len];
         self.dev
             .read_at(off, &mut medium)
@@ -314,16 +254,6 @@ impl LogicalUnit {
             // Only a hint: a backend that cannot prefetch is not an error.
             let _ = self.dev.prefetch(off, len);
         }
-        Reply::none()
-    }
-
-    /// SYNCHRONIZE CACHE (10/16): range-checked, then the whole device is
-    /// flushed (the backend has no ranged flush). IMMED is honoured by
-    /// completing only after the flush, which the standard allows.
-    pub(super) fn sync_cache(&self, cdb: &[u8]) -> CmdResult {
-        let c = BlockCdb::parse(cdb);
-        self.cache_range(&c)?;
-        self.dev.flush().map_err(|e| backend_sense(&e, true))?;
         Reply::none()
     }
 

@@ -3,6 +3,8 @@
 
 use std::sync::atomic::Ordering;
 
+use ethersan_backend::BlockDeviceExt;
+
 use super::{CmdResult, LogicalUnit, Reply};
 use crate::sense::{codes, key, Sense};
 use crate::{Nexus, ScsiRequest};

@@ -2,24 +2,26 @@
 //! [`BlockDevice`].
 //!
 //! The READ/WRITE path takes no lock: it reads an atomic "a unit attention
-//! is pending" flag and atomic mode bits, then does positional I/O on the
-//! backend. Mode pages and medium state sit behind one mutex that only
-//! slow-path commands touch.
+//! is pending" flag and atomic mode bits, then submits the I/O to the
+//! unit's [`Volume`] (range locks, write-cache policy, the engine). Mode
+//! pages and medium state sit behind one mutex that only slow-path
+//! commands touch.
 //!
 //! This module holds the unit's state, the checks every command passes and
-//! dispatch; the command families live in submodules: [`io`] (READ, WRITE,
-//! VERIFY, COMPARE AND WRITE, capacity, cache), [`provisioning`] (WRITE
+//! dispatch; [`submit`] is the one entry point (checks once, then done
+//! now, pending on the engine, or a blocking job); the command families
+//! live in submodules: [`io`] (READ, WRITE, VERIFY, COMPARE AND WRITE, capacity, cache), [`provisioning`] (WRITE
 //! SAME, UNMAP, GET LBA STATUS), [`inquiry`] (standard data and VPD pages),
 //! [`mode`] (MODE SENSE/SELECT), [`medium`] (START STOP UNIT, PREVENT ALLOW
 //! MEDIUM REMOVAL, REQUEST SENSE) and [`sanitize`].
 
-mod async_io;
 mod inquiry;
 mod io;
 mod medium;
 mod mode;
 mod provisioning;
 mod sanitize;
+mod submit;
 #[cfg(test)]
 pub(crate) mod testing;
 
@@ -28,19 +30,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ethersan_backend::{BackendError, BlockDevice};
+use ethersan_volume::{MediumError, Volume};
 
 use crate::be::{be16, be32};
 use crate::cdb::BlockCdb;
 use crate::commands::{self, CommandDef, Op};
-use crate::range_lock::RangeLocks;
 use crate::reservations::{Access, PrError, Reservations};
 use crate::sense::{codes, Sense};
 use crate::unit_attention::UnitAttentions;
 use crate::{LuConfig, Nexus, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus};
 use mode::ModeState;
 use sanitize::SanitizeState;
-
-pub use async_io::{AsyncIoPlan, Prepared};
 
 /// Largest transfer one command may ask for, in bytes (VPD 0xB0).
 pub(crate) const MAX_TRANSFER_BYTES: u64 = 16 << 20;
@@ -90,11 +90,11 @@ pub struct LogicalUnit {
     cfg: LuConfig,
     state: Mutex<LuState>,
     ua: UnitAttentions,
-    wce: AtomicBool,
+    /// The data path: range locks, write-cache (WCE) policy, the engine.
+    vol: Arc<Volume>,
     d_sense: AtomicBool,
     swp: AtomicBool,
     ejected: AtomicBool,
-    ranges: RangeLocks,
     reservations: Mutex<Reservations>,
     /// Any reservation held: commands must be checked against it.
     reserved: AtomicBool,
@@ -105,18 +105,26 @@ pub struct LogicalUnit {
 }
 
 fn backend_sense(e: &BackendError, write: bool) -> Sense {
-    match e {
-        BackendError::Write { source, .. } if source.raw_os_error() == Some(28) => {
-            codes::SPACE_ALLOCATION_FAILED
-        }
-        _ if write => codes::WRITE_ERROR,
-        _ => codes::READ_ERROR,
+    match MediumError::of(e, write) {
+        MediumError::NoSpace => codes::SPACE_ALLOCATION_FAILED,
+        MediumError::Write => codes::WRITE_ERROR,
+        MediumError::Read => codes::READ_ERROR,
     }
 }
 
 impl LogicalUnit {
     /// Create a logical unit over `dev`.
     pub fn new(dev: Arc<dyn BlockDevice>, cfg: LuConfig) -> Self {
+        let vol = Arc::new(Volume::new(dev, cfg.write_cache));
+        Self::with_volume(vol, cfg)
+    }
+
+    /// Create a logical unit over a volume that another protocol (AoE's
+    /// ATA, NVMe) may share: the range locks and the write cache are then
+    /// the same for both. The volume's write cache is set from `cfg`.
+    pub fn with_volume(vol: Arc<Volume>, cfg: LuConfig) -> Self {
+        let dev = vol.device().clone();
+        vol.set_write_cache(cfg.write_cache);
         let mode = ModeState {
             wce: cfg.write_cache,
             d_sense: false,
@@ -132,11 +140,10 @@ impl LogicalUnit {
                 prevent: HashSet::new(),
             }),
             ua: UnitAttentions::default(),
-            wce: AtomicBool::new(mode.wce),
+            vol,
             d_sense: AtomicBool::new(false),
             swp: AtomicBool::new(false),
             ejected: AtomicBool::new(false),
-            ranges: RangeLocks::new(),
             reserved: AtomicBool::new(reservations.active()),
             sanitize: Arc::new(SanitizeState::default()),
             preempted: Mutex::new(Vec::new()),
@@ -149,6 +156,11 @@ impl LogicalUnit {
     /// The backing device.
     pub fn device(&self) -> &Arc<dyn BlockDevice> {
         &self.dev
+    }
+
+    /// The volume the unit's data path goes through.
+    pub fn volume(&self) -> &Arc<Volume> {
+        &self.vol
     }
 
     /// The configuration.
@@ -260,21 +272,12 @@ impl LogicalUnit {
     }
 
     fn publish_mode(&self, m: ModeState) {
-        self.wce.store(m.wce, Ordering::Relaxed);
+        self.vol.set_write_cache(m.wce);
         self.d_sense.store(m.d_sense, Ordering::Relaxed);
         self.swp.store(m.swp, Ordering::Relaxed);
     }
 
     // ---- dispatch ----
-
-    /// Execute one command (blocking: may perform backend I/O).
-    pub fn execute(&self, req: &ScsiRequest<'_>) -> ScsiResponse {
-        let def = match self.precheck(req) {
-            Ok(d) => d,
-            Err(resp) => return resp,
-        };
-        self.dispatch(def, req)
-    }
 
     /// The checks every command passes before it runs: known opcode and
     /// service action, no reserved bits, no pending unit attention, no
@@ -357,13 +360,13 @@ impl LogicalUnit {
         let result = match def.op {
             Op::TestUnitReady => Reply::none(),
             Op::RequestSense => self.request_sense(req),
-            Op::Read => self.read(cdb),
-            Op::Write => self.write(cdb, req.data_out, false),
+            // The data path: [`submit`] sends these to the volume and never
+            // dispatches them here.
+            Op::Read | Op::Write | Op::WriteVerify | Op::SyncCache => Err(codes::INVALID_OPCODE),
             Op::WriteAtomic => self.write_atomic(cdb, req.data_out),
             // The target's copy manager runs these (it sees every LUN).
             Op::ExtendedCopy | Op::ReceiveCopyResults => Err(codes::INVALID_OPCODE),
             Op::Sanitize => self.sanitize(cdb, req.data_out),
-            Op::WriteVerify => self.write(cdb, req.data_out, true),
             Op::Verify => self.verify(cdb, req.data_out),
             Op::Inquiry => self.inquiry(cdb),
             Op::ModeSense6 | Op::ModeSense10 => self.mode_sense(cdb),
@@ -373,7 +376,6 @@ impl LogicalUnit {
             Op::ReadCapacity10 => self.read_capacity10(cdb),
             Op::ReadCapacity16 => self.read_capacity16(cdb),
             Op::PreFetch => self.prefetch(cdb),
-            Op::SyncCache => self.sync_cache(cdb),
             Op::ReportOpcodes => commands::report_supported_opcodes(cdb).map(|data| Reply { data }),
             Op::ReportTmfs => commands::report_supported_tmfs(cdb).map(|data| Reply { data }),
             Op::WriteSame => self.write_same(cdb, req.data_out),
@@ -427,42 +429,6 @@ impl LogicalUnit {
             Op::ReportLuns => crate::target::report_luns(cdb, &[0]).map(|data| Reply { data }),
         };
         self.finish(def, req, result)
-    }
-
-    /// Run a command only if it needs no waiting: READ from data at hand,
-    /// WRITE into the page cache (no FUA), and the commands that touch no
-    /// medium. `None`: run [`execute`](Self::execute) where blocking is fine
-    /// (nothing was done that a second try would repeat visibly).
-    pub fn try_execute_nowait(&self, req: &ScsiRequest<'_>) -> Option<ScsiResponse> {
-        let def = commands::lookup(req.cdb)?;
-        let quick = matches!(
-            def.op,
-            Op::Read
-                | Op::Write
-                | Op::TestUnitReady
-                | Op::Inquiry
-                | Op::ReadCapacity10
-                | Op::ReadCapacity16
-                | Op::ModeSense6
-                | Op::ModeSense10
-                | Op::ReportOpcodes
-        );
-        if !quick || req.cdb.len() < def.cdb_len {
-            return None;
-        }
-        if def.op == Op::Write && self.fua(&BlockCdb::parse(req.cdb)) {
-            return None;
-        }
-        let def = match self.precheck(req) {
-            Ok(d) => d,
-            Err(resp) => return Some(resp),
-        };
-        let result = match def.op {
-            Op::Read => self.read_nowait(req.cdb)?,
-            Op::Write => self.write_nowait(req.cdb, req.data_out)?,
-            _ => return Some(self.dispatch(def, req)),
-        };
-        Some(self.finish(def, req, result))
     }
 
     /// The response for a command's result, with the Data-Out length the
@@ -532,16 +498,14 @@ impl LogicalUnit {
     /// length) above the Block Limits maximum. Returns the byte offset and
     /// length.
     fn range(&self, c: &BlockCdb) -> Result<(u64, usize), Sense> {
-        let cap = self.dev.num_blocks();
-        match c.lba.checked_add(u64::from(c.blocks)) {
-            Some(end) if end <= cap => {}
-            _ => return Err(codes::LBA_OUT_OF_RANGE),
-        }
-        let bytes = u64::from(c.blocks) * self.bs();
+        let (off, bytes) = self
+            .vol
+            .check_range(c.lba, u64::from(c.blocks))
+            .map_err(|_| codes::LBA_OUT_OF_RANGE)?;
         if bytes > MAX_TRANSFER_BYTES {
             return Err(Sense::invalid_cdb_field(c.length_byte, None));
         }
-        Ok((c.lba * self.bs(), bytes as usize))
+        Ok((off, bytes as usize))
     }
 
     /// RDPROTECT/WRPROTECT/VRPROTECT must be zero: the unit has no

@@ -3,6 +3,8 @@
 //! MODE SELECT (6/10). WCE, D_SENSE and SWP are changeable; the values the
 //! I/O path needs are mirrored in atomics.
 
+use ethersan_backend::BlockDeviceExt;
+
 use super::{backend_sense, CmdResult, LogicalUnit, Reply};
 use crate::be::be16;
 use crate::sense::{codes, Sense};

@@ -5,6 +5,8 @@ use super::{
     backend_sense, CmdResult, LogicalUnit, Reply, MAX_TRANSFER_BYTES, MAX_UNMAP_BLOCKS,
     MAX_UNMAP_DESCRIPTORS,
 };
+use ethersan_backend::BlockDeviceExt;
+
 use crate::be::{be16, be32, be64};
 use crate::cdb::BlockCdb;
 use crate::sense::{codes, Sense};
@@ -67,7 +69,7 @@ impl LogicalUnit {
         };
         let off = lba * bs as u64;
         let len = n * bs as u64;
-        let _held = self.ranges.lock(off, len, false);
+        let _held = self.vol.ranges().lock(off, len, false);
         // With UNMAP on a thin LUN the range is deallocated and reads back
         // as zeros (LBPRZ), whatever the data block held.
         if unmap && self.dev.thin_provisioned() {
@@ -135,7 +137,7 @@ impl LogicalUnit {
             }
         }
         for (off, len) in ranges {
-            let _held = self.ranges.lock(off, len, false);
+            let _held = self.vol.ranges().lock(off, len, false);
             self.dev
                 .unmap(off, len)
                 .map_err(|e| backend_sense(&e, true))?;

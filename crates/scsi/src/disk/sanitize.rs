@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
-use ethersan_backend::{BackendError, BlockDevice};
+use ethersan_backend::{BackendError, BlockDevice, BlockDeviceExt};
 
 use super::{CmdResult, LogicalUnit, Reply};
 use crate::be::be16;

@@ -1,14 +1,25 @@
 //! Fixtures for the unit tests: a [`ScsiTarget`] over a RAM device (at
 //! 512- or 4096-byte blocks) that can record FUA and flushes, fail I/O, or
-//! claim a larger capacity than it stores.
+//! claim a larger capacity than it stores, and answer its engine
+//! submissions done now, pending (completed from another thread) or as
+//! blocking jobs.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ethersan_backend::ram::RamDevice;
-use ethersan_backend::{BackendError, BlockDevice};
+use ethersan_backend::{
+    BackendError, BlockDevice, BlockDeviceExt, IoCompletion, IoRequest, IoResult, Submission,
+};
 
-use crate::{LogicalUnit, LuConfig, Nexus, ScsiRequest, ScsiResponse, ScsiStatus, ScsiTarget};
+use crate::{LogicalUnit, LuConfig, Nexus, ScsiCommand, ScsiResponse, ScsiStatus, ScsiTarget};
+
+/// How a [`TestDevice`] answers a submission.
+pub(crate) const ANSWER_DONE: u8 = 0;
+/// As a [`Submission::Blocking`] job.
+pub(crate) const ANSWER_BLOCKING: u8 = 1;
+/// [`Submission::Pending`], completed from another thread.
+pub(crate) const ANSWER_PENDING: u8 = 2;
 
 /// The block sizes every test runs at.
 pub(crate) const BLOCK_SIZES: [u32; 2] = [512, 4096];
@@ -31,6 +42,8 @@ pub(crate) struct TestDevice {
     pub(crate) fua: Mutex<Vec<bool>>,
     pub(crate) flushes: AtomicUsize,
     pub(crate) prefetches: AtomicUsize,
+    /// [`ANSWER_DONE`], [`ANSWER_BLOCKING`] or [`ANSWER_PENDING`].
+    pub(crate) answer: AtomicU8,
 }
 
 impl TestDevice {
@@ -43,12 +56,55 @@ impl TestDevice {
             fua: Mutex::new(Vec::new()),
             flushes: AtomicUsize::new(0),
             prefetches: AtomicUsize::new(0),
+            answer: AtomicU8::new(ANSWER_DONE),
         }
     }
 }
 
 fn io_error() -> std::io::Error {
     std::io::Error::from_raw_os_error(5)
+}
+
+impl TestDevice {
+    /// Do the I/O at once, with the failures asked for.
+    fn run(&self, req: IoRequest) -> IoResult {
+        match req {
+            IoRequest::Read { offset, len, .. } => {
+                if self.fail_reads.load(Ordering::Relaxed) || offset + len as u64 > DEV_BYTES {
+                    return Err(BackendError::Read {
+                        offset,
+                        source: io_error(),
+                    });
+                }
+                let mut buf = vec![0u8; len];
+                self.ram.read_at(offset, &mut buf)?;
+                Ok(buf)
+            }
+            IoRequest::Write {
+                offset,
+                data,
+                len,
+                fua,
+            } => {
+                if self.fail_writes.load(Ordering::Relaxed) || offset + len as u64 > DEV_BYTES {
+                    return Err(BackendError::Write {
+                        offset,
+                        source: io_error(),
+                    });
+                }
+                self.fua.lock().unwrap().push(fua);
+                self.ram.write_at(offset, &data[..len], fua)?;
+                Ok(Vec::new())
+            }
+            IoRequest::Flush => {
+                if self.fail_writes.load(Ordering::Relaxed) {
+                    return Err(BackendError::Flush(io_error()));
+                }
+                self.flushes.fetch_add(1, Ordering::Relaxed);
+                Ok(Vec::new())
+            }
+        }
+    }
 }
 
 impl BlockDevice for TestDevice {
@@ -58,31 +114,16 @@ impl BlockDevice for TestDevice {
     fn num_blocks(&self) -> u64 {
         self.claimed_blocks.unwrap_or_else(|| self.ram.num_blocks())
     }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
-        if self.fail_reads.load(Ordering::Relaxed) || offset + buf.len() as u64 > DEV_BYTES {
-            return Err(BackendError::Read {
-                offset,
-                source: io_error(),
-            });
+    fn submit(&self, req: IoRequest, done: IoCompletion) -> Submission {
+        let r = self.run(req);
+        match self.answer.load(Ordering::Relaxed) {
+            ANSWER_BLOCKING => Submission::Blocking(Box::new(move || r)),
+            ANSWER_PENDING => {
+                std::thread::spawn(move || done(r));
+                Submission::Pending
+            }
+            _ => Submission::Done(r),
         }
-        self.ram.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, buf: &[u8], fua: bool) -> Result<(), BackendError> {
-        if self.fail_writes.load(Ordering::Relaxed) || offset + buf.len() as u64 > DEV_BYTES {
-            return Err(BackendError::Write {
-                offset,
-                source: io_error(),
-            });
-        }
-        self.fua.lock().unwrap().push(fua);
-        self.ram.write_at(offset, buf, fua)
-    }
-    fn flush(&self) -> Result<(), BackendError> {
-        if self.fail_writes.load(Ordering::Relaxed) {
-            return Err(BackendError::Flush(io_error()));
-        }
-        self.flushes.fetch_add(1, Ordering::Relaxed);
-        Ok(())
     }
     fn prefetch(&self, _offset: u64, _len: u64) -> Result<(), BackendError> {
         self.prefetches.fetch_add(1, Ordering::Relaxed);
@@ -145,13 +186,14 @@ pub(crate) fn exec_lun(
     cdb: &[u8],
     data: &[u8],
 ) -> ScsiResponse {
-    t.execute(&ScsiRequest {
+    let cmd = ScsiCommand {
         nexus,
         lun,
-        cdb,
-        data_out: data,
+        cdb: cdb.to_vec(),
+        data_out: data.to_vec(),
         expected_len: 1 << 24,
-    })
+    };
+    t.submit_and_wait(cmd, None)
 }
 
 /// (key, ASC, ASCQ) of the response's sense data, fixed or descriptor.

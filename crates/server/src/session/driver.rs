@@ -92,7 +92,7 @@ fn carry_out(session: &mut Session, executor: &Executor, ch: &Channels) {
                     cmd,
                     counting,
                     &TokioBlocking,
-                    Box::new(move |f| {
+                    Arc::new(move |f| {
                         let _ = tx.send(Event::Done(itt, f));
                     }),
                 );

@@ -139,7 +139,7 @@ impl Harness {
                             cmd,
                             counting,
                             &Inline,
-                            Box::new(move |f| *o.lock().unwrap() = Some(f)),
+                            Arc::new(move |f| *o.lock().unwrap() = Some(f)),
                         );
                         let f = out.lock().unwrap().take().expect("RAM completes inline");
                         done.push(Event::Done(itt, f));

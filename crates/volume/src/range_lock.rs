@@ -15,19 +15,23 @@ const STRIPES: usize = 64;
 /// atomic against any other write to the range. Distinct ranges rarely
 /// share a stripe, so ordinary I/O does not contend.
 #[derive(Debug)]
-pub(crate) struct RangeLocks {
+pub struct RangeLocks {
     stripes: Vec<Arc<RwLock<()>>>,
 }
 
-pub(crate) enum StripeGuard<'a> {
+/// One stripe held by [`RangeLocks::lock`] or
+/// [`RangeLocks::try_lock_shared`]; released when dropped.
+pub enum StripeGuard<'a> {
+    /// Held shared.
     Shared(#[allow(dead_code)] parking_lot::RwLockReadGuard<'a, ()>),
+    /// Held exclusive.
     Exclusive(#[allow(dead_code)] parking_lot::RwLockWriteGuard<'a, ()>),
 }
 
 /// Shared locks on a range that do not borrow the unit: a WRITE holds them
 /// while its asynchronous I/O is in flight (they may be released on
 /// another thread).
-pub(crate) struct OwnedRangeGuard {
+pub struct OwnedRangeGuard {
     _stripes: Vec<parking_lot::ArcRwLockReadGuard<parking_lot::RawRwLock, ()>>,
 }
 
@@ -39,8 +43,15 @@ impl std::fmt::Debug for OwnedRangeGuard {
     }
 }
 
+impl Default for RangeLocks {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl RangeLocks {
-    pub(crate) fn new() -> Self {
+    /// Locks over a whole volume, none held.
+    pub fn new() -> Self {
         RangeLocks {
             stripes: (0..STRIPES).map(|_| Arc::new(RwLock::new(()))).collect(),
         }
@@ -60,7 +71,7 @@ impl RangeLocks {
 
     /// Shared locks on the range if none of its stripes is held exclusive;
     /// `None` instead of waiting.
-    pub(crate) fn try_lock_shared(&self, off: u64, len: u64) -> Option<Vec<StripeGuard<'_>>> {
+    pub fn try_lock_shared(&self, off: u64, len: u64) -> Option<Vec<StripeGuard<'_>>> {
         Self::stripes_of(off, len)
             .into_iter()
             .map(|i| self.stripes[i].try_read().map(StripeGuard::Shared))
@@ -69,7 +80,7 @@ impl RangeLocks {
 
     /// [`try_lock_shared`](Self::try_lock_shared) with guards that own their
     /// locks.
-    pub(crate) fn try_lock_shared_owned(&self, off: u64, len: u64) -> Option<OwnedRangeGuard> {
+    pub fn try_lock_shared_owned(&self, off: u64, len: u64) -> Option<OwnedRangeGuard> {
         Self::stripes_of(off, len)
             .into_iter()
             .map(|i| self.stripes[i].try_read_arc())
@@ -77,7 +88,9 @@ impl RangeLocks {
             .map(|g| OwnedRangeGuard { _stripes: g })
     }
 
-    pub(crate) fn lock(&self, off: u64, len: u64, exclusive: bool) -> Vec<StripeGuard<'_>> {
+    /// Lock the byte range, shared or exclusive, waiting for conflicting
+    /// holders.
+    pub fn lock(&self, off: u64, len: u64, exclusive: bool) -> Vec<StripeGuard<'_>> {
         Self::stripes_of(off, len)
             .into_iter()
             .map(|i| {

@@ -1,0 +1,128 @@
+//! The sync engine's blocking half: `pread`/`pwrite` (`pwritev2(RWF_DSYNC)`
+//! for FUA, `fdatasync` for a flush), run by the caller of
+//! [`BlockDevice::submit`](crate::BlockDevice::submit) as a
+//! [`Submission::Blocking`](crate::Submission::Blocking) job.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::AsRawFd;
+use std::sync::Arc;
+
+use crate::aligned::{AlignedBuf, DIRECT_ALIGN};
+use crate::fill::{align_prefix, read_fill};
+use crate::{BackendError, IoResult};
+
+use super::FileDevice;
+
+/// The sync engine's blocking I/O (run by the caller of
+/// [`BlockDevice::submit`] as a [`Submission::Blocking`] job).
+#[derive(Debug, Clone)]
+pub(super) struct SyncIo {
+    pub(super) file: Arc<File>,
+    pub(super) direct: Option<Arc<File>>,
+}
+
+impl SyncIo {
+    /// Read `len` bytes at `offset` into `buf` (which may hold the first
+    /// bytes already, from an inline attempt).
+    pub(super) fn read(&self, offset: u64, mut buf: Vec<u8>, len: usize) -> IoResult {
+        let err = |source| BackendError::Read { offset, source };
+        if let Some(d) = &self.direct {
+            // Into an aligned spot of the same allocation; no bounce copy.
+            let skip = align_prefix(&mut buf, len, DIRECT_ALIGN);
+            match read_fill(d, offset, &mut buf, skip, len, false) {
+                Ok(_) => {
+                    buf.drain(..skip);
+                    return Ok(buf);
+                }
+                // The device refuses this alignment: use the page cache.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => buf.clear(),
+                Err(e) => return Err(err(e)),
+            }
+        }
+        // A sparse region reads as zeros.
+        read_fill(&self.file, offset, &mut buf, 0, len, false).map_err(err)?;
+        Ok(buf)
+    }
+
+    /// Write `buf` at `offset` (through the direct descriptor when there is
+    /// one, bouncing unaligned memory).
+    pub(super) fn write(&self, offset: u64, buf: &[u8], fua: bool) -> IoResult {
+        let err = |source| BackendError::Write { offset, source };
+        if let Some(d) = &self.direct {
+            let bounce;
+            let data = if buf.as_ptr().align_offset(DIRECT_ALIGN) == 0 {
+                buf
+            } else {
+                bounce = AlignedBuf::copy_of(buf);
+                bounce.as_slice()
+            };
+            let r = if fua {
+                FileDevice::write_dsync(d, offset, data)
+            } else {
+                d.write_all_at(data, offset)
+            };
+            match r {
+                Ok(()) => return Ok(Vec::new()),
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+                Err(e) => return Err(err(e)),
+            }
+        }
+        let r = if fua {
+            FileDevice::write_dsync(&self.file, offset, buf)
+        } else {
+            self.file.write_all_at(buf, offset)
+        };
+        r.map(|()| Vec::new()).map_err(err)
+    }
+
+    pub(super) fn flush(&self) -> IoResult {
+        self.file
+            .sync_data()
+            .map(|()| Vec::new())
+            .map_err(BackendError::Flush)
+    }
+}
+
+impl FileDevice {
+    pub(super) fn write_dsync(file: &File, offset: u64, buf: &[u8]) -> io::Result<()> {
+        let mut done = 0usize;
+        while done < buf.len() {
+            let iov = libc::iovec {
+                iov_base: buf[done..].as_ptr() as *mut libc::c_void,
+                iov_len: buf.len() - done,
+            };
+            // SAFETY: the iovec points into `buf`, which outlives the call and
+            // is only read by the kernel; the fd is open for the life of `file`.
+            let n = unsafe {
+                libc::pwritev2(
+                    file.as_raw_fd(),
+                    &iov,
+                    1,
+                    (offset + done as u64) as libc::off_t,
+                    libc::RWF_DSYNC,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                if e.raw_os_error() == Some(libc::EOPNOTSUPP)
+                    || e.raw_os_error() == Some(libc::ENOSYS)
+                {
+                    // Old kernel or filesystem: write, then fdatasync.
+                    file.write_all_at(&buf[done..], offset + done as u64)?;
+                    return file.sync_data();
+                }
+                return Err(e);
+            }
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            done += n as usize;
+        }
+        Ok(())
+    }
+}
