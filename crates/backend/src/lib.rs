@@ -258,6 +258,13 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     fn lba_status(&self, _offset: u64, max: u64) -> Result<(bool, u64), BackendError> {
         Ok((true, max))
     }
+    /// Grow the store to `bytes` (a regular file is extended, sparse) and
+    /// take the new size, as [`refresh_size`](Self::refresh_size) does.
+    /// Shrinking is refused: the blocks beyond the new end would be lost.
+    /// Default: not supported.
+    fn resize(&self, _bytes: u64) -> Result<Option<u64>, BackendError> {
+        Err(BackendError::Unsupported)
+    }
     /// Look at the store's size again (after an administrator grew the file
     /// or block device). Returns the new number of blocks if it changed.
     /// Default: the size never changes.

@@ -48,6 +48,14 @@ pub enum DirectoryError {
     /// A LUN change was refused.
     #[error(transparent)]
     Lun(#[from] LunMapError),
+    /// The backing store refused the change (e.g. a resize).
+    #[error("LUN {lun}: {source}")]
+    Store {
+        /// The LUN.
+        lun: u64,
+        /// The store's error.
+        source: ethersan_backend::BackendError,
+    },
 }
 
 /// One exported target.
@@ -98,6 +106,15 @@ impl Target {
         c.insert(lun, Arc::new(IoCounters::default()));
         self.lun_counters.store(Arc::new(c));
         Ok(())
+    }
+
+    /// Grow a LUN's backing store to `bytes` while sessions run: they get
+    /// CAPACITY DATA HAS CHANGED. Returns the new number of blocks if it
+    /// changed.
+    pub fn resize_lun(&self, lun: u64, bytes: u64) -> Result<Option<u64>, DirectoryError> {
+        let lu = self.scsi.lun(lun).ok_or(LunMapError::Missing(lun))?;
+        lu.resize(bytes)
+            .map_err(|source| DirectoryError::Store { lun, source })
     }
 
     /// Remove a LUN while sessions run (see [`ScsiTarget::remove_lun`]);
@@ -260,6 +277,81 @@ mod tests {
         ));
         t.remove_lun(3).unwrap();
         assert!(t.lun_counters(3).is_none() && !t.scsi.has_lun(3));
+    }
+
+    #[test]
+    fn a_file_lun_grows_live_and_sessions_are_told() {
+        use ethersan_backend::file::{FileDevice, FileOptions};
+        use ethersan_scsi::{Nexus, ScsiCommand};
+        let dir = tempfile::tempdir().unwrap();
+        let dev = FileDevice::open(
+            &dir.path().join("lun.img"),
+            &FileOptions {
+                size: Some(1 << 20),
+                block_size: 512,
+                read_only: false,
+                preallocate: false,
+                direct: false,
+                engine: Default::default(),
+            },
+        )
+        .unwrap();
+        let mut luns = LunMap::new();
+        luns.insert(
+            0,
+            LunSlot {
+                lu: Arc::new(LogicalUnit::new(Arc::new(dev), LuConfig::default())),
+                policy: LunPolicy::default(),
+            },
+        );
+        let t = Target::new("t".into(), None, luns, Arc::new(AllowAll));
+        let n = Nexus(1);
+        t.scsi.nexus_added(n);
+        let run = |cdb: &[u8]| {
+            t.scsi.submit_and_wait(
+                ScsiCommand {
+                    nexus: n,
+                    lun: 0,
+                    cdb: cdb.to_vec(),
+                    data_out: vec![],
+                    expected_len: 32,
+                },
+                None,
+            )
+        };
+        run(&[0; 6]);
+        let capacity = |r: ethersan_scsi::ScsiResponse| {
+            u32::from_be_bytes([r.data_in[0], r.data_in[1], r.data_in[2], r.data_in[3]])
+        };
+        let rc10 = [0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(capacity(run(&rc10)), 2047);
+        assert_eq!(t.resize_lun(0, 4 << 20).unwrap(), Some(8192));
+        let ua = run(&[0; 6]);
+        assert_eq!(
+            (ua.sense[2] & 0x0f, ua.sense[12], ua.sense[13]),
+            (6, 0x2a, 0x09)
+        );
+        assert_eq!(capacity(run(&rc10)), 8191);
+        // Shrinking and odd sizes are refused; the LUN keeps its size.
+        assert!(matches!(
+            t.resize_lun(0, 1 << 20),
+            Err(DirectoryError::Store { .. })
+        ));
+        assert!(matches!(
+            t.resize_lun(0, (8 << 20) + 1),
+            Err(DirectoryError::Store { .. })
+        ));
+        assert!(matches!(
+            t.resize_lun(5, 8 << 20),
+            Err(DirectoryError::Lun(LunMapError::Missing(5)))
+        ));
+        assert_eq!(capacity(run(&rc10)), 8191);
+        // RAM does not resize.
+        let ram = target("r");
+        assert!(matches!(
+            ram.resize_lun(0, 8 << 20),
+            Err(DirectoryError::Store { .. })
+        ));
     }
 
     #[test]

@@ -428,6 +428,33 @@ impl BlockDevice for FileDevice {
     fn num_blocks(&self) -> u64 {
         self.num_blocks.load(Ordering::Relaxed)
     }
+    fn resize(&self, bytes: u64) -> Result<Option<u64>, BackendError> {
+        let path = self.path.display();
+        if self.is_block_device {
+            return Err(BackendError::Config(format!(
+                "{path} is a block device: grow the device itself, then rescan (SIGHUP)"
+            )));
+        }
+        let bs = u64::from(self.block_size);
+        let now = self.num_blocks() * bs;
+        if bytes % bs != 0 {
+            return Err(BackendError::Config(format!(
+                "new size {bytes} of {path} is not a multiple of the block size {bs}"
+            )));
+        }
+        if bytes < now {
+            return Err(BackendError::Config(format!(
+                "{path} would shrink from {now} to {bytes} bytes and lose the blocks beyond; only growing is supported"
+            )));
+        }
+        self.file
+            .set_len(bytes)
+            .map_err(|source| BackendError::Write {
+                offset: bytes,
+                source,
+            })?;
+        self.refresh_size()
+    }
     fn refresh_size(&self) -> Result<Option<u64>, BackendError> {
         let err = |source| BackendError::Open {
             path: self.path.display().to_string(),

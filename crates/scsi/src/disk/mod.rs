@@ -254,6 +254,16 @@ impl LogicalUnit {
         Ok(changed)
     }
 
+    /// Grow the backing store to `bytes`; every nexus gets CAPACITY DATA
+    /// HAS CHANGED. Returns the new number of blocks if it changed.
+    pub fn resize(&self, bytes: u64) -> Result<Option<u64>, ethersan_backend::BackendError> {
+        let changed = self.dev.resize(bytes)?;
+        if changed.is_some() {
+            self.ua.raise_all(codes::CAPACITY_DATA_CHANGED, None);
+        }
+        Ok(changed)
+    }
+
     /// The target's LUN inventory changed: every nexus that knows this unit
     /// gets REPORTED LUNS DATA HAS CHANGED (SPC-4 §6.33).
     pub(crate) fn luns_changed(&self) {
