@@ -437,7 +437,7 @@ impl BlockDevice for FileDevice {
         }
         let bs = u64::from(self.block_size);
         let now = self.num_blocks() * bs;
-        if bytes % bs != 0 {
+        if !bytes.is_multiple_of(bs) {
             return Err(BackendError::Config(format!(
                 "new size {bytes} of {path} is not a multiple of the block size {bs}"
             )));
