@@ -11,7 +11,8 @@ use bytes::Bytes;
 use ethersan_initiator::{connect, CommandResult, IscsiUrl, LoginOptions, Session};
 use ethersan_proto::chap::Credentials;
 
-use crate::client::CLIENT_IQN;
+/// Initiator name the client logs in with.
+pub(crate) const CLIENT_IQN: &str = "iqn.2026-11.org.ethersan:client";
 
 /// Largest single command the client sends when the target sets no limit.
 pub(crate) const DEFAULT_MAX_TRANSFER: u64 = 1 << 20;

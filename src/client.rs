@@ -5,9 +5,6 @@ use bytes::Bytes;
 use ethersan_initiator::{discover_with, IscsiUrl, Session};
 use serde::Serialize;
 
-/// Initiator name the client logs in with.
-pub(crate) const CLIENT_IQN: &str = "iqn.2026-11.org.ethersan:client";
-
 fn portal_of(spec: &str) -> String {
     if spec.contains("://") {
         return IscsiUrl::parse(spec)
@@ -50,7 +47,7 @@ pub(crate) async fn cmd_discover(
         None => None,
     };
     let opts = ethersan_initiator::LoginOptions {
-        initiator_name: CLIENT_IQN.to_string(),
+        initiator_name: crate::blockio::CLIENT_IQN.to_string(),
         chap,
         target_chap: crate::blockio::mutual_chap_from_env()?,
         ..Default::default()

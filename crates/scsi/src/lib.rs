@@ -21,6 +21,7 @@ pub mod commands;
 mod copy;
 mod disk;
 mod missing_lun;
+mod report_luns;
 mod reservations;
 pub mod sense;
 mod target;

@@ -4,8 +4,10 @@
 //! (REPORT LUNS is handled by the target first) ends with CHECK CONDITION
 //! and LOGICAL UNIT NOT SUPPORTED.
 
-use crate::sense::codes;
-use crate::target::plain_check;
+use std::sync::Arc;
+
+use crate::disk::LogicalUnit;
+use crate::sense::{codes, Sense};
 use crate::{ScsiRequest, ScsiResponse, ScsiStatus};
 
 /// SPC-4 §4.6.4 answers for a LUN that does not exist.
@@ -39,6 +41,20 @@ pub(crate) fn execute(req: &ScsiRequest<'_>) -> ScsiResponse {
             }
         }
         _ => plain_check(codes::LUN_NOT_SUPPORTED, None),
+    }
+}
+
+/// CHECK CONDITION with `s`: from the unit when there is one (its sense
+/// format and pending state), else plain fixed-format sense.
+pub(crate) fn plain_check(s: Sense, lu: Option<&Arc<LogicalUnit>>) -> ScsiResponse {
+    match lu {
+        Some(lu) => lu.check(s),
+        None => ScsiResponse {
+            status: ScsiStatus::CheckCondition,
+            sense: s.to_bytes(false),
+            data_in: Vec::new(),
+            data_out_len: None,
+        },
     }
 }
 

@@ -9,45 +9,12 @@ use arc_swap::ArcSwap;
 use crate::commands::Op;
 use crate::copy::CopyManager;
 use crate::disk::LogicalUnit;
+use crate::missing_lun::plain_check;
+use crate::report_luns::report_luns;
 use crate::sense::Sense;
 use crate::{
     LunAccess, Nexus, ResetKind, ScsiCommand, ScsiCompletion, ScsiResponse, ScsiStatus, Submitted,
 };
-
-/// REPORT LUNS parameter data for `luns` (peripheral addressing below 256,
-/// flat space above).
-pub(crate) fn report_luns(cdb: &[u8], luns: &[u64]) -> Result<super::disk::ReplyData, Sense> {
-    if cdb.len() < 12 {
-        return Err(crate::sense::codes::INVALID_FIELD_IN_CDB);
-    }
-    let select = cdb[2];
-    if select > 2 {
-        return Err(Sense::invalid_cdb_field(2, None));
-    }
-    let alloc = u32::from_be_bytes([cdb[6], cdb[7], cdb[8], cdb[9]]) as usize;
-    if alloc < 16 {
-        return Err(Sense::invalid_cdb_field(6, None));
-    }
-    // Select 1 (well-known LUNs only): we have none.
-    let listed: Vec<u64> = if select == 1 {
-        Vec::new()
-    } else {
-        luns.to_vec()
-    };
-    let mut d = Vec::with_capacity(8 + 8 * listed.len());
-    d.extend_from_slice(&((listed.len() * 8) as u32).to_be_bytes());
-    d.extend_from_slice(&[0; 4]);
-    for l in listed {
-        let wire: u64 = if l < 256 {
-            l << 48
-        } else {
-            (0x4000 | (l & 0x3fff)) << 48
-        };
-        d.extend_from_slice(&wire.to_be_bytes());
-    }
-    d.truncate(alloc);
-    Ok(d)
-}
 
 /// Who may use one LUN (LUN masking and per-initiator write protection),
 /// checked per command by the LUN's number, so a LUN added later is seen
@@ -452,18 +419,6 @@ fn copy_command(
         resp.data_out_len = Some(u32::from_be_bytes([c[10], c[11], c[12], c[13]]) as usize);
     }
     resp
-}
-
-pub(crate) fn plain_check(s: Sense, lu: Option<&Arc<LogicalUnit>>) -> ScsiResponse {
-    match lu {
-        Some(lu) => lu.check(s),
-        None => ScsiResponse {
-            status: ScsiStatus::CheckCondition,
-            sense: s.to_bytes(false),
-            data_in: Vec::new(),
-            data_out_len: None,
-        },
-    }
 }
 
 #[cfg(test)]

@@ -56,9 +56,6 @@ const MAX_UNMAP_DESCRIPTORS: usize = 256;
 
 type CmdResult = Result<Reply, Sense>;
 
-/// Data-In bytes of a command.
-pub(crate) type ReplyData = Vec<u8>;
-
 /// What a successful command returns.
 #[derive(Debug, Default)]
 struct Reply {
@@ -436,7 +433,7 @@ impl LogicalUnit {
                     .and_then(|r| Reply::data(r.data, alloc))
             }
             // Routed by the target; a unit asked directly lists only LUN 0.
-            Op::ReportLuns => crate::target::report_luns(cdb, &[0]).map(|data| Reply { data }),
+            Op::ReportLuns => crate::report_luns::report_luns(cdb, &[0]).map(|data| Reply { data }),
         };
         self.finish(def, req, result)
     }
