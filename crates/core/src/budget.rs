@@ -1,11 +1,18 @@
 //! A session's memory budget for command data buffers.
 //!
-//! A front end reserves a command's buffer just before data is to arrive
-//! (when it asks for a write's data, when a read is about to run) and gives
-//! it back when the buffer is gone (the write executed, the read's data
-//! sent). A command that does not fit waits; one command always fits when
+//! A front end reserves a command's buffer when the command takes its
+//! place in command order (before it asks for a write's data, before a
+//! read runs) and gives it back when the buffer is gone (the write
+//! executed, the read's data sent). A command that does not fit waits;
+//! reservations are granted oldest first, and one command always fits when
 //! nothing else is reserved, so a budget smaller than the largest command
 //! slows a session down but never stalls it.
+//!
+//! Data the peer may send without being asked (iSCSI immediate data and
+//! the unsolicited first burst) is tracked apart ([`MemoryBudget::force`]):
+//! the protocol bounds it (FirstBurstLength per command, times the command
+//! window), and counting it against the limit could let commands that wait
+//! for room hold the room they wait for.
 
 /// The default budget per session: two of the largest commands
 /// (64 MiB each) in flight at once.
@@ -16,12 +23,17 @@ pub const DEFAULT_SESSION_BUDGET: usize = 128 << 20;
 pub struct MemoryBudget {
     limit: usize,
     reserved: usize,
+    unsolicited: usize,
 }
 
 impl MemoryBudget {
     /// A budget of `limit` bytes.
     pub fn new(limit: usize) -> Self {
-        MemoryBudget { limit, reserved: 0 }
+        MemoryBudget {
+            limit,
+            reserved: 0,
+            unsolicited: 0,
+        }
     }
 
     /// Reserve `n` bytes if they fit (or if nothing is reserved).
@@ -34,11 +46,22 @@ impl MemoryBudget {
         }
     }
 
-    /// Reserve `n` bytes whether or not they fit: data the peer may send
-    /// without being asked (bounded by the protocol, e.g. iSCSI's
-    /// FirstBurstLength per command).
+    /// Hold `n` bytes of data the peer may send without being asked
+    /// (bounded by the protocol, e.g. iSCSI's FirstBurstLength per
+    /// command); not counted against the limit.
     pub fn force(&mut self, n: usize) {
-        self.reserved = self.reserved.saturating_add(n);
+        self.unsolicited = self.unsolicited.saturating_add(n);
+    }
+
+    /// Give back `n` bytes held with [`force`](Self::force).
+    pub fn release_forced(&mut self, n: usize) {
+        debug_assert!(n <= self.unsolicited, "released more than forced");
+        self.unsolicited = self.unsolicited.saturating_sub(n);
+    }
+
+    /// Bytes held with [`force`](Self::force) now.
+    pub fn unsolicited(&self) -> usize {
+        self.unsolicited
     }
 
     /// Give `n` bytes back.
@@ -77,9 +100,11 @@ mod tests {
         assert!(b.try_reserve(500));
         assert!(!b.try_reserve(1));
         b.release(500);
+        // Unsolicited data does not count against the limit.
         b.force(30);
-        assert!(!b.try_reserve(80));
-        assert!(b.try_reserve(70));
-        assert_eq!((b.reserved(), b.limit()), (100, 100));
+        assert!(b.try_reserve(100));
+        assert_eq!((b.reserved(), b.unsolicited(), b.limit()), (100, 30, 100));
+        b.release_forced(30);
+        assert_eq!(b.unsolicited(), 0);
     }
 }

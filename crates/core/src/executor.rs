@@ -14,6 +14,7 @@
 //! (PREEMPT AND ABORT). Every command is counted on its LUN's and its
 //! initiator's [`IoCounters`].
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -100,10 +101,16 @@ struct Finisher {
     target: Arc<ScsiTarget>,
     counting: Counting,
     done: Done,
+    /// Set by the first `finish`: if emulation panicked after handing the
+    /// engine its completion, the engine's late call is ignored.
+    fired: Arc<AtomicBool>,
 }
 
 impl Finisher {
     fn finish(&self, response: ScsiResponse) {
+        if self.fired.swap(true, Ordering::AcqRel) {
+            return;
+        }
         let bytes = match self.kind {
             CommandKind::Read => response.data_in.len() as u64,
             CommandKind::Write => self.write_bytes,
@@ -159,6 +166,7 @@ impl Executor {
             target: target.clone(),
             counting,
             done,
+            fired: Arc::new(AtomicBool::new(false)),
         };
         let initiator = cmd.initiator;
         let scsi = ScsiCommand {

@@ -419,18 +419,16 @@ impl<T, M> TaskSet<T, M> {
     /// Abort the tasks in `scope` silently (no response is sent for them):
     /// those not started are removed and returned; running ones finish but
     /// are marked aborted, and their tags (except exempt ones) are returned
-    /// as the ones to wait for.
+    /// as the ones to wait for — also those an earlier abort already
+    /// marked, so a second request waits for them too (SAM-5 §7).
     pub fn abort(&mut self, scope: AbortScope) -> (Vec<Removed<T>>, Vec<Tag>) {
         let victims: Vec<Tag> = self
             .tasks
             .iter()
-            .filter(|(tag, e)| {
-                !e.aborted
-                    && match scope {
-                        AbortScope::Task(t) => **tag == t,
-                        AbortScope::Lun(l) => e.lun == l,
-                        AbortScope::All => true,
-                    }
+            .filter(|(tag, e)| match scope {
+                AbortScope::Task(t) => **tag == t,
+                AbortScope::Lun(l) => e.lun == l,
+                AbortScope::All => true,
             })
             .map(|(t, _)| *t)
             .collect();

@@ -1,7 +1,7 @@
 //! SAM-5 §4.6: the target device routes commands to logical units by LUN,
 //! answers REPORT LUNS itself and speaks for LUNs that do not exist.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
@@ -80,8 +80,10 @@ pub const MAX_LUN: u64 = 0x3fff;
 #[derive(Debug, Default)]
 pub struct ScsiTarget {
     luns: ArcSwap<LunMap>,
-    /// I_T nexuses logged in, so a LUN added later learns of them.
-    nexuses: Mutex<HashSet<Nexus>>,
+    /// I_T nexuses logged in, with their initiator port names, so a LUN
+    /// added later learns of them. Held while the map changes and while a
+    /// nexus comes or goes, so neither misses the other.
+    nexuses: Mutex<HashMap<Nexus, Option<String>>>,
     /// Serialises LUN map changes (readers never take it).
     changing: Mutex<()>,
     copies: Arc<CopyManager>,
@@ -138,7 +140,7 @@ impl ScsiTarget {
             .is_some_and(|s| s.policy.access(initiator).visible)
     }
 
-    fn lock_nexuses(&self) -> std::sync::MutexGuard<'_, HashSet<Nexus>> {
+    fn lock_nexuses(&self) -> std::sync::MutexGuard<'_, HashMap<Nexus, Option<String>>> {
         self.nexuses.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -153,12 +155,17 @@ impl ScsiTarget {
         if cur.contains_key(&lun) {
             return Err(LunMapError::Exists(lun));
         }
-        for n in self.lock_nexuses().iter() {
+        let nexuses = self.lock_nexuses();
+        for (n, name) in nexuses.iter() {
             slot.lu.nexus_added(*n);
+            if let Some(name) = name {
+                slot.lu.set_initiator_name(*n, name);
+            }
         }
         let mut next = (*cur).clone();
         next.insert(lun, slot);
         self.luns.store(Arc::new(next));
+        drop(nexuses);
         for (l, s) in cur.iter() {
             if *l != lun {
                 s.lu.luns_changed();
@@ -335,7 +342,8 @@ impl ScsiTarget {
     /// A new I_T nexus appeared (login): it gets a POWER ON OR RESET unit
     /// attention on every LU unless it is a reinstated nexus.
     pub fn nexus_added(&self, nexus: Nexus) {
-        self.lock_nexuses().insert(nexus);
+        let mut nexuses = self.lock_nexuses();
+        nexuses.entry(nexus).or_insert(None);
         for s in self.luns.load().values() {
             s.lu.nexus_added(nexus);
         }
@@ -343,6 +351,8 @@ impl ScsiTarget {
 
     /// Record the initiator port name of a nexus (for READ FULL STATUS).
     pub fn set_initiator_name(&self, nexus: Nexus, name: &str) {
+        let mut nexuses = self.lock_nexuses();
+        nexuses.insert(nexus, Some(name.to_string()));
         for s in self.luns.load().values() {
             s.lu.set_initiator_name(nexus, name);
         }
@@ -350,7 +360,8 @@ impl ScsiTarget {
 
     /// An I_T nexus ended (logout or connection loss).
     pub fn nexus_lost(&self, nexus: Nexus) {
-        self.lock_nexuses().remove(&nexus);
+        let mut nexuses = self.lock_nexuses();
+        nexuses.remove(&nexus);
         for s in self.luns.load().values() {
             s.lu.nexus_lost(nexus);
         }

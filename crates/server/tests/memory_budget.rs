@@ -57,7 +57,7 @@ async fn writes_that_send_no_data_hold_no_memory_beyond_the_session_budget() {
     let good = good_session(&addr).await;
     io_still_works(&good).await;
     // Feeding the two their data frees their buffers: the next waiting
-    // commands are asked for theirs (each also holds its first burst).
+    // commands are asked for theirs.
     for itt in [100, 101] {
         let r2t = solicited.remove(&itt).unwrap();
         feed(&mut sock, r2t, &mut solicited).await;

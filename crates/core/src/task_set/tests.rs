@@ -311,12 +311,12 @@ fn two_tmfs_waiting_on_the_same_task_both_finish() {
             .done,
         None
     );
-    // Already aborted: the second finds nothing new to abort, answers now.
+    // Already aborted, still running: the second waits for it too.
     let o = s.task_management(Tmf::AbortTaskSet { lun: 0 }, true, 2);
-    assert_eq!(o.done, Some(2));
+    assert_eq!(o.done, None);
     assert_eq!(
         s.complete(1).unwrap().tmfs_done,
-        vec![(1, TmfResponse::Complete)]
+        vec![(1, TmfResponse::Complete), (2, TmfResponse::Complete)]
     );
 }
 
@@ -343,7 +343,9 @@ fn abort_scope_all_from_a_shutdown() {
     let (removed, wait) = s.abort(AbortScope::All);
     assert_eq!(removed.len(), 1);
     assert_eq!(wait, vec![1]);
-    // Aborting again finds nothing new.
+    // Aborting again removes nothing more; the running task is still
+    // waited for.
     let (removed, wait) = s.abort(AbortScope::All);
-    assert!(removed.is_empty() && wait.is_empty());
+    assert!(removed.is_empty());
+    assert_eq!(wait, vec![1]);
 }

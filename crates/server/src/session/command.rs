@@ -14,7 +14,7 @@ use ethersan_scsi::commands::Op;
 use ethersan_scsi::{Nexus, ScsiResponse, ScsiStatus};
 use tracing::{debug, warn};
 
-use super::{Event, Need, Ordered, Output, ReleaseFn, Session, Task, MAX_EDTL};
+use super::{Event, Ordered, Output, ReleaseFn, Session, Task, MAX_EDTL};
 
 impl Session {
     pub(super) fn on_scsi_command(&mut self, cmd: ScsiCommand, mut raw: RawPdu) {
@@ -22,7 +22,7 @@ impl Session {
             self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR);
             return;
         }
-        if self.tasks.contains(cmd.itt) {
+        if self.tasks.contains(cmd.itt) || self.retired.contains(&cmd.itt) {
             // An ITT must be unique among the session's tasks (§11.3.4? ITT).
             self.reject(&raw.bhs, reject_reason::TASK_IN_PROGRESS);
             return;
@@ -36,7 +36,7 @@ impl Session {
         let edtl = cmd.expected_len;
         let mut fail = None;
         let mut data = Vec::new();
-        let mut reserved = 0;
+        let mut forced = 0;
         let transfer = if cmd.write && edtl > 0 {
             let imm = raw.data.len().min(edtl as usize);
             if !p.immediate_data && !raw.data.is_empty() {
@@ -58,8 +58,8 @@ impl Session {
                 data = std::mem::take(&mut raw.data);
                 data.truncate(imm);
                 data.resize(unsolicited, 0);
-                reserved = unsolicited;
-                self.budget.force(reserved);
+                forced = unsolicited;
+                self.budget.force(forced);
             }
             let limits = TransferLimits {
                 initial_r2t: p.initial_r2t,
@@ -96,7 +96,9 @@ impl Session {
             transfer,
             fail,
             r2t_count: 0,
-            reserved,
+            reserved: 0,
+            forced,
+            start_waiting: false,
         };
         if self
             .tasks
@@ -111,19 +113,22 @@ impl Session {
     /// A SCSI command reached its turn in CmdSN order.
     pub(super) fn activate(&mut self, itt: u32) {
         if !self.tasks.admit(itt) {
-            // Aborted before its turn: its place in the window is free.
+            // Aborted before its turn: its place in the window is free, and
+            // so is its ITT.
             self.window.complete();
+            self.retired.remove(&itt);
             return;
         }
-        let solicit = self
-            .tasks
-            .get(itt)
-            .is_some_and(|t| t.transfer.is_some() && t.fail.is_none());
-        if solicit {
+        // Buffers are granted in command order: a write's before its R2Ts,
+        // a read's before it runs.
+        let needs_buffer = self.tasks.get(itt).is_some_and(|t| {
+            t.fail.is_none() && (t.transfer.is_some() || (t.cmd.read && t.cmd.expected_len > 0))
+        });
+        if needs_buffer {
             if self.awaiting.is_empty() && self.reserve(itt) {
                 self.solicit(itt);
             } else {
-                self.awaiting.push_back((itt, Need::Solicit));
+                self.awaiting.push_back(itt);
             }
         }
         self.dispatch();
@@ -135,6 +140,10 @@ impl Session {
         let Some(task) = self.tasks.get_mut(itt) else {
             return;
         };
+        if task.data.len() < task.cmd.expected_len as usize {
+            // Its buffer is not reserved yet (it waits for the budget).
+            return;
+        }
         let Some(t) = &mut task.transfer else {
             return;
         };
@@ -245,16 +254,11 @@ impl Session {
             ));
             return;
         }
-        if task.cmd.read && task.reserved == 0 && task.cmd.expected_len > 0 {
-            // The read's buffer must fit the budget before it runs.
-            if !self.awaiting.is_empty() || !self.reserve(itt) {
-                self.awaiting.push_back((itt, Need::Start));
-                return;
-            }
-        }
-        let Some(task) = self.tasks.get_mut(itt) else {
+        if task.cmd.read && task.reserved < task.cmd.expected_len as usize {
+            // Its buffer waits for the budget; it runs when granted.
+            task.start_waiting = true;
             return;
-        };
+        }
         let target = self
             .setup
             .target
@@ -291,6 +295,7 @@ impl Session {
         }
         // A write's buffer is gone with its execution; a read's goes with
         // its Data-In (released when sent).
+        self.budget.release_forced(std::mem::take(&mut task.forced));
         if !task.cmd.read || done.aborted || finished.response.data_in.is_empty() {
             self.budget.release(std::mem::take(&mut task.reserved));
             self.retry_awaiting();

@@ -10,7 +10,7 @@ use ethersan_proto::pdu::{
 };
 use tracing::debug;
 
-use super::{Need, Session};
+use super::Session;
 use crate::wire::WriterMsg;
 
 impl Session {
@@ -42,14 +42,8 @@ impl Session {
             }
         };
         let outcome = self.tasks.task_management(tmf, lun_exists, t);
+        self.drop_awaiting();
         self.release(outcome.removed);
-        let running: Vec<u32> = self
-            .awaiting
-            .iter()
-            .filter(|(i, n)| *n == Need::Start && self.tasks.is_aborted(*i))
-            .map(|(i, _)| *i)
-            .collect();
-        self.drop_awaiting(&running);
         let name = target.as_ref().map(|t| t.name.as_str());
         let fx = outcome.effects;
         if let Some(on) = fx.abort_others {

@@ -11,7 +11,7 @@
 //! it touches is the registry's, and only on login, logout and task
 //! management that reaches other sessions.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -126,15 +126,10 @@ struct Task {
     r2t_count: u32,
     /// Bytes of the session's memory budget this task's buffer holds.
     reserved: usize,
-}
-
-/// What a task waits for when its buffer does not fit the budget.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Need {
-    /// A write's buffer, before its R2Ts go out.
-    Solicit,
-    /// A read's buffer, before it runs.
-    Start,
+    /// Bytes of unsolicited data (immediate data, first burst) it holds.
+    forced: usize,
+    /// The task set started it, but it waits for its buffer.
+    start_waiting: bool,
 }
 
 /// Items ordered by the CmdSN window.
@@ -170,7 +165,10 @@ pub(crate) struct Session {
     /// Data buffers held by this session's commands.
     budget: MemoryBudget,
     /// Tasks waiting for room in the budget, oldest first.
-    awaiting: VecDeque<(u32, Need)>,
+    awaiting: VecDeque<u32>,
+    /// ITTs of commands aborted before their CmdSN came up: refused for
+    /// new commands until that CmdSN is delivered.
+    retired: HashSet<u32>,
     next_ttt: u32,
     pending_logout: Option<LogoutRequest>,
     last_rx: Instant,
@@ -208,6 +206,7 @@ impl Session {
             initiator_counters,
             budget,
             awaiting: VecDeque::new(),
+            retired: HashSet::new(),
             next_ttt: 1,
             pending_logout: None,
             last_rx: now,
@@ -457,7 +456,11 @@ impl Session {
                     session = self.setup.id,
                     cmd_sn, "command outside the CmdSN window ignored"
                 );
-                self.tasks.abort(AbortScope::Task(itt));
+                // Never held in the window: its ITT is free again.
+                let (removed, _) = self.tasks.abort(AbortScope::Task(itt));
+                for r in removed {
+                    self.budget.release_forced(r.payload.forced);
+                }
             }
             Admission::Dropped(_) => {
                 debug!(

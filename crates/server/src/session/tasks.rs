@@ -4,26 +4,31 @@
 use ethersan_core::executor::{check_condition, Finished};
 use ethersan_core::task_set::{AbortScope, Removed};
 
-use super::{Event, Need, Session, Task};
+use super::{Event, Session, Task};
 
 impl Session {
     /// Abort (silently) the tasks in `scope`; returns the ITTs of those
     /// still running, which must be waited for.
     pub(super) fn abort_tasks(&mut self, scope: AbortScope) -> Vec<u32> {
         let (removed, running) = self.tasks.abort(scope);
+        self.drop_awaiting();
         self.release(removed);
-        self.drop_awaiting(&running);
         running
     }
 
-    /// Tasks taken out before they ran give back their window places.
+    /// Tasks taken out before they ran give back their window places and
+    /// their buffers; the ITT of one whose CmdSN is still held in the
+    /// window stays taken until that CmdSN comes up.
     pub(super) fn release(&mut self, removed: Vec<Removed<Task>>) {
         let mut freed = false;
         for r in removed {
             if r.admitted {
                 self.window.complete();
+            } else {
+                self.retired.insert(r.tag);
             }
-            self.awaiting.retain(|(i, _)| *i != r.tag);
+            self.awaiting.retain(|i| *i != r.tag);
+            self.budget.release_forced(r.payload.forced);
             if r.payload.reserved > 0 {
                 self.budget.release(r.payload.reserved);
                 freed = true;
@@ -35,7 +40,8 @@ impl Session {
     }
 
     /// Reserve the whole buffer of task `itt` (a write's grows to its
-    /// expected length); false when it does not fit yet.
+    /// expected length, and what it held as unsolicited data becomes part
+    /// of it); false when it does not fit yet.
     pub(super) fn reserve(&mut self, itt: u32) -> bool {
         let Some(task) = self.tasks.get_mut(itt) else {
             return true;
@@ -46,6 +52,7 @@ impl Session {
             return false;
         }
         task.reserved += more;
+        self.budget.release_forced(std::mem::take(&mut task.forced));
         if task.cmd.write && task.data.len() < want {
             // A fresh zeroed allocation: pages are touched only as the
             // data arrives.
@@ -56,10 +63,11 @@ impl Session {
         true
     }
 
-    /// Give waiting tasks their buffers, oldest first, while they fit.
+    /// Give waiting tasks their buffers, oldest first, while they fit; a
+    /// write then asks for its data, a read the task set started runs.
     pub(super) fn retry_awaiting(&mut self) {
-        while let Some(&(itt, need)) = self.awaiting.front() {
-            if !self.tasks.contains(itt) {
+        while let Some(&itt) = self.awaiting.front() {
+            if !self.tasks.contains(itt) || self.tasks.is_aborted(itt) {
                 self.awaiting.pop_front();
                 continue;
             }
@@ -67,31 +75,40 @@ impl Session {
                 return;
             }
             self.awaiting.pop_front();
-            match need {
-                Need::Solicit => self.solicit(itt),
-                Need::Start => self.start(itt),
+            self.solicit(itt);
+            let start = self
+                .tasks
+                .get_mut(itt)
+                .is_some_and(|t| std::mem::take(&mut t.start_waiting));
+            if start {
+                self.start(itt);
             }
         }
     }
 
-    /// Running tasks that never got their buffer finish at once (aborted:
-    /// no response goes out for them).
-    pub(super) fn drop_awaiting(&mut self, running: &[u32]) {
-        for itt in running {
-            if let Some(pos) = self
-                .awaiting
-                .iter()
-                .position(|(i, n)| i == itt && *n == Need::Start)
-            {
-                self.awaiting.remove(pos);
-                self.internal.push_back(Event::Done(
-                    *itt,
-                    Finished {
-                        response: check_condition(0x0b, 0x00, 0x00),
-                        preempted: Vec::new(),
-                    },
-                ));
+    /// Aborted tasks the task set started but that never got their buffer
+    /// finish at once (no response goes out for them).
+    pub(super) fn drop_awaiting(&mut self) {
+        let stuck: Vec<u32> = self
+            .awaiting
+            .iter()
+            .copied()
+            .filter(|i| {
+                self.tasks.is_aborted(*i) && self.tasks.get(*i).is_some_and(|t| t.start_waiting)
+            })
+            .collect();
+        for itt in stuck {
+            self.awaiting.retain(|i| *i != itt);
+            if let Some(t) = self.tasks.get_mut(itt) {
+                t.start_waiting = false;
             }
+            self.internal.push_back(Event::Done(
+                itt,
+                Finished {
+                    response: check_condition(0x0b, 0x00, 0x00),
+                    preempted: Vec::new(),
+                },
+            ));
         }
     }
 }

@@ -434,3 +434,120 @@ fn the_initiator_is_pinged_when_idle_and_dropped_when_silent() {
     h.event(Event::Tick);
     assert!(h.closed);
 }
+
+#[test]
+fn a_command_outside_the_window_gives_back_its_immediate_data() {
+    let mut h = Harness::new(128 << 20);
+    let sn = h.cmd_sn;
+    h.cmd_sn += 1000;
+    h.command(
+        50,
+        &write10(0, 16),
+        &[3u8; 4096],
+        8192,
+        true,
+        TaskAttr::Simple,
+    );
+    assert_eq!(
+        h.s.budget.unsolicited(),
+        0,
+        "dropped command kept its bytes"
+    );
+    assert!(h.sent.is_empty());
+    h.cmd_sn = sn;
+    // Its ITT is free again.
+    h.command(50, &[0; 6], &[], 0, false, TaskAttr::Simple);
+    assert_eq!(h.response(50).status, 0);
+}
+
+#[test]
+fn a_write_larger_than_the_budget_with_immediate_data_still_runs() {
+    // 1 MiB budget, a 2 MiB write that carried 8 KiB of immediate data:
+    // alone, it gets its buffer and its R2Ts.
+    let mut h = Harness::new(1 << 20);
+    h.command(
+        60,
+        &write10(0, 4096),
+        &[5u8; 8192],
+        2 << 20,
+        true,
+        TaskAttr::Simple,
+    );
+    let mut r2ts = h.r2ts();
+    assert_eq!(r2ts.len(), 1, "the write waits for its own reservation");
+    while let Some(r) = r2ts.pop() {
+        h.answer(&r, 5);
+        r2ts = h.r2ts();
+    }
+    assert_eq!(h.response(60).status, 0);
+    assert_eq!((h.s.budget.reserved(), h.s.budget.unsolicited()), (0, 0));
+}
+
+#[test]
+fn buffers_go_in_command_order_so_an_ordered_read_is_not_starved() {
+    // Budget 1 MiB: A (write) holds it; X (ORDERED read) and W (write)
+    // wait. When A is done, X gets the buffer before the newer W, runs,
+    // and then W is asked for its data.
+    let mib = 1 << 20;
+    let mut h = Harness::new(mib as usize);
+    h.command(70, &write10(0, 2048), &[], mib, true, TaskAttr::Simple);
+    h.command(71, &read10(0, 2048), &[], mib, false, TaskAttr::Ordered);
+    h.command(72, &write10(4096, 2048), &[], mib, true, TaskAttr::Simple);
+    let mut r2ts = h.r2ts();
+    assert_eq!(r2ts.iter().map(|r| r.itt).collect::<Vec<_>>(), vec![70]);
+    loop {
+        let r = r2ts.pop().unwrap();
+        h.answer(&r, 6);
+        r2ts = h.r2ts();
+        if r2ts.iter().all(|r| r.itt != 70) {
+            break;
+        }
+    }
+    assert!(
+        r2ts.is_empty(),
+        "W solicited ahead of the older read: {r2ts:?}"
+    );
+    assert_eq!(h.response(70).status, 0);
+    let read: Vec<u8> = h
+        .sent
+        .drain(..)
+        .filter_map(|(p, d)| matches!(p, Pdu::DataIn(x) if x.itt == 71).then_some(d))
+        .flat_map(|d| d.to_vec())
+        .collect();
+    assert_eq!(read.len(), mib as usize);
+    assert!(read.iter().all(|b| *b == 6));
+    // The read's buffer comes back when its Data-In is sent (dropped
+    // here): then W gets its R2T.
+    let released: Vec<usize> = std::mem::take(&mut *h.released.lock().unwrap());
+    assert_eq!(released, vec![mib as usize]);
+    for n in released {
+        h.event(Event::Released(n));
+    }
+    assert_eq!(h.r2ts().iter().map(|r| r.itt).collect::<Vec<_>>(), vec![72]);
+}
+
+#[test]
+fn the_itt_of_a_command_aborted_before_its_turn_stays_taken_until_then() {
+    let mut h = Harness::new(128 << 20);
+    let gap = h.cmd_sn;
+    h.cmd_sn += 1;
+    // Held: its CmdSN is one past the next expected.
+    h.command(80, &[0; 6], &[], 0, false, TaskAttr::Simple);
+    assert_eq!(h.tmf(81, TmfFunction::AbortTask, 80), 0);
+    // A new command reusing ITT 80 is refused while the old CmdSN is held.
+    h.command(80, &[0; 6], &[], 0, false, TaskAttr::Simple);
+    match h.sent.pop() {
+        Some((Pdu::Reject(r), _)) => assert_eq!(r.reason, pdu::reject_reason::TASK_IN_PROGRESS),
+        other => panic!("expected a Reject, got {other:?}"),
+    }
+    // The gap fills: the old CmdSN comes up with no task; ITT 80 is free.
+    // (The rejected command took no CmdSN: the initiator sends it again
+    // with the same one.)
+    let after = h.cmd_sn - 1;
+    h.cmd_sn = gap;
+    h.command(82, &[0; 6], &[], 0, false, TaskAttr::Simple);
+    assert_eq!(h.response(82).status, 0);
+    h.cmd_sn = after;
+    h.command(80, &[0; 6], &[], 0, false, TaskAttr::Simple);
+    assert_eq!(h.response(80).status, 0);
+}
