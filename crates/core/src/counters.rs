@@ -23,8 +23,13 @@ pub enum CommandKind {
 impl CommandKind {
     /// The kind of the command with this CDB.
     pub fn of(cdb: &[u8]) -> CommandKind {
-        use ethersan_scsi::commands::{lookup, Op};
-        match lookup(cdb).map(|d| d.op) {
+        Self::of_op(ethersan_scsi::commands::lookup(cdb).map(|d| d.op))
+    }
+
+    /// The kind of a command from its row in the command table.
+    pub fn of_op(op: Option<ethersan_scsi::commands::Op>) -> CommandKind {
+        use ethersan_scsi::commands::Op;
+        match op {
             Some(Op::Read) => CommandKind::Read,
             Some(Op::Write | Op::WriteVerify | Op::WriteAtomic | Op::OrWrite) => CommandKind::Write,
             _ => CommandKind::Other,

@@ -88,11 +88,10 @@ pub struct Executor {
 pub type Done = Arc<dyn Fn(Finished) + Send + Sync>;
 
 /// What happens when a command's response is ready: count it, look for
-/// preempted nexuses, hand it over. Cheap to clone (the engine's
-/// completion holds one copy, the submitting thread another; exactly one
-/// of them runs).
-#[derive(Clone)]
-struct Finisher {
+/// preempted nexuses, hand it over. Shared in an `Arc` (one allocation per
+/// command) by the engine's completion and the submitting thread; the
+/// first to finish wins.
+struct FinisherState {
     started: Instant,
     kind: CommandKind,
     pr_out: bool,
@@ -103,10 +102,10 @@ struct Finisher {
     done: Done,
     /// Set by the first `finish`: if emulation panicked after handing the
     /// engine its completion, the engine's late call is ignored.
-    fired: Arc<AtomicBool>,
+    fired: AtomicBool,
 }
 
-impl Finisher {
+impl FinisherState {
     fn finish(&self, response: ScsiResponse) {
         if self.fired.swap(true, Ordering::AcqRel) {
             return;
@@ -157,17 +156,18 @@ impl Executor {
         pool: &dyn BlockingPool,
         done: Done,
     ) {
-        let fin = Finisher {
+        let op = lookup(&cmd.cdb).map(|d| d.op);
+        let fin = Arc::new(FinisherState {
             started: Instant::now(),
-            kind: CommandKind::of(&cmd.cdb),
-            pr_out: lookup(&cmd.cdb).is_some_and(|d| d.op == Op::PrOut),
+            kind: CommandKind::of_op(op),
+            pr_out: op == Some(Op::PrOut),
             write_bytes: cmd.data.len() as u64,
             lun: cmd.lun,
             target: target.clone(),
             counting,
             done,
-            fired: Arc::new(AtomicBool::new(false)),
-        };
+            fired: AtomicBool::new(false),
+        });
         let initiator = cmd.initiator;
         let scsi = ScsiCommand {
             nexus: cmd.nexus,

@@ -479,8 +479,8 @@ async fn serve_stream<R, W>(
     let executor = ethersan_core::executor::Executor {
         inline_io: setup.options.inline_io,
     };
-    let release = session::driver::release_to(ev_tx.clone());
-    let session = Session::new(setup, registry, release, std::time::Instant::now());
+    let releases = session::driver::releases_to(ev_tx.clone());
+    let session = Session::new(setup, registry, releases, std::time::Instant::now());
     let channels = session::driver::Channels {
         events: ev_rx,
         events_tx: ev_tx,

@@ -2,6 +2,8 @@
 //! and its immediate data, its turn in CmdSN order, R2Ts and Data-Out,
 //! handing it to the target core's executor, and Data-In and status.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use ethersan_core::executor::{check_condition, Command, Counting, Finished};
 use ethersan_core::task_set::TaskAttr as SamAttr;
@@ -14,7 +16,7 @@ use ethersan_scsi::commands::Op;
 use ethersan_scsi::{Nexus, ScsiResponse, ScsiStatus};
 use tracing::{debug, warn};
 
-use super::{Event, Ordered, Output, ReleaseFn, Session, Task, MAX_EDTL};
+use super::{Event, Ordered, Output, Releases, Session, Task, MAX_EDTL};
 
 impl Session {
     pub(super) fn on_scsi_command(&mut self, cmd: ScsiCommand, mut raw: RawPdu) {
@@ -37,19 +39,35 @@ impl Session {
         let mut fail = None;
         let mut data = Vec::new();
         let mut forced = 0;
+        let mut reserved = 0;
         let transfer = if cmd.write && edtl > 0 {
             let imm = raw.data.len().min(edtl as usize);
             if !p.immediate_data && !raw.data.is_empty() {
                 self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR);
                 return;
             }
+            // A command that takes its place in command order at once
+            // (the usual case) gets its whole buffer now if it fits and
+            // nothing waits: one allocation, the immediate data copied
+            // once (or the PDU's buffer itself when it carried it all).
+            let in_order = cmd.immediate || cmd.cmd_sn == self.window.exp_cmd_sn();
             if edtl > MAX_EDTL {
                 fail = Some(check_condition(0x05, 0x24, 0x00));
+            } else if in_order && self.awaiting.is_empty() && self.budget.try_reserve(edtl as usize)
+            {
+                reserved = edtl as usize;
+                if imm == edtl as usize {
+                    data = std::mem::take(&mut raw.data);
+                    data.truncate(imm);
+                } else {
+                    data = vec![0u8; edtl as usize];
+                    data[..imm].copy_from_slice(&raw.data[..imm]);
+                }
             } else {
-                // Only what may arrive unasked is buffered now: the
-                // immediate data, and with InitialR2T=No the rest of the
-                // first burst. The whole buffer is reserved when the
-                // command's R2Ts are about to go out.
+                // Otherwise only what may arrive unasked is buffered now:
+                // the immediate data, and with InitialR2T=No the rest of
+                // the first burst. The whole buffer is reserved when the
+                // command's turn comes and it fits.
                 let unsolicited = if p.initial_r2t {
                     imm
                 } else {
@@ -96,7 +114,7 @@ impl Session {
             transfer,
             fail,
             r2t_count: 0,
-            reserved: 0,
+            reserved,
             forced,
             start_waiting: false,
         };
@@ -369,7 +387,7 @@ impl Session {
             // The budget gets the bytes back when the writer has sent them.
             Bytes::from_owner(HeldData {
                 data: resp.data_in,
-                release: Some((task.reserved, self.release.clone())),
+                release: Some((task.reserved, self.releases.clone())),
             })
         } else {
             Bytes::from(resp.data_in)
@@ -436,7 +454,7 @@ impl Session {
 /// gives its bytes back to the session's budget.
 struct HeldData {
     data: Vec<u8>,
-    release: Option<(usize, ReleaseFn)>,
+    release: Option<(usize, Arc<Releases>)>,
 }
 
 impl AsRef<[u8]> for HeldData {
@@ -447,8 +465,8 @@ impl AsRef<[u8]> for HeldData {
 
 impl Drop for HeldData {
     fn drop(&mut self) {
-        if let Some((n, release)) = self.release.take() {
-            release(n);
+        if let Some((n, releases)) = self.release.take() {
+            releases.release(n);
         }
     }
 }

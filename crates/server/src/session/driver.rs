@@ -101,9 +101,10 @@ fn carry_out(session: &mut Session, executor: &Executor, ch: &Channels) {
     }
 }
 
-/// A [`Session`]'s budget releases, sent to it as [`Event::Released`].
-pub(crate) fn release_to(tx: mpsc::UnboundedSender<Event>) -> super::ReleaseFn {
-    Arc::new(move |n| {
-        let _ = tx.send(Event::Released(n));
-    })
+/// A [`Session`]'s budget releases, waking it with [`Event::Released`]
+/// when it waits for them.
+pub(crate) fn releases_to(tx: mpsc::UnboundedSender<Event>) -> Arc<super::Releases> {
+    super::Releases::new(Box::new(move || {
+        let _ = tx.send(Event::Released);
+    }))
 }

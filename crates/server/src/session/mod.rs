@@ -12,6 +12,7 @@
 //! management that reaches other sessions.
 
 use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -85,8 +86,8 @@ pub(crate) enum Event {
     Control(SessionControl),
     /// Periodic timer for NOP-In pings.
     Tick,
-    /// A read's Data-In has been sent: its buffer's bytes are free.
-    Released(usize),
+    /// Budget was freed while commands wait for it (see [`Releases`]).
+    Released,
 }
 
 /// What the session asks its driver to do.
@@ -107,9 +108,39 @@ pub(crate) enum Output {
     },
 }
 
-/// Gives bytes of the memory budget back when a read's Data-In has been
-/// sent (called from the writer's side when the buffer is dropped).
-pub(crate) type ReleaseFn = Arc<dyn Fn(usize) + Send + Sync>;
+/// Budget bytes freed outside the session — a read's Data-In buffer,
+/// dropped by the writer once sent — collected with an atomic add; the
+/// session is woken ([`Event::Released`]) only when it has commands
+/// waiting for room.
+pub(crate) struct Releases {
+    freed: AtomicUsize,
+    waiting: AtomicBool,
+    wake: Box<dyn Fn() + Send + Sync>,
+}
+
+impl Releases {
+    /// Releases that wake the session with `wake`.
+    pub(crate) fn new(wake: Box<dyn Fn() + Send + Sync>) -> Arc<Releases> {
+        Arc::new(Releases {
+            freed: AtomicUsize::new(0),
+            waiting: AtomicBool::new(false),
+            wake,
+        })
+    }
+
+    /// `n` bytes are free (any thread).
+    fn release(&self, n: usize) {
+        self.freed.fetch_add(n, Ordering::AcqRel);
+        if self.waiting.swap(false, Ordering::AcqRel) {
+            (self.wake)();
+        }
+    }
+
+    /// The bytes freed since the last call.
+    fn take(&self) -> usize {
+        self.freed.swap(0, Ordering::AcqRel)
+    }
+}
 
 /// The iSCSI side of one task; the task set ([`TaskSet`]) owns it and
 /// decides when it runs.
@@ -150,8 +181,8 @@ pub(crate) struct Session {
     outputs: VecDeque<Output>,
     /// Events the session sends itself (a command failed before running).
     internal: VecDeque<Event>,
-    /// Gives budget back when a read's buffer is gone.
-    release: ReleaseFn,
+    /// Budget given back when a read's buffer is gone.
+    releases: Arc<Releases>,
     /// The time of the event being handled.
     now: Instant,
     window: CmdWindow<Ordered>,
@@ -184,7 +215,7 @@ impl Session {
     pub(crate) fn new(
         setup: SessionSetup,
         registry: Arc<Registry>,
-        release: ReleaseFn,
+        releases: Arc<Releases>,
         now: Instant,
     ) -> Self {
         let window = CmdWindow::new(setup.exp_cmd_sn, setup.options.queue_depth);
@@ -197,7 +228,7 @@ impl Session {
             registry,
             outputs: VecDeque::new(),
             internal: VecDeque::new(),
-            release,
+            releases,
             now,
             window,
             stat_sn,
@@ -230,11 +261,27 @@ impl Session {
     /// (then call [`finish`](Self::finish)).
     pub(crate) fn handle(&mut self, ev: Event, now: Instant) -> bool {
         self.now = now;
+        self.collect_releases();
         let mut go_on = self.apply(ev);
         while let Some(ev) = self.internal.pop_front() {
             go_on = self.apply(ev) && go_on;
         }
+        if !self.awaiting.is_empty() {
+            // Ask to be woken by the next release, then look once more so
+            // one that came just before is not missed.
+            self.releases.waiting.store(true, Ordering::Release);
+            self.collect_releases();
+        }
         go_on
+    }
+
+    /// Take back the budget freed by sent Data-In, and hand it on.
+    fn collect_releases(&mut self) {
+        let n = self.releases.take();
+        if n > 0 {
+            self.budget.release(n);
+            self.retry_awaiting();
+        }
     }
 
     /// The next thing to do, if any.
@@ -297,11 +344,8 @@ impl Session {
                 false
             }
             Event::Tick => self.on_tick(),
-            Event::Released(n) => {
-                self.budget.release(n);
-                self.retry_awaiting();
-                true
-            }
+            // The bytes themselves are collected by `handle`.
+            Event::Released => true,
         }
     }
 

@@ -48,7 +48,7 @@ impl Session {
         };
         let want = task.cmd.expected_len as usize;
         let more = want.saturating_sub(task.reserved);
-        if !self.budget.try_reserve(more) {
+        if more > 0 && !self.budget.try_reserve(more) {
             return false;
         }
         task.reserved += more;

@@ -4,6 +4,7 @@
 //! run on the target core's executor inline, and their completions go back
 //! in. No sockets, no tasks, no clock.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -29,8 +30,8 @@ struct Harness {
     now: Instant,
     /// PDUs the session sent, decoded, with their data.
     sent: Vec<(Pdu, Bytes)>,
-    /// Budget releases the writer side would report.
-    released: Arc<Mutex<Vec<usize>>>,
+    /// How often the session asked to be woken for freed budget.
+    woken: Arc<AtomicUsize>,
     closed: bool,
     cmd_sn: u32,
 }
@@ -88,22 +89,20 @@ impl Harness {
             },
             peer_ip: None,
         };
-        let released = Arc::new(Mutex::new(Vec::new()));
-        let r = released.clone();
+        let woken = Arc::new(AtomicUsize::new(0));
+        let w = woken.clone();
         let now = Instant::now();
-        let mut s = Session::new(
-            setup,
-            registry,
-            Arc::new(move |n| r.lock().unwrap().push(n)),
-            now,
-        );
+        let releases = super::Releases::new(Box::new(move || {
+            w.fetch_add(1, Ordering::SeqCst);
+        }));
+        let mut s = Session::new(setup, registry, releases, now);
         s.begin();
         let mut h = Harness {
             s,
             executor: Executor { inline_io: true },
             now,
             sent: Vec::new(),
-            released,
+            woken,
             closed: false,
             cmd_sn: 1,
         };
@@ -308,9 +307,13 @@ fn a_write_with_immediate_data_and_r2ts_reads_back() {
         .collect();
     assert_eq!(data.len(), len as usize);
     assert!(data[..8192].iter().all(|b| *b == 1) && data[8192..].iter().all(|b| *b == 2));
-    // The read's buffer went back to the budget when the Data-In went.
+    // The read's buffer goes back to the budget when the Data-In is sent
+    // (dropped here); nothing waits, so nobody is woken.
+    assert_eq!(h.s.budget.reserved(), len as usize);
     h.sent.clear();
-    assert_eq!(*h.released.lock().unwrap(), vec![len as usize]);
+    h.event(Event::Tick);
+    assert_eq!(h.s.budget.reserved(), 0);
+    assert_eq!(h.woken.load(Ordering::SeqCst), 0);
 }
 
 #[test]
@@ -517,12 +520,9 @@ fn buffers_go_in_command_order_so_an_ordered_read_is_not_starved() {
     assert_eq!(read.len(), mib as usize);
     assert!(read.iter().all(|b| *b == 6));
     // The read's buffer comes back when its Data-In is sent (dropped
-    // here): then W gets its R2T.
-    let released: Vec<usize> = std::mem::take(&mut *h.released.lock().unwrap());
-    assert_eq!(released, vec![mib as usize]);
-    for n in released {
-        h.event(Event::Released(n));
-    }
+    // above): W waits, so the session is woken, and W gets its R2T.
+    assert_eq!(h.woken.load(Ordering::SeqCst), 1);
+    h.event(Event::Released);
     assert_eq!(h.r2ts().iter().map(|r| r.itt).collect::<Vec<_>>(), vec![72]);
 }
 
