@@ -449,9 +449,13 @@ async fn serve_stream<R, W>(
             nop_timeout: Duration::from_secs(options.nop_timeout_secs.max(1)),
         },
     };
-    // Reader task: PDUs into the session's bounded PDU queue (it stops
-    // reading while the session is behind).
-    let (rd_tx, pdus) = mpsc::channel(PDU_QUEUE);
+    // Reader task: PDUs into the session's event queue, at most
+    // PDU_QUEUE ahead of the session (it stops reading while the session
+    // is behind, and TCP pushes back on the initiator). One queue for
+    // everything the session waits for, so it never wakes itself.
+    let pdu_permits = Arc::new(tokio::sync::Semaphore::new(PDU_QUEUE));
+    let rd_tx = ev_tx.clone();
+    let permits = pdu_permits.clone();
     let reader_task = tokio::spawn(async move {
         loop {
             let r = reader.read().await;
@@ -460,7 +464,11 @@ async fn serve_stream<R, W>(
                     r,
                     Err(wire::ReadError::DataDigest(..)) | Err(wire::ReadError::TooLong { .. })
                 );
-            if rd_tx.send(r).await.is_err() || stop {
+            match permits.acquire().await {
+                Ok(p) => p.forget(),
+                Err(_) => break,
+            }
+            if rd_tx.send(Event::Pdu(r)).is_err() || stop {
                 break;
             }
         }
@@ -484,7 +492,7 @@ async fn serve_stream<R, W>(
     let channels = session::driver::Channels {
         events: ev_rx,
         events_tx: ev_tx,
-        pdus,
+        pdu_permits,
         out,
     };
     session::driver::run(session, executor, channels).await;

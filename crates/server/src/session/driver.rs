@@ -6,11 +6,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ethersan_core::executor::{BlockingPool, Executor};
-use ethersan_proto::pdu::RawPdu;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 
 use super::{Event, Output, Session};
-use crate::wire::{ReadError, WriterMsg};
+use crate::wire::WriterMsg;
 
 /// Blocking commands run on tokio's blocking pool.
 struct TokioBlocking;
@@ -23,14 +22,16 @@ impl BlockingPool for TokioBlocking {
 
 /// The channels a session is driven through.
 pub(crate) struct Channels {
-    /// Completions, control messages, timers, budget releases (served
-    /// first).
+    /// PDUs from the reader task, completions, control messages, timers,
+    /// budget wake-ups: everything the session waits for, in one queue (a
+    /// second queue would let the session's own completions wake it
+    /// again through the other queue's stale waker).
     pub(crate) events: mpsc::UnboundedReceiver<Event>,
-    /// The same channel's sending side, for command completions.
+    /// The same queue's sending side, for command completions.
     pub(crate) events_tx: mpsc::UnboundedSender<Event>,
-    /// PDUs from the reader task. Bounded: while the session is busy the
-    /// reader stops reading and TCP's window pushes back on the initiator.
-    pub(crate) pdus: mpsc::Receiver<Result<RawPdu, ReadError>>,
+    /// Bounds the PDUs read ahead of the session: the reader takes a
+    /// permit per PDU, the session gives it back as it takes the PDU.
+    pub(crate) pdu_permits: Arc<Semaphore>,
     /// Frames to the writer task.
     pub(crate) out: mpsc::UnboundedSender<WriterMsg>,
 }
@@ -38,28 +39,18 @@ pub(crate) struct Channels {
 /// Run `session` until logout, connection loss or shutdown.
 pub(crate) async fn run(mut session: Session, executor: Executor, mut ch: Channels) {
     session.begin();
-    let mut reading = true;
-    loop {
-        let ev = tokio::select! {
-            biased;
-            ev = ch.events.recv() => match ev {
-                Some(ev) => ev,
-                None => break,
-            },
-            pdu = ch.pdus.recv(), if reading => match pdu {
-                Some(pdu) => Event::Pdu(pdu),
-                None => {
-                    reading = false;
-                    continue;
-                }
-            },
-        };
+    while let Some(ev) = ch.events.recv().await {
+        if matches!(ev, Event::Pdu(_)) {
+            ch.pdu_permits.add_permits(1);
+        }
         let go_on = session.handle(ev, Instant::now());
         carry_out(&mut session, &executor, &ch);
         if !go_on {
             break;
         }
     }
+    // The reader stops for good.
+    ch.pdu_permits.close();
     let mut running = session.finish();
     carry_out(&mut session, &executor, &ch);
     while running > 0 {
