@@ -16,7 +16,11 @@
 //! QUEUE task; an ORDERED task waits for every older task. "Older" is the
 //! order of admission (CmdSN order in iSCSI).
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
+
+// Tags are small integers the initiator picks, at most a command window
+// of them: a fast non-cryptographic hash (no DoS surface at that size).
+use rustc_hash::FxHashMap;
 
 /// A task's tag (the iSCSI Initiator Task Tag, the AoE tag).
 pub type Tag = u32;
@@ -185,7 +189,7 @@ struct PendingTmf<M> {
 /// `M` its token for a task management request waiting for tasks to end.
 #[derive(Debug)]
 pub struct TaskSet<T, M> {
-    tasks: HashMap<Tag, Entry<T>>,
+    tasks: FxHashMap<Tag, Entry<T>>,
     next_seq: u64,
     /// Admitted, unfinished tasks, by admission order.
     outstanding: BTreeSet<u64>,
@@ -202,7 +206,7 @@ pub struct TaskSet<T, M> {
 impl<T, M> Default for TaskSet<T, M> {
     fn default() -> Self {
         TaskSet {
-            tasks: HashMap::new(),
+            tasks: FxHashMap::default(),
             next_seq: 0,
             outstanding: BTreeSet::new(),
             barriers: BTreeSet::new(),

@@ -12,6 +12,7 @@
 //! management that reaches other sessions.
 
 use std::collections::{HashSet, VecDeque};
+use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -199,7 +200,7 @@ pub(crate) struct Session {
     awaiting: VecDeque<u32>,
     /// ITTs of commands aborted before their CmdSN came up: refused for
     /// new commands until that CmdSN is delivered.
-    retired: HashSet<u32>,
+    retired: HashSet<u32, BuildHasherDefault<rustc_hash::FxHasher>>,
     next_ttt: u32,
     pending_logout: Option<LogoutRequest>,
     last_rx: Instant,
@@ -237,7 +238,7 @@ impl Session {
             initiator_counters,
             budget,
             awaiting: VecDeque::new(),
-            retired: HashSet::new(),
+            retired: HashSet::default(),
             next_ttt: 1,
             pending_logout: None,
             last_rx: now,
