@@ -236,7 +236,8 @@ impl ScsiTarget {
         initiator: Option<&str>,
         done: ScsiCompletion,
     ) -> Submitted {
-        let map = self.luns.load_full();
+        // A guard, not a clone: no shared reference count is touched.
+        let map = self.luns.load();
         let access = &Self::access_of(&map, initiator);
         let opcode = cmd.cdb.first().copied().unwrap_or(0xff);
         if opcode == 0xa0 {

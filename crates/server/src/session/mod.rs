@@ -139,6 +139,11 @@ impl Releases {
 
     /// The bytes freed since the last call.
     fn take(&self) -> usize {
+        // A plain load first: the usual answer is 0, and a swap would
+        // write the cache line the writer's thread also writes.
+        if self.freed.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
         self.freed.swap(0, Ordering::AcqRel)
     }
 }
