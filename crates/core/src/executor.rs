@@ -106,9 +106,18 @@ struct FinisherState {
 }
 
 impl FinisherState {
+    /// Hand the outcome to `done` (the first call only).
     fn finish(&self, response: ScsiResponse) {
+        if let Some(f) = self.outcome(response) {
+            (self.done)(f)
+        }
+    }
+
+    /// Count the command and build its outcome; `None` when it was
+    /// already finished.
+    fn outcome(&self, response: ScsiResponse) -> Option<Finished> {
         if self.fired.swap(true, Ordering::AcqRel) {
-            return;
+            return None;
         }
         let bytes = match self.kind {
             CommandKind::Read => response.data_in.len() as u64,
@@ -127,7 +136,7 @@ impl FinisherState {
         } else {
             Vec::new()
         };
-        (self.done)(Finished {
+        Some(Finished {
             response,
             preempted,
         })
@@ -145,9 +154,14 @@ impl FinisherState {
 }
 
 impl Executor {
-    /// Run `cmd` on `target`; `done` gets the outcome exactly once, on
-    /// this thread (finished at once, or a check failed), on the engine's
-    /// completion thread, or on the blocking pool.
+    /// Run `cmd` on `target`. A command that finishes during this call
+    /// (page cache, RAM, metadata, a failed check) is returned and `done`
+    /// is not called: the transport handles it at once, without a trip
+    /// through its event queue. Otherwise `None`, and `done` gets the
+    /// outcome exactly once, on the engine's completion thread or on the
+    /// blocking pool (or on this thread, if the engine completes before
+    /// it returns).
+    #[must_use = "a command that finished at once is returned, not passed to `done`"]
     pub fn execute(
         &self,
         target: &Arc<ScsiTarget>,
@@ -155,7 +169,7 @@ impl Executor {
         counting: Counting,
         pool: &dyn BlockingPool,
         done: Done,
-    ) {
+    ) -> Option<Finished> {
         let op = lookup(&cmd.cdb).map(|d| d.op);
         let fin = Arc::new(FinisherState {
             started: Instant::now(),
@@ -196,13 +210,14 @@ impl Executor {
         if !self.inline_io {
             // Everything, the submission too, on the blocking pool.
             pool.spawn(Box::new(move || fin.settle_here(submit())));
-            return;
+            return None;
         }
         match submit() {
-            Submitted::Done(r) => fin.finish(r),
-            Submitted::Pending => {}
+            Submitted::Done(r) => fin.outcome(r),
+            Submitted::Pending => None,
             Submitted::Blocking(job) => {
-                pool.spawn(Box::new(move || fin.settle_here(Submitted::Blocking(job))))
+                pool.spawn(Box::new(move || fin.settle_here(Submitted::Blocking(job))));
+                None
             }
         }
     }

@@ -539,9 +539,26 @@ pub fn has_service_actions(opcode: u8) -> bool {
 pub fn lookup(cdb: &[u8]) -> Option<&'static CommandDef> {
     let op = *cdb.first()?;
     let action = cdb.get(1).map(|b| b & 0x1f);
-    COMMANDS
+    by_opcode(op)
         .iter()
-        .find(|d| d.opcode == op && (d.service_action.is_none() || d.service_action == action))
+        .map(|&i| &COMMANDS[usize::from(i)])
+        .find(|d| d.service_action.is_none() || d.service_action == action)
+}
+
+/// The rows of [`COMMANDS`] for one opcode, in table order: every command
+/// looks its CDB up several times on the data path (counters, checks,
+/// dispatch), so the lookup is an index, not a scan of the whole table.
+fn by_opcode(op: u8) -> &'static [u8] {
+    static INDEX: std::sync::OnceLock<Vec<Vec<u8>>> = std::sync::OnceLock::new();
+    let index = INDEX.get_or_init(|| {
+        let mut index = vec![Vec::new(); 256];
+        for (i, d) in COMMANDS.iter().enumerate() {
+            let row = u8::try_from(i).expect("the command table has at most 256 rows");
+            index[usize::from(d.opcode)].push(row);
+        }
+        index
+    });
+    &index[usize::from(op)]
 }
 
 /// Find a row by opcode and optional service action (for REPORT SUPPORTED
@@ -654,6 +671,29 @@ pub(crate) fn report_supported_tmfs(cdb: &[u8]) -> Result<Vec<u8>, Sense> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn indexed_lookup_matches_a_scan_of_the_table() {
+        for op in 0..=255u8 {
+            for byte1 in 0..=255u8 {
+                let action = byte1 & 0x1f;
+                let scan = COMMANDS.iter().find(|d| {
+                    d.opcode == op
+                        && (d.service_action.is_none() || d.service_action == Some(action))
+                });
+                let found = lookup(&[op, byte1]);
+                assert_eq!(
+                    found.map(|d| d.name),
+                    scan.map(|d| d.name),
+                    "{op:#04x} {byte1:#04x}"
+                );
+            }
+            let alone = COMMANDS
+                .iter()
+                .find(|d| d.opcode == op && d.service_action.is_none());
+            assert_eq!(lookup(&[op]).map(|d| d.name), alone.map(|d| d.name));
+        }
+    }
 
     #[test]
     fn table_is_consistent() {

@@ -93,13 +93,15 @@ fn run(
 ) -> Arc<Mutex<Option<Finished>>> {
     let out = Arc::new(Mutex::new(None));
     let o = out.clone();
-    exec.execute(
+    if let Some(f) = exec.execute(
         t,
         c,
         counting,
         pool,
         Arc::new(move |f| *o.lock().unwrap() = Some(f)),
-    );
+    ) {
+        *out.lock().unwrap() = Some(f);
+    }
     out
 }
 
@@ -156,6 +158,33 @@ fn a_ram_lun_completes_on_the_callers_thread_and_is_counted() {
         assert_eq!((s.read_bytes, s.write_bytes), (1024, 1024));
         assert_eq!(s.errors[6], 1, "the unit attention");
     }
+}
+
+#[test]
+fn a_command_finished_at_once_is_returned_and_done_is_not_called() {
+    let t = target(ram());
+    let exec = Executor { inline_io: true };
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let c = calls.clone();
+    let done: Done = Arc::new(move |_| {
+        c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    });
+    let pool = Held::default();
+    let first = exec.execute(
+        &t,
+        cmd(&TUR, vec![], 0),
+        Counting::default(),
+        &pool,
+        done.clone(),
+    );
+    assert_eq!(
+        first.expect("returned").response.status,
+        ScsiStatus::CheckCondition
+    );
+    let second = exec.execute(&t, cmd(&TUR, vec![], 0), Counting::default(), &pool, done);
+    assert_eq!(second.expect("returned").response.status, ScsiStatus::Good);
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(pool.run_all(), 0);
 }
 
 #[test]

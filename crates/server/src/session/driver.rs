@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use ethersan_core::executor::{BlockingPool, Executor};
+use ethersan_core::executor::{BlockingPool, Done, Executor, Finished};
 use tokio::sync::{mpsc, Semaphore};
 
 use super::{Event, Output, Session};
@@ -39,12 +39,30 @@ pub(crate) struct Channels {
 /// Run `session` until logout, connection loss or shutdown.
 pub(crate) async fn run(mut session: Session, executor: Executor, mut ch: Channels) {
     session.begin();
+    let mut send = |msg| {
+        let _ = ch.out.send(msg);
+    };
+    let events_tx = ch.events_tx.clone();
+    let done_for = |itt: u32| -> Done {
+        let tx = events_tx.clone();
+        Arc::new(move |f| {
+            let _ = tx.send(Event::Done(itt, f));
+        })
+    };
     while let Some(ev) = ch.events.recv().await {
         if matches!(ev, Event::Pdu(_)) {
             ch.pdu_permits.add_permits(1);
         }
-        let go_on = session.handle(ev, Instant::now());
-        carry_out(&mut session, &executor, &ch);
+        let now = Instant::now();
+        let go_on = session.handle(ev, now);
+        let go_on = settle(
+            &mut session,
+            &executor,
+            &TokioBlocking,
+            &mut send,
+            &done_for,
+            now,
+        ) && go_on;
         if !go_on {
             break;
         }
@@ -52,7 +70,15 @@ pub(crate) async fn run(mut session: Session, executor: Executor, mut ch: Channe
     // The reader stops for good.
     ch.pdu_permits.close();
     let mut running = session.finish();
-    carry_out(&mut session, &executor, &ch);
+    for (itt, _) in carry_out(
+        &mut session,
+        &executor,
+        &TokioBlocking,
+        &mut send,
+        &done_for,
+    ) {
+        running = session.finished_running(itt);
+    }
     while running > 0 {
         match ch.events.recv().await {
             Some(Event::Done(itt, _)) => running = session.finished_running(itt),
@@ -61,35 +87,65 @@ pub(crate) async fn run(mut session: Session, executor: Executor, mut ch: Channe
         }
     }
     session.close();
-    carry_out(&mut session, &executor, &ch);
+    carry_out(
+        &mut session,
+        &executor,
+        &TokioBlocking,
+        &mut send,
+        &done_for,
+    );
 }
 
-/// Do what the session asked for.
-fn carry_out(session: &mut Session, executor: &Executor, ch: &Channels) {
+/// Do what the session asked for until it asks for nothing more: frames
+/// to `send`, commands to the executor. A command that finished at once
+/// goes straight back to the session (no trip through the event queue,
+/// no second wake-up). False when handling one ended the session.
+pub(crate) fn settle(
+    session: &mut Session,
+    executor: &Executor,
+    pool: &dyn BlockingPool,
+    send: &mut dyn FnMut(WriterMsg),
+    done_for: &dyn Fn(u32) -> Done,
+    now: Instant,
+) -> bool {
+    let mut go_on = true;
+    loop {
+        let finished = carry_out(session, executor, pool, send, done_for);
+        if finished.is_empty() {
+            return go_on;
+        }
+        for (itt, f) in finished {
+            go_on = session.handle(Event::Done(itt, f), now) && go_on;
+        }
+    }
+}
+
+/// Do what the session asked for; returns the commands that finished at
+/// once (the others report through `done_for`'s callback).
+fn carry_out(
+    session: &mut Session,
+    executor: &Executor,
+    pool: &dyn BlockingPool,
+    send: &mut dyn FnMut(WriterMsg),
+    done_for: &dyn Fn(u32) -> Done,
+) -> Vec<(u32, Finished)> {
+    let mut finished = Vec::new();
     while let Some(o) = session.poll_output() {
         match o {
-            Output::Send(msg) => {
-                let _ = ch.out.send(msg);
-            }
+            Output::Send(msg) => send(msg),
             Output::Execute {
                 itt,
                 target,
                 cmd,
                 counting,
             } => {
-                let tx = ch.events_tx.clone();
-                executor.execute(
-                    &target,
-                    cmd,
-                    counting,
-                    &TokioBlocking,
-                    Arc::new(move |f| {
-                        let _ = tx.send(Event::Done(itt, f));
-                    }),
-                );
+                if let Some(f) = executor.execute(&target, cmd, counting, pool, done_for(itt)) {
+                    finished.push((itt, f));
+                }
             }
         }
     }
+    finished
 }
 
 /// A [`Session`]'s budget releases, waking it with [`Event::Released`]

@@ -5,7 +5,7 @@
 //! in. No sockets, no tasks, no clock.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -17,7 +17,7 @@ use ethersan_proto::pdu::{
 };
 use ethersan_scsi::{LogicalUnit, LuConfig, LunMap, LunPolicy, LunSlot, Nexus};
 
-use super::{Event, Output, Session, SessionOptions, SessionSetup};
+use super::{Event, Session, SessionOptions, SessionSetup};
 use crate::registry::{Registry, TargetEntry};
 use crate::wire::WriterMsg;
 
@@ -113,45 +113,28 @@ impl Harness {
         h
     }
 
-    /// Feed one event, then do what the session asks until it is quiet.
+    /// Feed one event, then do what the session asks until it is quiet
+    /// (the driver's own loop, with frames collected and the blocking
+    /// pool inline: RAM completes at once).
     fn event(&mut self, ev: Event) -> bool {
-        let mut go_on = self.s.handle(ev, self.now);
-        loop {
-            let mut done = Vec::new();
-            while let Some(o) = self.s.poll_output() {
-                match o {
-                    Output::Send(WriterMsg::Frame(f)) => {
-                        self.sent.push((Pdu::decode(&f.bhs).unwrap(), f.data));
-                    }
-                    Output::Send(WriterMsg::Close) => self.closed = true,
-                    Output::Send(WriterMsg::Digests { .. }) => {}
-                    Output::Execute {
-                        itt,
-                        target,
-                        cmd,
-                        counting,
-                    } => {
-                        let out = Arc::new(Mutex::new(None));
-                        let o = out.clone();
-                        self.executor.execute(
-                            &target,
-                            cmd,
-                            counting,
-                            &Inline,
-                            Arc::new(move |f| *o.lock().unwrap() = Some(f)),
-                        );
-                        let f = out.lock().unwrap().take().expect("RAM completes inline");
-                        done.push(Event::Done(itt, f));
-                    }
-                }
-            }
-            if done.is_empty() {
-                return go_on;
-            }
-            for ev in done {
-                go_on = self.s.handle(ev, self.now) && go_on;
-            }
-        }
+        let go_on = self.s.handle(ev, self.now);
+        let (sent, closed) = (&mut self.sent, &mut self.closed);
+        let mut send = |msg| match msg {
+            WriterMsg::Frame(f) => sent.push((Pdu::decode(&f.bhs).unwrap(), f.data)),
+            WriterMsg::Close => *closed = true,
+            WriterMsg::Digests { .. } => {}
+        };
+        let done_for = |_| -> ethersan_core::executor::Done {
+            Arc::new(|_| panic!("a RAM command finishes at once"))
+        };
+        super::driver::settle(
+            &mut self.s,
+            &self.executor,
+            &Inline,
+            &mut send,
+            &done_for,
+            self.now,
+        ) && go_on
     }
 
     fn pdu(&mut self, pdu: Pdu, data: &[u8]) -> bool {
