@@ -55,6 +55,12 @@ pub struct Command {
     pub data: Vec<u8>,
     /// Expected data transfer length from the transport.
     pub expected_len: u32,
+    /// The transport's name for the task (iSCSI: its ITT), handed back to
+    /// [`Done`] with the outcome.
+    pub tag: u32,
+    /// When the transport started it (the latency counters measure from
+    /// here; the transport has the time at hand already).
+    pub started: Instant,
 }
 
 /// A finished command.
@@ -83,9 +89,10 @@ pub struct Executor {
     pub inline_io: bool,
 }
 
-/// Called once with a command's outcome (on the caller's thread, the
-/// engine's completion thread or the blocking pool).
-pub type Done = Arc<dyn Fn(Finished) + Send + Sync>;
+/// Called once with a command's tag ([`Command::tag`]) and outcome, on the
+/// engine's completion thread or the blocking pool. One per transport
+/// session, shared by its commands (no allocation per command).
+pub type Done = Arc<dyn Fn(u32, Finished) + Send + Sync>;
 
 /// What happens when a command's response is ready: count it, look for
 /// preempted nexuses, hand it over. Shared in an `Arc` (one allocation per
@@ -99,6 +106,7 @@ struct FinisherState {
     lun: u64,
     target: Arc<ScsiTarget>,
     counting: Counting,
+    tag: u32,
     done: Done,
     /// Set by the first `finish`: if emulation panicked after handing the
     /// engine its completion, the engine's late call is ignored.
@@ -109,7 +117,7 @@ impl FinisherState {
     /// Hand the outcome to `done` (the first call only).
     fn finish(&self, response: ScsiResponse) {
         if let Some(f) = self.outcome(response) {
-            (self.done)(f)
+            (self.done)(self.tag, f)
         }
     }
 
@@ -168,18 +176,19 @@ impl Executor {
         cmd: Command,
         counting: Counting,
         pool: &dyn BlockingPool,
-        done: Done,
+        done: &Done,
     ) -> Option<Finished> {
         let op = lookup(&cmd.cdb).map(|d| d.op);
         let fin = Arc::new(FinisherState {
-            started: Instant::now(),
+            started: cmd.started,
             kind: CommandKind::of_op(op),
             pr_out: op == Some(Op::PrOut),
             write_bytes: cmd.data.len() as u64,
             lun: cmd.lun,
             target: target.clone(),
             counting,
-            done,
+            tag: cmd.tag,
+            done: done.clone(),
             fired: AtomicBool::new(false),
         });
         let initiator = cmd.initiator;

@@ -60,6 +60,8 @@ fn cmd(cdb: &[u8], data: Vec<u8>, expected_len: u32) -> Command {
         cdb: cdb.to_vec(),
         data,
         expected_len,
+        tag: 7,
+        started: std::time::Instant::now(),
     }
 }
 
@@ -98,7 +100,10 @@ fn run(
         c,
         counting,
         pool,
-        Arc::new(move |f| *o.lock().unwrap() = Some(f)),
+        &(Arc::new(move |tag: u32, f| {
+            assert_eq!(tag, 7u32);
+            *o.lock().unwrap() = Some(f)
+        }) as Done),
     ) {
         *out.lock().unwrap() = Some(f);
     }
@@ -166,22 +171,16 @@ fn a_command_finished_at_once_is_returned_and_done_is_not_called() {
     let exec = Executor { inline_io: true };
     let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let c = calls.clone();
-    let done: Done = Arc::new(move |_| {
+    let done: Done = Arc::new(move |_, _| {
         c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     });
     let pool = Held::default();
-    let first = exec.execute(
-        &t,
-        cmd(&TUR, vec![], 0),
-        Counting::default(),
-        &pool,
-        done.clone(),
-    );
+    let first = exec.execute(&t, cmd(&TUR, vec![], 0), Counting::default(), &pool, &done);
     assert_eq!(
         first.expect("returned").response.status,
         ScsiStatus::CheckCondition
     );
-    let second = exec.execute(&t, cmd(&TUR, vec![], 0), Counting::default(), &pool, done);
+    let second = exec.execute(&t, cmd(&TUR, vec![], 0), Counting::default(), &pool, &done);
     assert_eq!(second.expect("returned").response.status, ScsiStatus::Good);
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 0);
     assert_eq!(pool.run_all(), 0);

@@ -290,6 +290,8 @@ impl Session {
             cdb: std::mem::take(&mut task.cdb),
             data: std::mem::take(&mut task.data),
             expected_len: task.cmd.expected_len,
+            tag: itt,
+            started: self.now,
         };
         let counting = Counting {
             lun: target.lun_counters(lun),

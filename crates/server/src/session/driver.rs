@@ -43,12 +43,9 @@ pub(crate) async fn run(mut session: Session, executor: Executor, mut ch: Channe
         let _ = ch.out.send(msg);
     };
     let events_tx = ch.events_tx.clone();
-    let done_for = |itt: u32| -> Done {
-        let tx = events_tx.clone();
-        Arc::new(move |f| {
-            let _ = tx.send(Event::Done(itt, f));
-        })
-    };
+    let done: Done = Arc::new(move |itt, f| {
+        let _ = events_tx.send(Event::Done(itt, f));
+    });
     while let Some(ev) = ch.events.recv().await {
         if matches!(ev, Event::Pdu(_)) {
             ch.pdu_permits.add_permits(1);
@@ -60,7 +57,7 @@ pub(crate) async fn run(mut session: Session, executor: Executor, mut ch: Channe
             &executor,
             &TokioBlocking,
             &mut send,
-            &done_for,
+            &done,
             now,
         ) && go_on;
         if !go_on {
@@ -70,13 +67,7 @@ pub(crate) async fn run(mut session: Session, executor: Executor, mut ch: Channe
     // The reader stops for good.
     ch.pdu_permits.close();
     let mut running = session.finish();
-    for (itt, _) in carry_out(
-        &mut session,
-        &executor,
-        &TokioBlocking,
-        &mut send,
-        &done_for,
-    ) {
+    for (itt, _) in carry_out(&mut session, &executor, &TokioBlocking, &mut send, &done) {
         running = session.finished_running(itt);
     }
     while running > 0 {
@@ -87,13 +78,7 @@ pub(crate) async fn run(mut session: Session, executor: Executor, mut ch: Channe
         }
     }
     session.close();
-    carry_out(
-        &mut session,
-        &executor,
-        &TokioBlocking,
-        &mut send,
-        &done_for,
-    );
+    carry_out(&mut session, &executor, &TokioBlocking, &mut send, &done);
 }
 
 /// Do what the session asked for until it asks for nothing more: frames
@@ -105,12 +90,12 @@ pub(crate) fn settle(
     executor: &Executor,
     pool: &dyn BlockingPool,
     send: &mut dyn FnMut(WriterMsg),
-    done_for: &dyn Fn(u32) -> Done,
+    done: &Done,
     now: Instant,
 ) -> bool {
     let mut go_on = true;
     loop {
-        let finished = carry_out(session, executor, pool, send, done_for);
+        let finished = carry_out(session, executor, pool, send, done);
         if finished.is_empty() {
             return go_on;
         }
@@ -121,13 +106,13 @@ pub(crate) fn settle(
 }
 
 /// Do what the session asked for; returns the commands that finished at
-/// once (the others report through `done_for`'s callback).
+/// once (the others report through `done`).
 fn carry_out(
     session: &mut Session,
     executor: &Executor,
     pool: &dyn BlockingPool,
     send: &mut dyn FnMut(WriterMsg),
-    done_for: &dyn Fn(u32) -> Done,
+    done: &Done,
 ) -> Vec<(u32, Finished)> {
     let mut finished = Vec::new();
     while let Some(o) = session.poll_output() {
@@ -139,7 +124,7 @@ fn carry_out(
                 cmd,
                 counting,
             } => {
-                if let Some(f) = executor.execute(&target, cmd, counting, pool, done_for(itt)) {
+                if let Some(f) = executor.execute(&target, cmd, counting, pool, done) {
                     finished.push((itt, f));
                 }
             }

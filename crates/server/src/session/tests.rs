@@ -124,15 +124,14 @@ impl Harness {
             WriterMsg::Close => *closed = true,
             WriterMsg::Digests { .. } => {}
         };
-        let done_for = |_| -> ethersan_core::executor::Done {
-            Arc::new(|_| panic!("a RAM command finishes at once"))
-        };
+        let done: ethersan_core::executor::Done =
+            Arc::new(|_, _| panic!("a RAM command finishes at once"));
         super::driver::settle(
             &mut self.s,
             &self.executor,
             &Inline,
             &mut send,
-            &done_for,
+            &done,
             self.now,
         ) && go_on
     }
