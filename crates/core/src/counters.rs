@@ -1,8 +1,10 @@
 //! Counters per LUN and per initiator: commands and bytes read and
 //! written, failures by sense key, and a latency histogram. Each is a
-//! relaxed atomic add on the data path; readers take a [`Snapshot`].
+//! relaxed atomic add on the data path, in a shard of its own thread (many
+//! sessions on several worker threads count on one LUN without moving one
+//! cache line between cores); readers sum the shards into a [`Snapshot`].
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// Latency histogram buckets: bucket *i* counts commands that took less
@@ -37,9 +39,19 @@ impl CommandKind {
     }
 }
 
-/// One set of counters.
+/// One set of counters, sharded by thread.
 #[derive(Debug)]
 pub struct IoCounters {
+    shards: Box<[Shard]>,
+}
+
+/// How many shards a set of counters has: threads beyond this share.
+const SHARDS: usize = 16;
+
+/// One thread's share of a set of counters, on cache lines of its own.
+#[derive(Debug)]
+#[repr(align(128))]
+struct Shard {
     reads: AtomicU64,
     writes: AtomicU64,
     others: AtomicU64,
@@ -54,9 +66,9 @@ pub struct IoCounters {
     latency_sum_us: AtomicU64,
 }
 
-impl Default for IoCounters {
+impl Default for Shard {
     fn default() -> Self {
-        IoCounters {
+        Shard {
             reads: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             others: AtomicU64::new(0),
@@ -68,6 +80,23 @@ impl Default for IoCounters {
             latency_sum_us: AtomicU64::new(0),
         }
     }
+}
+
+impl Default for IoCounters {
+    fn default() -> Self {
+        IoCounters {
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+        }
+    }
+}
+
+/// This thread's shard index: threads take the next one as they first count.
+fn shard_index() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+    }
+    INDEX.with(|i| *i)
 }
 
 /// The bucket for a latency.
@@ -112,56 +141,63 @@ impl IoCounters {
         latency: Duration,
     ) {
         use ethersan_scsi::ScsiStatus;
+        let shard = &self.shards[shard_index()];
         let good = response.status == ScsiStatus::Good;
         match kind {
             CommandKind::Read => {
-                self.reads.fetch_add(1, Ordering::Relaxed);
+                shard.reads.fetch_add(1, Ordering::Relaxed);
                 if good {
-                    self.read_bytes.fetch_add(bytes, Ordering::Relaxed);
+                    shard.read_bytes.fetch_add(bytes, Ordering::Relaxed);
                 }
             }
             CommandKind::Write => {
-                self.writes.fetch_add(1, Ordering::Relaxed);
+                shard.writes.fetch_add(1, Ordering::Relaxed);
                 if good {
-                    self.write_bytes.fetch_add(bytes, Ordering::Relaxed);
+                    shard.write_bytes.fetch_add(bytes, Ordering::Relaxed);
                 }
             }
             CommandKind::Other => {
-                self.others.fetch_add(1, Ordering::Relaxed);
+                shard.others.fetch_add(1, Ordering::Relaxed);
             }
         }
         match response.status {
             ScsiStatus::Good | ScsiStatus::ConditionMet => {}
             ScsiStatus::CheckCondition => {
                 if let Some(key) = sense_key(&response.sense) {
-                    self.errors[usize::from(key)].fetch_add(1, Ordering::Relaxed);
+                    shard.errors[usize::from(key)].fetch_add(1, Ordering::Relaxed);
                 }
             }
             _ => {
-                self.other_failures.fetch_add(1, Ordering::Relaxed);
+                shard.other_failures.fetch_add(1, Ordering::Relaxed);
             }
         }
-        self.latency[bucket(latency)].fetch_add(1, Ordering::Relaxed);
-        self.latency_sum_us.fetch_add(
+        shard.latency[bucket(latency)].fetch_add(1, Ordering::Relaxed);
+        shard.latency_sum_us.fetch_add(
             latency.as_micros().min(u128::from(u64::MAX)) as u64,
             Ordering::Relaxed,
         );
     }
 
-    /// The counters now.
+    /// The counters now (the sum of every thread's shard).
     pub fn snapshot(&self) -> Snapshot {
+        let mut s = Snapshot::default();
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        Snapshot {
-            reads: l(&self.reads),
-            writes: l(&self.writes),
-            others: l(&self.others),
-            read_bytes: l(&self.read_bytes),
-            write_bytes: l(&self.write_bytes),
-            errors: std::array::from_fn(|i| l(&self.errors[i])),
-            other_failures: l(&self.other_failures),
-            latency: std::array::from_fn(|i| l(&self.latency[i])),
-            latency_sum_us: l(&self.latency_sum_us),
+        for sh in self.shards.iter() {
+            s.reads += l(&sh.reads);
+            s.writes += l(&sh.writes);
+            s.others += l(&sh.others);
+            s.read_bytes += l(&sh.read_bytes);
+            s.write_bytes += l(&sh.write_bytes);
+            for (t, a) in s.errors.iter_mut().zip(&sh.errors) {
+                *t += l(a);
+            }
+            s.other_failures += l(&sh.other_failures);
+            for (t, a) in s.latency.iter_mut().zip(&sh.latency) {
+                *t += l(a);
+            }
+            s.latency_sum_us += l(&sh.latency_sum_us);
         }
+        s
     }
 }
 
@@ -235,6 +271,27 @@ mod tests {
         assert_eq!(s.other_failures, 1);
         assert_eq!(s.latency.iter().sum::<u64>(), 5);
         assert_eq!(s.latency_sum_us, 117);
+    }
+
+    #[test]
+    fn counts_from_many_threads_add_up() {
+        let c = std::sync::Arc::new(IoCounters::default());
+        let good = resp(ScsiStatus::Good, vec![]);
+        std::thread::scope(|scope| {
+            for _ in 0..(SHARDS + 3) {
+                let (c, good) = (c.clone(), good.clone());
+                scope.spawn(move || {
+                    for _ in 0..1000 {
+                        c.record(CommandKind::Read, 512, &good, Duration::from_micros(3));
+                    }
+                });
+            }
+        });
+        let s = c.snapshot();
+        let n = (SHARDS as u64 + 3) * 1000;
+        assert_eq!((s.reads, s.read_bytes), (n, n * 512));
+        assert_eq!(s.latency[1], n);
+        assert_eq!(s.latency_sum_us, n * 3);
     }
 
     #[test]

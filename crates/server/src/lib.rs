@@ -453,9 +453,9 @@ async fn serve_stream<R, W>(
     // PDU_QUEUE ahead of the session (it stops reading while the session
     // is behind, and TCP pushes back on the initiator). One queue for
     // everything the session waits for, so it never wakes itself.
-    let pdu_permits = Arc::new(tokio::sync::Semaphore::new(PDU_QUEUE));
+    let read_ahead = session::driver::ReadAhead::new(PDU_QUEUE);
     let rd_tx = ev_tx.clone();
-    let permits = pdu_permits.clone();
+    let room = read_ahead.clone();
     let reader_task = tokio::spawn(async move {
         loop {
             let r = reader.read().await;
@@ -464,9 +464,8 @@ async fn serve_stream<R, W>(
                     r,
                     Err(wire::ReadError::DataDigest(..)) | Err(wire::ReadError::TooLong { .. })
                 );
-            match permits.acquire().await {
-                Ok(p) => p.forget(),
-                Err(_) => break,
+            if !room.reserve().await {
+                break;
             }
             if rd_tx.send(Event::Pdu(r)).is_err() || stop {
                 break;
@@ -492,7 +491,7 @@ async fn serve_stream<R, W>(
     let channels = session::driver::Channels {
         events: ev_rx,
         events_tx: ev_tx,
-        pdu_permits,
+        read_ahead,
         out,
     };
     session::driver::run(session, executor, channels).await;

@@ -2,11 +2,12 @@
 //! the session handle it, and carries out what the session asks for —
 //! PDUs to the writer task, commands to the target core's executor.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use ethersan_core::executor::{BlockingPool, Done, Executor, Finished};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, Notify};
 
 use super::{Event, Output, Session};
 use crate::wire::WriterMsg;
@@ -29,11 +30,67 @@ pub(crate) struct Channels {
     pub(crate) events: mpsc::UnboundedReceiver<Event>,
     /// The same queue's sending side, for command completions.
     pub(crate) events_tx: mpsc::UnboundedSender<Event>,
-    /// Bounds the PDUs read ahead of the session: the reader takes a
-    /// permit per PDU, the session gives it back as it takes the PDU.
-    pub(crate) pdu_permits: Arc<Semaphore>,
+    /// Bounds the PDUs read ahead of the session.
+    pub(crate) read_ahead: Arc<ReadAhead>,
     /// Frames to the writer task.
     pub(crate) out: mpsc::UnboundedSender<WriterMsg>,
+}
+
+/// Bounds the PDUs the reader task reads ahead of the session (it stops
+/// reading while the session is behind, and TCP pushes back on the
+/// initiator): one atomic count per PDU on each side, and a wake-up only
+/// when the reader waits for room.
+pub(crate) struct ReadAhead {
+    queued: AtomicUsize,
+    limit: usize,
+    room: Notify,
+    closed: AtomicBool,
+}
+
+impl ReadAhead {
+    /// At most `limit` PDUs queued ahead of the session.
+    pub(crate) fn new(limit: usize) -> Arc<ReadAhead> {
+        Arc::new(ReadAhead {
+            queued: AtomicUsize::new(0),
+            limit: limit.max(1),
+            room: Notify::new(),
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    /// The reader: wait until one more PDU may be queued; false once the
+    /// session has ended.
+    pub(crate) async fn reserve(&self) -> bool {
+        loop {
+            if self.closed.load(Ordering::Acquire) {
+                return false;
+            }
+            // Only the reader adds, so room seen here stays room.
+            if self.queued.load(Ordering::Acquire) < self.limit {
+                self.queued.fetch_add(1, Ordering::AcqRel);
+                return true;
+            }
+            // A `taken` between the check and here leaves a permit in
+            // `room`: no wake-up is lost.
+            self.room.notified().await;
+        }
+    }
+
+    /// The session took one queued PDU.
+    pub(crate) fn taken(&self) {
+        let before = self
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+        if before == Ok(self.limit) {
+            self.room.notify_one();
+        }
+    }
+
+    /// The session has ended: the reader stops.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.room.notify_one();
+    }
 }
 
 /// Run `session` until logout, connection loss or shutdown.
@@ -48,7 +105,7 @@ pub(crate) async fn run(mut session: Session, executor: Executor, mut ch: Channe
     });
     while let Some(ev) = ch.events.recv().await {
         if matches!(ev, Event::Pdu(_)) {
-            ch.pdu_permits.add_permits(1);
+            ch.read_ahead.taken();
         }
         let now = Instant::now();
         let go_on = session.handle(ev, now);
@@ -65,7 +122,7 @@ pub(crate) async fn run(mut session: Session, executor: Executor, mut ch: Channe
         }
     }
     // The reader stops for good.
-    ch.pdu_permits.close();
+    ch.read_ahead.close();
     let mut running = session.finish();
     for (itt, _) in carry_out(&mut session, &executor, &TokioBlocking, &mut send, &done) {
         running = session.finished_running(itt);
@@ -139,4 +196,46 @@ pub(crate) fn releases_to(tx: mpsc::UnboundedSender<Event>) -> Arc<super::Releas
     super::Releases::new(Box::new(move || {
         let _ = tx.send(Event::Released);
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::ReadAhead;
+
+    #[tokio::test]
+    async fn the_reader_waits_for_room_and_stops_when_the_session_ends() {
+        let ra = ReadAhead::new(2);
+        assert!(ra.reserve().await);
+        assert!(ra.reserve().await);
+        // Full: the third waits until the session takes one.
+        let third = tokio::spawn({
+            let ra = ra.clone();
+            async move { ra.reserve().await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!third.is_finished(), "a third PDU was read ahead");
+        ra.taken();
+        assert!(tokio::time::timeout(Duration::from_secs(5), third)
+            .await
+            .expect("room after taken")
+            .unwrap());
+        // Full again; closing releases the waiting reader with false.
+        let fourth = tokio::spawn({
+            let ra = ra.clone();
+            async move { ra.reserve().await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        ra.close();
+        assert!(!tokio::time::timeout(Duration::from_secs(5), fourth)
+            .await
+            .expect("closing wakes the reader")
+            .unwrap());
+        // More taken than reserved never wraps the count.
+        for _ in 0..5 {
+            ra.taken();
+        }
+        assert!(!ra.reserve().await, "closed");
+    }
 }
