@@ -186,6 +186,12 @@ fn conformance_suites_pass() {
         // on two portals so the multipath tests have two paths.
         let path = dir.path().join(format!("lun-{i}.img"));
         let lun = match kind {
+            // SANITIZE paced so that Sanitize.Reset can see it in
+            // progress (it looks after 3 s); by default it runs at device
+            // speed and a 128 MiB LUN is done long before.
+            Lun::Thin if suite == "Sanitize" => {
+                format!("{}:128M,sanitize_rate=16M", path.display())
+            }
             Lun::Thin => format!("{}:128M", path.display()),
             Lun::ThinPbs512 => format!("{}:128M,pbs=512", path.display()),
             Lun::Removable => format!("{}:128M,removable", path.display()),
@@ -319,7 +325,10 @@ fn all_suites_in_one_run_over_two_portals() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let lun = format!("{}:128M", dir.path().join("all.img").display());
+    let lun = format!(
+        "{}:128M,sanitize_rate=16M",
+        dir.path().join("all.img").display()
+    );
     let server = Server::start_portals(2, &[&lun]);
     let (url0, url1) = (server.url_via(0, 0), server.url_via(1, 0));
     let out = run(

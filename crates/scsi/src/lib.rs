@@ -232,6 +232,10 @@ pub struct LuConfig {
     /// Physical block size reported in READ CAPACITY(16) (logical blocks
     /// per physical block); 0 or the logical size: one block per block.
     pub physical_block_size: u32,
+    /// At most this many bytes per second written by SANITIZE (overwrite,
+    /// or an erase that writes zeros), so that it leaves bandwidth to the
+    /// units sharing the storage; `None`: as fast as the device goes.
+    pub sanitize_rate: Option<u64>,
 }
 
 impl Default for LuConfig {
@@ -248,6 +252,7 @@ impl Default for LuConfig {
             write_cache: true,
             pr_state_file: None,
             physical_block_size: 0,
+            sanitize_rate: None,
         }
     }
 }

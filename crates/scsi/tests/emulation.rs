@@ -24,6 +24,7 @@ fn cfg(removable: bool, read_only: bool) -> LuConfig {
         write_cache: true,
         pr_state_file: None,
         physical_block_size: 0,
+        sanitize_rate: None,
     }
 }
 
@@ -844,5 +845,51 @@ fn a_lun_read_only_for_one_initiator() {
     assert!(
         r.status == ScsiStatus::Good && r.data_in == vec![5u8; 512],
         "reads still work, the write did not land"
+    );
+}
+
+/// SANITIZE OVERWRITE of a whole RAM LU with `cfg`, without IMMED: the
+/// time it took, and the LU (to read back).
+fn timed_overwrite(bytes: u64, cfg: LuConfig) -> (std::time::Duration, ScsiTarget) {
+    let dev = Arc::new(RamDevice::new(bytes, 512).unwrap());
+    let t = ScsiTarget::new(vec![Arc::new(LogicalUnit::new(dev, cfg))]);
+    t.nexus_added(N);
+    assert_eq!(sense(&exec(&t, N, &[0; 6], &[])), Some((6, 0x29, 0)));
+    let param = [0x01, 0, 0, 4, 0xde, 0xad, 0xbe, 0xef];
+    let cdb = [0x48, 0x01, 0, 0, 0, 0, 0, 0, 8, 0];
+    let start = std::time::Instant::now();
+    let r = exec(&t, N, &cdb, &param);
+    assert_eq!(r.status, ScsiStatus::Good, "{:?}", sense(&r));
+    (start.elapsed(), t)
+}
+
+#[test]
+fn sanitize_overwrite_runs_at_device_speed_unless_a_rate_is_set() {
+    // 256 MiB: 16 s at the old fixed 16 MiB/s cap; RAM takes well under a
+    // second (the bound is generous for a loaded machine).
+    let (took, t) = timed_overwrite(256 << 20, cfg(false, false));
+    assert!(
+        took < std::time::Duration::from_secs(10),
+        "256 MiB overwrite took {took:?}"
+    );
+    let last = (256 << 20) / 512 - 1;
+    for lba in [0, last] {
+        let r = exec(&t, N, &read10(lba, 1), &[]);
+        assert_eq!(r.status, ScsiStatus::Good);
+        assert!(
+            r.data_in.chunks(4).all(|c| c == [0xde, 0xad, 0xbe, 0xef]),
+            "LBA {lba}"
+        );
+    }
+    // With sanitize_rate the same work is paced: 4 MiB at 16 MiB/s takes
+    // at least a quarter of a second.
+    let limited = LuConfig {
+        sanitize_rate: Some(16 << 20),
+        ..cfg(false, false)
+    };
+    let (took, _) = timed_overwrite(4 << 20, limited);
+    assert!(
+        took >= std::time::Duration::from_millis(240),
+        "paced overwrite took {took:?}"
     );
 }

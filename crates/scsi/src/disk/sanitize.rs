@@ -12,10 +12,6 @@ use super::{CmdResult, LogicalUnit, Reply};
 use crate::be::be16;
 use crate::sense::{codes, Sense};
 
-/// SANITIZE OVERWRITE runs at most this fast, so that it never starves
-/// the other logical units sharing the storage.
-const SANITIZE_OVERWRITE_BYTES_PER_SEC: u64 = 16 << 20;
-
 /// A SANITIZE operation in progress (SBC-4 §4.11).
 #[derive(Debug, Default)]
 pub(super) struct SanitizeState {
@@ -35,60 +31,94 @@ enum SanitizeJob {
     Erase,
 }
 
-/// Run a sanitize to completion (on its own thread when IMMED is set).
-fn run_sanitize(dev: Arc<dyn BlockDevice>, st: Arc<SanitizeState>, job: SanitizeJob) {
+/// Keeps a sanitize at or below its configured rate (no limit: no wait).
+struct Pace {
+    start: std::time::Instant,
+    written: u64,
+    rate: Option<u64>,
+}
+
+impl Pace {
+    fn new(rate: Option<u64>) -> Pace {
+        Pace {
+            start: std::time::Instant::now(),
+            written: 0,
+            rate: rate.filter(|r| *r > 0),
+        }
+    }
+
+    /// `n` more bytes written: how long to wait before the next write.
+    fn wrote(&mut self, n: u64) -> Option<std::time::Duration> {
+        self.written += n;
+        let rate = self.rate?;
+        let due = std::time::Duration::from_secs_f64(self.written as f64 / rate as f64);
+        due.checked_sub(self.start.elapsed())
+    }
+}
+
+/// Write `fill` (a chunk of the pattern) over the whole device, `passes`
+/// times (every other pass inverted when `invert`), reporting progress.
+fn overwrite(
+    dev: &dyn BlockDevice,
+    st: &SanitizeState,
+    fill: &[u8],
+    passes: u8,
+    invert: bool,
+    rate: Option<u64>,
+) -> Result<(), BackendError> {
     let total = dev.num_blocks() * u64::from(dev.block_size());
-    let chunk = 1u64 << 20;
+    let chunk = fill.len() as u64;
+    let work = total * u64::from(passes);
+    let mut pace = Pace::new(rate);
+    let inverted: Vec<u8> = if invert {
+        fill.iter().map(|b| !b).collect()
+    } else {
+        Vec::new()
+    };
+    for pass in 0..passes {
+        let buf = if invert && pass % 2 == 1 {
+            &inverted[..]
+        } else {
+            fill
+        };
+        let mut off = 0;
+        while off < total {
+            let n = (total - off).min(chunk);
+            dev.write_at(off, &buf[..n as usize], false)?;
+            off += n;
+            st.progress.store(
+                ((u128::from(pace.written + n) * 65535) / u128::from(work)) as u32,
+                Ordering::Relaxed,
+            );
+            if let Some(wait) = pace.wrote(n) {
+                std::thread::sleep(wait);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Run a sanitize to completion (on its own thread when IMMED is set), at
+/// most `rate` bytes per second when one is set.
+fn run_sanitize(
+    dev: Arc<dyn BlockDevice>,
+    st: Arc<SanitizeState>,
+    job: SanitizeJob,
+    rate: Option<u64>,
+) {
+    let total = dev.num_blocks() * u64::from(dev.block_size());
+    let chunk = 1usize << 20;
     let result = (|| -> Result<(), BackendError> {
         match job {
             SanitizeJob::Erase if dev.thin_provisioned() => dev.unmap(0, total)?,
-            SanitizeJob::Erase => {
-                let zeros = vec![0u8; chunk as usize];
-                let mut off = 0;
-                while off < total {
-                    let n = (total - off).min(chunk);
-                    dev.write_at(off, &zeros[..n as usize], false)?;
-                    off += n;
-                    st.progress.store(
-                        ((off as u128 * 65535) / u128::from(total)) as u32,
-                        Ordering::Relaxed,
-                    );
-                }
-            }
+            SanitizeJob::Erase => overwrite(&*dev, &st, &vec![0u8; chunk], 1, false, rate)?,
             SanitizeJob::Overwrite {
                 pattern,
                 passes,
                 invert,
             } => {
-                let start = std::time::Instant::now();
-                let mut written = 0u64;
-                let work = total * u64::from(passes);
-                for pass in 0..passes {
-                    let flip = invert && pass % 2 == 1;
-                    let buf: Vec<u8> = pattern
-                        .iter()
-                        .map(|b| if flip { !b } else { *b })
-                        .cycle()
-                        .take(chunk as usize)
-                        .collect();
-                    let mut off = 0;
-                    while off < total {
-                        let n = (total - off).min(chunk);
-                        dev.write_at(off, &buf[..n as usize], false)?;
-                        off += n;
-                        written += n;
-                        st.progress.store(
-                            ((written as u128 * 65535) / u128::from(work)) as u32,
-                            Ordering::Relaxed,
-                        );
-                        let due = std::time::Duration::from_secs_f64(
-                            written as f64 / SANITIZE_OVERWRITE_BYTES_PER_SEC as f64,
-                        );
-                        if let Some(wait) = due.checked_sub(start.elapsed()) {
-                            std::thread::sleep(wait);
-                        }
-                    }
-                }
+                let fill: Vec<u8> = pattern.iter().copied().cycle().take(chunk).collect();
+                overwrite(&*dev, &st, &fill, passes, invert, rate)?
             }
         }
         dev.flush()
@@ -153,11 +183,12 @@ impl LogicalUnit {
         self.sanitize.running.store(true, Ordering::Release);
         self.sanitize.failed.store(false, Ordering::Release);
         let (dev, st) = (self.dev.clone(), self.sanitize.clone());
+        let rate = self.config().sanitize_rate;
         if immed {
-            std::thread::spawn(move || run_sanitize(dev, st, job));
+            std::thread::spawn(move || run_sanitize(dev, st, job, rate));
             return Reply::none();
         }
-        run_sanitize(dev, st, job);
+        run_sanitize(dev, st, job, rate);
         if self.sanitize.failed.load(Ordering::Acquire) {
             return Err(codes::SANITIZE_FAILED);
         }

@@ -150,6 +150,7 @@ pub(crate) fn config(removable: bool, read_only: bool) -> LuConfig {
         write_cache: true,
         pr_state_file: None,
         physical_block_size: 0,
+        sanitize_rate: None,
     }
 }
 

@@ -57,6 +57,8 @@ pub struct LunConfig {
     /// The I/O engine for a file or block device (default
     /// [`DEFAULT_ENGINE`]); ignored for RAM LUNs.
     pub engine: IoEngine,
+    /// Most bytes per second a SANITIZE writes (`None`: device speed).
+    pub sanitize_rate: Option<u64>,
 }
 
 /// The I/O engine of a file LUN that names none: the faster one in the
@@ -104,6 +106,7 @@ impl LunConfig {
             physical_block_size: 4096,
             direct: false,
             engine: DEFAULT_ENGINE,
+            sanitize_rate: None,
         };
         for opt in parts {
             match opt {
@@ -132,6 +135,12 @@ impl LunConfig {
                     }
                 }
                 o if o.starts_with("serial=") => lun.serial = Some(o[7..].to_string()),
+                o if o.starts_with("sanitize_rate=") => {
+                    let v = o["sanitize_rate=".len()..].trim_end_matches("/s");
+                    lun.sanitize_rate = Some(parse_size(v).map_err(|e| {
+                        ConfigError::Invalid(format!("LUN spec {spec:?}: sanitize_rate: {e}"))
+                    })?)
+                }
                 o if o.starts_with("naa=") => {
                     lun.naa = Some(parse_naa(&o[4..]).map_err(|e| {
                         ConfigError::Invalid(format!("LUN spec {spec:?}: {e}"))
@@ -139,7 +148,7 @@ impl LunConfig {
                 }
                 o => {
                     return Err(ConfigError::Invalid(format!(
-                        "LUN spec {spec:?}: unknown option {o:?} (known: ro, removable, bs=512|4096, pbs=512|4096, serial=S, naa=HEX, wce=0, full, direct, engine=sync|uring)"
+                        "LUN spec {spec:?}: unknown option {o:?} (known: ro, removable, bs=512|4096, pbs=512|4096, serial=S, naa=HEX, wce=0, full, direct, engine=sync|uring, sanitize_rate=SIZE)"
                     )))
                 }
             }

@@ -128,6 +128,7 @@ impl Config {
                     physical_block_size: 4096,
                     direct: false,
                     engine: DEFAULT_ENGINE,
+                    sanitize_rate: None,
                 }],
             }],
             options,

@@ -375,3 +375,20 @@ fn naa_key_and_spec_option() {
         "{e}"
     );
 }
+
+#[test]
+fn sanitize_rate_key_and_spec_option() {
+    assert_eq!(LunConfig::from_spec("ram:1M").unwrap().sanitize_rate, None);
+    let l = LunConfig::from_spec("/tmp/x.img:1G,sanitize_rate=16M").unwrap();
+    assert_eq!(l.sanitize_rate, Some(16 << 20));
+    let e = LunConfig::from_spec("/tmp/x.img:1G,sanitize_rate=fast")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("sanitize_rate") && e.contains("/tmp/x.img"),
+        "{e}"
+    );
+    let base = "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\n[[target.lun]]\npath = \"/tmp/x.img\"\n";
+    let c = Config::from_toml_str(&format!("{base}sanitize_rate = \"64M\"\n"), "t").unwrap();
+    assert_eq!(c.targets[0].luns[0].sanitize_rate, Some(64 << 20));
+}

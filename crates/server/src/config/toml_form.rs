@@ -163,6 +163,8 @@ struct RawLunTable {
     direct: bool,
     /// "sync" or "uring".
     engine: Option<String>,
+    /// Most bytes per second a SANITIZE writes.
+    sanitize_rate: Option<RawSize>,
     /// LUN masking: the initiators that see this LUN.
     #[serde(default)]
     initiators: Vec<String>,
@@ -314,6 +316,14 @@ impl Config {
                             write_cache: tb.write_cache.unwrap_or(true),
                             physical_block_size: tb.physical_block_size.unwrap_or(4096),
                             direct: tb.direct,
+                            sanitize_rate: tb
+                                .sanitize_rate
+                                .as_ref()
+                                .map(raw_size)
+                                .transpose()
+                                .map_err(|e| {
+                                    at(Some(span.clone()), format!("sanitize_rate: {e}"))
+                                })?,
                             engine: match tb.engine.as_deref() {
                                 None => DEFAULT_ENGINE,
                                 Some(e) => e
