@@ -89,15 +89,7 @@ async fn unknown_opcode_and_oversized_segment_get_reject() {
         exp_stat_sn: 0,
     };
     let big = vec![7u8; 16384];
-    let mut out = Vec::new();
-    pdu::write_pdu(
-        &mut out,
-        &Pdu::NopOut(nop).encode(big.len() as u32),
-        &big,
-        false,
-        false,
-    );
-    sock.write_all(&out).await.unwrap();
+    send_pdu(&mut sock, &Pdu::NopOut(nop), &big).await;
     let (bhs, _) = read_pdu(&mut sock).await.expect("a Reject");
     match Pdu::decode(&bhs).unwrap() {
         Pdu::Reject(r) => assert_eq!(r.reason, pdu::reject_reason::PROTOCOL_ERROR),
@@ -112,9 +104,7 @@ async fn unknown_opcode_and_oversized_segment_get_reject() {
         cmd_sn: 1,
         exp_stat_sn: 0,
     };
-    let mut out = Vec::new();
-    pdu::write_pdu(&mut out, &Pdu::NopOut(nop).encode(4), b"ping", false, false);
-    sock.write_all(&out).await.unwrap();
+    send_pdu(&mut sock, &Pdu::NopOut(nop), b"ping").await;
     let (bhs, data) = read_pdu(&mut sock).await.expect("a NOP-In");
     match Pdu::decode(&bhs).unwrap() {
         Pdu::NopIn(n) => assert_eq!(n.itt, 11),
@@ -144,15 +134,7 @@ async fn invalid_login_keys_get_login_reject() {
         cmd_sn: 1,
         exp_stat_sn: 0,
     };
-    let mut out = Vec::new();
-    pdu::write_pdu(
-        &mut out,
-        &Pdu::LoginRequest(req.clone()).encode(keys.len() as u32),
-        &keys,
-        false,
-        false,
-    );
-    sock.write_all(&out).await.unwrap();
+    send_pdu(&mut sock, &Pdu::LoginRequest(req.clone()), &keys).await;
     let (bhs, _) = read_pdu(&mut sock).await.expect("login reject");
     match Pdu::decode(&bhs).unwrap() {
         Pdu::LoginResponse(r) => assert_eq!((r.status_class, r.status_detail), (2, 7)),
@@ -161,15 +143,7 @@ async fn invalid_login_keys_get_login_reject() {
     // Malformed key text (no '='): initiator error.
     let mut sock = TcpStream::connect(&addr).await.unwrap();
     let keys = b"InitiatorName\0".to_vec();
-    let mut out = Vec::new();
-    pdu::write_pdu(
-        &mut out,
-        &Pdu::LoginRequest(req.clone()).encode(keys.len() as u32),
-        &keys,
-        false,
-        false,
-    );
-    sock.write_all(&out).await.unwrap();
+    send_pdu(&mut sock, &Pdu::LoginRequest(req.clone()), &keys).await;
     let (bhs, _) = read_pdu(&mut sock).await.expect("login reject");
     match Pdu::decode(&bhs).unwrap() {
         Pdu::LoginResponse(r) => assert_eq!(r.status_class, 2),
@@ -267,15 +241,7 @@ async fn login_text_split_over_pdus_with_the_c_bit() {
         cmd_sn: 1,
         exp_stat_sn: 0,
     };
-    let mut out = Vec::new();
-    pdu::write_pdu(
-        &mut out,
-        &Pdu::LoginRequest(req.clone()).encode(a.len() as u32),
-        a,
-        false,
-        false,
-    );
-    sock.write_all(&out).await.unwrap();
+    send_pdu(&mut sock, &Pdu::LoginRequest(req.clone()), a).await;
     // The target acknowledges the partial text with an empty response.
     let (bhs, data) = read_pdu(&mut sock).await.expect("empty login response");
     match Pdu::decode(&bhs).unwrap() {
@@ -286,15 +252,7 @@ async fn login_text_split_over_pdus_with_the_c_bit() {
     req.continue_bit = false;
     req.transit = true;
     req.nsg = 3;
-    let mut out = Vec::new();
-    pdu::write_pdu(
-        &mut out,
-        &Pdu::LoginRequest(req).encode(b.len() as u32),
-        b,
-        false,
-        false,
-    );
-    sock.write_all(&out).await.unwrap();
+    send_pdu(&mut sock, &Pdu::LoginRequest(req), b).await;
     let (bhs, data) = read_pdu(&mut sock).await.expect("final login response");
     match Pdu::decode(&bhs).unwrap() {
         Pdu::LoginResponse(r) => assert_eq!((r.status_class, r.transit, r.nsg), (0, true, 3)),

@@ -8,7 +8,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use ethersan_proto::pdu::{self, Pdu};
 use raw::*;
-use tokio::io::AsyncWriteExt;
 
 /// PERSISTENT RESERVE OUT with a 24-byte parameter list.
 fn prout(sa: u8, kind: u8, key: u64, sa_key: u64) -> ([u8; 10], Vec<u8>) {
@@ -66,15 +65,7 @@ async fn preempt_and_abort_aborts_the_preempted_nexus_tasks() {
         data_sn: 0,
         buffer_offset: 0,
     };
-    let mut out = Vec::new();
-    pdu::write_pdu(
-        &mut out,
-        &Pdu::DataOut(d).encode(4096),
-        &[0xee; 4096],
-        false,
-        false,
-    );
-    b.write_all(&out).await.unwrap();
+    send_pdu(&mut b, &Pdu::DataOut(d), &[0xee; 4096]).await;
     raw_command(&mut b, 6, 5, &[0; 6], &[], 0, false).await;
     assert_eq!(
         raw_response(&mut b, 6, Some(5)).await,
@@ -132,15 +123,7 @@ async fn ordered_and_head_of_queue_tasks_keep_sam_order() {
         data_sn: 0,
         buffer_offset: 0,
     };
-    let mut out = Vec::new();
-    pdu::write_pdu(
-        &mut out,
-        &Pdu::DataOut(d).encode(512),
-        &[7u8; 512],
-        false,
-        false,
-    );
-    sock.write_all(&out).await.unwrap();
+    send_pdu(&mut sock, &Pdu::DataOut(d), &[7u8; 512]).await;
     let mut order = Vec::new();
     while order.len() < 3 {
         match pdu_within(&mut sock, 5000).await {

@@ -95,6 +95,13 @@ pub async fn io_still_works(s: &Session) {
     assert!(r.data == data[..]);
 }
 
+/// Write one PDU with `data` (no digests).
+pub async fn send_pdu(sock: &mut TcpStream, pdu: &Pdu, data: &[u8]) {
+    let mut out = Vec::new();
+    pdu::write_pdu(&mut out, &pdu.encode(data.len() as u32), data, false, false);
+    sock.write_all(&out).await.unwrap();
+}
+
 /// Read one PDU header (and skip its data) with a time limit; None on close.
 pub async fn read_pdu(sock: &mut TcpStream) -> Option<(Bhs, Vec<u8>)> {
     let mut bhs = Bhs::default();
@@ -144,15 +151,7 @@ pub async fn raw_login(addr: &str) -> TcpStream {
         cmd_sn: 1,
         exp_stat_sn: 0,
     };
-    let mut out = Vec::new();
-    pdu::write_pdu(
-        &mut out,
-        &Pdu::LoginRequest(req).encode(keys.len() as u32),
-        &keys,
-        false,
-        false,
-    );
-    sock.write_all(&out).await.unwrap();
+    send_pdu(&mut sock, &Pdu::LoginRequest(req), &keys).await;
     let (bhs, _) = read_pdu(&mut sock).await.expect("login response");
     match Pdu::decode(&bhs).unwrap() {
         Pdu::LoginResponse(r) => {
@@ -213,15 +212,7 @@ pub async fn raw_command_attr(
         exp_stat_sn: 0,
         cdb: cdb16,
     };
-    let mut out = Vec::new();
-    pdu::write_pdu(
-        &mut out,
-        &Pdu::ScsiCommand(cmd).encode(data.len() as u32),
-        data,
-        false,
-        false,
-    );
-    sock.write_all(&out).await.unwrap();
+    send_pdu(sock, &Pdu::ScsiCommand(cmd), data).await;
 }
 
 /// Read PDUs until the SCSI Response for `itt`; panics if one for
