@@ -305,7 +305,7 @@ async fn login_inner<R: AsyncRead + Unpin>(
                 target.as_ref().map(|t| t.name.as_str()),
                 &params.initiator_name,
                 first.isid,
-                Box::new(move |c| {
+                std::sync::Arc::new(move |c| {
                     let _ = events.send(crate::session::Event::Control(c));
                 }),
             );

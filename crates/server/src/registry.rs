@@ -39,15 +39,44 @@ impl ethersan_core::directory::TargetAccess for crate::config::Access {
 
 /// How the registry reaches a session: delivers a control message to it
 /// (a message to a session that has ended is dropped).
-pub(crate) type Mailbox = Box<dyn Fn(SessionControl) + Send + Sync>;
+pub(crate) type Mailbox = Arc<dyn Fn(SessionControl) + Send + Sync>;
 
 /// Messages one session sends another through the registry.
 #[derive(Debug)]
 pub enum SessionControl {
-    /// Abort (silently) the tasks on this LUN, or on every LUN.
-    AbortLun(Option<u64>),
+    /// Abort (silently) the tasks on this LUN, or on every LUN. The
+    /// waiter, when there is one, is dropped once the aborted tasks that
+    /// were running have finished (or the session has ended), which tells
+    /// the session whose task management request asked for the abort.
+    AbortLun(Option<u64>, Option<AbortWaiter>),
+    /// One of the sessions asked to abort tasks for this session's task
+    /// management request (its ITT) has finished them.
+    OthersAborted(u32),
     /// End the session (reinstatement, cold reset, server shutdown).
     Shutdown,
+}
+
+/// Held by a session that aborted tasks for another session's task
+/// management request until those tasks have finished; dropping it
+/// reports to the requester (SAM-5 §7: the function is complete only when
+/// every task it aborted has ended, in every I_T nexus).
+pub struct AbortWaiter {
+    requester: Mailbox,
+    itt: u32,
+}
+
+impl std::fmt::Debug for AbortWaiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AbortWaiter")
+            .field("itt", &self.itt)
+            .finish()
+    }
+}
+
+impl Drop for AbortWaiter {
+    fn drop(&mut self) {
+        (self.requester)(SessionControl::OthersAborted(self.itt));
+    }
 }
 
 struct SessionHandle {
@@ -206,13 +235,32 @@ impl Registry {
     }
 
     /// Ask every other session of `target` to abort its tasks on `lun`
-    /// (`None`: all LUNs).
-    pub(crate) fn abort_lun_others(&self, me: u64, target: Option<&str>, lun: Option<u64>) {
-        for (id, h) in self.lock().iter() {
+    /// (`None`: all LUNs) for task management request `itt` of session
+    /// `me`; each reports back with [`SessionControl::OthersAborted`] once
+    /// its aborted tasks have finished. Returns how many were asked.
+    pub(crate) fn abort_lun_others(
+        &self,
+        me: u64,
+        target: Option<&str>,
+        lun: Option<u64>,
+        itt: u32,
+    ) -> usize {
+        let sessions = self.lock();
+        let Some(requester) = sessions.get(&me).map(|h| h.tx.clone()) else {
+            return 0;
+        };
+        let mut asked = 0;
+        for (id, h) in sessions.iter() {
             if *id != me && h.target.as_deref() == target && target.is_some() {
-                (h.tx)(SessionControl::AbortLun(lun));
+                let waiter = AbortWaiter {
+                    requester: requester.clone(),
+                    itt,
+                };
+                (h.tx)(SessionControl::AbortLun(lun, Some(waiter)));
+                asked += 1;
             }
         }
+        asked
     }
 
     /// Ask the sessions of I_T nexus `nexus` on `target` to abort their
@@ -231,7 +279,7 @@ impl Registry {
                 && h.target.as_deref() == target
                 && nexus_key(&h.initiator, &h.isid, h.target.as_deref()) == nexus
             {
-                (h.tx)(SessionControl::AbortLun(Some(lun)));
+                (h.tx)(SessionControl::AbortLun(Some(lun), None));
                 asked += 1;
             }
         }

@@ -139,3 +139,176 @@ async fn ordered_and_head_of_queue_tasks_keep_sam_order() {
     let _ = stop.send(());
     h.await.unwrap();
 }
+
+/// A RAM device whose reads wait (on the blocking pool) until the gate opens.
+#[derive(Debug)]
+struct Gated {
+    ram: std::sync::Arc<ethersan_backend::ram::RamDevice>,
+    gate: std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+}
+
+impl ethersan_backend::BlockDevice for Gated {
+    fn block_size(&self) -> u32 {
+        self.ram.block_size()
+    }
+    fn num_blocks(&self) -> u64 {
+        self.ram.num_blocks()
+    }
+    fn submit(
+        &self,
+        req: ethersan_backend::IoRequest,
+        done: ethersan_backend::IoCompletion,
+    ) -> ethersan_backend::Submission {
+        if !matches!(req, ethersan_backend::IoRequest::Read { .. }) {
+            return self.ram.submit(req, done);
+        }
+        let gate = self.gate.clone();
+        let ram = self.ram.clone();
+        ethersan_backend::Submission::Blocking(Box::new(move || {
+            let (open, cv) = &*gate;
+            let mut o = open.lock().unwrap();
+            while !*o {
+                o = cv.wait(o).unwrap();
+            }
+            drop(o);
+            let (tx, rx) = std::sync::mpsc::channel();
+            match ram.submit(req, Box::new(move |r| tx.send(r).unwrap())) {
+                ethersan_backend::Submission::Done(r) => r,
+                ethersan_backend::Submission::Pending => rx.recv().unwrap(),
+                ethersan_backend::Submission::Blocking(job) => job(),
+            }
+        }))
+    }
+    fn describe(&self) -> String {
+        "gated".into()
+    }
+}
+
+type Gate = std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>;
+
+fn open(gate: &Gate) {
+    let (open, cv) = &**gate;
+    *open.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    cv.notify_all();
+}
+
+struct OpenOnDrop(Gate);
+
+impl Drop for OpenOnDrop {
+    fn drop(&mut self) {
+        open(&self.0);
+    }
+}
+
+/// Send a task management request over a raw session.
+async fn raw_tmf(
+    sock: &mut tokio::net::TcpStream,
+    function: pdu::TmfFunction,
+    lun: u64,
+    itt: u32,
+    cmd_sn: u32,
+) {
+    let t = pdu::TaskMgmtRequest {
+        immediate: true,
+        function,
+        lun: pdu::lun_to_wire(lun),
+        itt,
+        referenced_task_tag: pdu::RESERVED_TAG,
+        cmd_sn,
+        exp_stat_sn: 0,
+        ref_cmd_sn: 0,
+        exp_data_sn: 0,
+    };
+    send_pdu(sock, &Pdu::TaskMgmtRequest(t), &[]).await;
+}
+
+#[tokio::test]
+async fn a_lun_reset_waits_for_the_tasks_it_aborts_in_other_sessions() {
+    use ethersan_scsi::{LogicalUnit, LuConfig, LunPolicy, LunSlot};
+    let cfg = ethersan_server::config::Config::from_toml_str(
+        &format!(
+            "portals = [\"127.0.0.1:0\"]\n[options]\nnop_interval_secs = 0\n[[target]]\nname = \"{IQN}\"\nlun = [\"ram:1M\"]\n"
+        ),
+        "test",
+    )
+    .unwrap();
+    let srv = ethersan_server::Server::bind(&cfg).await.unwrap();
+    let addr = srv.local_addrs()[0].to_string();
+    let gate = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    // Whatever happens, the gate opens when the test ends (a read held at
+    // it would keep the runtime from shutting down).
+    let _open_at_end = OpenOnDrop(gate.clone());
+    let dev = Gated {
+        ram: std::sync::Arc::new(ethersan_backend::ram::RamDevice::new(1 << 20, 512).unwrap()),
+        gate: gate.clone(),
+    };
+    let lu = LogicalUnit::new(
+        std::sync::Arc::new(dev),
+        LuConfig {
+            serial: "gated".into(),
+            naa: [0x60, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9],
+            target_name: IQN.into(),
+            ..LuConfig::default()
+        },
+    );
+    srv.registry()
+        .target(IQN)
+        .unwrap()
+        .add_lun(
+            1,
+            LunSlot {
+                lu: std::sync::Arc::new(lu),
+                policy: LunPolicy::default(),
+            },
+        )
+        .unwrap();
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        srv.run(async {
+            let _ = rx.await;
+        })
+        .await
+    });
+
+    // B: a READ on LUN 1 that is running (held at the gate).
+    let b = good_session(&addr).await;
+    for _ in 0..3 {
+        let r = b.command(1, &[0; 6], Bytes::new(), 0).await.unwrap();
+        if r.status == 0 {
+            break;
+        }
+    }
+    let read10 = [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+    let b_read = tokio::spawn(async move {
+        let r = tokio::time::timeout(
+            Duration::from_millis(1500),
+            b.command(1, &read10, Bytes::new(), 512),
+        )
+        .await;
+        (b, r.is_err())
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // A: LOGICAL UNIT RESET on LUN 1. It aborts B's READ, which is still
+    // running: no response until it has ended.
+    let mut a = raw_login(&addr).await;
+    raw_tmf(&mut a, pdu::TmfFunction::LogicalUnitReset, 1, 0x77, 1).await;
+    assert!(
+        pdu_within(&mut a, 500).await.is_none(),
+        "the LU RESET was answered while a task it aborted in another session still ran"
+    );
+    // Open the gate: B's READ ends (aborted: no response to B), then A's
+    // response comes.
+    open(&gate);
+    match pdu_within(&mut a, 5000).await {
+        Some(Pdu::TaskMgmtResponse(r)) => {
+            assert_eq!((r.itt, r.response), (0x77, pdu::tmf_response::COMPLETE))
+        }
+        other => panic!("expected the LU RESET's response, got {other:?}"),
+    }
+    let (b, timed_out) = b_read.await.unwrap();
+    assert!(timed_out, "B's aborted READ got a response");
+    drop(b);
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
+}

@@ -306,6 +306,14 @@ impl Session {
     }
 
     pub(super) fn on_done(&mut self, itt: u32, finished: Finished) {
+        if !self.abort_waiters.is_empty() {
+            // Dropping a waiter whose tasks have all ended reports to the
+            // session that asked for the abort.
+            for (tags, _) in &mut self.abort_waiters {
+                tags.retain(|t| *t != itt);
+            }
+            self.abort_waiters.retain(|(tags, _)| !tags.is_empty());
+        }
         let Some(done) = self.tasks.complete(itt) else {
             return;
         };

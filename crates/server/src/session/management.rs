@@ -41,13 +41,19 @@ impl Session {
                 return self.tmf_reply(&t, tmf_response::REJECTED);
             }
         };
+        let itt = t.itt;
         let outcome = self.tasks.task_management(tmf, lun_exists, t);
         self.drop_awaiting();
         self.release(outcome.removed);
         let name = target.as_ref().map(|t| t.name.as_str());
         let fx = outcome.effects;
         if let Some(on) = fx.abort_others {
-            self.registry.abort_lun_others(self.setup.id, name, on);
+            // The response also waits for the tasks this aborts in other
+            // sessions (SAM-5 §7.6, §7.11).
+            let asked = self.registry.abort_lun_others(self.setup.id, name, on, itt);
+            if asked > 0 {
+                self.others_aborting.insert(itt, (asked, None));
+            }
         }
         if let (Some((kind, on)), Some(tg)) = (fx.reset, &target) {
             tg.scsi.reset(kind, on, self.setup.nexus);
@@ -64,8 +70,13 @@ impl Session {
         self.dispatch();
     }
 
-    /// Answer a task management request whose waits are over.
+    /// Answer a task management request whose own waits are over, once
+    /// the other sessions it aborted tasks in have finished them too.
     pub(super) fn send_tmf_response(&mut self, req: TaskMgmtRequest, response: TmfResponse) {
+        if let Some((_, ready)) = self.others_aborting.get_mut(&req.itt) {
+            *ready = Some((req, response));
+            return;
+        }
         self.window.complete();
         let code = match response {
             TmfResponse::Complete => tmf_response::COMPLETE,
@@ -77,6 +88,21 @@ impl Session {
         if self.closing {
             self.outputs
                 .push_back(super::Output::Send(WriterMsg::Close));
+        }
+    }
+
+    /// Another session has finished the tasks it aborted for task
+    /// management request `itt`.
+    pub(super) fn other_session_aborted(&mut self, itt: u32) {
+        let Some((left, _)) = self.others_aborting.get_mut(&itt) else {
+            return;
+        };
+        *left = left.saturating_sub(1);
+        if *left > 0 {
+            return;
+        }
+        if let Some((_, Some((req, response)))) = self.others_aborting.remove(&itt) {
+            self.send_tmf_response(req, response);
         }
     }
 

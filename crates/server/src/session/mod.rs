@@ -11,7 +11,7 @@
 //! it touches is the registry's, and only on login, logout and task
 //! management that reaches other sessions.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -21,7 +21,7 @@ use bytes::Bytes;
 use ethersan_core::budget::MemoryBudget;
 use ethersan_core::counters::IoCounters;
 use ethersan_core::executor::Finished;
-use ethersan_core::task_set::{AbortScope, TaskSet};
+use ethersan_core::task_set::{AbortScope, TaskSet, TmfResponse};
 use ethersan_proto::negotiate::SessionParams;
 use ethersan_proto::pdu::{
     self, reject_reason, LogoutRequest, NopIn, NopOut, Pdu, RawPdu, Reject, ScsiCommand,
@@ -32,8 +32,11 @@ use ethersan_proto::transfer::WriteTransfer;
 use ethersan_scsi::{Nexus, ScsiResponse};
 use tracing::{debug, info, warn};
 
-use crate::registry::{Registry, SessionControl, TargetEntry};
+use crate::registry::{AbortWaiter, Registry, SessionControl, TargetEntry};
 use crate::wire::{Frame, ReadError, WriterMsg};
+
+/// A hash map keyed by small initiator-chosen integers (ITTs).
+type FxHashMap<K, V> = HashMap<K, V, BuildHasherDefault<rustc_hash::FxHasher>>;
 
 mod command;
 pub(crate) mod driver;
@@ -213,6 +216,13 @@ pub(crate) struct Session {
     text_continuation: Option<(u32, Vec<u8>)>,
     /// A Text request arriving in pieces (C bit): its ITT and the text so far.
     text_in: Option<(u32, u32, ethersan_proto::text::TextAssembler)>,
+    /// Task management requests (by ITT) that aborted tasks in other
+    /// sessions: how many of those have still to finish them, and the
+    /// response once this session's own waits are over.
+    others_aborting: FxHashMap<u32, (usize, Option<(TaskMgmtRequest, TmfResponse)>)>,
+    /// Tasks this session aborted for another session's task management
+    /// request, still running, and the waiter to drop when they end.
+    abort_waiters: Vec<(Vec<u32>, AbortWaiter)>,
     closing: bool,
 }
 
@@ -250,6 +260,8 @@ impl Session {
             ping: None,
             text_continuation: None,
             text_in: None,
+            others_aborting: FxHashMap::default(),
+            abort_waiters: Vec::new(),
             closing: false,
         }
     }
@@ -339,9 +351,18 @@ impl Session {
                 self.on_done(itt, resp);
                 !self.closing
             }
-            Event::Control(SessionControl::AbortLun(lun)) => {
-                self.abort_tasks(lun.map_or(AbortScope::All, AbortScope::Lun));
+            Event::Control(SessionControl::AbortLun(lun, waiter)) => {
+                let running = self.abort_tasks(lun.map_or(AbortScope::All, AbortScope::Lun));
+                // With nothing running the waiter is dropped here, which
+                // reports at once.
+                if let Some(w) = waiter.filter(|_| !running.is_empty()) {
+                    self.abort_waiters.push((running, w));
+                }
                 self.dispatch();
+                true
+            }
+            Event::Control(SessionControl::OthersAborted(itt)) => {
+                self.other_session_aborted(itt);
                 true
             }
             Event::Control(SessionControl::Shutdown) => {
