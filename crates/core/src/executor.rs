@@ -101,10 +101,11 @@ pub type Done = Arc<dyn Fn(u32, Finished) + Send + Sync>;
 struct FinisherState {
     started: Instant,
     kind: CommandKind,
-    pr_out: bool,
     write_bytes: u64,
     lun: u64,
-    target: Arc<ScsiTarget>,
+    /// The target, for a PERSISTENT RESERVE OUT's preempted nexuses (no
+    /// reference count taken for any other command).
+    pr_target: Option<Arc<ScsiTarget>>,
     counting: Counting,
     tag: u32,
     done: Done,
@@ -139,10 +140,9 @@ impl FinisherState {
         {
             c.record(self.kind, bytes, &response, latency);
         }
-        let preempted = if self.pr_out && response.status == ScsiStatus::Good {
-            self.target.take_preempted(self.lun)
-        } else {
-            Vec::new()
+        let preempted = match &self.pr_target {
+            Some(t) if response.status == ScsiStatus::Good => t.take_preempted(self.lun),
+            _ => Vec::new(),
         };
         Some(Finished {
             response,
@@ -182,10 +182,9 @@ impl Executor {
         let fin = Arc::new(FinisherState {
             started: cmd.started,
             kind: CommandKind::of_op(op),
-            pr_out: op == Some(Op::PrOut),
             write_bytes: cmd.data.len() as u64,
             lun: cmd.lun,
-            target: target.clone(),
+            pr_target: (op == Some(Op::PrOut)).then(|| target.clone()),
             counting,
             tag: cmd.tag,
             done: done.clone(),
@@ -199,29 +198,16 @@ impl Executor {
             data_out: cmd.data,
             expected_len: cmd.expected_len,
         };
-        let submit = {
-            let target = target.clone();
-            let fin = fin.clone();
-            move || {
-                let completion = fin.clone();
-                guarded(
-                    || {
-                        target.submit(
-                            scsi,
-                            Some(&initiator),
-                            Box::new(move |r| completion.finish(r)),
-                        )
-                    },
-                    Submitted::Done,
-                )
-            }
-        };
         if !self.inline_io {
             // Everything, the submission too, on the blocking pool.
-            pool.spawn(Box::new(move || fin.settle_here(submit())));
+            let target = target.clone();
+            pool.spawn(Box::new(move || {
+                let s = submit(&target, scsi, &initiator, &fin);
+                fin.settle_here(s)
+            }));
             return None;
         }
-        match submit() {
+        match submit(target, scsi, &initiator, &fin) {
             Submitted::Done(r) => fin.outcome(r),
             Submitted::Pending => None,
             Submitted::Blocking(job) => {
@@ -230,6 +216,27 @@ impl Executor {
             }
         }
     }
+}
+
+/// Submit `scsi` to `target` once, guarded; the engine's completion (if it
+/// takes one) finishes through `fin`.
+fn submit(
+    target: &ScsiTarget,
+    scsi: ScsiCommand,
+    initiator: &str,
+    fin: &Arc<FinisherState>,
+) -> Submitted {
+    let completion = fin.clone();
+    guarded(
+        || {
+            target.submit(
+                scsi,
+                Some(initiator),
+                Box::new(move |r| completion.finish(r)),
+            )
+        },
+        Submitted::Done,
+    )
 }
 
 /// Run command emulation so that a bug in it cannot take the session

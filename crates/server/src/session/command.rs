@@ -280,7 +280,7 @@ impl Session {
         let target = self
             .setup
             .target
-            .clone()
+            .as_ref()
             .expect("SCSI tasks only in normal sessions");
         let lun = lun_from_wire(task.cmd.lun);
         let cmd = Command {
