@@ -23,6 +23,7 @@ fn target() -> ScsiTarget {
         write_cache: true,
         pr_state_file: None,
         physical_block_size: 4096,
+        ..LuConfig::default()
     };
     let t = ScsiTarget::new(vec![Arc::new(LogicalUnit::new(dev, cfg))]);
     // LUN 0 is read-only for the initiator named "ro".
