@@ -312,3 +312,25 @@ async fn a_lun_reset_waits_for_the_tasks_it_aborts_in_other_sessions() {
     let _ = stop.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
 }
+
+#[tokio::test]
+async fn a_cold_reset_is_answered_before_every_connection_to_the_target_closes() {
+    let (addr, server, stop) = start().await;
+    // B: another session logged in to the same target, idle once its
+    // first command has been answered.
+    let mut b = raw_login(&addr).await;
+    raw_command(&mut b, 2, 1, &[0; 6], &[], 0, false).await;
+    raw_response(&mut b, 2, None).await;
+    let mut a = raw_login_isid(&addr, 8).await;
+    raw_tmf(&mut a, pdu::TmfFunction::TargetColdReset, 0, 0x31, 1).await;
+    match pdu_within(&mut a, 5000).await {
+        Some(Pdu::TaskMgmtResponse(r)) => {
+            assert_eq!((r.itt, r.response), (0x31, pdu::tmf_response::COMPLETE))
+        }
+        other => panic!("expected the cold reset's response, got {other:?}"),
+    }
+    expect_closed(&mut a).await;
+    expect_closed(&mut b).await;
+    let _ = stop.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
+}

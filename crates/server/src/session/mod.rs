@@ -349,7 +349,7 @@ impl Session {
             Event::Pdu(Err(e)) => self.on_read_error(e),
             Event::Done(itt, resp) => {
                 self.on_done(itt, resp);
-                !self.closing
+                self.goes_on()
             }
             Event::Control(SessionControl::AbortLun(lun, waiter)) => {
                 let running = self.abort_tasks(lun.map_or(AbortScope::All, AbortScope::Lun));
@@ -363,7 +363,7 @@ impl Session {
             }
             Event::Control(SessionControl::OthersAborted(itt)) => {
                 self.other_session_aborted(itt);
-                true
+                self.goes_on()
             }
             Event::Control(SessionControl::Shutdown) => {
                 info!(session = self.setup.id, "session shut down");
@@ -511,7 +511,18 @@ impl Session {
             Pdu::LoginRequest(_) => self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR),
             _ => self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR),
         }
-        !self.closing || self.tasks.running() > 0 || self.pending_logout.is_some()
+        self.goes_on()
+    }
+
+    /// Whether the session has more to do: it is not closing, or it still
+    /// owes an answer (running tasks, a logout, or a task management
+    /// response waiting for other sessions' aborted tasks, which a cold
+    /// reset sends before it closes).
+    fn goes_on(&self) -> bool {
+        !self.closing
+            || self.tasks.running() > 0
+            || self.pending_logout.is_some()
+            || !self.others_aborting.is_empty()
     }
 
     fn admit(&mut self, cmd_sn: u32, immediate: bool, item: Ordered) {

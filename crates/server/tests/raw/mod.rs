@@ -130,6 +130,12 @@ pub async fn expect_closed(sock: &mut TcpStream) {
 
 /// Log in with one raw PDU (operational stage straight to full feature).
 pub async fn raw_login(addr: &str) -> TcpStream {
+    raw_login_isid(addr, 7).await
+}
+
+/// [`raw_login`] with the ISID's last byte `isid`: a session of its own
+/// (the same ISID reinstates the session that has it).
+pub async fn raw_login_isid(addr: &str, isid: u8) -> TcpStream {
     let mut sock = TcpStream::connect(addr).await.unwrap();
     let keys = encode_text(&[
         ("InitiatorName", "iqn.2026-11.org.ethersan:raw"),
@@ -144,7 +150,7 @@ pub async fn raw_login(addr: &str) -> TcpStream {
         nsg: 3,
         version_max: 0,
         version_min: 0,
-        isid: [0x80, 0, 0, 0, 0, 7],
+        isid: [0x80, 0, 0, 0, 0, isid],
         tsih: 0,
         itt: 1,
         cid: 0,
