@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use ethersan_proto::chap::Credentials;
-use ethersan_server::config::{Config, LunConfig, TargetConfig};
+use ethersan_server::config::{Backing, Config, LunConfig, TargetConfig};
 use ethersan_server::Server;
 use tracing_subscriber::EnvFilter;
 
@@ -82,6 +82,10 @@ enum Command {
 
 #[derive(Args, Debug)]
 struct ServeArgs {
+    /// Check the configuration and the backing stores, print what would be
+    /// served and exit (0: good, 1: not), creating and serving nothing.
+    #[arg(long)]
+    check: bool,
     /// Full configuration file (TOML); see docs/config.md.
     #[arg(long, value_name = "FILE.toml", conflicts_with_all = ["listen", "target", "lun"])]
     config: Option<PathBuf>,
@@ -170,6 +174,9 @@ fn serve_config(a: &ServeArgs) -> anyhow::Result<Config> {
             .map(|s| LunConfig::from_spec(s).with_context(|| format!("--lun {s}")))
             .collect::<anyhow::Result<Vec<_>>>()?;
     }
+    if let Some((_, l, msg)) = ethersan_server::config::shared_backing_file(&cfg.targets) {
+        bail!("--lun {}: {msg}", a.lun.get(l).map_or("", String::as_str));
+    }
     if cfg.portals.is_empty() {
         bail!("no portal to listen on");
     }
@@ -220,20 +227,106 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
+/// Whether a LUN keeps its file in the data directory (the embedded
+/// default does), which the server then makes if it is missing.
+fn in_data_dir(cfg: &Config, l: &LunConfig) -> bool {
+    matches!(&l.backing, Backing::File { path, .. } if path.parent() == Some(cfg.options.data_dir.as_path()))
+}
+
+/// Make the data directory if a LUN's file is to be created in it (and
+/// only then: a LUN path's own directory must exist).
+fn make_data_dir(cfg: &Config) -> anyhow::Result<()> {
+    let dir = &cfg.options.data_dir;
+    let needed = cfg
+        .targets
+        .iter()
+        .flat_map(|t| &t.luns)
+        .any(|l| in_data_dir(cfg, l));
+    if needed && !dir.is_dir() {
+        std::fs::create_dir_all(dir).with_context(|| {
+            format!(
+                "cannot create the data directory {}; choose another with --data-dir DIR (data_dir in a config file)",
+                dir.display()
+            )
+        })?;
+        tracing::info!("created the data directory {}", dir.display());
+    }
+    Ok(())
+}
+
+/// `serve --check`: what would be served, or the first thing wrong.
+fn check(cfg: &Config) -> anyhow::Result<()> {
+    let mut out = String::new();
+    for p in &cfg.portals {
+        out.push_str(&format!("  portal {p}\n"));
+    }
+    let dir = &cfg.options.data_dir;
+    for t in &cfg.targets {
+        out.push_str(&format!("  target {}\n", t.name));
+        for (i, l) in t.luns.iter().enumerate() {
+            let what = match &l.backing {
+                // Its directory is made when serving.
+                Backing::File {
+                    path,
+                    size: Some(size),
+                } if in_data_dir(cfg, l) && !dir.is_dir() => format!(
+                    "{}, {}, will be created in a new data directory",
+                    path.display(),
+                    ethersan_backend::file::human_bytes(*size)
+                ),
+                _ => l
+                    .check_backing()
+                    .with_context(|| format!("target {} LUN {i}", t.name))?,
+            };
+            out.push_str(&format!("    LUN {i}: {what}\n"));
+        }
+    }
+    say(format_args!("ethersan: configuration is good\n{out}"));
+    Ok(())
+}
+
+/// The log's writer: stderr, where a write that fails (a closed pipe, as
+/// in `ethersan serve 2>&1 | head -1`) is dropped instead of reported on
+/// the same closed stderr, which would panic.
+struct QuietStderr;
+
+impl std::io::Write for QuietStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = std::io::stderr().write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
+    }
+}
+
+/// Print to stderr; a closed stderr is not an error worth a panic.
+fn say(args: std::fmt::Arguments) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{args}");
+}
+
 async fn serve(cfg: Config) -> anyhow::Result<()> {
+    let data_dir = &cfg.options.data_dir;
+    tracing::info!(
+        "data directory {}",
+        std::path::absolute(data_dir)
+            .unwrap_or_else(|_| data_dir.clone())
+            .display()
+    );
+    make_data_dir(&cfg)?;
     let server = Server::bind(&cfg).await?;
     let addrs = server.local_addrs();
     for addr in &addrs {
-        eprintln!("ethersan: listening on {addr}");
+        say(format_args!("ethersan: listening on {addr}"));
     }
     if let (Some(addr), Some(t)) = (addrs.first(), cfg.targets.first()) {
-        eprintln!("ethersan: connect with");
-        eprintln!("  libiscsi/QEMU: iscsi://{addr}/{}/0", t.name);
-        eprintln!("  open-iscsi:    iscsiadm -m discovery -t sendtargets -p {addr}");
-        eprintln!(
-            "                 iscsiadm -m node -T {} -p {addr} --login",
-            t.name
-        );
+        say(format_args!(
+            "ethersan: connect with\n  libiscsi/QEMU: iscsi://{addr}/{name}/0\n  open-iscsi:    iscsiadm -m discovery -t sendtargets -p {addr}\n                 iscsiadm -m node -T {name} -p {addr} --login",
+            name = t.name
+        ));
     }
     // SIGHUP: look at the LUNs' sizes again (after growing a backing file).
     #[cfg(unix)]
@@ -257,7 +350,7 @@ fn main() -> ExitCode {
         .with_env_filter(
             EnvFilter::try_from_env("ETHERSAN_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(|| QuietStderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     // The server's configuration decides how many worker threads run.
@@ -284,7 +377,7 @@ fn main() -> ExitCode {
                 serve_cfg = Some(cfg);
             }
             Err(e) => {
-                eprintln!("ethersan: {e:#}");
+                say(format_args!("ethersan: {e:#}"));
                 return ExitCode::FAILURE;
             }
         }
@@ -296,10 +389,22 @@ fn main() -> ExitCode {
     let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("ethersan: cannot start runtime: {e}");
+            say(format_args!("ethersan: cannot start runtime: {e}"));
             return ExitCode::FAILURE;
         }
     };
+    if let Some(cfg) = serve_cfg
+        .as_ref()
+        .filter(|_| matches!(&cli.command, Command::Serve(a) if a.check))
+    {
+        return match check(cfg) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                say(format_args!("ethersan: {e:#}"));
+                ExitCode::FAILURE
+            }
+        };
+    }
     let result = rt.block_on(async {
         match cli.command {
             Command::Serve(_) => serve(serve_cfg.take().expect("parsed above")).await,
@@ -315,7 +420,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("ethersan: {e:#}");
+            say(format_args!("ethersan: {e:#}"));
             ExitCode::FAILURE
         }
     }

@@ -77,11 +77,11 @@ impl IoRequest {
         match self {
             IoRequest::Read { offset, .. } => BackendError::Read {
                 offset: *offset,
-                source,
+                cause: source,
             },
             IoRequest::Write { offset, .. } => BackendError::Write {
                 offset: *offset,
-                source,
+                cause: source,
             },
             IoRequest::Flush => BackendError::Flush(source),
         }
@@ -186,39 +186,51 @@ impl<T: BlockDevice + ?Sized> BlockDeviceExt for T {}
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     /// The underlying read failed (maps to MEDIUM ERROR / UNRECOVERED READ ERROR).
-    #[error("read error at byte {offset}: {source}")]
+    #[error("read error at byte {offset}: {cause}")]
     Read {
         /// Byte offset of the failed access.
         offset: u64,
         /// The OS error.
-        source: io::Error,
+        cause: io::Error,
     },
     /// The underlying write failed (maps to MEDIUM ERROR / WRITE ERROR, or
     /// SPACE ALLOCATION FAILED when the error is ENOSPC).
-    #[error("write error at byte {offset}: {source}")]
+    #[error("write error at byte {offset}: {cause}")]
     Write {
         /// Byte offset of the failed access.
         offset: u64,
         /// The OS error.
-        source: io::Error,
+        cause: io::Error,
     },
     /// Flushing to stable storage failed.
     #[error("flush failed: {0}")]
     Flush(io::Error),
     /// Opening or creating the backing store failed.
-    #[error("cannot open {path}: {source}")]
+    #[error("cannot open {path}: {cause}{}", open_hint(.cause))]
     Open {
         /// The path given.
         path: String,
         /// The OS error.
-        source: io::Error,
+        cause: io::Error,
     },
     /// The configuration of the backend is invalid (size, block size...).
-    #[error("invalid backend configuration: {0}")]
+    #[error("{0}")]
     Config(String),
     /// The operation is not supported by this backend.
     #[error("operation not supported by this backend")]
     Unsupported,
+}
+
+/// What to do about a backing store that cannot be opened, where there is
+/// an obvious fix.
+fn open_hint(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS) => {
+            "; to export it read-only, add ,ro to the --lun spec (read_only = true in a config file)"
+        }
+        Some(libc::EBUSY) => "; another program (a mount, another server) holds it open exclusively",
+        _ => "",
+    }
 }
 
 /// A flat block store that a logical unit exports.

@@ -523,11 +523,11 @@ impl RingThread {
             Err(source) => Err(match kind {
                 Kind::Read => BackendError::Read {
                     offset: offset + done_bytes as u64,
-                    source,
+                    cause: source,
                 },
                 Kind::Write => BackendError::Write {
                     offset: offset + done_bytes as u64,
-                    source,
+                    cause: source,
                 },
                 Kind::Flush => BackendError::Flush(source),
             }),
@@ -647,7 +647,7 @@ mod tests {
         // Entirely past the end, and straddling it (a short read, then EOF).
         for (off, len) in [(8192u64, 512usize), (4096, 8192)] {
             match run(&d, IoRequest::read(off, len)) {
-                Err(BackendError::Read { source, .. }) => {
+                Err(BackendError::Read { cause: source, .. }) => {
                     assert_eq!(source.kind(), std::io::ErrorKind::UnexpectedEof)
                 }
                 other => panic!("read at {off}: {other:?}"),
@@ -671,7 +671,10 @@ mod tests {
                 fua: true,
             },
         ) {
-            Err(BackendError::Write { offset: 0, source }) => {
+            Err(BackendError::Write {
+                offset: 0,
+                cause: source,
+            }) => {
                 assert_eq!(source.raw_os_error(), Some(libc::EBADF))
             }
             other => panic!("{other:?}"),

@@ -49,12 +49,12 @@ pub enum DirectoryError {
     #[error(transparent)]
     Lun(#[from] LunMapError),
     /// The backing store refused the change (e.g. a resize).
-    #[error("LUN {lun}: {source}")]
+    #[error("LUN {lun}: {cause}")]
     Store {
         /// The LUN.
         lun: u64,
         /// The store's error.
-        source: ethersan_backend::BackendError,
+        cause: ethersan_backend::BackendError,
     },
 }
 
@@ -114,7 +114,7 @@ impl Target {
     pub fn resize_lun(&self, lun: u64, bytes: u64) -> Result<Option<u64>, DirectoryError> {
         let lu = self.scsi.lun(lun).ok_or(LunMapError::Missing(lun))?;
         lu.resize(bytes)
-            .map_err(|source| DirectoryError::Store { lun, source })
+            .map_err(|source| DirectoryError::Store { lun, cause: source })
     }
 
     /// Remove a LUN while sessions run (see [`ScsiTarget::remove_lun`]);

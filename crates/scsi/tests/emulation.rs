@@ -645,9 +645,15 @@ impl Failing {
         if offset + 512 > self.bad_from * 512 {
             let source = std::io::Error::from_raw_os_error(5);
             return Err(if write {
-                BackendError::Write { offset, source }
+                BackendError::Write {
+                    offset,
+                    cause: source,
+                }
             } else {
-                BackendError::Read { offset, source }
+                BackendError::Read {
+                    offset,
+                    cause: source,
+                }
             });
         }
         Ok(())

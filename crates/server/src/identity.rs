@@ -93,29 +93,29 @@ pub enum IdentityError {
         reason: String,
     },
     /// The identity file exists but cannot be read.
-    #[error("cannot read the LUN identity file {path}: {source}; make it readable by the server")]
+    #[error("cannot read the LUN identity file {path}: {cause}; make it readable by the server")]
     Read {
         /// The identity file.
         path: PathBuf,
         /// The OS error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// A new identity file could not be written (the server then falls
     /// back to a derived identity; see [`resolve`]).
-    #[error("cannot write the LUN identity file {path}: {source}")]
+    #[error("cannot write the LUN identity file {path}: {cause}")]
     Write {
         /// The identity file.
         path: PathBuf,
         /// The OS error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The backing store's metadata could not be read.
-    #[error("cannot inspect the backing store {path}: {source}")]
+    #[error("cannot inspect the backing store {path}: {cause}")]
     Backing {
         /// The backing file or device.
         path: PathBuf,
         /// The OS error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The OS gave no random numbers.
     #[error("no random numbers for a new LUN identity: {0}")]
@@ -255,7 +255,7 @@ pub fn load(path: &Path) -> Result<Option<Identity>, IdentityError> {
         Err(source) => {
             return Err(IdentityError::Read {
                 path: path.to_path_buf(),
-                source,
+                cause: source,
             })
         }
     };
@@ -342,13 +342,13 @@ pub fn load_or_create(
             Some(id) => Ok((id, Origin::Stored(store.to_path_buf()))),
             None => Err(IdentityError::Read {
                 path: store.to_path_buf(),
-                source: std::io::ErrorKind::NotFound.into(),
+                cause: std::io::ErrorKind::NotFound.into(),
             }),
         },
         Err(source) => {
             let e = IdentityError::Write {
                 path: store.to_path_buf(),
-                source,
+                cause: source,
             };
             tracing::warn!(
                 backing = %of.display(),
@@ -393,7 +393,7 @@ pub fn resolve(lun: &LunConfig, data_dir: &Path) -> Result<(Identity, Origin), I
             use std::os::unix::fs::MetadataExt;
             let meta = std::fs::metadata(path).map_err(|source| IdentityError::Backing {
                 path: path.clone(),
-                source,
+                cause: source,
             })?;
             let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
             let machine = machine_id();

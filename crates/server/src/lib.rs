@@ -39,32 +39,32 @@ use crate::wire::{spawn_writer, PduReader};
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     /// A LUN's backing store could not be opened.
-    #[error("target {target} LUN {lun}: {source}")]
+    #[error("target {target} LUN {lun}: {cause}")]
     Backend {
         /// Target name.
         target: String,
         /// LUN number.
         lun: usize,
         /// The backend's error.
-        source: ethersan_backend::BackendError,
+        cause: ethersan_backend::BackendError,
     },
     /// A LUN's identity (WWN and serial) could not be read or made.
-    #[error("target {target} LUN {lun}: {source}")]
+    #[error("target {target} LUN {lun}: {cause}")]
     Identity {
         /// Target name.
         target: String,
         /// LUN number.
         lun: usize,
         /// What went wrong.
-        source: identity::IdentityError,
+        cause: identity::IdentityError,
     },
     /// A portal could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}: {cause}{}", bind_hint(.cause, addr))]
     Bind {
         /// The portal address.
         addr: SocketAddr,
         /// The OS error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -88,14 +88,14 @@ impl Server {
                 let dev = l.open().map_err(|source| ServerError::Backend {
                     target: t.name.clone(),
                     lun: i,
-                    source,
+                    cause: source,
                 })?;
                 let (id, origin) =
                     identity::resolve(l, &config.options.data_dir).map_err(|source| {
                         ServerError::Identity {
                             target: t.name.clone(),
                             lun: i,
-                            source,
+                            cause: source,
                         }
                     })?;
                 let (naa, serial) = (id.naa, id.serial);
@@ -147,7 +147,10 @@ impl Server {
         for p in &config.portals {
             let l = TcpListener::bind(p)
                 .await
-                .map_err(|source| ServerError::Bind { addr: *p, source })?;
+                .map_err(|source| ServerError::Bind {
+                    addr: *p,
+                    cause: source,
+                })?;
             addrs.push(l.local_addr().unwrap_or(*p));
             listeners.push(l);
         }
@@ -500,4 +503,22 @@ async fn serve_stream<R, W>(
     ticker.abort();
     let _ = writer.await;
     info!(%peer, "session ended");
+}
+
+/// What to do about a portal that cannot be bound.
+fn bind_hint(e: &std::io::Error, addr: &SocketAddr) -> String {
+    match e.kind() {
+        std::io::ErrorKind::AddrInUse => format!(
+            "; another program (perhaps another ethersan) listens on {addr}: stop it, or choose another portal (--listen ADDR:PORT, portals = [...] in a config file)"
+        ),
+        std::io::ErrorKind::AddrNotAvailable => format!(
+            "; no network interface of this machine has the address {}",
+            addr.ip()
+        ),
+        std::io::ErrorKind::PermissionDenied if addr.port() < 1024 => format!(
+            "; port {} is below 1024: run as root, give the binary CAP_NET_BIND_SERVICE, or use a port from 1024 up",
+            addr.port()
+        ),
+        _ => String::new(),
+    }
 }

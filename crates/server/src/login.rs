@@ -52,7 +52,7 @@ pub(crate) struct LoginOutcome {
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum LoginError {
     /// The connection failed or closed.
-    #[error("connection: {0}")]
+    #[error(transparent)]
     Read(#[from] ReadError),
     /// We rejected the login with this status (already sent).
     #[error("login rejected with status {0:#04x}/{1:#04x}")]

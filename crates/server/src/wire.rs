@@ -20,7 +20,7 @@ pub(crate) enum ReadError {
     #[error("connection closed")]
     Closed,
     /// A socket error or a close in the middle of a PDU.
-    #[error("i/o error: {0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
     /// Header digest mismatch: the length fields cannot be trusted, so the
     /// connection must be dropped (§7.8).

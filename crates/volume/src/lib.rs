@@ -67,7 +67,9 @@ impl MediumError {
     /// flush (`write` true).
     pub fn of(e: &BackendError, write: bool) -> MediumError {
         match e {
-            BackendError::Write { source, .. } if source.raw_os_error() == Some(libc_enospc()) => {
+            BackendError::Write { cause: source, .. }
+                if source.raw_os_error() == Some(libc_enospc()) =>
+            {
                 MediumError::NoSpace
             }
             _ if write => MediumError::Write,

@@ -232,17 +232,17 @@ fn engine_errors_classify_as_read_write_or_no_space() {
     let enospc = || std::io::Error::from_raw_os_error(28);
     let r = BackendError::Read {
         offset: 0,
-        source: eio(),
+        cause: eio(),
     };
     assert_eq!(MediumError::of(&r, false), MediumError::Read);
     let w = BackendError::Write {
         offset: 0,
-        source: eio(),
+        cause: eio(),
     };
     assert_eq!(MediumError::of(&w, true), MediumError::Write);
     let full = BackendError::Write {
         offset: 0,
-        source: enospc(),
+        cause: enospc(),
     };
     assert_eq!(MediumError::of(&full, true), MediumError::NoSpace);
     assert_eq!(

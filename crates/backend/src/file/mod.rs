@@ -152,44 +152,141 @@ fn block_device_size(file: &File) -> io::Result<u64> {
     Ok(size)
 }
 
+/// Undo what opening did to a file when it fails afterwards: remove a file
+/// it created, or give an existing one back its length.
+fn undo_create(path: &Path, file: &File, existed: bool, old_len: u64) {
+    let undone = if existed {
+        file.set_len(old_len)
+    } else {
+        std::fs::remove_file(path)
+    };
+    if let Err(e) = undone {
+        tracing::warn!(
+            "could not undo the partial creation of {}: {e}",
+            path.display()
+        );
+    }
+}
+
+/// Warn when a thin file provisions more than its filesystem can still
+/// hold: writes to blocks past the free space will fail.
+fn warn_if_overcommitted(path: &Path, file: &File, size: u64) {
+    let allocated = file
+        .metadata()
+        .map_or(0, |m| std::os::unix::fs::MetadataExt::blocks(&m) * 512);
+    let Some(free) = free_bytes(file) else {
+        return;
+    };
+    let needed = size.saturating_sub(allocated);
+    if needed > free {
+        tracing::warn!(
+            "{} is {} but its filesystem has only {} free: writes beyond that will fail (the initiator sees SPACE ALLOCATION FAILED); free space or give a smaller size",
+            path.display(),
+            human_bytes(size),
+            human_bytes(free)
+        );
+    }
+}
+
+/// Bytes an unprivileged writer may still allocate on `file`'s filesystem.
+fn free_bytes(file: &File) -> Option<u64> {
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: the fd is open and `st` is a valid place for one statvfs;
+    // it is read only when the call succeeds, which fills it in.
+    let rc = unsafe { libc::fstatvfs(file.as_raw_fd(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: fstatvfs returned 0, so it initialised `st`.
+    let st = unsafe { st.assume_init() };
+    Some(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
+/// A byte count for people: `1 GiB`, `16 MiB`, `1.5 GiB`, `512 B`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 || v.fract() == 0.0 {
+        format!("{v:.0} {}", UNITS[u])
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// The checks that need no change to the filesystem: the options, and
+/// for a file that does not exist, whether it may and can be created.
+/// Returns whether it exists.
+fn preflight(path: &Path, opts: &FileOptions) -> Result<bool, BackendError> {
+    let open_err = |source| BackendError::Open {
+        path: path.display().to_string(),
+        cause: source,
+    };
+    let bs = opts.block_size;
+    if bs != 512 && bs != 4096 {
+        return Err(BackendError::Config(format!(
+            "block size {bs} is not 512 or 4096"
+        )));
+    }
+    if let Some(size) = opts.size {
+        if size == 0 || size % u64::from(bs) != 0 {
+            return Err(BackendError::Config(format!(
+                "size {size} is not a positive multiple of the block size {bs}"
+            )));
+        }
+    }
+    let exists = path.exists();
+    if !exists {
+        if opts.read_only {
+            return Err(open_err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "it does not exist, and a read-only LUN's file is not created",
+            )));
+        }
+        if opts.size.is_none() {
+            return Err(BackendError::Config(format!(
+                "{p} does not exist; give a size to create it ({p}:1G on the command line, size = \"1G\" in a config file)",
+                p = path.display()
+            )));
+        }
+        // A typing mistake in a directory name must not quietly make a
+        // tree of directories and a blank disk.
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            if !parent.is_dir() {
+                return Err(open_err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!(
+                        "the directory {} does not exist; create it first or choose another path",
+                        parent.display()
+                    ),
+                )));
+            }
+        }
+    }
+    Ok(exists)
+}
+
+/// The error for a size that would cut an existing file short.
+fn would_truncate(path: &Path, current: u64, size: u64) -> BackendError {
+    BackendError::Config(format!(
+        "{} is {current} bytes, larger than the size {size} given; refusing to truncate it",
+        path.display()
+    ))
+}
+
 impl FileDevice {
     /// Open (or create) the backing store at `path`.
     pub fn open(path: &Path, opts: &FileOptions) -> Result<FileDevice, BackendError> {
         let bs = opts.block_size;
         let open_err = |source| BackendError::Open {
             path: path.display().to_string(),
-            source,
+            cause: source,
         };
-        if bs != 512 && bs != 4096 {
-            return Err(BackendError::Config(format!(
-                "block size {bs} is not 512 or 4096"
-            )));
-        }
-        if let Some(size) = opts.size {
-            if size == 0 || size % u64::from(bs) != 0 {
-                return Err(BackendError::Config(format!(
-                    "size {size} is not a positive multiple of the block size {bs}"
-                )));
-            }
-        }
-        let exists = path.exists();
-        if !exists {
-            if opts.read_only {
-                return Err(open_err(io::Error::new(
-                    io::ErrorKind::NotFound,
-                    "read-only LUN backing file does not exist",
-                )));
-            }
-            if opts.size.is_none() {
-                return Err(BackendError::Config(format!(
-                    "{} does not exist and no size was given to create it",
-                    path.display()
-                )));
-            }
-            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                std::fs::create_dir_all(parent).map_err(open_err)?;
-            }
-        }
+        let exists = preflight(path, opts)?;
         let file = OpenOptions::new()
             .read(true)
             .write(!opts.read_only)
@@ -212,18 +309,19 @@ impl FileDevice {
         } else {
             let current = meta.len();
             match opts.size {
-                Some(s) if s < current && exists => {
-                    return Err(BackendError::Config(format!(
-                        "{} is {current} bytes, larger than the size {s} given; refusing to truncate it",
-                        path.display()
-                    )))
-                }
+                Some(s) if s < current && exists => return Err(would_truncate(path, current, s)),
                 Some(s) if s > current => {
                     if opts.read_only {
-                        return Err(BackendError::Config(format!("cannot grow read-only {}", path.display())));
+                        return Err(BackendError::Config(format!(
+                            "cannot grow read-only {}",
+                            path.display()
+                        )));
                     }
                     // Extending with set_len leaves a hole: the file stays sparse.
-                    file.set_len(s).map_err(open_err)?;
+                    if let Err(e) = file.set_len(s) {
+                        undo_create(path, &file, exists, current);
+                        return Err(open_err(e));
+                    }
                     s
                 }
                 _ => current,
@@ -240,10 +338,25 @@ impl FileDevice {
             // SAFETY: fallocate only reads its integer arguments; the fd is open.
             let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, size as libc::off_t) };
             if rc != 0 {
-                return Err(open_err(io::Error::last_os_error()));
+                let e = io::Error::last_os_error();
+                // A file too large for its filesystem is not left behind
+                // half-allocated (nor an existing one grown).
+                undo_create(path, &file, exists, meta.len());
+                return Err(open_err(e));
             }
         }
         let thin = !is_block_device && !opts.preallocate;
+        if !exists {
+            tracing::info!(
+                "created {}, {}, {}",
+                path.display(),
+                human_bytes(size),
+                if thin { "sparse" } else { "allocated" }
+            );
+        }
+        if thin && !opts.read_only {
+            warn_if_overcommitted(path, &file, size);
+        }
         let file = Arc::new(file);
         let direct = if opts.direct {
             let d = OpenOptions::new()
@@ -281,6 +394,73 @@ impl FileDevice {
             is_block_device,
             thin,
         })
+    }
+
+    /// Check that [`FileDevice::open`] would succeed, changing nothing:
+    /// a missing file is not created, an existing one is opened (for
+    /// writing too unless read-only) and its size compared. Returns a
+    /// description for people (`disk.img, 1 GiB, exists`).
+    pub fn check(path: &Path, opts: &FileOptions) -> Result<String, BackendError> {
+        let exists = preflight(path, opts)?;
+        let kind = if opts.preallocate {
+            "allocated"
+        } else {
+            "sparse"
+        };
+        if !exists {
+            let size = opts.size.unwrap_or(0);
+            return Ok(format!(
+                "{}, {}, will be created {kind}",
+                path.display(),
+                human_bytes(size)
+            ));
+        }
+        let open_err = |source| BackendError::Open {
+            path: path.display().to_string(),
+            cause: source,
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(!opts.read_only)
+            .open(path)
+            .map_err(open_err)?;
+        let meta = file.metadata().map_err(open_err)?;
+        let current = if meta.file_type().is_block_device() {
+            let dev = block_device_size(&file).map_err(open_err)?;
+            if let Some(s) = opts.size.filter(|s| *s > dev) {
+                return Err(BackendError::Config(format!(
+                    "size {s} exceeds the block device's {dev} bytes"
+                )));
+            }
+            dev
+        } else {
+            meta.len()
+        };
+        let size = match opts.size {
+            Some(s) if s < current && !meta.file_type().is_block_device() => {
+                return Err(would_truncate(path, current, s))
+            }
+            Some(s) if s > current && opts.read_only => {
+                return Err(BackendError::Config(format!(
+                    "cannot grow read-only {}",
+                    path.display()
+                )))
+            }
+            Some(s) => s,
+            None => current,
+        };
+        if size < u64::from(opts.block_size) {
+            return Err(BackendError::Config(format!(
+                "{} is smaller than one block",
+                path.display()
+            )));
+        }
+        Ok(format!(
+            "{}, {}, exists{}",
+            path.display(),
+            human_bytes(size),
+            if opts.read_only { ", read-only" } else { "" }
+        ))
     }
 
     /// Whether the store is a block device.
@@ -335,7 +515,10 @@ impl FileDevice {
                 self.nowait_reads.store(false, Ordering::Relaxed);
                 Ok(false)
             }
-            Err(source) => Err(BackendError::Read { offset, source }),
+            Err(source) => Err(BackendError::Read {
+                offset,
+                cause: source,
+            }),
         }
     }
 
@@ -349,7 +532,10 @@ impl FileDevice {
         if self.nowait_writes.load(Ordering::Relaxed) {
             let done = self
                 .nowait_write(offset, buf)
-                .map_err(|source| BackendError::Write { offset, source })?;
+                .map_err(|source| BackendError::Write {
+                    offset,
+                    cause: source,
+                })?;
             if done || self.nowait_writes.load(Ordering::Relaxed) {
                 return Ok(done);
             }
@@ -375,7 +561,10 @@ impl FileDevice {
         let started = std::time::Instant::now();
         self.file
             .write_all_at(buf, offset)
-            .map_err(|source| BackendError::Write { offset, source })?;
+            .map_err(|source| BackendError::Write {
+                offset,
+                cause: source,
+            })?;
         if started.elapsed() > SLOW {
             self.inline_backoff_until
                 .store(now + 1_000_000_000, Ordering::Relaxed);
@@ -451,14 +640,14 @@ impl BlockDevice for FileDevice {
             .set_len(bytes)
             .map_err(|source| BackendError::Write {
                 offset: bytes,
-                source,
+                cause: source,
             })?;
         self.refresh_size()
     }
     fn refresh_size(&self) -> Result<Option<u64>, BackendError> {
         let err = |source| BackendError::Open {
             path: self.path.display().to_string(),
-            source,
+            cause: source,
         };
         let size = if self.is_block_device {
             block_device_size(&self.file).map_err(err)?
@@ -555,7 +744,7 @@ impl BlockDevice for FileDevice {
         if rc != 0 {
             return Err(BackendError::Read {
                 offset,
-                source: io::Error::from_raw_os_error(rc),
+                cause: io::Error::from_raw_os_error(rc),
             });
         }
         Ok(())
@@ -579,7 +768,7 @@ impl BlockDevice for FileDevice {
         if rc != 0 {
             return Err(BackendError::Write {
                 offset,
-                source: io::Error::last_os_error(),
+                cause: io::Error::last_os_error(),
             });
         }
         Ok(())
@@ -602,7 +791,7 @@ impl BlockDevice for FileDevice {
                 if e.raw_os_error() == Some(libc::ENXIO) {
                     return Ok(end);
                 }
-                return Err(BackendError::Read { offset, source: e });
+                return Err(BackendError::Read { offset, cause: e });
             }
             Ok(r as u64)
         };

@@ -27,7 +27,10 @@ impl SyncIo {
     /// Read `len` bytes at `offset` into `buf` (which may hold the first
     /// bytes already, from an inline attempt).
     pub(super) fn read(&self, offset: u64, mut buf: Vec<u8>, len: usize) -> IoResult {
-        let err = |source| BackendError::Read { offset, source };
+        let err = |source| BackendError::Read {
+            offset,
+            cause: source,
+        };
         if let Some(d) = &self.direct {
             // Into an aligned spot of the same allocation; no bounce copy.
             let skip = align_prefix(&mut buf, len, DIRECT_ALIGN);
@@ -49,7 +52,10 @@ impl SyncIo {
     /// Write `buf` at `offset` (through the direct descriptor when there is
     /// one, bouncing unaligned memory).
     pub(super) fn write(&self, offset: u64, buf: &[u8], fua: bool) -> IoResult {
-        let err = |source| BackendError::Write { offset, source };
+        let err = |source| BackendError::Write {
+            offset,
+            cause: source,
+        };
         if let Some(d) = &self.direct {
             let bounce;
             let data = if buf.as_ptr().align_offset(DIRECT_ALIGN) == 0 {

@@ -73,7 +73,7 @@ impl TestDevice {
                 if self.fail_reads.load(Ordering::Relaxed) || offset + len as u64 > DEV_BYTES {
                     return Err(BackendError::Read {
                         offset,
-                        source: io_error(),
+                        cause: io_error(),
                     });
                 }
                 let mut buf = vec![0u8; len];
@@ -89,7 +89,7 @@ impl TestDevice {
                 if self.fail_writes.load(Ordering::Relaxed) || offset + len as u64 > DEV_BYTES {
                     return Err(BackendError::Write {
                         offset,
-                        source: io_error(),
+                        cause: io_error(),
                     });
                 }
                 self.fua.lock().unwrap().push(fua);

@@ -1,7 +1,7 @@
 //! One LUN: its backing store and options, the command-line spec form,
 //! consistency checks, and opening the backing store.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ethersan_backend::file::{FileDevice, FileOptions, IoEngine};
@@ -82,7 +82,14 @@ impl LunConfig {
             }
         } else {
             match head.rsplit_once(':') {
-                Some((path, size)) if !path.is_empty() && parse_size(size).is_ok() => {
+                // PATH:SIZE, unless the whole of it names an existing file
+                // (device paths such as /dev/disk/by-path/… hold colons).
+                Some((path, size))
+                    if !path.is_empty()
+                        && size
+                            .starts_with(|c: char| c.is_ascii_digit() || c == '-' || c == '+')
+                        && !Path::new(head).exists() =>
+                {
                     Backing::File {
                         path: PathBuf::from(path),
                         size: Some(parse_size(size)?),
@@ -162,6 +169,22 @@ impl LunConfig {
             Backing::Ram { size } => Some(*size),
             Backing::File { size, .. } => *size,
         };
+        // Each message starts with the TOML key it is about, so that a
+        // config file error can point at that key's line.
+        if self.block_size != 512 && self.block_size != 4096 {
+            return Err(format!(
+                "block_size must be 512 or 4096 (bs= in a --lun spec), not {}",
+                self.block_size
+            ));
+        }
+        if !matches!(self.physical_block_size, 512 | 4096)
+            || self.physical_block_size < self.block_size
+        {
+            return Err(format!(
+                "physical_block_size must be 512 or 4096 and not below the block size {} (pbs= in a --lun spec), not {}",
+                self.block_size, self.physical_block_size
+            ));
+        }
         if let Some(s) = size {
             if s % u64::from(self.block_size) != 0 {
                 return Err(format!(
@@ -169,17 +192,6 @@ impl LunConfig {
                     self.block_size
                 ));
             }
-        }
-        if self.block_size != 512 && self.block_size != 4096 {
-            return Err(format!("block size {} (use 512 or 4096)", self.block_size));
-        }
-        if !matches!(self.physical_block_size, 512 | 4096)
-            || self.physical_block_size < self.block_size
-        {
-            return Err(format!(
-                "physical block size {} (use 512 or 4096, not below the block size {})",
-                self.physical_block_size, self.block_size
-            ));
         }
         if matches!(self.backing, Backing::Ram { .. }) && self.read_only {
             return Err("a RAM LUN cannot be read-only (it would hold only zeros)".into());
@@ -194,17 +206,32 @@ impl LunConfig {
     pub fn open(&self) -> Result<Arc<dyn BlockDevice>, BackendError> {
         Ok(match &self.backing {
             Backing::Ram { size } => Arc::new(RamDevice::new(*size, self.block_size)?),
-            Backing::File { path, size } => Arc::new(FileDevice::open(
-                path,
-                &FileOptions {
-                    size: *size,
-                    block_size: self.block_size,
-                    read_only: self.read_only,
-                    preallocate: self.preallocate,
-                    direct: self.direct,
-                    engine: self.engine,
-                },
-            )?),
+            Backing::File { path, size } => {
+                Arc::new(FileDevice::open(path, &self.file_options(*size))?)
+            }
         })
+    }
+
+    /// Check that [`LunConfig::open`] would succeed without changing
+    /// anything (`serve --check`); a description of the store for people.
+    pub fn check_backing(&self) -> Result<String, BackendError> {
+        match &self.backing {
+            Backing::Ram { size } => Ok(format!(
+                "RAM, {}",
+                ethersan_backend::file::human_bytes(*size)
+            )),
+            Backing::File { path, size } => FileDevice::check(path, &self.file_options(*size)),
+        }
+    }
+
+    fn file_options(&self, size: Option<u64>) -> FileOptions {
+        FileOptions {
+            size,
+            block_size: self.block_size,
+            read_only: self.read_only,
+            preallocate: self.preallocate,
+            direct: self.direct,
+            engine: self.engine,
+        }
     }
 }

@@ -15,7 +15,7 @@ mod values;
 mod tests;
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub use access::{parse_network, Access};
 pub use lun::{Backing, LunConfig, DEFAULT_ENGINE};
@@ -29,12 +29,12 @@ pub use values::{format_naa, parse_naa, parse_size, validate_name};
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Read {
         /// The file.
         path: String,
         /// The OS error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// A problem at a known place in a file.
     #[error("{origin}:{line}:{col}: {msg}")]
@@ -135,5 +135,52 @@ impl Config {
             chap: None,
             discovery_chap: None,
         }
+    }
+}
+
+/// The first LUN whose backing file an earlier LUN also uses with one of
+/// them writable, as (target index, LUN index, message). Two LUNs writing
+/// one file each keep their own cache, reservations and identity: they
+/// corrupt each other's data.
+pub fn shared_backing_file(targets: &[TargetConfig]) -> Option<(usize, usize, String)> {
+    let mut seen: Vec<(PathBuf, String, bool)> = Vec::new();
+    for (ti, t) in targets.iter().enumerate() {
+        for (li, l) in t.luns.iter().enumerate() {
+            let Backing::File { path, .. } = &l.backing else {
+                continue;
+            };
+            let key = same_file_key(path);
+            let here = format!("target {} LUN {li}", t.name);
+            if let Some((_, there, ro)) = seen.iter().find(|(k, _, _)| *k == key) {
+                if !(*ro && l.read_only) {
+                    return Some((
+                        ti,
+                        li,
+                        format!(
+                            "{} is already the backing file of {there}: two LUNs writing one file corrupt each other's data; export it once (every portal reaches it) or make both LUNs read-only",
+                            path.display()
+                        ),
+                    ));
+                }
+            }
+            seen.push((key, here, l.read_only));
+        }
+    }
+    None
+}
+
+/// One name for each file however it is written (`a.img`, `./a.img`, a
+/// symbolic link), whether or not it exists yet.
+fn same_file_key(path: &Path) -> PathBuf {
+    if let Ok(p) = std::fs::canonicalize(path) {
+        return p;
+    }
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    match (std::fs::canonicalize(parent), path.file_name()) {
+        (Ok(dir), Some(name)) => dir.join(name),
+        _ => std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()),
     }
 }

@@ -9,8 +9,8 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::{
-    parse_naa, parse_network, parse_size, validate_name, Access, Backing, ChapConfig, Config,
-    ConfigError, LunConfig, Options, TargetConfig, DEFAULT_ENGINE,
+    parse_naa, parse_network, parse_size, shared_backing_file, validate_name, Access, Backing,
+    ChapConfig, Config, ConfigError, LunConfig, Options, TargetConfig, DEFAULT_ENGINE,
 };
 
 #[derive(Deserialize)]
@@ -56,8 +56,9 @@ fn read_secret(
     file: Option<PathBuf>,
     env: Option<String>,
     what: &str,
+    base: &Path,
 ) -> Result<Option<Vec<u8>>, String> {
-    match (inline, file, env) {
+    match (inline, file.map(|f| base.join(f)), env) {
         (None, None, None) => Ok(None),
         (Some(s), None, None) => Ok(Some(s.into_bytes())),
         (None, Some(f), None) => {
@@ -77,7 +78,8 @@ fn read_secret(
 
 impl RawChap {
     /// `global`: the `[chap]` table, the only one with `discovery`.
-    fn resolve(self, global: bool) -> Result<ChapConfig, String> {
+    /// `base`: the directory relative secret files are in.
+    fn resolve(self, global: bool, base: &Path) -> Result<ChapConfig, String> {
         use ethersan_proto::chap::Credentials;
         if !global && self.discovery.is_some() {
             return Err(
@@ -85,14 +87,21 @@ impl RawChap {
                     .into(),
             );
         }
-        let secret = read_secret(self.secret, self.secret_file, self.secret_env, "secret")?
-            .ok_or("needs secret, secret_file or secret_env")?;
+        let secret = read_secret(
+            self.secret,
+            self.secret_file,
+            self.secret_env,
+            "secret",
+            base,
+        )?
+        .ok_or("needs secret, secret_file or secret_env")?;
         let initiator = Credentials::new(&self.user, &secret)?;
         let mutual = read_secret(
             self.mutual_secret,
             self.mutual_secret_file,
             self.mutual_secret_env,
             "mutual_secret",
+            base,
         )?;
         let target = match (self.mutual_user, mutual) {
             (None, None) => None,
@@ -127,18 +136,62 @@ struct RawTarget {
     chap: Option<Spanned<RawChap>>,
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
+/// A size: a number of bytes or a string with a unit ("64M").
 enum RawSize {
     Bytes(u64),
     Text(String),
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
+impl<'de> Deserialize<'de> for RawSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = RawSize;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a size: a number of bytes or a string such as \"64M\" or \"10G\"")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<RawSize, E> {
+                Ok(RawSize::Bytes(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<RawSize, E> {
+                u64::try_from(v)
+                    .map(RawSize::Bytes)
+                    .map_err(|_| E::custom(format!("a size cannot be negative ({v})")))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawSize, E> {
+                Ok(RawSize::Text(v.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A LUN: the command-line spec string, or a table. Deserialized by hand
+/// (not `untagged`) so that a mistake inside the table is reported with
+/// its key and line rather than as "did not match any variant".
 enum RawLun {
     Spec(String),
     Table(Box<RawLunTable>),
+}
+
+impl<'de> Deserialize<'de> for RawLun {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = RawLun;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a LUN: a spec string (\"PATH:SIZE,ro\", \"ram:64M\") or a table (path = ..., size = ...)")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawLun, E> {
+                Ok(RawLun::Spec(v.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, m: A) -> Result<RawLun, A::Error> {
+                RawLunTable::deserialize(serde::de::value::MapAccessDeserializer::new(m))
+                    .map(|t| RawLun::Table(Box::new(t)))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 #[derive(Deserialize)]
@@ -180,6 +233,57 @@ fn raw_size(s: &RawSize) -> Result<u64, ConfigError> {
     }
 }
 
+/// Make an error about a table point at the key it names, and an error
+/// about a value name its key.
+///
+/// A message about a section (`[options]`, a `[[target.lun]]`) that starts
+/// with one of the section's keys (`queue_depth = 0 is outside ...`) is
+/// moved to that key's line; a message at a value whose line is
+/// `key = value` and that does not mention the key (toml's "invalid type:
+/// string, expected a boolean") gets the key in front.
+fn point_at_key(
+    text: &str,
+    span: Option<Range<usize>>,
+    msg: String,
+) -> (Option<Range<usize>>, String) {
+    let Some(span) = span else {
+        return (None, msg);
+    };
+    let first_word: String = msg
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect();
+    let end = span.end.min(text.len());
+    let start = span.start.min(end);
+    if !first_word.is_empty() {
+        let mut offset = start;
+        for line in text[start..end].split_inclusive('\n') {
+            let t = line.trim_start();
+            if let Some(rest) = t.strip_prefix(first_word.as_str()) {
+                if rest.trim_start().starts_with('=') {
+                    let at = offset + (line.len() - t.len());
+                    return (Some(at..at + first_word.len()), msg);
+                }
+            }
+            offset += line.len();
+        }
+    }
+    // The line the span starts on, if it is `key = value`.
+    let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
+    let line = text[line_start..].lines().next().unwrap_or("");
+    if let Some((key, _)) = line.split_once('=') {
+        let key = key.trim();
+        let is_key = !key.is_empty()
+            && key
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if is_key && start > line_start + key.len() && !msg.starts_with(key) {
+            return (Some(span), format!("{key}: {msg}"));
+        }
+    }
+    (Some(span), msg)
+}
+
 fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
     let line = before.matches('\n').count() + 1;
@@ -197,14 +301,33 @@ impl Config {
     pub fn from_toml_file(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.display().to_string(),
-            source,
+            cause: source,
         })?;
-        Config::from_toml_str(&text, &path.display().to_string())
+        // Relative paths in the file are relative to the file, not to
+        // wherever the server happens to be started.
+        let base = path.parent().unwrap_or(Path::new(""));
+        let base = if base.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            base
+        };
+        Config::parse_toml(&text, &path.display().to_string(), base)
     }
 
     /// Parse and check TOML text; `origin` names it in errors.
+    ///
+    /// Relative paths stay as they are (relative to the working
+    /// directory); [`Config::from_toml_file`] makes them relative to the
+    /// file.
     pub fn from_toml_str(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        Config::parse_toml(text, origin, Path::new(""))
+    }
+
+    /// Parse and check TOML text whose relative paths are relative to
+    /// `base` (`""`: as they are).
+    fn parse_toml(text: &str, origin: &str, base: &Path) -> Result<Config, ConfigError> {
         let at = |span: Option<Range<usize>>, msg: String| {
+            let (span, msg) = point_at_key(text, span, msg);
             let (line, col) = line_col(text, span.map(|s| s.start).unwrap_or(0));
             ConfigError::At {
                 origin: origin.to_string(),
@@ -223,6 +346,10 @@ impl Config {
                 o
             }
             None => Options::default(),
+        };
+        let options = Options {
+            data_dir: base.join(&options.data_dir),
+            ..options
         };
         let mut portals = Vec::new();
         for p in &raw.portals {
@@ -247,6 +374,7 @@ impl Config {
             return Err(at(None, "no targets: add a [[target]] table".into()));
         }
         let mut targets: Vec<TargetConfig> = Vec::new();
+        let mut lun_spans: Vec<Vec<Range<usize>>> = Vec::new();
         for t in raw.targets {
             let tspan = t.span();
             let t = t.into_inner();
@@ -266,13 +394,20 @@ impl Config {
             let mut luns = Vec::new();
             let mut lun_initiators: Vec<Vec<String>> = Vec::new();
             let mut lun_read_only: Vec<Vec<String>> = Vec::new();
+            lun_spans.push(t.luns.iter().map(|l| l.span()).collect());
             for l in t.luns {
                 let span = l.span();
                 let mut seen_by = Vec::new();
                 let mut read_only_for = Vec::new();
                 let lun = match l.into_inner() {
-                    RawLun::Spec(s) => LunConfig::from_spec(&s)
-                        .map_err(|e| at(Some(span.clone()), e.to_string()))?,
+                    RawLun::Spec(s) => {
+                        let mut lun = LunConfig::from_spec(&s)
+                            .map_err(|e| at(Some(span.clone()), e.to_string()))?;
+                        if let Backing::File { path, .. } = &mut lun.backing {
+                            *path = base.join(&*path);
+                        }
+                        lun
+                    }
                     RawLun::Table(tb) => {
                         let tb = *tb;
                         for i in &tb.initiators {
@@ -288,7 +423,7 @@ impl Config {
                         read_only_for = tb.read_only_initiators.clone();
                         let backing = match (&tb.path, &tb.ram) {
                             (Some(p), None) => Backing::File {
-                                path: p.clone(),
+                                path: base.join(p),
                                 size: tb.size.as_ref().map(raw_size).transpose().map_err(|e| at(Some(span.clone()), e.to_string()))?,
                             },
                             (None, Some(r)) if tb.size.is_none() => {
@@ -370,7 +505,7 @@ impl Config {
             let chap = match t.chap {
                 Some(c) => {
                     let span = c.span();
-                    Some(c.into_inner().resolve(false).map_err(|m| {
+                    Some(c.into_inner().resolve(false, base).map_err(|m| {
                         at(
                             Some(span),
                             format!("[target.chap] of {:?}: {m}", t.name.get_ref()),
@@ -387,12 +522,15 @@ impl Config {
                 chap,
             });
         }
+        if let Some((t, l, msg)) = shared_backing_file(&targets) {
+            return Err(at(Some(lun_spans[t][l].clone()), msg));
+        }
         let chap = match raw.chap {
             Some(c) => {
                 let span = c.span();
                 Some(
                     c.into_inner()
-                        .resolve(true)
+                        .resolve(true, base)
                         .map_err(|m| at(Some(span), format!("[chap]: {m}")))?,
                 )
             }
@@ -410,7 +548,7 @@ impl Config {
                 }
                 let mut d = c
                     .into_inner()
-                    .resolve(false)
+                    .resolve(false, base)
                     .map_err(|m| at(Some(span), format!("[discovery.chap]: {m}")))?;
                 d.discovery = true;
                 Some(d)

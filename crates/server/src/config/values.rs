@@ -5,6 +5,9 @@ use super::ConfigError;
 /// Parse a size: bytes, or a number with K, M, G, T (powers of 1024; an
 /// optional trailing "iB" or "B" is accepted).
 pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
+    const FORMS: &str =
+        "a size is a whole number of bytes with an optional unit K, M, G or T (powers of 1024), e.g. 512M or 10G";
+    let bad = |why: &str| ConfigError::Invalid(format!("bad size {s:?}: {why}; {FORMS}"));
     let t = s.trim();
     let t = t
         .strip_suffix("iB")
@@ -17,22 +20,22 @@ pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
                 'M' => 1 << 20,
                 'G' => 1 << 30,
                 'T' => 1 << 40,
-                _ => {
-                    return Err(ConfigError::Invalid(format!(
-                        "bad size {s:?}: unknown unit '{c}' (use K, M, G, T)"
-                    )))
-                }
+                _ => return Err(bad(&format!("unknown unit '{c}'"))),
             };
             (&t[..i], m)
         }
         _ => (t, 1),
     };
+    if num.starts_with('-') {
+        return Err(bad("a size cannot be negative"));
+    }
     let n: u64 = num
         .parse()
-        .map_err(|_| ConfigError::Invalid(format!("bad size {s:?}")))?;
-    n.checked_mul(mult)
-        .filter(|v| *v > 0)
-        .ok_or_else(|| ConfigError::Invalid(format!("bad size {s:?}")))
+        .map_err(|_| bad(&format!("{num:?} is not a whole number")))?;
+    if n == 0 {
+        return Err(bad("a size must be more than zero"));
+    }
+    n.checked_mul(mult).ok_or_else(|| bad("too large"))
 }
 
 /// Check an iSCSI name (RFC 7143 §4.2.7): `iqn.YYYY-MM.reverse.domain[:x]`,
@@ -55,6 +58,14 @@ pub fn validate_name(name: &str) -> Result<(), ConfigError> {
             && b[7] == b'.';
         if !date_ok {
             return bad("expected iqn.YYYY-MM.reverse.domain");
+        }
+        // The year and month the naming authority held the domain.
+        let month = (b[5] - b'0') * 10 + (b[6] - b'0');
+        if !(1..=12).contains(&month) {
+            return bad(&format!(
+                "month {:02} in the date (iqn.YYYY-MM.…): use 01 to 12",
+                month
+            ));
         }
         if !name
             .bytes()
