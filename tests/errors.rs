@@ -408,17 +408,49 @@ fn too_little_space_warns_when_thin_and_leaves_nothing_when_full() {
         "a partial file was left behind"
     );
 
-    let args: Vec<String> = ["--listen", "127.0.0.1:0", "--lun", "thin.img:100M"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    let log = serve_log(&args, d);
+    let mut s = Server::start_args_in(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--target",
+            IQN,
+            "--lun",
+            "thin.img:100M",
+        ]
+        .map(String::from),
+        Some(d),
+    );
+    // Writing more than fits: the client fails, the server logs the
+    // failures with the unit and the bytes, not each one.
+    let big = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(big.path(), pattern(40 << 20, 3)).unwrap();
+    let out = ethersan(&["cp", "-q", big.path().to_str().unwrap(), &s.url(0)]);
+    s.stop();
+    std::thread::sleep(Duration::from_millis(200));
+    let log = s.log.lock().unwrap().clone();
     assert!(
         log.iter().any(
             |l| l.contains("thin.img is 100 MiB but its filesystem has only")
                 && l.contains("SPACE ALLOCATION FAILED")
         ),
         "{log:?}"
+    );
+    assert!(!out.status.success(), "cp into a full store succeeded");
+    let failures: Vec<_> = log
+        .iter()
+        .filter(|l| l.contains("out of space on bytes"))
+        .collect();
+    assert!(!failures.is_empty(), "no failure logged: {log:?}");
+    assert!(
+        failures[0].contains(&format!("target {IQN} LU "))
+            && failures[0].contains("thin.img")
+            && failures[0].contains("No space left on device"),
+        "{failures:?}"
+    );
+    assert!(
+        failures.len() <= 5,
+        "failures not rate-limited: {failures:?}"
     );
 }
 

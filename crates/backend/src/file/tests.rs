@@ -36,7 +36,11 @@ fn creates_sparse_and_keeps_size() {
     let p = dir.path().join("sub/lun.img");
     // A missing directory is an error, not made.
     let e = FileDevice::open(&p, &opts(Some(64 << 20), 512)).unwrap_err();
-    assert!(e.to_string().contains("sub does not exist; create it first"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("sub does not exist; create it first"),
+        "{e}"
+    );
     assert!(!dir.path().join("sub").exists());
     std::fs::create_dir(dir.path().join("sub")).unwrap();
     let d = FileDevice::open(&p, &opts(Some(64 << 20), 512)).unwrap();

@@ -12,8 +12,7 @@
 use ethersan_backend::BlockDeviceExt;
 
 use super::{
-    backend_sense, CmdResult, LogicalUnit, Reply, ATOMIC_UNIT_BYTES, MAX_ATOMIC_BYTES,
-    MAX_COMPARE_AND_WRITE,
+    CmdResult, LogicalUnit, Reply, ATOMIC_UNIT_BYTES, MAX_ATOMIC_BYTES, MAX_COMPARE_AND_WRITE,
 };
 use crate::be::{be16, be32, be64};
 use crate::cdb::BlockCdb;
@@ -93,7 +92,7 @@ impl LogicalUnit {
         let _held = self.vol.ranges().lock(off, len as u64, true);
         self.dev
             .write_at(off, &data[..len], self.fua(&c))
-            .map_err(|e| backend_sense(&e, true))?;
+            .map_err(|e| self.medium_error(&e, true, Some((off, len as u64))))?;
         Reply::none()
     }
 
@@ -106,7 +105,7 @@ impl LogicalUnit {
         let _held = self.vol.ranges().lock(off, data.len() as u64, false);
         self.dev
             .write_at(off, data, self.vol.effective_fua(false))
-            .map_err(|e| backend_sense(&e, true))
+            .map_err(|e| self.medium_error(&e, true, Some((off, data.len() as u64))))
     }
 
     /// Whether a write must reach stable storage before it completes: FUA
@@ -139,13 +138,13 @@ impl LogicalUnit {
         let mut medium = vec![0u8; len];
         self.dev
             .read_at(off, &mut medium)
-            .map_err(|e| backend_sense(&e, false))?;
+            .map_err(|e| self.medium_error(&e, false, Some((off, len as u64))))?;
         if let Some(at) = medium.iter().zip(verify).position(|(a, b)| a != b) {
             return Err(codes::MISCOMPARE_VERIFY.with_info(at as u64));
         }
         self.dev
             .write_at(off, write, self.fua(&c))
-            .map_err(|e| backend_sense(&e, true))?;
+            .map_err(|e| self.medium_error(&e, true, Some((off, len as u64))))?;
         Reply::none()
     }
 
@@ -167,13 +166,13 @@ impl LogicalUnit {
         let mut medium = vec![0u8; len];
         self.dev
             .read_at(off, &mut medium)
-            .map_err(|e| backend_sense(&e, false))?;
+            .map_err(|e| self.medium_error(&e, false, Some((off, len as u64))))?;
         for (m, d) in medium.iter_mut().zip(data) {
             *m |= d;
         }
         self.dev
             .write_at(off, &medium, self.fua(&c))
-            .map_err(|e| backend_sense(&e, true))?;
+            .map_err(|e| self.medium_error(&e, true, Some((off, len as u64))))?;
         Reply::none()
     }
 
@@ -195,7 +194,7 @@ impl LogicalUnit {
         let mut medium = vec![0u8; len];
         self.dev
             .read_at(off, &mut medium)
-            .map_err(|e| backend_sense(&e, false))?;
+            .map_err(|e| self.medium_error(&e, false, Some((off, len as u64))))?;
         let bs = self.bs() as usize;
         let first_diff = match bytchk {
             0 => None,

@@ -99,6 +99,7 @@ pub struct LogicalUnit {
     /// I_T nexuses whose tasks a PREEMPT AND ABORT asked to abort; the
     /// transport takes them with [`LogicalUnit::take_preempted`].
     preempted: Mutex<Vec<Nexus>>,
+    failures: FailureLog,
 }
 
 fn backend_sense(e: &BackendError, write: bool) -> Sense {
@@ -109,7 +110,72 @@ fn backend_sense(e: &BackendError, write: bool) -> Sense {
     }
 }
 
+/// Medium errors are logged at most once a second per logical unit; the
+/// ones in between are counted and reported with the next.
+#[derive(Debug)]
+struct FailureLog {
+    /// When the last one was logged, and how many were not since.
+    last: Mutex<(Option<std::time::Instant>, u64)>,
+}
+
+impl FailureLog {
+    const EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+    /// Whether to log one now, and how many went unlogged before it.
+    fn admit(&self) -> Option<u64> {
+        let now = std::time::Instant::now();
+        let mut g = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        match g.0 {
+            Some(t) if now.duration_since(t) < Self::EVERY => {
+                g.1 += 1;
+                None
+            }
+            _ => {
+                let skipped = g.1;
+                *g = (Some(now), 0);
+                Some(skipped)
+            }
+        }
+    }
+}
+
 impl LogicalUnit {
+    /// The sense for a failed engine request on `range` (byte offset and
+    /// length; `None`: the whole unit, as a flush). The failure is logged
+    /// with the unit and the range, at most once a second: the initiator
+    /// sees only a sense code, the administrator needs the cause.
+    pub(crate) fn medium_error(
+        &self,
+        e: &BackendError,
+        write: bool,
+        range: Option<(u64, u64)>,
+    ) -> Sense {
+        let kind = MediumError::of(e, write);
+        if let Some(skipped) = self.failures.admit() {
+            let what = match kind {
+                MediumError::NoSpace => "out of space",
+                MediumError::Write => "write failed",
+                MediumError::Read => "read failed",
+            };
+            let bytes = range.map_or_else(
+                || "the whole unit".to_string(),
+                |(o, l)| format!("bytes {o}..{}", o.saturating_add(l)),
+            );
+            let unlogged = if skipped > 0 {
+                format!(" ({skipped} more failures in the last second not logged)")
+            } else {
+                String::new()
+            };
+            tracing::error!(
+                "target {} LU {} ({}): {what} on {bytes}: {e}{unlogged}",
+                self.cfg.target_name,
+                self.cfg.serial,
+                self.dev.describe()
+            );
+        }
+        backend_sense(e, write)
+    }
+
     /// Create a logical unit over `dev`.
     pub fn new(dev: Arc<dyn BlockDevice>, cfg: LuConfig) -> Self {
         let vol = Arc::new(Volume::new(dev, cfg.write_cache));
@@ -144,6 +210,9 @@ impl LogicalUnit {
             reserved: AtomicBool::new(reservations.active()),
             sanitize: Arc::new(SanitizeState::default()),
             preempted: Mutex::new(Vec::new()),
+            failures: FailureLog {
+                last: Mutex::new((None, 0)),
+            },
             reservations: Mutex::new(reservations),
             dev,
             cfg,

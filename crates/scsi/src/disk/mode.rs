@@ -5,7 +5,7 @@
 
 use ethersan_backend::BlockDeviceExt;
 
-use super::{backend_sense, CmdResult, LogicalUnit, Reply};
+use super::{CmdResult, LogicalUnit, Reply};
 use crate::be::be16;
 use crate::sense::{codes, Sense};
 use crate::Nexus;
@@ -234,7 +234,9 @@ impl LogicalUnit {
                 .raise_all(codes::MODE_PARAMETERS_CHANGED, Some(nexus));
             if was_wce && !m.wce {
                 // Turning the cache off: what was cached must be durable now.
-                self.dev.flush().map_err(|e| backend_sense(&e, true))?;
+                self.dev
+                    .flush()
+                    .map_err(|e| self.medium_error(&e, true, None))?;
             }
         }
         Reply::none()

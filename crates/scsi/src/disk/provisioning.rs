@@ -2,8 +2,7 @@
 //! GET LBA STATUS. UNMAP is offered only when the backend can deallocate.
 
 use super::{
-    backend_sense, CmdResult, LogicalUnit, Reply, MAX_TRANSFER_BYTES, MAX_UNMAP_BLOCKS,
-    MAX_UNMAP_DESCRIPTORS,
+    CmdResult, LogicalUnit, Reply, MAX_TRANSFER_BYTES, MAX_UNMAP_BLOCKS, MAX_UNMAP_DESCRIPTORS,
 };
 use ethersan_backend::BlockDeviceExt;
 
@@ -75,9 +74,11 @@ impl LogicalUnit {
         if unmap && self.dev.thin_provisioned() {
             self.dev
                 .unmap(off, len)
-                .map_err(|e| backend_sense(&e, true))?;
+                .map_err(|e| self.medium_error(&e, true, Some((off, len))))?;
             if self.fua(&c) {
-                self.dev.flush().map_err(|e| backend_sense(&e, true))?;
+                self.dev
+                    .flush()
+                    .map_err(|e| self.medium_error(&e, true, None))?;
             }
             return Reply::none();
         }
@@ -90,7 +91,10 @@ impl LogicalUnit {
             let k = (n - done).min(per_chunk as u64) as usize;
             self.dev
                 .write_at(off + done * bs as u64, &chunk[..k * bs], fua)
-                .map_err(|e| backend_sense(&e, true))?;
+                .map_err(|e| {
+                    let at = off + done * bs as u64;
+                    self.medium_error(&e, true, Some((at, (k * bs) as u64)))
+                })?;
             done += k as u64;
         }
         Reply::none()
@@ -140,7 +144,7 @@ impl LogicalUnit {
             let _held = self.vol.ranges().lock(off, len, false);
             self.dev
                 .unmap(off, len)
-                .map_err(|e| backend_sense(&e, true))?;
+                .map_err(|e| self.medium_error(&e, true, Some((off, len))))?;
         }
         Reply::none()
     }
@@ -162,7 +166,7 @@ impl LogicalUnit {
             let (mapped, bytes) = self
                 .dev
                 .lba_status(at * bs, left)
-                .map_err(|e| backend_sense(&e, false))?;
+                .map_err(|e| self.medium_error(&e, false, Some((at * bs, left))))?;
             let blocks = (bytes / bs).max(1).min(cap - at);
             descs.extend_from_slice(&at.to_be_bytes());
             descs.extend_from_slice(&(blocks as u32).to_be_bytes());

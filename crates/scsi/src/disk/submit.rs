@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use ethersan_backend::{IoCompletion, IoResult, Submission};
 
-use super::{backend_sense, CmdResult, LogicalUnit, Reply};
+use super::{CmdResult, LogicalUnit, Reply};
 use crate::cdb::BlockCdb;
 use crate::commands::{CommandDef, Op};
 use crate::sense::codes;
@@ -59,43 +59,64 @@ impl LogicalUnit {
         let data_out_len = self.reported_data_out_len(def, &cmd.cdb);
         let write = def.op != Op::Read;
         let now = |result: CmdResult| Submitted::Done(self.respond(result, data_out_len));
-        let lu = self.clone();
-        let completion: IoCompletion =
-            Box::new(move |r| done(lu.io_response(r, write, data_out_len)));
         let bs = self.bs();
-        let submitted = match def.op {
+        // What to do, checked before anything is submitted: the byte range
+        // (for a failure's log line) and the request.
+        enum Plan {
+            Flush,
+            Read(u64, usize),
+            Write(u64, usize, bool),
+        }
+        let plan = match def.op {
             // Range-checked, then the whole device is flushed (the engine
             // has no ranged flush). IMMED is honoured by completing only
             // after the flush, which the standard allows.
             Op::SyncCache => match self.cache_range(&BlockCdb::parse(&cmd.cdb)) {
                 Err(s) => return now(Err(s)),
-                Ok(_) => Ok(self.vol.flush(completion)),
+                Ok(_) => Plan::Flush,
             },
             Op::Read => match self.read_plan(&cmd.cdb) {
                 Err(s) => return now(Err(s)),
                 Ok((_, 0)) => return now(Reply::none()),
-                Ok((off, len)) => self
-                    .vol
-                    .read(off / bs, len as u64 / bs, Vec::new(), completion),
+                Ok((off, len)) => Plan::Read(off, len),
             },
             _ => {
                 let verify = def.op == Op::WriteVerify;
                 match self.write_plan(&cmd.cdb, &cmd.data_out, verify) {
                     Err(s) => return now(Err(s)),
                     Ok((_, 0, _)) => return now(Reply::none()),
-                    Ok((off, have, fua)) => {
-                        self.vol
-                            .write(off / bs, have as u64 / bs, cmd.data_out, fua, completion)
-                    }
+                    Ok((off, have, fua)) => Plan::Write(off, have, fua),
                 }
             }
         };
+        let range = match plan {
+            Plan::Flush => None,
+            Plan::Read(off, len) | Plan::Write(off, len, _) => Some((off, len as u64)),
+        };
+        let lu = self.clone();
+        let completion: IoCompletion =
+            Box::new(move |r| done(lu.io_response(r, write, data_out_len, range)));
+        let submitted = match plan {
+            Plan::Flush => Ok(self.vol.flush(completion)),
+            Plan::Read(off, len) => {
+                self.vol
+                    .read(off / bs, len as u64 / bs, Vec::new(), completion)
+            }
+            Plan::Write(off, have, fua) => {
+                self.vol
+                    .write(off / bs, have as u64 / bs, cmd.data_out, fua, completion)
+            }
+        };
         match submitted {
-            Ok(Submission::Done(r)) => Submitted::Done(self.io_response(r, write, data_out_len)),
+            Ok(Submission::Done(r)) => {
+                Submitted::Done(self.io_response(r, write, data_out_len, range))
+            }
             Ok(Submission::Pending) => Submitted::Pending,
             Ok(Submission::Blocking(job)) => {
                 let lu = self.clone();
-                Submitted::Blocking(Box::new(move || lu.io_response(job(), write, data_out_len)))
+                Submitted::Blocking(Box::new(move || {
+                    lu.io_response(job(), write, data_out_len, range)
+                }))
             }
             // The plans above checked what the volume checks.
             Err(_) => now(Err(codes::LBA_OUT_OF_RANGE)),
@@ -103,11 +124,17 @@ impl LogicalUnit {
     }
 
     /// The response for an engine outcome.
-    fn io_response(&self, r: IoResult, write: bool, data_out_len: Option<usize>) -> ScsiResponse {
+    fn io_response(
+        &self,
+        r: IoResult,
+        write: bool,
+        data_out_len: Option<usize>,
+        range: Option<(u64, u64)>,
+    ) -> ScsiResponse {
         let result = match r {
             Ok(data) if !write => Ok(Reply { data }),
             Ok(_) => Reply::none(),
-            Err(e) => Err(backend_sense(&e, write)),
+            Err(e) => Err(self.medium_error(&e, write, range)),
         };
         self.respond(result, data_out_len)
     }
