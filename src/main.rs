@@ -34,8 +34,26 @@ mod cp;
 #[derive(Parser, Debug)]
 #[command(name = "ethersan", version, about)]
 struct Cli {
+    /// Log lines for people (human, the default) or one JSON object per
+    /// line for log collectors (json). The level: $ETHERSAN_LOG (info).
+    #[arg(
+        long,
+        value_name = "human|json",
+        default_value = "human",
+        global = true
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Text for people.
+    Human,
+    /// One JSON object per line.
+    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -308,7 +326,7 @@ fn say(args: std::fmt::Arguments) {
     let _ = writeln!(std::io::stderr(), "{args}");
 }
 
-async fn serve(cfg: Config) -> anyhow::Result<()> {
+async fn serve(cfg: Config, json_logs: bool) -> anyhow::Result<()> {
     let data_dir = &cfg.options.data_dir;
     tracing::info!(
         "data directory {}",
@@ -319,10 +337,16 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
     make_data_dir(&cfg)?;
     let server = Server::bind(&cfg).await?;
     let addrs = server.local_addrs();
-    for addr in &addrs {
+    if json_logs {
+        // Log collectors get events, not a banner.
+        for addr in &addrs {
+            tracing::info!(portal = %addr, "listening");
+        }
+    }
+    for addr in addrs.iter().filter(|_| !json_logs) {
         say(format_args!("ethersan: listening on {addr}"));
     }
-    if let (Some(addr), Some(t)) = (addrs.first(), cfg.targets.first()) {
+    if let (Some(addr), Some(t), false) = (addrs.first(), cfg.targets.first(), json_logs) {
         say(format_args!(
             "ethersan: connect with\n  libiscsi/QEMU: iscsi://{addr}/{name}/0\n  open-iscsi:    iscsiadm -m discovery -t sendtargets -p {addr}\n                 iscsiadm -m node -T {name} -p {addr} --login",
             name = t.name
@@ -346,13 +370,18 @@ async fn serve(cfg: Config) -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_env("ETHERSAN_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
         )
-        .with_writer(|| QuietStderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_writer(|| QuietStderr);
+    match cli.log_format {
+        LogFormat::Human => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        // Without the Rust module as `target`: the target's name is a field.
+        LogFormat::Json => logs.json().flatten_event(true).with_target(false).init(),
+    }
     // The server's configuration decides how many worker threads run.
     let mut serve_cfg = None;
     let mut workers = 0;
@@ -407,7 +436,13 @@ fn main() -> ExitCode {
     }
     let result = rt.block_on(async {
         match cli.command {
-            Command::Serve(_) => serve(serve_cfg.take().expect("parsed above")).await,
+            Command::Serve(_) => {
+                serve(
+                    serve_cfg.take().expect("parsed above"),
+                    cli.log_format == LogFormat::Json,
+                )
+                .await
+            }
             Command::Discover { portal, json, chap } => {
                 client::cmd_discover(&portal, json, chap.as_deref()).await
             }

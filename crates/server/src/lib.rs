@@ -424,7 +424,15 @@ async fn serve_stream<R, W>(
         }
     };
     let p = &outcome.params;
-    info!(%peer, initiator = %p.initiator_name, target = ?outcome.target.as_ref().map(|t| &t.name), isid = ?outcome.isid, "session started");
+    let target = outcome
+        .target
+        .as_ref()
+        .map_or("(discovery)", |t| t.name.as_str());
+    let isid = outcome.isid.iter().fold(String::from("0x"), |mut s, b| {
+        s.push_str(&format!("{b:02x}"));
+        s
+    });
+    info!(%peer, initiator = %p.initiator_name, target = %target, isid = %isid, "session started");
     reader.framer = p.target_framer();
     let _ = out.send(wire::WriterMsg::Digests {
         header: p.header_digest,

@@ -330,7 +330,7 @@ impl Session {
         }
         let resp = finished.response;
         if resp.status != ScsiStatus::Good {
-            debug!(session = self.setup.id, itt, opcode = task.cmd.cdb[0], status = ?resp.status, sense = ?resp.sense.get(..14), "command failed");
+            debug!(session = self.setup.id, itt = format_args!("{itt:#x}"), opcode = format_args!("{:#04x}", task.cmd.cdb[0]), status = ?resp.status, sense = %SenseSummary(&resp.sense), "command failed");
         }
         if !finished.preempted.is_empty() {
             self.abort_preempted(lun_from_wire(task.cmd.lun), finished.preempted);
@@ -478,5 +478,44 @@ impl Drop for HeldData {
         if let Some((n, releases)) = self.release.take() {
             releases.release(n);
         }
+    }
+}
+
+/// Sense data for a log line: `KEY/ASCh/ASCQh` (`6/29h/00h`), from fixed
+/// or descriptor format; `none` without sense data.
+struct SenseSummary<'a>(&'a [u8]);
+
+impl std::fmt::Display for SenseSummary<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let b = self.0;
+        let fields = match b.first().map(|c| c & 0x7f) {
+            Some(0x70 | 0x71) if b.len() >= 14 => Some((b[2] & 0xf, b[12], b[13])),
+            Some(0x72 | 0x73) if b.len() >= 4 => Some((b[1] & 0xf, b[2], b[3])),
+            _ => None,
+        };
+        match fields {
+            Some((key, asc, ascq)) => write!(f, "{key:x}/{asc:02x}h/{ascq:02x}h"),
+            None if b.is_empty() => f.write_str("none"),
+            None => write!(f, "{} bytes, unknown format", b.len()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod sense_summary_tests {
+    use super::SenseSummary;
+
+    #[test]
+    fn sense_is_logged_as_key_asc_ascq() {
+        let mut fixed = vec![0u8; 18];
+        fixed[0] = 0x70;
+        fixed[2] = 0x06;
+        fixed[12] = 0x29;
+        assert_eq!(SenseSummary(&fixed).to_string(), "6/29h/00h");
+        assert_eq!(
+            SenseSummary(&[0x72, 0x05, 0x24, 0x01]).to_string(),
+            "5/24h/01h"
+        );
+        assert_eq!(SenseSummary(&[]).to_string(), "none");
     }
 }
