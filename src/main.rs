@@ -11,6 +11,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
@@ -272,6 +273,54 @@ fn make_data_dir(cfg: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Tell the service manager (systemd's `$NOTIFY_SOCKET`) how the server
+/// is; without a service manager, nothing.
+fn notify(state: &[sd_notify::NotifyState]) {
+    if let Err(e) = sd_notify::notify(state) {
+        tracing::warn!("cannot notify the service manager: {e}");
+    }
+}
+
+/// SIGHUP: apply the configuration file again (with `--config`), then
+/// look at every LUN's size again.
+fn reload(
+    registry: &ethersan_server::registry::Registry,
+    reloader: &ethersan_server::reload::Reloader,
+    file: Option<&std::path::Path>,
+) {
+    let now = sd_notify::NotifyState::monotonic_usec_now().ok();
+    let mut states = vec![sd_notify::NotifyState::Reloading];
+    states.extend(now);
+    notify(&states);
+    if let Some(path) = file {
+        match Config::from_toml_file(path)
+            .map_err(anyhow::Error::from)
+            .and_then(|c| Ok(reloader.apply(c)?))
+        {
+            Ok(r) => {
+                for c in &r.changed {
+                    tracing::info!("reload: {c}");
+                }
+                if r.changed.is_empty() {
+                    tracing::info!("reload: {} has no changes to apply", path.display());
+                }
+                if !r.needs_restart.is_empty() {
+                    tracing::warn!(
+                        "reload: changes to {} take effect at the next restart",
+                        r.needs_restart.join(" and ")
+                    );
+                }
+            }
+            Err(e) => tracing::error!(
+                "reload of {} failed, nothing changed: {e:#}",
+                path.display()
+            ),
+        }
+    }
+    registry.rescan_capacity();
+    notify(&[sd_notify::NotifyState::Ready]);
+}
+
 /// `serve --check`: what would be served, or the first thing wrong.
 fn check(cfg: &Config) -> anyhow::Result<()> {
     let mut out = String::new();
@@ -326,7 +375,7 @@ fn say(args: std::fmt::Arguments) {
     let _ = writeln!(std::io::stderr(), "{args}");
 }
 
-async fn serve(cfg: Config, json_logs: bool) -> anyhow::Result<()> {
+async fn serve(cfg: Config, json_logs: bool, config_file: Option<PathBuf>) -> anyhow::Result<()> {
     let data_dir = &cfg.options.data_dir;
     tracing::info!(
         "data directory {}",
@@ -352,19 +401,40 @@ async fn serve(cfg: Config, json_logs: bool) -> anyhow::Result<()> {
             name = t.name
         ));
     }
-    // SIGHUP: look at the LUNs' sizes again (after growing a backing file).
+    // SIGHUP: read the configuration file again and apply what changed,
+    // and look at the LUNs' sizes again (after growing a backing file).
     #[cfg(unix)]
     {
         let registry = server.registry().clone();
+        let reloader = Arc::new(server.reloader());
         let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
         tokio::spawn(async move {
             while hup.recv().await.is_some() {
-                let r = registry.clone();
-                let _ = tokio::task::spawn_blocking(move || r.rescan_capacity()).await;
+                let (r, reloader, file) = (registry.clone(), reloader.clone(), config_file.clone());
+                let _ = tokio::task::spawn_blocking(move || reload(&r, &reloader, file.as_deref()))
+                    .await;
             }
         });
     }
-    server.run(shutdown_signal()).await;
+    // The service manager learns that every portal listens (Type=notify).
+    notify(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status(&format!(
+            "serving {} target(s) on {}",
+            cfg.targets.len(),
+            addrs
+                .iter()
+                .map(|a| a.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    ]);
+    server
+        .run(async {
+            shutdown_signal().await;
+            notify(&[sd_notify::NotifyState::Stopping]);
+        })
+        .await;
     Ok(())
 }
 
@@ -436,10 +506,11 @@ fn main() -> ExitCode {
     }
     let result = rt.block_on(async {
         match cli.command {
-            Command::Serve(_) => {
+            Command::Serve(a) => {
                 serve(
                     serve_cfg.take().expect("parsed above"),
                     cli.log_format == LogFormat::Json,
+                    a.config,
                 )
                 .await
             }

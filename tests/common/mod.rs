@@ -102,7 +102,13 @@ impl Server {
 
     /// [`start_args`](Self::start_args) in working directory `cwd`.
     pub fn start_args_in(args: &[String], cwd: Option<&Path>) -> Server {
+        Server::start_args_env(args, cwd, &[])
+    }
+
+    /// [`start_args_in`](Self::start_args_in) with more environment variables.
+    pub fn start_args_env(args: &[String], cwd: Option<&Path>, env: &[(&str, &str)]) -> Server {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_ethersan"));
+        cmd.envs(env.iter().copied());
         if let Some(dir) = cwd {
             cmd.current_dir(dir);
         }

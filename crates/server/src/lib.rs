@@ -15,6 +15,7 @@ pub mod limits;
 mod login;
 mod placement;
 pub mod registry;
+pub mod reload;
 mod session;
 mod wire;
 
@@ -23,7 +24,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ethersan_backend::{BlockDevice, BlockDeviceExt};
+use arc_swap::ArcSwap;
+use ethersan_backend::BlockDeviceExt;
 use ethersan_proto::negotiate::TargetSettings;
 use ethersan_scsi::{LogicalUnit, LuConfig, LunMap, LunPolicy, LunSlot, Nexus};
 use tokio::net::{TcpListener, TcpStream};
@@ -72,75 +74,19 @@ pub enum ServerError {
 pub struct Server {
     registry: Arc<Registry>,
     listeners: Vec<TcpListener>,
-    devices: Vec<Arc<dyn BlockDevice>>,
     options: Options,
-    settings: Arc<TargetSettings>,
+    /// Login settings (CHAP, digests, limits): swapped by a reload, read
+    /// once per connection.
+    settings: Arc<ArcSwap<TargetSettings>>,
+    config: Config,
 }
 
 impl Server {
     /// Open every backend, build the targets and bind every portal.
     pub async fn bind(config: &Config) -> Result<Server, ServerError> {
         let mut targets = Vec::new();
-        let mut devices = Vec::new();
         for t in &config.targets {
-            let mut luns = LunMap::new();
-            for (i, l) in t.luns.iter().enumerate() {
-                let dev = l.open().map_err(|source| ServerError::Backend {
-                    target: t.name.clone(),
-                    lun: i,
-                    cause: source,
-                })?;
-                let (id, origin) =
-                    identity::resolve(l, &config.options.data_dir).map_err(|source| {
-                        ServerError::Identity {
-                            target: t.name.clone(),
-                            lun: i,
-                            cause: source,
-                        }
-                    })?;
-                let (naa, serial) = (id.naa, id.serial);
-                let cfg = LuConfig {
-                    read_only: l.read_only,
-                    removable: l.removable,
-                    vendor: "ETHERSAN".to_string(),
-                    product: "ethersan disk".to_string(),
-                    revision: "0001".to_string(),
-                    serial,
-                    naa,
-                    target_name: t.name.clone(),
-                    write_cache: l.write_cache,
-                    physical_block_size: l.physical_block_size,
-                    sanitize_rate: l.sanitize_rate,
-                    // APTPL state lives beside a regular file LUN's backing file.
-                    pr_state_file: match &l.backing {
-                        config::Backing::File { path, .. } if path.is_file() => {
-                            let mut p = path.clone().into_os_string();
-                            p.push(".pr");
-                            Some(p.into())
-                        }
-                        _ => None,
-                    },
-                };
-                info!(target = %t.name, lun = i, backend = %dev.describe(), naa = %config::format_naa(&naa), serial = %cfg.serial, identity = %origin, "logical unit ready");
-                devices.push(dev.clone());
-                let policy = LunPolicy {
-                    visible_to: t.access.luns.get(i).cloned().unwrap_or_default(),
-                    read_only_for: t.access.read_only.get(i).cloned().unwrap_or_default(),
-                };
-                luns.insert(
-                    i as u64,
-                    LunSlot {
-                        lu: Arc::new(LogicalUnit::new(dev, cfg)),
-                        policy,
-                    },
-                );
-            }
-            targets.push(Arc::new(TargetEntry::new(
-                t.name.clone(),
-                t.alias.clone(),
-                luns,
-                Arc::new(t.access.clone()),
-            )));
+            targets.push(Arc::new(build_target(t, &config.options.data_dir)?));
         }
         let mut listeners = Vec::new();
         let mut addrs = Vec::new();
@@ -155,14 +101,24 @@ impl Server {
             listeners.push(l);
         }
         let registry = Arc::new(Registry::new(targets, addrs));
-        let settings = Arc::new(target_settings(config));
+        let settings = Arc::new(ArcSwap::from_pointee(target_settings(config)));
         Ok(Server {
             registry,
             listeners,
-            devices,
             options: config.options.clone(),
             settings,
+            config: config.clone(),
         })
+    }
+
+    /// What applies a changed configuration to this server while it runs
+    /// (SIGHUP); see [`reload`].
+    pub fn reloader(&self) -> reload::Reloader {
+        reload::Reloader::new(
+            self.registry.clone(),
+            self.settings.clone(),
+            self.config.clone(),
+        )
     }
 
     /// The bound portal addresses (with the real port when 0 was asked for).
@@ -191,7 +147,7 @@ impl Server {
             peer.to_string(),
             self.registry.clone(),
             self.options.clone(),
-            self.settings.clone(),
+            self.settings.load_full(),
         )
         .await
     }
@@ -254,7 +210,9 @@ impl Server {
                             }
                             let registry = registry.clone();
                             let options = options.clone();
-                            let settings = settings.clone();
+                            // The settings of the moment: a reload applies
+                            // to the connections after it.
+                            let settings = settings.load_full();
                             match &placement {
                                 // The socket moves to the worker's own reactor.
                                 Some(p) => match sock.into_std() {
@@ -298,13 +256,84 @@ impl Server {
         while self.registry.session_count() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        for d in &self.devices {
-            if let Err(e) = d.flush() {
-                warn!(%e, backend = %d.describe(), "flush at shutdown failed");
+        for t in self.registry.targets().iter() {
+            for slot in t.scsi.luns().values() {
+                let d = slot.lu.device();
+                if let Err(e) = d.flush() {
+                    warn!(%e, backend = %d.describe(), "flush at shutdown failed");
+                }
             }
         }
         info!("stopped");
     }
+}
+
+/// A target with its LUNs opened, as `t` configures it.
+fn build_target(
+    t: &config::TargetConfig,
+    data_dir: &std::path::Path,
+) -> Result<TargetEntry, ServerError> {
+    let mut luns = LunMap::new();
+    for (i, l) in t.luns.iter().enumerate() {
+        luns.insert(i as u64, open_lun(t, i, l, data_dir)?);
+    }
+    Ok(TargetEntry::new(
+        t.name.clone(),
+        t.alias.clone(),
+        luns,
+        Arc::new(t.access.clone()),
+    ))
+}
+
+/// LUN `i` of target `t`: its store opened, its identity resolved.
+fn open_lun(
+    t: &config::TargetConfig,
+    i: usize,
+    l: &config::LunConfig,
+    data_dir: &std::path::Path,
+) -> Result<LunSlot, ServerError> {
+    let dev = l.open().map_err(|source| ServerError::Backend {
+        target: t.name.clone(),
+        lun: i,
+        cause: source,
+    })?;
+    let (id, origin) = identity::resolve(l, data_dir).map_err(|source| ServerError::Identity {
+        target: t.name.clone(),
+        lun: i,
+        cause: source,
+    })?;
+    let (naa, serial) = (id.naa, id.serial);
+    let cfg = LuConfig {
+        read_only: l.read_only,
+        removable: l.removable,
+        vendor: "ETHERSAN".to_string(),
+        product: "ethersan disk".to_string(),
+        revision: "0001".to_string(),
+        serial,
+        naa,
+        target_name: t.name.clone(),
+        write_cache: l.write_cache,
+        physical_block_size: l.physical_block_size,
+        sanitize_rate: l.sanitize_rate,
+        // APTPL state lives beside a regular file LUN's backing file.
+        pr_state_file: match &l.backing {
+            config::Backing::File { path, .. } if path.is_file() => {
+                let mut p = path.clone().into_os_string();
+                p.push(".pr");
+                Some(p.into())
+            }
+            _ => None,
+        },
+    };
+    info!(target = %t.name, lun = i, backend = %dev.describe(), naa = %config::format_naa(&naa), serial = %cfg.serial, identity = %origin, "logical unit ready");
+    let policy = LunPolicy {
+        visible_to: t.access.luns.get(i).cloned().unwrap_or_default(),
+        read_only_for: t.access.read_only.get(i).cloned().unwrap_or_default(),
+    };
+    Ok(LunSlot {
+        lu: Arc::new(LogicalUnit::new(dev, cfg)),
+        policy,
+    })
 }
 
 fn digests(list: &str) -> Vec<ethersan_proto::negotiate::Digest> {
