@@ -97,6 +97,16 @@ enum Command {
     Cp(cp::CpArgs),
     /// Load-generate against a LUN or a local file/block device: IOPS, MB/s, latency.
     Bench(bench::BenchArgs),
+    /// Print shell completions: ethersan completions bash > /etc/bash_completion.d/ethersan
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Print a manual page (roff): ethersan man > /usr/local/share/man/man1/ethersan.1; ethersan man serve > …/ethersan-serve.1
+    Man {
+        /// A subcommand's page (serve, cp, bench…) instead of the main one.
+        subcommand: Option<String>,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -369,6 +379,19 @@ impl std::io::Write for QuietStderr {
     }
 }
 
+/// Write generated text to stdout; a closed pipe is an error, not a panic.
+fn print_out(bytes: &[u8]) -> ExitCode {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    match o.write_all(bytes).and_then(|()| o.flush()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            say(format_args!("ethersan: write stdout: {e}"));
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// Print to stderr; a closed stderr is not an error worth a panic.
 fn say(args: std::fmt::Arguments) {
     use std::io::Write;
@@ -440,6 +463,42 @@ async fn serve(cfg: Config, json_logs: bool, config_file: Option<PathBuf>) -> an
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Generated from the command-line definitions; no runtime needed.
+    match &cli.command {
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            let mut out = Vec::new();
+            clap_complete::generate(*shell, &mut cmd, "ethersan", &mut out);
+            return print_out(&out);
+        }
+        Command::Man { subcommand } => {
+            let mut out = Vec::new();
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            if let Some(name) = subcommand {
+                cmd.build();
+                let Some(sub) = cmd.find_subcommand(name).cloned() else {
+                    let names: Vec<_> = cmd
+                        .get_subcommands()
+                        .map(|c| c.get_name().to_string())
+                        .collect();
+                    say(format_args!(
+                        "ethersan: no subcommand {name:?}; the manual has pages for {}",
+                        names.join(", ")
+                    ));
+                    return ExitCode::FAILURE;
+                };
+                // clap names a command with a static string; this runs once.
+                let page: &'static str = Box::leak(format!("ethersan-{name}").into_boxed_str());
+                cmd = sub.name(page);
+            }
+            if let Err(e) = clap_mangen::Man::new(cmd).render(&mut out) {
+                say(format_args!("ethersan: cannot render the manual page: {e}"));
+                return ExitCode::FAILURE;
+            }
+            return print_out(&out);
+        }
+        _ => {}
+    }
     let logs = tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_env("ETHERSAN_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
@@ -521,6 +580,9 @@ fn main() -> ExitCode {
             Command::Inquiry { url, json } => client::cmd_inquiry(&url, json).await,
             Command::Cp(a) => cp::cmd_cp(a).await,
             Command::Bench(a) => bench::cmd_bench(a).await,
+            Command::Completions { .. } | Command::Man { .. } => {
+                unreachable!("handled before the runtime")
+            }
         }
     });
     match result {

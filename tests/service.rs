@@ -188,3 +188,47 @@ fn readiness_reload_and_stop_are_notified_and_sighup_applies_the_file() {
         "{log:?}"
     );
 }
+
+#[test]
+fn completions_and_manual_pages_are_generated() {
+    // bash loads the completion and registers it for ethersan.
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "source <({} completions bash) && complete -p ethersan",
+            env!("CARGO_BIN_EXE_ethersan")
+        ))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("ethersan"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bash = ok(&ethersan(&["completions", "bash"]));
+    for word in ["serve", "--lun", "--check", "cp", "bench", "--log-format"] {
+        assert!(bash.contains(word), "bash completion lacks {word}");
+    }
+    assert!(ok(&ethersan(&["completions", "zsh"])).starts_with("#compdef ethersan"));
+    assert!(ok(&ethersan(&["completions", "fish"])).contains("complete -c ethersan"));
+    // The manual: the main page and one per subcommand.
+    let man = ok(&ethersan(&["man"]));
+    assert!(
+        man.contains(".TH ethersan 1") && man.contains("serve"),
+        "{man}"
+    );
+    let serve = ok(&ethersan(&["man", "serve"]));
+    assert!(
+        serve.contains(".TH ethersan-serve 1") && serve.contains("lun"),
+        "{serve}"
+    );
+    let out = ethersan(&["man", "nope"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("no subcommand \"nope\"")
+            && err.contains("serve, discover"),
+        "{err}"
+    );
+}
