@@ -349,7 +349,9 @@ impl FileDevice {
         if !exists {
             tracing::info!(
                 "created {}, {}, {}",
-                path.display(),
+                std::path::absolute(path)
+                    .unwrap_or_else(|_| path.to_path_buf())
+                    .display(),
                 human_bytes(size),
                 if thin { "sparse" } else { "allocated" }
             );
