@@ -87,10 +87,12 @@ pub(crate) struct BenchArgs {
     /// `direct = true`.
     #[arg(long)]
     direct: bool,
+    #[command(flatten)]
+    connect: crate::blockio::ConnectArgs,
 }
 
 /// A duration: a number with an optional ms, s or m suffix (seconds by default).
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     let (num, scale) = if let Some(n) = t.strip_suffix("ms") {
         (n, 0.001)
@@ -294,7 +296,7 @@ async fn open_engine(a: &BenchArgs) -> anyhow::Result<(Engine, &'static str)> {
         let url = IscsiUrl::parse(&a.target)?;
         let mut luns = Vec::with_capacity(usize::from(a.sessions));
         for _ in 0..a.sessions {
-            let session = login(&url).await?;
+            let session = login(&url, &a.connect).await?;
             luns.push(Lun::on(session, url.lun).await?);
         }
         return Ok((Engine::Iscsi(luns), "iscsi"));
@@ -330,7 +332,15 @@ pub(crate) async fn run(a: &BenchArgs) -> anyhow::Result<Report> {
     if a.bs == 0 || !a.bs.is_multiple_of(block) {
         bail!("--bs {} is not a multiple of the block size {block}", a.bs);
     }
-    let span = a.size.unwrap_or(engine.capacity()).min(engine.capacity());
+    let span = match a.size {
+        Some(n) if n > engine.capacity() => bail!(
+            "--size {n} is more than the target holds ({} bytes): give --size {} or less",
+            engine.capacity(),
+            engine.capacity()
+        ),
+        Some(n) => n,
+        None => engine.capacity(),
+    };
     let slots = span / a.bs;
     if slots == 0 {
         bail!(

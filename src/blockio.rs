@@ -47,7 +47,10 @@ pub(crate) fn check(what: &str, r: &CommandResult) -> anyhow::Result<()> {
         (0x28, _) => bail!("{what}: TASK SET FULL"),
         (_, Some((key, asc, ascq))) => {
             let hint = match (key, asc, ascq) {
+                (0x7, 0x27, 0x07) => " — the target's backing store is out of space (free space on the server's filesystem)",
                 (0x7, 0x27, _) => " — the LUN is read-only",
+                (0x3, 0x11, _) => " — the target could not read its backing store (see the server's log)",
+                (0x3, 0x0c, _) => " — the target could not write its backing store (see the server's log)",
                 (0x2, 0x3a, _) => " — no medium (ejected)",
                 (0x5, 0x21, _) => " — address beyond the end of the LUN",
                 (0x5, 0x25, _) => " — no such LUN",
@@ -62,26 +65,121 @@ pub(crate) fn check(what: &str, r: &CommandResult) -> anyhow::Result<()> {
     }
 }
 
-/// CHAP credentials from `iscsi://user%secret@...`.
-pub(crate) fn chap_from_url(url: &IscsiUrl) -> anyhow::Result<Option<Credentials>> {
-    match (&url.user, &url.secret) {
-        (None, _) => Ok(None),
-        (Some(u), Some(s)) => Credentials::new(u, s.as_bytes())
-            .map(Some)
-            .map_err(|e| anyhow::anyhow!("CHAP in the URL: {e}")),
-        (Some(_), None) => {
-            bail!("the URL names a CHAP user but no secret: iscsi://user%secret@host/...")
-        }
+/// How the client logs in: CHAP (in the URL or here), mutual CHAP, and
+/// how long it waits. Every subcommand that talks to a target takes these.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub(crate) struct ConnectArgs {
+    /// Log in with CHAP as USER:SECRET (also $ETHERSAN_CHAP); credentials
+    /// in the URL (iscsi://USER%SECRET@host/...) win.
+    #[arg(
+        long,
+        value_name = "USER:SECRET",
+        env = "ETHERSAN_CHAP",
+        hide_env_values = true
+    )]
+    pub chap: Option<String>,
+    /// Mutual CHAP: the target must prove itself as USER:SECRET (also
+    /// $ETHERSAN_MUTUAL_CHAP); ?target_user=U&target_password=P in the URL
+    /// wins.
+    #[arg(
+        long,
+        value_name = "USER:SECRET",
+        env = "ETHERSAN_MUTUAL_CHAP",
+        hide_env_values = true
+    )]
+    pub mutual_chap: Option<String>,
+    /// Longest wait for the connection, the login, each command and the
+    /// logout (e.g. 30s, 500ms, 2m; 0: forever). A command that times out
+    /// closes its session. Also $ETHERSAN_TIMEOUT.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        env = "ETHERSAN_TIMEOUT",
+        default_value = "30s",
+        value_parser = parse_timeout
+    )]
+    pub timeout: Timeout,
+}
+
+/// `--timeout`: `None` waits forever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Timeout(pub Option<std::time::Duration>);
+
+impl Default for Timeout {
+    fn default() -> Self {
+        Timeout(Some(ethersan_initiator::DEFAULT_TIMEOUT))
     }
 }
 
-/// Mutual CHAP: the target's USER:SECRET from `$ETHERSAN_MUTUAL_CHAP`.
-pub(crate) fn mutual_chap_from_env() -> anyhow::Result<Option<Credentials>> {
-    match std::env::var("ETHERSAN_MUTUAL_CHAP") {
-        Ok(v) => Credentials::parse(&v)
-            .map(Some)
-            .map_err(|e| anyhow::anyhow!("ETHERSAN_MUTUAL_CHAP: {e}")),
-        Err(_) => Ok(None),
+fn parse_timeout(s: &str) -> Result<Timeout, String> {
+    let digits = s.trim().trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    if digits.trim().parse::<f64>() == Ok(0.0) {
+        return Ok(Timeout(None));
+    }
+    crate::bench::parse_duration(s).map(|d| Timeout(Some(d)))
+}
+
+impl ConnectArgs {
+    /// Login options for `url` (`None`: a discovery session), with the
+    /// URL's credentials before the flags'.
+    pub(crate) fn options(&self, url: Option<&IscsiUrl>) -> anyhow::Result<LoginOptions> {
+        let chap = match url.and_then(|u| u.user.as_ref().map(|user| (user, &u.secret))) {
+            Some((user, Some(secret))) => Some(
+                Credentials::new(user, secret.as_bytes())
+                    .map_err(|e| anyhow::anyhow!("CHAP in the URL: {e}"))?,
+            ),
+            Some((_, None)) => {
+                bail!("the URL names a CHAP user but no secret: write iscsi://USER%SECRET@host/... or give --chap USER:SECRET")
+            }
+            None => match &self.chap {
+                Some(c) => Some(Credentials::parse(c).map_err(|e| anyhow::anyhow!("--chap: {e}"))?),
+                None => None,
+            },
+        };
+        let target_chap = match url.map(|u| (&u.target_user, &u.target_secret)) {
+            Some((Some(user), Some(secret))) => Some(
+                Credentials::new(user, secret.as_bytes())
+                    .map_err(|e| anyhow::anyhow!("mutual CHAP in the URL: {e}"))?,
+            ),
+            Some((Some(_), None)) | Some((None, Some(_))) => {
+                bail!("the URL's mutual CHAP needs both target_user and target_password")
+            }
+            _ => match &self.mutual_chap {
+                Some(c) => {
+                    Some(Credentials::parse(c).map_err(|e| anyhow::anyhow!("--mutual-chap: {e}"))?)
+                }
+                None => None,
+            },
+        };
+        if target_chap.is_some() && chap.is_none() {
+            bail!("mutual CHAP (--mutual-chap, $ETHERSAN_MUTUAL_CHAP or target_user in the URL) needs CHAP credentials of our own too: add --chap USER:SECRET");
+        }
+        Ok(LoginOptions {
+            initiator_name: CLIENT_IQN.to_string(),
+            target_name: url.map(|u| u.target.clone()),
+            chap,
+            target_chap,
+            timeout: self.timeout.0,
+            ..Default::default()
+        })
+    }
+}
+
+/// The error of a failed login to `target` at `portal`, with what to do.
+pub(crate) fn login_error(e: ethersan_initiator::Error, what: &str, portal: &str) -> anyhow::Error {
+    use ethersan_initiator::Error as E;
+    match &e {
+        E::Auth(_) => anyhow::anyhow!("{what} at {portal} failed: {e}"),
+        E::LoginRefused {
+            class: 2, detail: 1, ..
+        } => anyhow::anyhow!(
+            "{what} at {portal} refused: {e} (give CHAP credentials with --chap USER:SECRET, $ETHERSAN_CHAP or iscsi://USER%SECRET@host/..., and check them)"
+        ),
+        E::LoginRefused { .. } => anyhow::anyhow!("{what} at {portal} refused: {e}"),
+        E::Timeout { .. } => anyhow::anyhow!(
+            "{what} at {portal}: {e} (is the target running and not overloaded? --timeout waits longer)"
+        ),
+        _ => anyhow::anyhow!("cannot reach {portal} for {what}: {e}"),
     }
 }
 
@@ -101,39 +199,21 @@ pub(crate) struct Lun {
 }
 
 /// Log in to the target a URL names (a new session each call).
-pub(crate) async fn login(url: &IscsiUrl) -> anyhow::Result<Session> {
+pub(crate) async fn login(url: &IscsiUrl, how: &ConnectArgs) -> anyhow::Result<Session> {
     if url.target.is_empty() {
         bail!("the URL names no target: iscsi://host[:port]/TARGET/LUN");
     }
-    let opts = LoginOptions {
-        initiator_name: CLIENT_IQN.to_string(),
-        target_name: Some(url.target.clone()),
-        chap: chap_from_url(url)?,
-        target_chap: mutual_chap_from_env()?,
-        ..Default::default()
-    };
+    let opts = how.options(Some(url))?;
     let portal = url.portal();
-    match connect(&portal, &opts).await {
-        Ok(s) => Ok(s),
-        Err(e @ ethersan_initiator::Error::Auth(_)) => Err(anyhow::anyhow!(
-            "login to {} at {portal} failed: {e}",
-            url.target
-        )),
-        Err(e @ ethersan_initiator::Error::LoginRefused { .. }) => Err(anyhow::anyhow!(
-            "login to {} at {portal} refused: {e}",
-            url.target
-        )),
-        Err(e) => Err(anyhow::anyhow!(
-            "cannot reach target {} at {portal}: {e}",
-            url.target
-        )),
-    }
+    connect(&portal, &opts)
+        .await
+        .map_err(|e| login_error(e, &format!("login to {}", url.target), &portal))
 }
 
 impl Lun {
     /// Log in and learn the LUN's geometry.
-    pub(crate) async fn open(url: &IscsiUrl) -> anyhow::Result<Lun> {
-        let session = login(url).await?;
+    pub(crate) async fn open(url: &IscsiUrl, how: &ConnectArgs) -> anyhow::Result<Lun> {
+        let session = login(url, how).await?;
         Lun::on(session, url.lun).await
     }
 
@@ -306,5 +386,152 @@ impl Local {
         tokio::task::spawn_blocking(move || file.write_all_at(&data, offset))
             .await?
             .with_context(|| format!("write at byte {offset}"))
+    }
+}
+
+/// How often a command that lost its session is tried again, each time on
+/// a new session.
+const RETRIES: u32 = 3;
+
+/// A LUN whose reads, whole-block writes and cache flushes are retried on a
+/// new session when a command times out or the connection is lost: each
+/// of them can be repeated without changing the outcome (a write sends the
+/// same bytes to the same blocks again). Used by `cp`.
+#[derive(Debug)]
+pub(crate) struct RetryingLun {
+    url: IscsiUrl,
+    how: ConnectArgs,
+    /// The current session's LUN and its generation (bumped per new session).
+    current: std::sync::Mutex<(u64, Lun)>,
+    /// One new login at a time.
+    relogin: tokio::sync::Mutex<()>,
+    /// Commands retried, and new sessions opened for them.
+    retried: std::sync::atomic::AtomicU64,
+    sessions: std::sync::atomic::AtomicU64,
+    /// Where to say what happened (above a progress bar when there is one).
+    pub(crate) bar: std::sync::Mutex<Option<indicatif::ProgressBar>>,
+}
+
+impl RetryingLun {
+    /// Log in and learn the LUN's geometry.
+    pub(crate) async fn open(url: &IscsiUrl, how: &ConnectArgs) -> anyhow::Result<RetryingLun> {
+        let lun = Lun::open(url, how).await?;
+        Ok(RetryingLun {
+            url: url.clone(),
+            how: how.clone(),
+            current: std::sync::Mutex::new((0, lun)),
+            relogin: tokio::sync::Mutex::new(()),
+            retried: 0.into(),
+            sessions: 0.into(),
+            bar: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// The LUN as of now (its geometry does not change between sessions).
+    pub(crate) fn lun(&self) -> Lun {
+        self.current.lock().expect("not poisoned").1.clone()
+    }
+
+    /// (commands retried, new sessions opened) so far.
+    pub(crate) fn retries(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.retried.load(Relaxed), self.sessions.load(Relaxed))
+    }
+
+    fn say(&self, msg: &str) {
+        match &*self.bar.lock().expect("not poisoned") {
+            Some(b) if !b.is_hidden() => b.println(msg),
+            _ => eprintln!("{msg}"),
+        }
+    }
+
+    /// Run `op` on the current session; when the session fails (timeout,
+    /// connection lost), log in again and run it again, up to [`RETRIES`]
+    /// times.
+    async fn run<T, F, Fut>(&self, what: &str, op: F) -> anyhow::Result<T>
+    where
+        F: Fn(Lun) -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<T>>,
+    {
+        let mut tries = 0;
+        loop {
+            let (generation, lun) = self.current.lock().expect("not poisoned").clone();
+            let err = match op(lun).await {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            };
+            let failed = err
+                .downcast_ref::<ethersan_initiator::Error>()
+                .is_some_and(|e| e.is_session_failure());
+            if !failed || tries == RETRIES {
+                return Err(if tries > 0 {
+                    err.context(format!(
+                        "{what} failed after {tries} retries on new sessions"
+                    ))
+                } else {
+                    err
+                });
+            }
+            tries += 1;
+            self.retried
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.renew(generation, &err).await?;
+        }
+    }
+
+    /// A new session in place of generation `generation`, unless another
+    /// command has already replaced it.
+    async fn renew(&self, generation: u64, why: &anyhow::Error) -> anyhow::Result<()> {
+        let _one = self.relogin.lock().await;
+        let old = {
+            let cur = self.current.lock().expect("not poisoned");
+            if cur.0 != generation {
+                return Ok(());
+            }
+            cur.1.clone()
+        };
+        old.session.abandon();
+        self.say(&format!("ethersan cp: {why:#}; logging in again to retry"));
+        let mut last = None;
+        for _ in 0..RETRIES {
+            match Lun::open(&self.url, &self.how).await {
+                Ok(lun) => {
+                    self.sessions
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    *self.current.lock().expect("not poisoned") = (generation + 1, lun);
+                    return Ok(());
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last
+            .expect("tried at least once")
+            .context(format!("{why:#}, and logging in again failed")))
+    }
+
+    /// Read `len` bytes at `offset` (both block-aligned).
+    pub(crate) async fn read(&self, offset: u64, len: usize) -> anyhow::Result<Vec<u8>> {
+        self.run("read", |l| async move { l.read(offset, len).await })
+            .await
+    }
+
+    /// Write `data` at `offset` (both block-aligned).
+    pub(crate) async fn write(&self, offset: u64, data: Bytes, fua: bool) -> anyhow::Result<()> {
+        self.run("write", |l| {
+            let data = data.clone();
+            async move { l.write(offset, data, fua).await }
+        })
+        .await
+    }
+
+    /// SYNCHRONIZE CACHE over the whole LUN.
+    pub(crate) async fn flush(&self) -> anyhow::Result<()> {
+        self.run("SYNCHRONIZE CACHE", |l| async move { l.flush().await })
+            .await
+    }
+
+    /// Log out of the current session.
+    pub(crate) async fn logout(&self) {
+        let _ = self.lun().session.logout().await;
     }
 }

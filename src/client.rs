@@ -1,29 +1,52 @@
 //! Client subcommands: discover, ls, inquiry — built on the initiator library.
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use bytes::Bytes;
-use ethersan_initiator::{discover_with, IscsiUrl, Session};
+use ethersan_initiator::{discover_with, IscsiUrl, LoginOptions, Session};
+
+use crate::blockio::{login_error, ConnectArgs};
 use serde::Serialize;
 
-fn portal_of(spec: &str) -> String {
+/// The portal and the credentials a `discover` argument names:
+/// `HOST[:PORT]`, `USER:SECRET@HOST[:PORT]` or an iscsi:// URL. The
+/// credentials never appear in an error.
+fn portal_of(spec: &str) -> anyhow::Result<(String, Option<IscsiUrl>)> {
     if spec.contains("://") {
-        return IscsiUrl::parse(spec)
-            .map(|u| u.portal())
-            .unwrap_or_else(|_| spec.to_string());
+        let u = IscsiUrl::parse(spec)?;
+        return Ok((u.portal(), Some(u)));
     }
-    if spec.starts_with('[') {
-        if spec.contains("]:") {
-            spec.to_string()
+    let (creds, hostport) = match spec.rsplit_once('@') {
+        Some((c, h)) => (Some(c), h),
+        None => (None, spec),
+    };
+    let portal = if hostport.starts_with('[') {
+        if hostport.contains("]:") {
+            hostport.to_string()
         } else {
-            format!("{spec}:3260")
+            format!("{hostport}:3260")
         }
-    } else if spec.matches(':').count() == 1 {
-        spec.to_string()
-    } else if spec.contains(':') {
-        format!("[{spec}]:3260")
+    } else if hostport.matches(':').count() == 1 {
+        hostport.to_string()
+    } else if hostport.contains(':') {
+        format!("[{hostport}]:3260")
     } else {
-        format!("{spec}:3260")
-    }
+        format!("{hostport}:3260")
+    };
+    let url = match creds {
+        None => None,
+        Some(c) => {
+            let Some((user, secret)) = c.split_once(':').or_else(|| c.split_once('%')) else {
+                bail!("discover USER:SECRET@HOST: the part before '@' must be USER:SECRET");
+            };
+            let mut u = IscsiUrl::parse(&format!("iscsi://{portal}")).map_err(|_| {
+                anyhow::anyhow!("discover: bad portal {portal:?}: give HOST[:PORT]")
+            })?;
+            u.user = Some(user.to_string());
+            u.secret = Some(secret.to_string());
+            Some(u)
+        }
+    };
+    Ok((portal, url))
 }
 
 #[derive(Serialize)]
@@ -35,26 +58,22 @@ struct DiscoveredTarget {
 /// `ethersan discover HOST[:PORT]`
 pub(crate) async fn cmd_discover(
     portal: &str,
+    how: &ConnectArgs,
     json: bool,
-    chap: Option<&str>,
 ) -> anyhow::Result<()> {
-    let addr = portal_of(portal);
-    let chap = match chap {
-        Some(c) => Some(
-            ethersan_proto::chap::Credentials::parse(c)
-                .map_err(|e| anyhow::anyhow!("--chap: {e}"))?,
-        ),
-        None => None,
-    };
-    let opts = ethersan_initiator::LoginOptions {
-        initiator_name: crate::blockio::CLIENT_IQN.to_string(),
-        chap,
-        target_chap: crate::blockio::mutual_chap_from_env()?,
-        ..Default::default()
+    let (addr, url) = portal_of(portal)?;
+    let opts = how.options(None)?;
+    // Credentials in the argument win over --chap, as in a URL.
+    let opts = match &url {
+        Some(u) => LoginOptions {
+            chap: how.options(Some(u))?.chap,
+            ..opts
+        },
+        None => opts,
     };
     let found = discover_with(&addr, &opts)
         .await
-        .with_context(|| format!("discovery at {addr}"))?;
+        .map_err(|e| login_error(e, "discovery", &addr))?;
     let list: Vec<DiscoveredTarget> = found
         .into_iter()
         .map(|(name, portals)| DiscoveredTarget { name, portals })
@@ -72,8 +91,8 @@ pub(crate) async fn cmd_discover(
     Ok(())
 }
 
-async fn open(url: &IscsiUrl) -> anyhow::Result<Session> {
-    crate::blockio::login(url).await
+async fn open(url: &IscsiUrl, how: &ConnectArgs) -> anyhow::Result<Session> {
+    crate::blockio::login(url, how).await
 }
 
 fn ascii(b: &[u8]) -> String {
@@ -149,6 +168,11 @@ async fn inquiry_data(s: &Session, lun: u64, evpd: bool, page: u8) -> anyhow::Re
 async fn lun_info(s: &Session, lun: u64) -> anyhow::Result<LunInfo> {
     s.clear_unit_attention(lun).await?;
     let std = inquiry_data(s, lun, false, 0).await?;
+    // SPC-4 §6.6.2: a LUN that is not there answers INQUIRY with the
+    // peripheral qualifier 011b (no device can be attached here).
+    if std.first().is_some_and(|b| b >> 5 == 0b011) {
+        bail!("the target has no LUN {lun} (ethersan ls URL lists the LUNs it has)");
+    }
     if std.len() < 36 {
         bail!("short INQUIRY data ({} bytes)", std.len());
     }
@@ -270,14 +294,35 @@ fn human(bytes: u64) -> String {
 }
 
 /// `ethersan ls URL`: the target's LUNs with capacity and identity.
-pub(crate) async fn cmd_ls(url: &str, json: bool) -> anyhow::Result<()> {
+pub(crate) async fn cmd_ls(url: &str, how: &ConnectArgs, json: bool) -> anyhow::Result<()> {
     let u = IscsiUrl::parse(url)?;
-    let s = open(&u).await?;
-    let mut infos = Vec::new();
-    for lun in report_luns(&s).await? {
-        infos.push(lun_info(&s, lun).await?);
+    // A URL that ends in a LUN number lists that LUN alone.
+    let one = u.has_lun;
+    let s = open(&u, how).await?;
+    let listed = async {
+        let mut luns = report_luns(&s).await?;
+        if one {
+            if !luns.contains(&u.lun) {
+                bail!(
+                    "the target has no LUN {} (it has {})",
+                    u.lun,
+                    luns.iter()
+                        .map(u64::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+            luns = vec![u.lun];
+        }
+        let mut infos = Vec::new();
+        for lun in luns {
+            infos.push(lun_info(&s, lun).await?);
+        }
+        Ok(infos)
     }
+    .await;
     let _ = s.logout().await;
+    let infos = listed?;
     if json {
         println!("{}", serde_json::to_string_pretty(&infos)?);
     } else {
@@ -306,9 +351,9 @@ pub(crate) async fn cmd_ls(url: &str, json: bool) -> anyhow::Result<()> {
 }
 
 /// `ethersan inquiry URL`: one LUN's INQUIRY data and VPD pages.
-pub(crate) async fn cmd_inquiry(url: &str, json: bool) -> anyhow::Result<()> {
+pub(crate) async fn cmd_inquiry(url: &str, how: &ConnectArgs, json: bool) -> anyhow::Result<()> {
     let u = IscsiUrl::parse(url)?;
-    let s = open(&u).await?;
+    let s = open(&u, how).await?;
     let info = lun_info(&s, u.lun).await;
     let _ = s.logout().await;
     let info = info?;

@@ -14,7 +14,7 @@ use futures::stream::{self, StreamExt, TryStreamExt};
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::blockio::{Local, Lun};
+use crate::blockio::{ConnectArgs, Local, RetryingLun};
 
 /// Arguments of `ethersan cp`.
 #[derive(Args, Debug)]
@@ -45,6 +45,8 @@ pub(crate) struct CpArgs {
     /// No progress bar even on a terminal.
     #[arg(long, short)]
     quiet: bool,
+    #[command(flatten)]
+    connect: ConnectArgs,
 }
 
 /// A size: a number of bytes with an optional K/M/G/T suffix (0 allowed).
@@ -59,7 +61,7 @@ pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
 
 #[derive(Clone, Debug)]
 enum End {
-    Lun(Lun),
+    Lun(Arc<RetryingLun>),
     Local(Local, PathBuf),
     Stdio,
 }
@@ -67,7 +69,7 @@ enum End {
 impl End {
     fn name(&self) -> String {
         match self {
-            End::Lun(l) => format!("LUN {}", l.lun),
+            End::Lun(l) => format!("LUN {}", l.lun().lun),
             End::Local(_, p) => p.display().to_string(),
             End::Stdio => "-".into(),
         }
@@ -78,7 +80,7 @@ impl End {
 async fn read_chunk(src: &End, at: u64, len: usize) -> anyhow::Result<Vec<u8>> {
     match src {
         End::Lun(l) => {
-            let bs = l.block_size as usize;
+            let bs = l.lun().block_size as usize;
             let padded = len.div_ceil(bs) * bs;
             let mut data = l.read(at, padded).await?;
             data.truncate(len);
@@ -113,7 +115,7 @@ async fn write_chunk(
 ) -> anyhow::Result<()> {
     match dst {
         End::Lun(l) => {
-            let bs = l.block_size as usize;
+            let bs = l.lun().block_size as usize;
             if data.len().is_multiple_of(bs) {
                 return l.write(at, Bytes::from(data), fua).await;
             }
@@ -139,28 +141,93 @@ async fn write_chunk(
     }
 }
 
-fn progress(total: Option<u64>, quiet: bool) -> ProgressBar {
+/// A progress bar on stderr when it is a terminal: binary units (MiB and
+/// MiB/s, as in the summary line) and an ETA from the average rate so far,
+/// shown only once there is enough to go on.
+fn progress(label: &'static str, total: Option<u64>, quiet: bool) -> ProgressBar {
     if quiet || !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }
     match total {
         Some(t) => ProgressBar::new(t).with_style(
-            ProgressStyle::with_template(
-                "{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
-            )
-            .expect("valid template"),
+            ProgressStyle::with_template(&format!(
+                "{label} {{bar:40}} {{binary_bytes}}/{{binary_total_bytes}} {{binary_bytes_per_sec}} {{calm_eta}}"
+            ))
+            .expect("valid template")
+            .with_key(
+                "calm_eta",
+                |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                    let _ = w.write_str(&eta_text(s.pos(), s.len().unwrap_or(0), s.elapsed()));
+                },
+            ),
         ),
         None => ProgressBar::new_spinner().with_style(
-            ProgressStyle::with_template("{spinner} {bytes} {binary_bytes_per_sec}")
-                .expect("valid template"),
+            ProgressStyle::with_template(&format!(
+                "{label} {{spinner}} {{binary_bytes}} {{binary_bytes_per_sec}}"
+            ))
+            .expect("valid template"),
         ),
     }
 }
 
-async fn open_end(spec: &str, as_dst: bool) -> anyhow::Result<End> {
+/// "ETA 1m05s" from the average rate since the start, or "ETA …" while
+/// less than two seconds or one percent have passed (the first commands'
+/// rate says little about the rest).
+fn eta_text(pos: u64, len: u64, elapsed: std::time::Duration) -> String {
+    let secs = elapsed.as_secs_f64();
+    if pos == 0 || secs < 2.0 || pos.saturating_mul(100) < len {
+        return "ETA …".into();
+    }
+    let left = (len.saturating_sub(pos) as f64 / (pos as f64 / secs)).round() as u64;
+    if left >= 3600 {
+        format!("ETA {}h{:02}m", left / 3600, left % 3600 / 60)
+    } else if left >= 60 {
+        format!("ETA {}m{:02}s", left / 60, left % 60)
+    } else {
+        format!("ETA {left}s")
+    }
+}
+
+/// Bytes in binary units, as the progress bar shows them.
+fn mib(bytes: u64) -> String {
+    indicatif::BinaryBytes(bytes).to_string()
+}
+
+/// "MiB/s" over `secs`.
+fn rate(bytes: u64, secs: f64) -> String {
+    format!("{}/s", mib((bytes as f64 / secs.max(1e-9)) as u64))
+}
+
+/// The closing line of `cp`.
+fn summary(copied: u64, copy_secs: f64, verify_secs: Option<f64>, retries: (u64, u64)) -> String {
+    let mut line = format!(
+        "ethersan cp: {} ({copied} bytes) copied in {copy_secs:.2} s ({})",
+        mib(copied),
+        rate(copied, copy_secs)
+    );
+    if let Some(v) = verify_secs {
+        line += &format!(
+            ", verified in {v:.2} s ({}); {:.2} s in all",
+            rate(copied, v),
+            copy_secs + v
+        );
+    }
+    if retries.0 > 0 {
+        line += &format!(
+            "; {} command{} retried on {} new session{}",
+            retries.0,
+            if retries.0 == 1 { "" } else { "s" },
+            retries.1,
+            if retries.1 == 1 { "" } else { "s" }
+        );
+    }
+    line
+}
+
+async fn open_end(spec: &str, as_dst: bool, how: &ConnectArgs) -> anyhow::Result<End> {
     if spec.starts_with("iscsi://") {
         let url = IscsiUrl::parse(spec)?;
-        return Ok(End::Lun(Lun::open(&url).await?));
+        return Ok(End::Lun(Arc::new(RetryingLun::open(&url, how).await?)));
     }
     if spec == "-" {
         return Ok(End::Stdio);
@@ -176,18 +243,19 @@ async fn open_end(spec: &str, as_dst: bool) -> anyhow::Result<End> {
 
 /// `ethersan cp`.
 pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
-    let src = open_end(&a.src, false).await?;
+    let src = open_end(&a.src, false, &a.connect).await?;
     if matches!(src, End::Local(..) | End::Stdio) && !a.dst.starts_with("iscsi://") {
         bail!("one side of cp must be an iscsi:// URL");
     }
     if a.verify && a.dst == "-" {
         bail!("--verify reads the destination back, which stdout cannot be");
     }
-    let dst = open_end(&a.dst, true).await?;
+    let dst = open_end(&a.dst, true, &a.connect).await?;
 
     // The LUN side(s): offset checks.
     for end in [&src, &dst] {
         if let End::Lun(l) = end {
+            let l = l.lun();
             if !a.offset.is_multiple_of(u64::from(l.block_size)) {
                 bail!(
                     "--offset {} is not a multiple of the block size {}",
@@ -216,7 +284,7 @@ pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
         0
     };
     let available = match &src {
-        End::Lun(l) => Some(l.capacity() - a.offset),
+        End::Lun(l) => Some(l.lun().capacity() - a.offset),
         End::Local(f, _) => Some(f.size),
         End::Stdio => None,
     };
@@ -228,6 +296,7 @@ pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
         (None, av) => av,
     };
     if let (End::Lun(l), Some(n)) = (&dst, length) {
+        let l = l.lun();
         if dst_at + n > l.capacity() {
             bail!(
                 "LUN too small: {} holds {} bytes, the copy needs {} at offset {dst_at}",
@@ -240,6 +309,7 @@ pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
     let mut chunk = a.chunk.unwrap_or(crate::blockio::DEFAULT_MAX_TRANSFER);
     for end in [&src, &dst] {
         if let End::Lun(l) = end {
+            let l = l.lun();
             chunk = chunk.min(l.max_transfer);
             chunk = (chunk / u64::from(l.block_size)).max(1) * u64::from(l.block_size);
         }
@@ -248,7 +318,12 @@ pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
     let sparse = matches!(&dst, End::Local(f, _) if f.regular);
     let fua = a.sync;
     let depth = usize::from(a.depth);
-    let bar = progress(length, a.quiet);
+    let bar = progress("copy  ", length, a.quiet);
+    for end in [&src, &dst] {
+        if let End::Lun(l) = end {
+            *l.bar.lock().expect("not poisoned") = Some(bar.clone());
+        }
+    }
     let started = Instant::now();
 
     // Every chunk's CRC32C, to compare with the destination afterwards.
@@ -297,6 +372,7 @@ pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
                 async move {
                     let n = data.len() as u64;
                     if let End::Lun(l) = dst_ref {
+                        let l = l.lun();
                         if dst_at + at + n > l.capacity() {
                             bail!(
                                 "LUN too small: {} holds {} bytes, stdin had more",
@@ -374,9 +450,14 @@ pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
     bar.finish_and_clear();
     let secs = started.elapsed().as_secs_f64();
 
-    if a.verify {
+    let verify_secs = if a.verify {
+        let started = Instant::now();
         let sums = std::mem::take(&mut *sums.lock().expect("not poisoned"));
-        let dst_ref = &dst;
+        let check_bar = progress("verify", Some(copied), a.quiet);
+        if let End::Lun(l) = &dst {
+            *l.bar.lock().expect("not poisoned") = Some(check_bar.clone());
+        }
+        let (dst_ref, bar_ref) = (&dst, &check_bar);
         stream::iter(sums)
             .map(|(off, len, crc)| async move {
                 let back = read_chunk(dst_ref, dst_at + off, len).await?;
@@ -387,23 +468,61 @@ pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
                         dst_ref.name()
                     );
                 }
+                bar_ref.inc(len as u64);
                 Ok(())
             })
             .buffer_unordered(depth)
             .try_collect::<()>()
             .await?;
+        check_bar.finish_and_clear();
+        Some(started.elapsed().as_secs_f64())
+    } else {
+        None
+    };
+    let mut retries = (0, 0);
+    for end in [&src, &dst] {
+        if let End::Lun(l) = end {
+            let (r, s) = l.retries();
+            retries = (retries.0 + r, retries.1 + s);
+        }
     }
     if !a.quiet {
-        let rate = copied as f64 / secs.max(1e-9) / 1e6;
-        eprintln!(
-            "ethersan cp: {copied} bytes in {secs:.2} s ({rate:.1} MB/s){}",
-            if a.verify { ", verified" } else { "" }
-        );
+        eprintln!("{}", summary(copied, secs, verify_secs, retries));
     }
     for end in [&src, &dst] {
         if let End::Lun(l) = end {
-            let _ = l.session.logout().await;
+            l.logout().await;
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn eta_waits_for_enough_to_go_on_then_uses_the_average_rate() {
+        // The first half-second's burst (a tenth done) says nothing yet.
+        assert_eq!(eta_text(100, 1000, Duration::from_millis(500)), "ETA …");
+        // Under one percent after ten seconds: still nothing.
+        assert_eq!(eta_text(5, 1000, Duration::from_secs(10)), "ETA …");
+        // A quarter in four seconds: twelve more.
+        assert_eq!(eta_text(250, 1000, Duration::from_secs(4)), "ETA 12s");
+        assert_eq!(eta_text(10, 1000, Duration::from_secs(10)), "ETA 16m30s");
+        assert_eq!(eta_text(1, 100, Duration::from_secs(100)), "ETA 2h45m");
+    }
+
+    #[test]
+    fn the_summary_uses_the_bars_units_and_counts_the_verify_pass() {
+        let s = summary(64 << 20, 2.0, Some(0.5), (0, 0));
+        assert_eq!(
+            s,
+            "ethersan cp: 64.00 MiB (67108864 bytes) copied in 2.00 s (32.00 MiB/s), verified in 0.50 s (128.00 MiB/s); 2.50 s in all"
+        );
+        assert!(!s.contains("MB/s"));
+        let s = summary(4096, 1.0, None, (17, 1));
+        assert!(s.ends_with("; 17 commands retried on 1 new session"), "{s}");
+    }
 }

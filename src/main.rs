@@ -63,32 +63,30 @@ enum Command {
     Serve(ServeArgs),
     /// List the targets and portals a portal offers (SendTargets).
     Discover {
-        /// HOST[:PORT] of a portal (port 3260 by default).
+        /// HOST[:PORT] of a portal (port 3260 by default), or an iscsi:// URL.
         portal: String,
-        /// Log in with CHAP as USER:SECRET (also $ETHERSAN_CHAP); the target's USER:SECRET for mutual CHAP from $ETHERSAN_MUTUAL_CHAP.
-        #[arg(
-            long,
-            value_name = "USER:SECRET",
-            env = "ETHERSAN_CHAP",
-            hide_env_values = true
-        )]
-        chap: Option<String>,
+        #[command(flatten)]
+        connect: blockio::ConnectArgs,
         /// Print JSON.
         #[arg(long)]
         json: bool,
     },
-    /// List a target's LUNs: capacity, block size, identity.
+    /// List a target's LUNs (or the one LUN the URL names): capacity, block size, identity.
     Ls {
-        /// iscsi://host[:port]/TARGET[/LUN]
+        /// iscsi://[USER%SECRET@]host[:port]/TARGET[/LUN]
         url: String,
+        #[command(flatten)]
+        connect: blockio::ConnectArgs,
         /// Print JSON.
         #[arg(long)]
         json: bool,
     },
     /// Show one LUN's INQUIRY data and VPD pages.
     Inquiry {
-        /// iscsi://host[:port]/TARGET/LUN
+        /// iscsi://[USER%SECRET@]host[:port]/TARGET/LUN
         url: String,
+        #[command(flatten)]
+        connect: blockio::ConnectArgs,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -283,6 +281,32 @@ fn make_data_dir(cfg: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How to reach target `t` at `addr`, with the CHAP user when logins need
+/// CHAP (the secret is never printed: `SECRET` stands for it).
+fn connect_hint(
+    addr: &str,
+    t: &TargetConfig,
+    global_chap: Option<&ethersan_server::config::ChapConfig>,
+) -> String {
+    let name = &t.name;
+    match t.chap.as_ref().or(global_chap) {
+        None => format!(
+            "ethersan: connect with\n  libiscsi/QEMU: iscsi://{addr}/{name}/0\n  ethersan:      ethersan ls iscsi://{addr}/{name}\n  open-iscsi:    iscsiadm -m discovery -t sendtargets -p {addr}\n                 iscsiadm -m node -T {name} -p {addr} --login"
+        ),
+        Some(c) => {
+            let user = &c.initiator.user;
+            format!(
+                "ethersan: connect with (CHAP required: user {user}; SECRET is the secret given to the server)\n  libiscsi/QEMU: iscsi://{user}%SECRET@{addr}/{name}/0\n  ethersan:      ethersan ls --chap {user}:SECRET iscsi://{addr}/{name}   (or $ETHERSAN_CHAP)\n  open-iscsi:    iscsiadm -m discovery -t sendtargets -p {addr}{disc}\n                 iscsiadm -m node -T {name} -p {addr} -o update -n node.session.auth.authmethod -v CHAP\n                 iscsiadm -m node -T {name} -p {addr} -o update -n node.session.auth.username -v {user}\n                 iscsiadm -m node -T {name} -p {addr} -o update -n node.session.auth.password -v SECRET\n                 iscsiadm -m node -T {name} -p {addr} --login",
+                disc = if c.discovery {
+                    "   (discovery needs CHAP too: set discovery.sendtargets.auth.* in /etc/iscsi/iscsid.conf)"
+                } else {
+                    ""
+                }
+            )
+        }
+    }
+}
+
 /// Tell the service manager (systemd's `$NOTIFY_SOCKET`) how the server
 /// is; without a service manager, nothing.
 fn notify(state: &[sd_notify::NotifyState]) {
@@ -420,8 +444,8 @@ async fn serve(cfg: Config, json_logs: bool, config_file: Option<PathBuf>) -> an
     }
     if let (Some(addr), Some(t), false) = (addrs.first(), cfg.targets.first(), json_logs) {
         say(format_args!(
-            "ethersan: connect with\n  libiscsi/QEMU: iscsi://{addr}/{name}/0\n  open-iscsi:    iscsiadm -m discovery -t sendtargets -p {addr}\n                 iscsiadm -m node -T {name} -p {addr} --login",
-            name = t.name
+            "{}",
+            connect_hint(&addr.to_string(), t, cfg.chap.as_ref())
         ));
     }
     // SIGHUP: read the configuration file again and apply what changed,
@@ -573,11 +597,15 @@ fn main() -> ExitCode {
                 )
                 .await
             }
-            Command::Discover { portal, json, chap } => {
-                client::cmd_discover(&portal, json, chap.as_deref()).await
+            Command::Discover {
+                portal,
+                connect,
+                json,
+            } => client::cmd_discover(&portal, &connect, json).await,
+            Command::Ls { url, connect, json } => client::cmd_ls(&url, &connect, json).await,
+            Command::Inquiry { url, connect, json } => {
+                client::cmd_inquiry(&url, &connect, json).await
             }
-            Command::Ls { url, json } => client::cmd_ls(&url, json).await,
-            Command::Inquiry { url, json } => client::cmd_inquiry(&url, json).await,
             Command::Cp(a) => cp::cmd_cp(a).await,
             Command::Bench(a) => bench::cmd_bench(a).await,
             Command::Completions { .. } | Command::Man { .. } => {

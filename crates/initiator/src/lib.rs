@@ -50,7 +50,91 @@ pub enum Error {
     /// A bad URL.
     #[error("bad iSCSI URL: {0}")]
     Url(String),
+    /// The target did not answer in time. The session it happened on is
+    /// closed: every other command on it fails with the same error.
+    #[error("{phase} timed out: no answer from the target within {}", secs(*.after))]
+    Timeout {
+        /// What was waiting.
+        phase: Phase,
+        /// How long it waited.
+        after: std::time::Duration,
+    },
 }
+
+/// What an [`Error::Timeout`] was waiting for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Phase {
+    /// The TCP connection.
+    Connect,
+    /// The login exchange (the connection was accepted).
+    Login,
+    /// A SCSI command, by its operation code.
+    Command {
+        /// The CDB's first byte.
+        opcode: u8,
+    },
+    /// A Text request (SendTargets discovery).
+    Text,
+    /// The logout exchange.
+    Logout,
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Phase::Connect => f.write_str("connect"),
+            Phase::Login => f.write_str("login"),
+            Phase::Command { opcode } => match opcode_name(*opcode) {
+                Some(n) => write!(f, "SCSI command {n}"),
+                None => write!(f, "SCSI command with operation code {opcode:#04x}"),
+            },
+            Phase::Text => f.write_str("SendTargets/Text request"),
+            Phase::Logout => f.write_str("logout"),
+        }
+    }
+}
+
+/// The name of the commands the client sends.
+fn opcode_name(op: u8) -> Option<&'static str> {
+    Some(match op {
+        0x00 => "TEST UNIT READY",
+        0x12 => "INQUIRY",
+        0x25 => "READ CAPACITY(10)",
+        0x28 => "READ(10)",
+        0x2a => "WRITE(10)",
+        0x35 => "SYNCHRONIZE CACHE(10)",
+        0x88 => "READ(16)",
+        0x8a => "WRITE(16)",
+        0x91 => "SYNCHRONIZE CACHE(16)",
+        0x9e => "READ CAPACITY(16)",
+        0xa0 => "REPORT LUNS",
+        _ => return None,
+    })
+}
+
+/// `d` for people: "2 s", "1.5 s", "250 ms".
+fn secs(d: std::time::Duration) -> String {
+    if d.as_millis() < 1000 {
+        format!("{} ms", d.as_millis())
+    } else if d.subsec_millis() == 0 {
+        format!("{} s", d.as_secs())
+    } else {
+        format!("{:.1} s", d.as_secs_f64())
+    }
+}
+
+impl Error {
+    /// True when the session this error came from can no longer be used
+    /// (it timed out or the connection is gone): a command that is safe to
+    /// repeat can be retried on a new session.
+    pub fn is_session_failure(&self) -> bool {
+        matches!(self, Error::Timeout { .. } | Error::Closed | Error::Io(_))
+    }
+}
+
+/// How long the initiator waits for each exchange when the caller does
+/// not say: connect, login, each command, discovery and logout.
+pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Self {
@@ -110,6 +194,10 @@ pub struct LoginOptions {
     pub chap: Option<ethersan_proto::chap::Credentials>,
     /// With `chap`: the target must prove these (mutual CHAP).
     pub target_chap: Option<ethersan_proto::chap::Credentials>,
+    /// How long to wait for the connection, the login, each command, a
+    /// Text request and the logout ([`DEFAULT_TIMEOUT`]); `None` waits
+    /// forever. After a command times out its session is closed.
+    pub timeout: Option<std::time::Duration>,
 }
 
 impl Default for LoginOptions {
@@ -122,6 +210,7 @@ impl Default for LoginOptions {
             isid: random_isid(),
             chap: None,
             target_chap: None,
+            timeout: Some(DEFAULT_TIMEOUT),
         }
     }
 }
@@ -140,7 +229,24 @@ pub fn random_isid() -> [u8; 6] {
 }
 
 /// Log in over a byte stream; on success the returned session owns it.
-pub async fn login<R, W>(mut rd: R, mut wr: W, opts: &LoginOptions) -> Result<Session, Error>
+/// The whole exchange is bounded by `opts.timeout`.
+pub async fn login<R, W>(rd: R, wr: W, opts: &LoginOptions) -> Result<Session, Error>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    match opts.timeout {
+        None => login_exchange(rd, wr, opts).await,
+        Some(after) => tokio::time::timeout(after, login_exchange(rd, wr, opts))
+            .await
+            .unwrap_or(Err(Error::Timeout {
+                phase: Phase::Login,
+                after,
+            })),
+    }
+}
+
+async fn login_exchange<R, W>(mut rd: R, mut wr: W, opts: &LoginOptions) -> Result<Session, Error>
 where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
@@ -252,6 +358,7 @@ where
             return Ok(Session::start(
                 rd,
                 wr,
+                opts.timeout,
                 neg.finish(),
                 resp.tsih,
                 resp.exp_cmd_sn,
@@ -268,9 +375,17 @@ where
     }
 }
 
-/// Connect over TCP and log in.
+/// Connect over TCP and log in, each step bounded by `opts.timeout`.
 pub async fn connect(addr: &str, opts: &LoginOptions) -> Result<Session, Error> {
-    let sock = TcpStream::connect(addr).await?;
+    let sock = match opts.timeout {
+        None => TcpStream::connect(addr).await?,
+        Some(after) => tokio::time::timeout(after, TcpStream::connect(addr))
+            .await
+            .map_err(|_| Error::Timeout {
+                phase: Phase::Connect,
+                after,
+            })??,
+    };
     let _ = sock.set_nodelay(true);
     let (rd, wr) = sock.into_split();
     login(rd, wr, opts).await

@@ -6,6 +6,8 @@
 //! any number of tasks can issue commands concurrently.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use bytes::Bytes;
 use ethersan_proto::pdu::{
@@ -17,7 +19,7 @@ use ethersan_proto::text::{encode_text, parse_text};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::Error;
+use crate::{Error, Phase};
 use ethersan_proto::negotiate::SessionParams;
 
 /// The outcome of one SCSI command.
@@ -91,6 +93,33 @@ pub struct Session {
     tx: mpsc::UnboundedSender<Request>,
     params: SessionParams,
     tsih: u16,
+    /// How long each command, Text request and logout may wait.
+    timeout: Option<Duration>,
+    ended: Arc<Ended>,
+}
+
+/// Why a session ended early, and how to stop its tasks.
+struct Ended {
+    /// The first timeout; later requests fail with it at once.
+    why: OnceLock<Error>,
+    driver: tokio::task::AbortHandle,
+    reader: tokio::task::AbortHandle,
+}
+
+impl Ended {
+    /// Close the session for `err`: its tasks stop and the connection
+    /// closes, so a late answer cannot be taken for a new command's.
+    fn close(&self, err: Error) -> Error {
+        let err = self.why.get_or_init(|| err).clone();
+        self.driver.abort();
+        self.reader.abort();
+        err
+    }
+
+    /// The error for a request whose driver went away.
+    fn gone(&self) -> Error {
+        self.why.get().cloned().unwrap_or(Error::Closed)
+    }
 }
 
 impl std::fmt::Debug for Session {
@@ -103,9 +132,11 @@ impl std::fmt::Debug for Session {
 
 impl Session {
     /// Start the driver over a logged-in stream.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn start<R, W>(
         rd: R,
         wr: W,
+        timeout: Option<Duration>,
         params: SessionParams,
         tsih: u16,
         cmd_sn: u32,
@@ -122,7 +153,7 @@ impl Session {
         // wakes up for a new request.
         let (pdu_tx, pdu_rx) = mpsc::channel(256);
         let reader_params = params.clone();
-        tokio::spawn(async move {
+        let reader = tokio::spawn(async move {
             let mut rd = BufReader::with_capacity(256 * 1024, rd);
             loop {
                 let r = read_pdu(&mut rd, &reader_params).await;
@@ -143,8 +174,50 @@ impl Session {
             pending: HashMap::new(),
             queued: VecDeque::new(),
         };
-        tokio::spawn(driver.run(rx));
-        Session { tx, params, tsih }
+        let driver = tokio::spawn(driver.run(rx));
+        Session {
+            tx,
+            params,
+            tsih,
+            timeout,
+            ended: Arc::new(Ended {
+                why: OnceLock::new(),
+                driver: driver.abort_handle(),
+                reader: reader.abort_handle(),
+            }),
+        }
+    }
+
+    /// Send `req` and wait for its answer, at most the session's timeout;
+    /// a timeout closes the session.
+    async fn ask<T>(
+        &self,
+        phase: Phase,
+        req: Request,
+        rx: oneshot::Receiver<Result<T, Error>>,
+    ) -> Result<T, Error> {
+        if let Some(e) = self.ended.why.get() {
+            return Err(e.clone());
+        }
+        self.tx.send(req).map_err(|_| self.ended.gone())?;
+        match self.timeout {
+            None => rx.await.map_err(|_| self.ended.gone())?,
+            Some(after) => match tokio::time::timeout(after, rx).await {
+                Ok(r) => r.map_err(|_| self.ended.gone())?,
+                Err(_) => Err(self.ended.close(Error::Timeout { phase, after })),
+            },
+        }
+    }
+
+    /// How long each command may wait for its answer (`None`: forever).
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// Close the connection at once, without a logout; commands still
+    /// waiting fail with [`Error::Closed`].
+    pub fn abandon(&self) {
+        self.ended.close(Error::Closed);
     }
 
     /// The negotiated parameters.
@@ -167,34 +240,28 @@ impl Session {
         read_len: u32,
     ) -> Result<CommandResult, Error> {
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Request::Scsi {
-                lun,
-                cdb: cdb.to_vec(),
-                data_out,
-                read_len,
-                reply,
-            })
-            .map_err(|_| Error::Closed)?;
-        rx.await.map_err(|_| Error::Closed)?
+        let req = Request::Scsi {
+            lun,
+            cdb: cdb.to_vec(),
+            data_out,
+            read_len,
+            reply,
+        };
+        let opcode = cdb.first().copied().unwrap_or(0);
+        self.ask(Phase::Command { opcode }, req, rx).await
     }
 
     /// Send a Text request (e.g. `SendTargets=All`) and collect the answer.
     pub async fn text(&self, keys: Vec<(String, String)>) -> Result<Vec<(String, String)>, Error> {
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Request::Text { keys, reply })
-            .map_err(|_| Error::Closed)?;
-        rx.await.map_err(|_| Error::Closed)?
+        self.ask(Phase::Text, Request::Text { keys, reply }, rx)
+            .await
     }
 
     /// Log out (close the session) and wait for the target's answer.
     pub async fn logout(&self) -> Result<(), Error> {
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Request::Logout { reply })
-            .map_err(|_| Error::Closed)?;
-        rx.await.map_err(|_| Error::Closed)?
+        self.ask(Phase::Logout, Request::Logout { reply }, rx).await
     }
 }
 

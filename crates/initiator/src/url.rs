@@ -1,5 +1,8 @@
 //! iSCSI URLs as libiscsi writes them:
-//! `iscsi://[user[%secret]@]host[:port]/target-iqn/lun`.
+//! `iscsi://[user[%secret]@]host[:port]/target-iqn/lun[?target_user=U&target_password=P]`.
+//!
+//! Secrets never appear in an error: a URL is quoted with its secrets
+//! replaced by `***`.
 
 use crate::Error;
 
@@ -10,6 +13,10 @@ pub struct IscsiUrl {
     pub user: Option<String>,
     /// CHAP secret, if given.
     pub secret: Option<String>,
+    /// Mutual CHAP: the target's user (`?target_user=`).
+    pub target_user: Option<String>,
+    /// Mutual CHAP: the target's secret (`&target_password=`).
+    pub target_secret: Option<String>,
     /// Host name or address (IPv6 without brackets).
     pub host: String,
     /// TCP port (3260 by default).
@@ -18,16 +25,20 @@ pub struct IscsiUrl {
     pub target: String,
     /// LUN (0 when not given).
     pub lun: u64,
+    /// Whether the URL ends in a LUN number.
+    pub has_lun: bool,
 }
 
 impl IscsiUrl {
     /// Parse a URL.
-    pub fn parse(s: &str) -> Result<IscsiUrl, Error> {
-        let rest = s
+    pub fn parse(url: &str) -> Result<IscsiUrl, Error> {
+        let s = &redact(url);
+        let rest = url
             .strip_prefix("iscsi://")
             .ok_or_else(|| Error::Url(format!("{s}: must start with iscsi://")))?;
-        let (auth, rest) = match rest.rsplit_once('@') {
-            Some((a, r)) => (Some(a), r),
+        let before_query = rest.find('?').unwrap_or(rest.len());
+        let (auth, rest) = match rest[..before_query].rfind('@') {
+            Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
             None => (None, rest),
         };
         let (user, secret) = match auth {
@@ -65,22 +76,43 @@ impl IscsiUrl {
         if host.is_empty() {
             return Err(Error::Url(format!("{s}: no host")));
         }
+        let (path, query) = match path.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (path, None),
+        };
+        let (mut target_user, mut target_secret) = (None, None);
+        for pair in query.into_iter().flat_map(|q| q.split('&')) {
+            match pair.split_once('=') {
+                Some(("target_user", v)) => target_user = Some(v.to_string()),
+                Some(("target_password", v)) => target_secret = Some(v.to_string()),
+                _ => {
+                    let key = pair.split_once('=').map_or(pair, |(k, _)| k);
+                    return Err(Error::Url(format!(
+                        "{s}: unknown parameter {key:?} (known: target_user, target_password)"
+                    )));
+                }
+            }
+        }
         let path = path.trim_end_matches('/');
-        let (target, lun) = match path.rsplit_once('/') {
+        let (target, lun, has_lun) = match path.rsplit_once('/') {
             Some((t, l)) => (
                 t.to_string(),
                 l.parse()
                     .map_err(|_| Error::Url(format!("{s}: bad LUN {l:?}")))?,
+                true,
             ),
-            None => (path.to_string(), 0),
+            None => (path.to_string(), 0, false),
         };
         Ok(IscsiUrl {
             user,
             secret,
+            target_user,
+            target_secret,
             host,
             port,
             target,
             lun,
+            has_lun,
         })
     }
 
@@ -92,6 +124,27 @@ impl IscsiUrl {
             format!("{}:{}", self.host, self.port)
         }
     }
+}
+
+/// `url` with the CHAP secrets (`user%SECRET@`, `target_password=`)
+/// replaced by `***`, fit to print.
+pub fn redact(url: &str) -> String {
+    let mut out = url.to_string();
+    if let Some(rest) = url.strip_prefix("iscsi://") {
+        let before_query = rest.find('?').unwrap_or(rest.len());
+        if let Some(at) = rest[..before_query].rfind('@') {
+            if let Some(pct) = rest[..at].find('%') {
+                let start = "iscsi://".len() + pct + 1;
+                out.replace_range(start..start + (at - pct - 1), "***");
+            }
+        }
+    }
+    if let Some(i) = out.find("target_password=") {
+        let start = i + "target_password=".len();
+        let end = out[start..].find('&').map_or(out.len(), |e| start + e);
+        out.replace_range(start..end, "***");
+    }
+    out
 }
 
 #[cfg(test)]
@@ -115,5 +168,31 @@ mod tests {
         assert!(IscsiUrl::parse("http://x/y/0").is_err());
         assert!(IscsiUrl::parse("iscsi://h:99999/t/0").is_err());
         assert!(IscsiUrl::parse("iscsi://h/t/x").is_err());
+        let u = IscsiUrl::parse(
+            "iscsi://bob%s3cret@h/iqn.x:y/1?target_user=tgt&target_password=tgt-secret",
+        )
+        .unwrap();
+        assert_eq!(u.lun, 1);
+        assert_eq!(u.target_user.as_deref(), Some("tgt"));
+        assert_eq!(u.target_secret.as_deref(), Some("tgt-secret"));
+    }
+
+    #[test]
+    fn errors_never_show_secrets() {
+        for bad in [
+            "iscsi://bob%s3cret-xyz@h:99999/t/0",
+            "iscsi://bob%s3cret-xyz@h/t/x",
+            "iscsi://bob%s3cret-xyz@/t/0",
+            "iscsi://b%s3cret-xyz@h/t/0?target_password=s3cret-xyz&x=1",
+            "iscsi://h/t/0?target_user=t&target_password=s3cret-xyz&oops",
+        ] {
+            let e = IscsiUrl::parse(bad).unwrap_err().to_string();
+            assert!(!e.contains("s3cret-xyz"), "{e}");
+            assert!(e.contains("***"), "{e}");
+        }
+        assert_eq!(
+            redact("iscsi://u%p@h/t/0?target_user=t&target_password=q"),
+            "iscsi://u%***@h/t/0?target_user=t&target_password=***"
+        );
     }
 }

@@ -42,6 +42,10 @@ pub enum ChapError {
     /// has no credentials for that (or the target did not answer).
     #[error("mutual CHAP not available")]
     NoMutual,
+    /// Mutual CHAP: the target's answer to our challenge is wrong, so it
+    /// did not prove that it is the target we meant.
+    #[error("the target failed to prove itself (mutual CHAP): its name or response does not match the target credentials given")]
+    TargetNotProven,
 }
 
 /// A CHAP hash, by its CHAP_A number (IANA PPP authentication algorithms).
@@ -406,7 +410,7 @@ impl InitiatorChap {
                 let want = alg.response(self.id, &target.secret, &self.challenge);
                 let ok = name.as_bytes().ct_eq(target.user.as_bytes()) & r.as_slice().ct_eq(&want);
                 if !bool::from(ok) {
-                    return Err(ChapError::Failed);
+                    return Err(ChapError::TargetNotProven);
                 }
                 self.state = InitiatorState::Done;
                 Ok(Vec::new())
@@ -512,7 +516,7 @@ mod tests {
         let c = t.on_keys(&i.start()).unwrap();
         let r = i.on_keys(&c).unwrap();
         let m = t.on_keys(&r).unwrap();
-        assert_eq!(i.on_keys(&m), Err(ChapError::Failed));
+        assert_eq!(i.on_keys(&m), Err(ChapError::TargetNotProven));
     }
 
     #[test]
