@@ -444,7 +444,8 @@ pub(crate) async fn run(a: &BenchArgs) -> anyhow::Result<Report> {
     let ios = reads + writes;
     let us = |ns: u64| ns as f64 / 1000.0;
     Ok(Report {
-        target: a.target.clone(),
+        // A URL's CHAP secret is not printed.
+        target: ethersan_initiator::url::redact(&a.target),
         engine: engine_name,
         rw: a.rw,
         read_pct: match a.rw {
@@ -493,18 +494,27 @@ fn size_text(bytes: u64) -> String {
 pub(crate) async fn cmd_bench(a: BenchArgs) -> anyhow::Result<()> {
     let r = run(&a).await?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        out!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(());
     }
     let workload = match r.rw {
         Pattern::Mixed => format!("mixed {}% read", r.read_pct),
         p => format!("{p:?}").to_lowercase(),
     };
-    println!(
+    out!(
         "{:<7} {:<16} {:>5} {:>4} {:>4} {:>10} {:>9} {:>9} {:>9} {:>9}",
-        "engine", "workload", "bs", "qd", "sess", "IOPS", "MB/s", "p50 us", "p99 us", "p99.9 us"
+        "engine",
+        "workload",
+        "bs",
+        "qd",
+        "sess",
+        "IOPS",
+        "MB/s",
+        "p50 us",
+        "p99 us",
+        "p99.9 us"
     );
-    println!(
+    out!(
         "{:<7} {:<16} {:>5} {:>4} {:>4} {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
         r.engine,
         workload,
@@ -522,9 +532,13 @@ pub(crate) async fn cmd_bench(a: BenchArgs) -> anyhow::Result<()> {
         (Some(e), _) => format!(" ({e} engine)"),
         _ => String::new(),
     };
-    println!(
+    out!(
         "{} I/Os ({} reads, {} writes) in {:.2} s against {}{local}",
-        r.ios, r.reads, r.writes, r.seconds, r.target
+        r.ios,
+        r.reads,
+        r.writes,
+        r.seconds,
+        r.target
     );
     Ok(())
 }

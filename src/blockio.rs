@@ -441,7 +441,7 @@ impl RetryingLun {
     fn say(&self, msg: &str) {
         match &*self.bar.lock().expect("not poisoned") {
             Some(b) if !b.is_hidden() => b.println(msg),
-            _ => eprintln!("{msg}"),
+            _ => note!("{msg}"),
         }
     }
 

@@ -79,12 +79,12 @@ pub(crate) async fn cmd_discover(
         .map(|(name, portals)| DiscoveredTarget { name, portals })
         .collect();
     if json {
-        println!("{}", serde_json::to_string_pretty(&list)?);
+        out!("{}", serde_json::to_string_pretty(&list)?);
     } else {
         for t in &list {
-            println!("{}", t.name);
+            out!("{}", t.name);
             for p in &t.portals {
-                println!("    {p}");
+                out!("    {p}");
             }
         }
     }
@@ -324,14 +324,19 @@ pub(crate) async fn cmd_ls(url: &str, how: &ConnectArgs, json: bool) -> anyhow::
     let _ = s.logout().await;
     let infos = listed?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&infos)?);
+        out!("{}", serde_json::to_string_pretty(&infos)?);
     } else {
-        println!(
+        out!(
             "{:<5} {:<10} {:<10} {:<17} {:>10} {:>6}  serial",
-            "LUN", "type", "vendor", "product", "size", "bs"
+            "LUN",
+            "type",
+            "vendor",
+            "product",
+            "size",
+            "bs"
         );
         for i in &infos {
-            println!(
+            out!(
                 "{:<5} {:<10} {:<10} {:<17} {:>10} {:>6}  {}",
                 i.lun,
                 if i.peripheral_type == 0 {
@@ -358,10 +363,10 @@ pub(crate) async fn cmd_inquiry(url: &str, how: &ConnectArgs, json: bool) -> any
     let _ = s.logout().await;
     let info = info?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&info)?);
+        out!("{}", serde_json::to_string_pretty(&info)?);
     } else {
-        println!("LUN:          {}", info.lun);
-        println!(
+        out!("LUN:          {}", info.lun);
+        out!(
             "Type:         {}",
             if info.peripheral_type == 0 {
                 "direct-access block device"
@@ -369,14 +374,14 @@ pub(crate) async fn cmd_inquiry(url: &str, how: &ConnectArgs, json: bool) -> any
                 "other"
             }
         );
-        println!("Vendor:       {}", info.vendor);
-        println!("Product:      {}", info.product);
-        println!("Revision:     {}", info.revision);
+        out!("Vendor:       {}", info.vendor);
+        out!("Product:      {}", info.product);
+        out!("Revision:     {}", info.revision);
         if let Some(s) = &info.serial {
-            println!("Serial:       {s}");
+            out!("Serial:       {s}");
         }
         if let (Some(b), Some(bs)) = (info.blocks, info.block_size) {
-            println!(
+            out!(
                 "Capacity:     {} ({} blocks of {} bytes)",
                 human(b * u64::from(bs)),
                 b,
@@ -384,9 +389,9 @@ pub(crate) async fn cmd_inquiry(url: &str, how: &ConnectArgs, json: bool) -> any
             );
         }
         let pages: Vec<String> = info.vpd_pages.iter().map(|p| format!("{p:#04x}")).collect();
-        println!("VPD pages:    {}", pages.join(" "));
+        out!("VPD pages:    {}", pages.join(" "));
         if let Some(b) = &info.block_limits {
-            println!(
+            out!(
                 "Block limits: max transfer {} blocks, optimal {}, COMPARE AND WRITE {}, UNMAP {} (granularity {}), WRITE SAME {}",
                 b.max_transfer_blocks,
                 b.optimal_transfer_blocks,
@@ -397,7 +402,7 @@ pub(crate) async fn cmd_inquiry(url: &str, how: &ConnectArgs, json: bool) -> any
             );
         }
         if let Some(r) = info.rotation_rate {
-            println!(
+            out!(
                 "Medium:       {}",
                 match r {
                     1 => "non-rotating (solid state or memory)".to_string(),
@@ -407,7 +412,7 @@ pub(crate) async fn cmd_inquiry(url: &str, how: &ConnectArgs, json: bool) -> any
             );
         }
         if let Some(p) = &info.provisioning {
-            println!(
+            out!(
                 "Provisioning: {}{}{}{}",
                 if p.thin { "thin" } else { "full" },
                 if p.unmap { ", UNMAP" } else { "" },
@@ -424,7 +429,7 @@ pub(crate) async fn cmd_inquiry(url: &str, how: &ConnectArgs, json: bool) -> any
             );
         }
         for d in &info.designators {
-            println!("Designator:   {d}");
+            out!("Designator:   {d}");
         }
     }
     Ok(())

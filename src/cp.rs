@@ -151,7 +151,7 @@ fn progress(label: &'static str, total: Option<u64>, quiet: bool) -> ProgressBar
     match total {
         Some(t) => ProgressBar::new(t).with_style(
             ProgressStyle::with_template(&format!(
-                "{label} {{bar:40}} {{binary_bytes}}/{{binary_total_bytes}} {{binary_bytes_per_sec}} {{calm_eta}}"
+                "{label} {{wide_bar}} {{binary_bytes}}/{{binary_total_bytes}} {{binary_bytes_per_sec}} {{calm_eta}}"
             ))
             .expect("valid template")
             .with_key(
@@ -487,7 +487,7 @@ pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
         }
     }
     if !a.quiet {
-        eprintln!("{}", summary(copied, secs, verify_secs, retries));
+        note!("{}", summary(copied, secs, verify_secs, retries));
     }
     for end in [&src, &dst] {
         if let End::Lun(l) = end {

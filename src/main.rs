@@ -26,6 +26,27 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// `println!` that never panics: a closed or broken stdout (`| head -1`)
+/// ends the output quietly instead of aborting the process.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::write_line(&mut std::io::stdout(), format_args!($($arg)*))
+    };
+}
+
+/// `eprintln!` that never panics on a closed stderr.
+macro_rules! note {
+    ($($arg:tt)*) => {
+        $crate::write_line(&mut std::io::stderr(), format_args!($($arg)*))
+    };
+}
+
+/// Write one line; a reader that went away is not an error worth a panic
+/// (the rest of the output has nowhere to go either).
+fn write_line(w: &mut dyn std::io::Write, args: std::fmt::Arguments) {
+    let _ = writeln!(w, "{args}");
+}
+
 mod bench;
 mod blockio;
 mod client;

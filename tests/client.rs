@@ -8,7 +8,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use common::{ethersan, ok, pattern, require_tool, Server, IQN};
+use common::{ethersan, ok, pattern, require_tool, said_once, Server, IQN};
 
 fn fails_with(out: &Output, text: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
@@ -17,6 +17,13 @@ fn fails_with(out: &Output, text: &str) {
         "expected a failure mentioning {text:?}"
     );
     assert!(err.contains(text), "expected {text:?} in: {err}");
+    // Each cause once, on the one error line.
+    let line = err
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("ethersan: "))
+        .unwrap_or_else(|| panic!("no error line in: {err}"));
+    said_once(line);
 }
 
 /// Which server a client test talks to.

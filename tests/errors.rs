@@ -51,26 +51,6 @@ fn serve_fails_as(args: &[&str], cwd: &Path, as_nobody: Option<()>) -> String {
     line
 }
 
-/// No cause is printed twice: no part of the message between `: ` or `; `
-/// separators (of a dozen characters or more) occurs in it twice, and
-/// there is at most one OS error.
-fn said_once(line: &str) {
-    assert!(
-        line.matches("(os error").count() <= 1,
-        "an OS error is printed twice: {line}"
-    );
-    for part in line.split(": ").flat_map(|p| p.split("; ")) {
-        let part = part.trim();
-        if part.len() >= 12 {
-            assert_eq!(
-                line.matches(part).count(),
-                1,
-                "{part:?} is printed more than once: {line}"
-            );
-        }
-    }
-}
-
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }

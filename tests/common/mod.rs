@@ -265,6 +265,26 @@ impl Drop for Server {
     }
 }
 
+/// No cause is printed twice: no part of the message between `: ` or `; `
+/// separators (of a dozen characters or more) occurs in it twice, and
+/// there is at most one OS error.
+pub fn said_once(line: &str) {
+    assert!(
+        line.matches("(os error").count() <= 1,
+        "an OS error is printed twice: {line}"
+    );
+    for part in line.split(": ").flat_map(|p| p.split("; ")) {
+        let part = part.trim();
+        if part.len() >= 12 {
+            assert_eq!(
+                line.matches(part).count(),
+                1,
+                "{part:?} is printed more than once: {line}"
+            );
+        }
+    }
+}
+
 /// Fail with a clear message when a tool is missing: the test command
 /// (`./scripts/test`) installs them; a test must not pass by skipping.
 pub fn require_tool(name: &str) {
