@@ -35,7 +35,9 @@ pub enum LinkError {
         ifname: String,
     },
     /// The interface does not carry Ethernet frames (loopback, tun, …).
-    #[error("network interface {ifname} is not an Ethernet interface (ARP hardware type {hwtype})")]
+    #[error(
+        "network interface {ifname} is not an Ethernet interface (ARP hardware type {hwtype})"
+    )]
     NotEthernet {
         /// The interface.
         ifname: String,

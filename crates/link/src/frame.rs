@@ -31,7 +31,8 @@ impl EthernetHeader {
     /// than [`HEADER_LEN`].
     pub fn parse(frame: &[u8]) -> Option<EthernetHeader> {
         let h: &[u8; HEADER_LEN] = frame.get(..HEADER_LEN)?.try_into().ok()?;
-        let mac = |at: usize| MacAddr([h[at], h[at + 1], h[at + 2], h[at + 3], h[at + 4], h[at + 5]]);
+        let mac =
+            |at: usize| MacAddr([h[at], h[at + 1], h[at + 2], h[at + 3], h[at + 4], h[at + 5]]);
         Some(EthernetHeader {
             dst: mac(0),
             src: mac(6),
@@ -70,7 +71,9 @@ impl RxFilter {
             return false;
         };
         h.ethertype == self.ethertype
-            && (h.dst == self.mac || h.dst.is_broadcast() || (self.multicast && h.dst.is_multicast()))
+            && (h.dst == self.mac
+                || h.dst.is_broadcast()
+                || (self.multicast && h.dst.is_multicast()))
     }
 }
 
@@ -114,7 +117,11 @@ mod tests {
         assert!(!f.accepts(&frame(other, ETHERTYPE_AOE)));
         assert!(!f.accepts(&frame(me, 0x0800)));
         assert!(!f.accepts(&frame(group, ETHERTYPE_AOE)));
-        assert!(RxFilter { multicast: true, ..f }.accepts(&frame(group, ETHERTYPE_AOE)));
+        assert!(RxFilter {
+            multicast: true,
+            ..f
+        }
+        .accepts(&frame(group, ETHERTYPE_AOE)));
         assert!(!f.accepts(&frame(me, ETHERTYPE_AOE)[..13]));
     }
 }

@@ -247,7 +247,7 @@ impl HubState {
         let reorder = self.rng.chance(imp.reorder);
         let mut q = port.frames.lock().unwrap_or_else(|e| e.into_inner());
         let held = q.held.take();
-        let mut push = |q: &mut PortFrames, f: Vec<u8>, stats: &mut HubStats| {
+        let push = |q: &mut PortFrames, f: Vec<u8>, stats: &mut HubStats| {
             if q.queue.len() >= PORT_QUEUE {
                 stats.overflowed += 1;
             } else {
@@ -256,16 +256,28 @@ impl HubState {
             }
         };
         for i in 0..copies {
-            let f = if i + 1 == copies { std::mem::take(&mut copy) } else { copy.clone() };
+            let f = if i + 1 == copies {
+                std::mem::take(&mut copy)
+            } else {
+                copy.clone()
+            };
             if reorder && i == 0 && held.is_none() {
+                // Counted as delivered now: it reaches the queue later, here
+                // or when the port finds its queue empty.
                 self.stats.reordered += 1;
+                self.stats.delivered += 1;
                 q.held = Some(f);
             } else {
                 push(&mut q, f, &mut self.stats);
             }
         }
         if let Some(h) = held {
-            push(&mut q, h, &mut self.stats);
+            if q.queue.len() >= PORT_QUEUE {
+                self.stats.delivered -= 1;
+                self.stats.overflowed += 1;
+            } else {
+                q.queue.push_back(h);
+            }
         }
         drop(q);
         port.ready.notify_one();

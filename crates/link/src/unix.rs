@@ -90,20 +90,17 @@ impl UnixDgramLink {
     /// Binds `config.local`. Must be called within a tokio runtime.
     pub fn open(config: UnixDgramConfig) -> Result<UnixDgramLink, LinkError> {
         check_mtu(config.mtu)?;
-        let unix_err = |op, path: &Path| move |source| LinkError::Unix {
-            op,
-            path: path.to_path_buf(),
-            source,
-        };
         match std::fs::symlink_metadata(&config.local) {
-            Ok(m) if m.file_type().is_socket() => {
-                std::fs::remove_file(&config.local).map_err(unix_err("removing the stale socket", &config.local))?
-            }
+            Ok(m) if m.file_type().is_socket() => std::fs::remove_file(&config.local)
+                .map_err(unix_err("removing the stale socket", &config.local))?,
             Ok(_) => {
                 return Err(LinkError::Unix {
                     op: "binding",
                     path: config.local.clone(),
-                    source: io::Error::new(io::ErrorKind::AlreadyExists, "a file that is not a socket is in the way"),
+                    source: io::Error::new(
+                        io::ErrorKind::AlreadyExists,
+                        "a file that is not a socket is in the way",
+                    ),
                 })
             }
             Err(_) => {}
@@ -158,7 +155,10 @@ impl UnixDgramLink {
     pub async fn recv_batch<F: FnMut(&[u8])>(&self, mut f: F) -> Result<usize, LinkError> {
         let max = self.mtu + HEADER_LEN;
         loop {
-            self.sock.readable().await.map_err(|e| self.err("waiting to receive on", e))?;
+            self.sock
+                .readable()
+                .await
+                .map_err(|e| self.err("waiting to receive on", e))?;
             let mut delivered = 0;
             let mut buf = self.buf.lock().unwrap_or_else(|e| e.into_inner());
             for _ in 0..RECV_BATCH {
@@ -238,6 +238,15 @@ impl UnixDgramLink {
             path: self.peer.clone(),
             source,
         }
+    }
+}
+
+/// Maps an OS error about `path` while doing `op`.
+fn unix_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> LinkError + 'a {
+    move |source| LinkError::Unix {
+        op,
+        path: path.to_path_buf(),
+        source,
     }
 }
 

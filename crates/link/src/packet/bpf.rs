@@ -41,9 +41,16 @@ pub(super) fn program(filter: &RxFilter) -> Vec<sock_filter> {
     let mac_lo = u32::from(u16::from_be_bytes([m[4], m[5]]));
     let mut p = vec![
         /* 0 */ stmt(BPF_LD | BPF_W | BPF_ABS, LOAD_PKTTYPE),
-        /* 1 */ jump(BPF_JMP | BPF_JEQ | BPF_K, u32::from(libc::PACKET_OUTGOING), 0, 0), // → drop
+        /* 1 */
+        jump(
+            BPF_JMP | BPF_JEQ | BPF_K,
+            u32::from(libc::PACKET_OUTGOING),
+            0,
+            0,
+        ), // → drop
         /* 2 */ stmt(BPF_LD | BPF_H | BPF_ABS, 12),
-        /* 3 */ jump(BPF_JMP | BPF_JEQ | BPF_K, u32::from(filter.ethertype), 0, 0), // else → drop
+        /* 3 */
+        jump(BPF_JMP | BPF_JEQ | BPF_K, u32::from(filter.ethertype), 0, 0), // else → drop
         /* 4 */ stmt(BPF_LD | BPF_B | BPF_ABS, 0),
         /* 5 */ jump(BPF_JMP | BPF_JSET | BPF_K, 1, 4, 0), // group bit → 10
         /* 6 */ stmt(BPF_LD | BPF_W | BPF_ABS, 0),
@@ -99,7 +106,9 @@ mod tests {
                 Some(b.iter().fold(0u32, |acc, &x| acc << 8 | u32::from(x)))
             };
             match code {
-                c if c == libc::BPF_LD | libc::BPF_W | libc::BPF_ABS && i.k == LOAD_PKTTYPE => a = u32::from(pkttype),
+                c if c == libc::BPF_LD | libc::BPF_W | libc::BPF_ABS && i.k == LOAD_PKTTYPE => {
+                    a = u32::from(pkttype)
+                }
                 c if c == libc::BPF_LD | libc::BPF_W | libc::BPF_ABS => match load(i.k, 4) {
                     Some(v) => a = v,
                     None => return 0,
@@ -145,11 +154,25 @@ mod tests {
             let prog = program(&filter);
             for dst in near {
                 for ethertype in [ETHERTYPE_AOE, 0x0800, 0x88a3] {
-                    let mut frame = EthernetHeader { dst, src: me, ethertype }.to_bytes().to_vec();
+                    let mut frame = EthernetHeader {
+                        dst,
+                        src: me,
+                        ethertype,
+                    }
+                    .to_bytes()
+                    .to_vec();
                     frame.resize(60, 0);
-                    for pkttype in [libc::PACKET_HOST, libc::PACKET_BROADCAST, libc::PACKET_OTHERHOST] {
+                    for pkttype in [
+                        libc::PACKET_HOST,
+                        libc::PACKET_BROADCAST,
+                        libc::PACKET_OTHERHOST,
+                    ] {
                         let want = filter.accepts(&frame);
-                        assert_eq!(run(&prog, &frame, pkttype) != 0, want, "{dst} {ethertype:#x} {multicast}");
+                        assert_eq!(
+                            run(&prog, &frame, pkttype) != 0,
+                            want,
+                            "{dst} {ethertype:#x} {multicast}"
+                        );
                     }
                     assert_eq!(run(&prog, &frame, libc::PACKET_OUTGOING), 0);
                 }

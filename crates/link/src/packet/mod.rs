@@ -1,7 +1,7 @@
 //! The AF_PACKET link: a raw socket on a named interface, bound to one
 //! EtherType, with a TPACKET_V3 receive ring and a transmit ring shared
-//! with the kernel (see [`ring`] for the invariants), a BPF filter on the
-//! destination MAC ([`bpf`]), `PACKET_QDISC_BYPASS` for sends, and optional
+//! with the kernel (`ring.rs` states the invariants), a BPF filter on the
+//! destination MAC (`bpf.rs`), `PACKET_QDISC_BYPASS` for sends, and optional
 //! `PACKET_FANOUT` so several sockets (threads, processes) share the
 //! receive load of one interface. Driven from tokio with
 //! [`AsyncFd`]: the receive ring is walked when the socket is readable, and
@@ -124,8 +124,8 @@ impl std::fmt::Debug for PacketLink {
 
 impl PacketLink {
     /// Opens the link. Must be called within a tokio runtime (the socket
-    /// is registered with its reactor); the socket belongs to the calling
-    /// thread's network namespace.
+    /// is registered with its reactor; panics otherwise); the socket belongs
+    /// to the calling thread's network namespace.
     pub fn open(config: PacketConfig) -> Result<PacketLink, LinkError> {
         let name = config.ifname.clone();
         let os = |op: &'static str| {
@@ -138,7 +138,13 @@ impl PacketLink {
         };
         let cname = interface_name(&name)?;
         // SAFETY: plain socket(2) call; the result is checked below.
-        let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) };
+        let raw = unsafe {
+            libc::socket(
+                libc::AF_PACKET,
+                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+            )
+        };
         if raw < 0 {
             let e = io::Error::last_os_error();
             return Err(match e.raw_os_error() {
@@ -157,19 +163,31 @@ impl PacketLink {
             // SAFETY: SIOCGIFHWADDR fills `ifru_hwaddr`.
             let sa = unsafe { r.ifr_ifru.ifru_hwaddr };
             let d = sa.sa_data;
-            (sa.sa_family, MacAddr([d[0] as u8, d[1] as u8, d[2] as u8, d[3] as u8, d[4] as u8, d[5] as u8]))
+            (
+                sa.sa_family,
+                MacAddr([
+                    d[0] as u8, d[1] as u8, d[2] as u8, d[3] as u8, d[4] as u8, d[5] as u8,
+                ]),
+            )
         })
         .map_err(os("reading the MAC address"))?;
         if hwtype != libc::ARPHRD_ETHER {
-            return Err(LinkError::NotEthernet { ifname: name, hwtype });
+            return Err(LinkError::NotEthernet {
+                ifname: name,
+                hwtype,
+            });
         }
         // SAFETY: SIOCGIFMTU fills `ifru_mtu`.
-        let mtu = ifreq_get(raw, &cname, libc::SIOCGIFMTU, |r| unsafe { r.ifr_ifru.ifru_mtu })
-            .map_err(os("reading the MTU"))? as usize;
+        let mtu = ifreq_get(raw, &cname, libc::SIOCGIFMTU, |r| unsafe {
+            r.ifr_ifru.ifru_mtu
+        })
+        .map_err(os("reading the MTU"))? as usize;
         check_mtu(mtu)?;
         // SAFETY: SIOCGIFFLAGS fills `ifru_flags`.
-        let flags = ifreq_get(raw, &cname, libc::SIOCGIFFLAGS, |r| unsafe { r.ifr_ifru.ifru_flags })
-            .map_err(os("reading the interface flags"))?;
+        let flags = ifreq_get(raw, &cname, libc::SIOCGIFFLAGS, |r| unsafe {
+            r.ifr_ifru.ifru_flags
+        })
+        .map_err(os("reading the interface flags"))?;
         if i32::from(flags) & libc::IFF_UP == 0 {
             return Err(LinkError::InterfaceDown { ifname: name });
         }
@@ -180,19 +198,23 @@ impl PacketLink {
         };
 
         let v3 = libc::tpacket_versions::TPACKET_V3 as libc::c_int;
-        setsockopt(raw, libc::SOL_PACKET, libc::PACKET_VERSION, &v3).map_err(os("selecting TPACKET_V3"))?;
+        setsockopt(raw, libc::SOL_PACKET, libc::PACKET_VERSION, &v3)
+            .map_err(os("selecting TPACKET_V3"))?;
+        let one: libc::c_int = 1;
         if config.qdisc_bypass {
-            setsockopt(raw, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, &1 as &libc::c_int)
+            setsockopt(raw, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, &one)
                 .map_err(os("setting PACKET_QDISC_BYPASS"))?;
         }
         // A malformed transmit slot is skipped, not a stop of the ring.
-        setsockopt(raw, libc::SOL_PACKET, libc::PACKET_LOSS, &1 as &libc::c_int).map_err(os("setting PACKET_LOSS"))?;
+        setsockopt(raw, libc::SOL_PACKET, libc::PACKET_LOSS, &one)
+            .map_err(os("setting PACKET_LOSS"))?;
         let mut prog = bpf::program(&filter);
         let fprog = libc::sock_fprog {
             len: prog.len() as u16,
             filter: prog.as_mut_ptr(),
         };
-        setsockopt(raw, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog).map_err(os("attaching the BPF filter"))?;
+        setsockopt(raw, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)
+            .map_err(os("attaching the BPF filter"))?;
 
         // Receive ring: blocks of rx_block_size; frame_size only sets the
         // (unused) frame count for TPACKET_V3.
@@ -213,7 +235,8 @@ impl PacketLink {
                 format!("a {block}-byte block is too small for MTU {mtu}"),
             )));
         }
-        setsockopt(raw, libc::SOL_PACKET, libc::PACKET_RX_RING, &rx_req).map_err(os("setting up the receive ring"))?;
+        setsockopt(raw, libc::SOL_PACKET, libc::PACKET_RX_RING, &rx_req)
+            .map_err(os("setting up the receive ring"))?;
         // Transmit ring: fixed slots of header + frame, 16-byte aligned.
         let frame_size = (TX_DATA_OFFSET + mtu + HEADER_LEN + 15) & !15;
         let tx_block = (frame_size * 8).next_power_of_two().max(page);
@@ -228,9 +251,11 @@ impl PacketLink {
             tp_sizeof_priv: 0,
             tp_feature_req_word: 0,
         };
-        setsockopt(raw, libc::SOL_PACKET, libc::PACKET_TX_RING, &tx_req).map_err(os("setting up the transmit ring"))?;
+        setsockopt(raw, libc::SOL_PACKET, libc::PACKET_TX_RING, &tx_req)
+            .map_err(os("setting up the transmit ring"))?;
         let rx_len = block * rx_req.tp_block_nr as usize;
-        let map = Mapping::new(raw, rx_len + tx_block * tx_blocks).map_err(os("mapping the packet rings"))?;
+        let map = Mapping::new(raw, rx_len + tx_block * tx_blocks)
+            .map_err(os("mapping the packet rings"))?;
         // SAFETY: the mapping starts with the receive ring of exactly these
         // dimensions, and `map` is kept in the link, dropped after the view.
         let rx = unsafe { RxRing::new(map.base(), block, rx_req.tp_block_nr as usize) };
@@ -262,9 +287,13 @@ impl PacketLink {
                 FanoutMode::QueueMapping => libc::PACKET_FANOUT_QM,
             };
             let arg = u32::from(fanout.group) | (mode << 16);
-            setsockopt(raw, libc::SOL_PACKET, libc::PACKET_FANOUT, &arg).map_err(os("joining the fanout group"))?;
+            setsockopt(raw, libc::SOL_PACKET, libc::PACKET_FANOUT, &arg)
+                .map_err(os("joining the fanout group"))?;
         }
-        let fd = AsyncFd::new(fd).map_err(os("registering with the tokio reactor"))?;
+        // SAFETY: `fd` is an open socket the AsyncFd takes ownership of; it
+        // stays open, and `as_raw_fd` returns it, until the AsyncFd drops.
+        let fd = unsafe { AsyncFd::register(fd) }
+            .map_err(|e| os("registering with the tokio reactor")(e.into_parts().1))?;
         tracing::debug!(ifname = %name, ifindex, %mac, mtu, "packet link open");
         Ok(PacketLink {
             fd,
@@ -301,9 +330,13 @@ impl PacketLink {
     /// See [`Link::recv_batch`](crate::Link::recv_batch).
     pub async fn recv_batch<F: FnMut(&[u8])>(&self, mut f: F) -> Result<usize, LinkError> {
         loop {
-            let mut ready = self.fd.readable().await.map_err(|e| self.err("waiting to receive", e))?;
+            let mut ready = self
+                .fd
+                .readable()
+                .await
+                .map_err(|e| self.err("waiting to receive", e))?;
             let mut delivered = 0;
-            let drained = {
+            let empty = {
                 let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
                 rx.drain(RECV_BATCH, |frame, pkttype| {
                     // The BPF filter did this already; kept for safety.
@@ -313,7 +346,7 @@ impl PacketLink {
                     }
                 })
             };
-            if drained.empty {
+            if empty {
                 // Only now: a block retired meanwhile re-arms readiness
                 // (tokio does not clear readiness newer than this guard).
                 ready.clear_ready();
@@ -384,14 +417,24 @@ impl PacketLink {
     /// Waits until the next transmit slot is free again.
     async fn wait_for_slot(&self) -> Result<(), LinkError> {
         loop {
-            if self.tx.lock().unwrap_or_else(|e| e.into_inner()).next_is_free() {
+            if self
+                .tx
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .next_is_free()
+            {
                 return Ok(());
             }
             // The kernel marks POLLOUT when its head slot is free again; a
             // short timeout covers a slot freed without a wake-up.
             match tokio::time::timeout(Duration::from_millis(1), self.fd.writable()).await {
                 Ok(Ok(mut guard)) => {
-                    if !self.tx.lock().unwrap_or_else(|e| e.into_inner()).next_is_free() {
+                    if !self
+                        .tx
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .next_is_free()
+                    {
                         guard.clear_ready();
                         self.kick()?;
                     }
@@ -415,7 +458,9 @@ impl PacketLink {
 fn interface_name(name: &str) -> Result<CString, LinkError> {
     let bad = name.is_empty()
         || name.len() >= libc::IFNAMSIZ
-        || name.bytes().any(|b| b == b'/' || b == 0 || b.is_ascii_whitespace());
+        || name
+            .bytes()
+            .any(|b| b == b'/' || b == 0 || b.is_ascii_whitespace());
     if bad {
         return Err(LinkError::BadInterfaceName {
             ifname: name.to_string(),
@@ -427,7 +472,12 @@ fn interface_name(name: &str) -> Result<CString, LinkError> {
 }
 
 /// Runs an `SIOCGIF*` ioctl for `name` on `fd` and reads the answer.
-fn ifreq_get<T>(fd: RawFd, name: &CString, req: libc::c_ulong, read: impl FnOnce(&libc::ifreq) -> T) -> io::Result<T> {
+fn ifreq_get<T>(
+    fd: RawFd,
+    name: &CString,
+    req: libc::c_ulong,
+    read: impl FnOnce(&libc::ifreq) -> T,
+) -> io::Result<T> {
     // SAFETY: all-zero is a valid ifreq.
     let mut r: libc::ifreq = unsafe { std::mem::zeroed() };
     for (d, s) in r.ifr_name.iter_mut().zip(name.as_bytes()) {
@@ -476,7 +526,10 @@ mod tests {
     fn interface_names_are_checked() {
         for bad in ["", "a/b", "eth 0", "0123456789abcdef", "e\0"] {
             let e = interface_name(bad).unwrap_err();
-            assert!(e.to_string().contains("not a valid network interface name"), "{e}");
+            assert!(
+                e.to_string().contains("not a valid network interface name"),
+                "{e}"
+            );
         }
         assert!(interface_name("eth0").is_ok());
         assert!(interface_name("0123456789abcde").is_ok());
@@ -484,15 +537,27 @@ mod tests {
 
     #[test]
     fn error_messages() {
-        let e = LinkError::NeedsCapNetRaw { ifname: "eth0".into() };
+        let e = LinkError::NeedsCapNetRaw {
+            ifname: "eth0".into(),
+        };
         assert_eq!(
             e.to_string(),
             "opening a raw socket on eth0 needs CAP_NET_RAW: run as root, or grant it \
              (setcap cap_net_raw+ep BINARY, or AmbientCapabilities=CAP_NET_RAW in a systemd unit)"
         );
-        let e = LinkError::NoSuchInterface { ifname: "eth9".into() };
-        assert_eq!(e.to_string(), "no network interface named eth9 (list them with `ip link`)");
-        let e = LinkError::InterfaceDown { ifname: "eth1".into() };
-        assert_eq!(e.to_string(), "network interface eth1 is down (bring it up with `ip link set eth1 up`)");
+        let e = LinkError::NoSuchInterface {
+            ifname: "eth9".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "no network interface named eth9 (list them with `ip link`)"
+        );
+        let e = LinkError::InterfaceDown {
+            ifname: "eth1".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "network interface eth1 is down (bring it up with `ip link set eth1 up`)"
+        );
     }
 }

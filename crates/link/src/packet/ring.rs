@@ -40,11 +40,13 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use libc::{tpacket3_hdr, tpacket_block_desc, tpacket_hdr_v1};
 
 /// Offset of `block_status` in a block descriptor.
-const BLOCK_STATUS: usize = std::mem::offset_of!(tpacket_block_desc, hdr) + std::mem::offset_of!(tpacket_hdr_v1, block_status);
+const BLOCK_STATUS: usize = std::mem::offset_of!(tpacket_block_desc, hdr)
+    + std::mem::offset_of!(tpacket_hdr_v1, block_status);
 /// Offset of `tp_status` in a frame header.
 const FRAME_STATUS: usize = std::mem::offset_of!(tpacket3_hdr, tp_status);
 /// Where `sockaddr_ll` follows a `tpacket3_hdr` (`TPACKET_ALIGN`ed).
-const SLL_OFFSET: usize = (std::mem::size_of::<tpacket3_hdr>() + libc::TPACKET_ALIGNMENT - 1) & !(libc::TPACKET_ALIGNMENT - 1);
+const SLL_OFFSET: usize = (std::mem::size_of::<tpacket3_hdr>() + libc::TPACKET_ALIGNMENT - 1)
+    & !(libc::TPACKET_ALIGNMENT - 1);
 /// Where a transmitted frame's data starts in its slot:
 /// `tp_hdrlen - sizeof(sockaddr_ll)` for TPACKET_V3.
 pub(super) const TX_DATA_OFFSET: usize = SLL_OFFSET;
@@ -80,7 +82,8 @@ impl Mapping {
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
+        let ptr =
+            NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned NULL"))?;
         Ok(Mapping { ptr, len })
     }
 
@@ -119,15 +122,6 @@ pub(super) struct RxRing {
 // under the link's receive mutex only.
 unsafe impl Send for RxRing {}
 
-/// What one [`RxRing::drain`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Drained {
-    /// Frames walked (delivered or not).
-    pub(super) frames: usize,
-    /// The next block is still the kernel's: the ring is empty.
-    pub(super) empty: bool,
-}
-
 impl RxRing {
     /// # Safety
     /// `base` must point to `blocks * block_size` bytes of a TPACKET_V3
@@ -144,8 +138,9 @@ impl RxRing {
     /// Walks the blocks the kernel has handed over, in order, calling `f`
     /// with each frame and its `sll_pkttype`, and returns each block to the
     /// kernel after its last frame. Stops after the block in which `max`
-    /// frames were reached, or at the first block still the kernel's.
-    pub(super) fn drain(&mut self, max: usize, mut f: impl FnMut(&[u8], u8)) -> Drained {
+    /// frames were reached, or at the first block still the kernel's; in
+    /// that case, and only then, returns true (the ring is empty).
+    pub(super) fn drain(&mut self, max: usize, mut f: impl FnMut(&[u8], u8)) -> bool {
         let mut frames = 0;
         loop {
             // SAFETY: `next < blocks`, so the block lies in the ring.
@@ -153,7 +148,7 @@ impl RxRing {
             // SAFETY: block starts are page aligned and in the mapping.
             let st = unsafe { status(block.add(BLOCK_STATUS)) };
             if st.load(Ordering::Acquire) & libc::TP_STATUS_USER == 0 {
-                return Drained { frames, empty: true };
+                return true;
             }
             // SAFETY: the block is ours (TP_STATUS_USER, read with Acquire),
             // so the kernel does not write it; the descriptor is at its start.
@@ -170,7 +165,13 @@ impl RxRing {
                 let h = unsafe { block.add(off).cast::<tpacket3_hdr>().read() };
                 // SAFETY: as above; `sll_pkttype` is one byte of the
                 // sockaddr_ll after the header.
-                let pkttype = unsafe { block.add(off + SLL_OFFSET).cast::<libc::sockaddr_ll>().read().sll_pkttype };
+                let pkttype = unsafe {
+                    block
+                        .add(off + SLL_OFFSET)
+                        .cast::<libc::sockaddr_ll>()
+                        .read()
+                        .sll_pkttype
+                };
                 let start = off + usize::from(h.tp_mac);
                 let len = h.tp_snaplen as usize;
                 if start + len <= self.block_size && h.tp_snaplen == h.tp_len {
@@ -189,7 +190,7 @@ impl RxRing {
             st.store(libc::TP_STATUS_KERNEL, Ordering::Release);
             self.next = (self.next + 1) % self.blocks;
             if frames >= max {
-                return Drained { frames, empty: false };
+                return false;
             }
         }
     }
@@ -215,7 +216,12 @@ impl TxRing {
     /// `base` must point to the transmit ring of the mapping (`blocks`
     /// blocks of `block_size` bytes, `frame_size`-byte slots that do not
     /// cross blocks), which must outlive the view.
-    pub(super) unsafe fn new(base: *mut u8, block_size: usize, frame_size: usize, blocks: usize) -> TxRing {
+    pub(super) unsafe fn new(
+        base: *mut u8,
+        block_size: usize,
+        frame_size: usize,
+        blocks: usize,
+    ) -> TxRing {
         let frames_per_block = block_size / frame_size;
         TxRing {
             base,
@@ -235,7 +241,10 @@ impl TxRing {
     fn slot(&self, i: usize) -> *mut u8 {
         let (block, within) = (i / self.frames_per_block, i % self.frames_per_block);
         // SAFETY: `i < frames`, so the slot lies inside the transmit ring.
-        unsafe { self.base.add(block * self.block_size + within * self.frame_size) }
+        unsafe {
+            self.base
+                .add(block * self.block_size + within * self.frame_size)
+        }
     }
 
     /// Whether the next slot is ours to fill.

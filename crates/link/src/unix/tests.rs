@@ -38,7 +38,13 @@ fn pair(dir: &Path, mtu: usize) -> (Arc<Link>, Arc<Link>) {
 }
 
 fn frame(dst: MacAddr, src: MacAddr, ethertype: u16, seq: u32, len: usize) -> Vec<u8> {
-    let mut f = EthernetHeader { dst, src, ethertype }.to_bytes().to_vec();
+    let mut f = EthernetHeader {
+        dst,
+        src,
+        ethertype,
+    }
+    .to_bytes()
+    .to_vec();
     f.extend_from_slice(&seq.to_be_bytes());
     f.extend((f.len()..len).map(|i| (i as u32 ^ seq) as u8));
     f
@@ -57,10 +63,16 @@ async fn exchange(from: Arc<Link>, to: Arc<Link>, n: u32, len: usize) -> Vec<Vec
     let dst = rx_mac(&from);
     let src = from.mac();
     for chunk in (0..n).collect::<Vec<_>>().chunks(32) {
-        let batch: Vec<Vec<u8>> = chunk.iter().map(|&i| frame(dst, src, ETHERTYPE_AOE, i, len)).collect();
+        let batch: Vec<Vec<u8>> = chunk
+            .iter()
+            .map(|&i| frame(dst, src, ETHERTYPE_AOE, i, len))
+            .collect();
         from.send_batch(&batch).await.unwrap();
     }
-    tokio::time::timeout(Duration::from_secs(20), rx).await.expect("frames did not arrive").unwrap()
+    tokio::time::timeout(Duration::from_secs(20), rx)
+        .await
+        .expect("frames did not arrive")
+        .unwrap()
 }
 
 fn rx_mac(from: &Link) -> MacAddr {
@@ -81,10 +93,15 @@ async fn frames_flow_both_ways() {
     for (got, from, to, len) in [(ab, &a, &b, 1514), (ba, &b, &a, 60)] {
         assert_eq!(got.len(), 2000);
         for (i, f) in got.iter().enumerate() {
-            assert_eq!(f, &frame(to.mac(), from.mac(), ETHERTYPE_AOE, i as u32, len));
+            assert_eq!(
+                f,
+                &frame(to.mac(), from.mac(), ETHERTYPE_AOE, i as u32, len)
+            );
         }
     }
-    let Link::UnixDgram(l) = &*a else { unreachable!() };
+    let Link::UnixDgram(l) = &*a else {
+        unreachable!()
+    };
     assert_eq!(l.dropped(), (0, 0));
 }
 
@@ -101,7 +118,16 @@ async fn jumbo_frames_with_mtu_9000() {
     assert!(ab.iter().chain(&ba).all(|f| f.len() == 9014));
     assert_eq!(ab[299], frame(b.mac(), a.mac(), ETHERTYPE_AOE, 299, 9014));
     let err = a.send(&vec![0; 9015]).await.unwrap_err();
-    assert!(matches!(err, LinkError::FrameSize { len: 9015, max: 9014 }), "{err}");
+    assert!(
+        matches!(
+            err,
+            LinkError::FrameSize {
+                len: 9015,
+                max: 9014
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -112,7 +138,13 @@ async fn filters_and_absent_peer() {
     let wrong = [
         frame(stranger, a.mac(), ETHERTYPE_AOE, 1, 60),
         frame(b.mac(), a.mac(), 0x0800, 2, 60),
-        frame(MacAddr([1, 0, 0x5e, 0, 0, 1]), a.mac(), ETHERTYPE_AOE, 3, 60),
+        frame(
+            MacAddr([1, 0, 0x5e, 0, 0, 1]),
+            a.mac(),
+            ETHERTYPE_AOE,
+            3,
+            60,
+        ),
     ];
     let right = [
         frame(b.mac(), a.mac(), ETHERTYPE_AOE, 4, 60),
@@ -121,16 +153,21 @@ async fn filters_and_absent_peer() {
     a.send_batch(wrong.iter().chain(&right)).await.unwrap();
     let mut got = Vec::new();
     while got.len() < 2 {
-        tokio::time::timeout(Duration::from_secs(5), b.recv_batch(|f| got.push(f.to_vec())))
-            .await
-            .unwrap()
-            .unwrap();
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            b.recv_batch(|f| got.push(f.to_vec())),
+        )
+        .await
+        .unwrap()
+        .unwrap();
     }
     assert_eq!(got, right);
     // With the peer gone the frame is dropped, like on an unplugged cable.
     drop(b);
     a.send(&right[0]).await.unwrap();
-    let Link::UnixDgram(l) = &*a else { unreachable!() };
+    let Link::UnixDgram(l) = &*a else {
+        unreachable!()
+    };
     assert_eq!(l.dropped(), (1, 0));
     // A stale socket file at our path is replaced; another file is refused.
     let stale = dir.0.join("stale.sock");
