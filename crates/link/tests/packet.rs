@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ethersan_link::packet::{Fanout, FanoutMode, PacketConfig, PacketLink};
+use ethersan_link::packet::{Fanout, FanoutMode, PacketConfig, PacketLink, RingVersion};
 use ethersan_link::{EthernetHeader, Link, LinkError, MacAddr, ETHERTYPE_AOE, HEADER_LEN};
 
 /// An EtherType nobody listens to (IEEE local experimental).
@@ -204,10 +204,10 @@ async fn stream(from: Arc<Link>, to: Arc<Link>, n: u32, len: usize) {
     assert!(broadcasts + 1 >= sent_broadcasts && broadcasts <= sent_broadcasts);
 }
 
-async fn both_ways(tag: &str, mtu: usize, n: u32) {
+async fn both_ways(tag: &str, mtu: usize, n: u32, rings: [RingVersion; 2]) {
     let pair = VethPair::new(tag, mtu);
-    let a = Arc::new(Link::from(pair.open(0, |_| {}).unwrap()));
-    let b = Arc::new(Link::from(pair.open(1, |_| {}).unwrap()));
+    let a = Arc::new(Link::from(pair.open(0, |c| c.ring = rings[0]).unwrap()));
+    let b = Arc::new(Link::from(pair.open(1, |c| c.ring = rings[1]).unwrap()));
     assert_eq!((a.mtu(), b.mtu()), (mtu, mtu));
     assert!(a.mac().is_unicast() && a.mac() != b.mac());
     let len = mtu + HEADER_LEN;
@@ -221,7 +221,7 @@ async fn both_ways(tag: &str, mtu: usize, n: u32) {
     .await
     .expect("exchange timed out");
     eprintln!(
-        "{n} frames of {len} bytes each way in {:?}",
+        "{rings:?}: {n} frames of {len} bytes each way in {:?}",
         start.elapsed()
     );
     let err = a.send(&vec![0; len + 1]).await.unwrap_err();
@@ -230,12 +230,22 @@ async fn both_ways(tag: &str, mtu: usize, n: u32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn veth_mtu_1500_both_ways() {
-    both_ways("s", 1500, 5000).await;
+    both_ways("s", 1500, 5000, [RingVersion::V3; 2]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn veth_mtu_9000_jumbo_both_ways() {
-    both_ways("j", 9000, 3000).await;
+    both_ways("j", 9000, 3000, [RingVersion::V3; 2]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn veth_tpacket_v2_mtu_1500_both_ways() {
+    both_ways("t", 1500, 5000, [RingVersion::V2; 2]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn veth_tpacket_v2_with_v3_mtu_9000_jumbo() {
+    both_ways("u", 9000, 3000, [RingVersion::V2, RingVersion::V3]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -378,10 +388,13 @@ fn cpu_time() -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a benchmark: run explicitly"]
 async fn bench() {
-    for (tag, mtu) in [("b", 1500usize), ("c", 9000)] {
+    #[rustfmt::skip]
+    let runs = [("b", 1500usize, RingVersion::V3), ("c", 9000, RingVersion::V3),
+                ("d", 1500, RingVersion::V2), ("e", 9000, RingVersion::V2)];
+    for (tag, mtu, ring) in runs {
         let pair = VethPair::new(tag, mtu);
-        let a = Arc::new(Link::from(pair.open(0, |_| {}).unwrap()));
-        let b = Arc::new(Link::from(pair.open(1, |_| {}).unwrap()));
+        let a = Arc::new(Link::from(pair.open(0, |c| c.ring = ring).unwrap()));
+        let b = Arc::new(Link::from(pair.open(1, |c| c.ring = ring).unwrap()));
         let len = mtu + HEADER_LEN;
         let batch: Vec<Vec<u8>> = (0..64)
             .map(|i| frame(b.mac(), a.mac(), ETHERTYPE_AOE, i, len))
@@ -417,7 +430,7 @@ async fn bench() {
         rx.await.unwrap();
         let got = received.load(Ordering::Relaxed);
         println!(
-            "MTU {mtu}: sent {sent}, received {got} frames in {dt:.2?}: {:.0} frames/s, {:.2} Gbit/s, {:.2} µs CPU per frame (2 cores)",
+            "{ring:?} MTU {mtu}: sent {sent}, received {got} frames in {dt:.2?}: {:.0} frames/s, {:.2} Gbit/s, {:.2} µs CPU per frame (2 cores)",
             got as f64 / dt.as_secs_f64(),
             (got * len * 8) as f64 / dt.as_secs_f64() / 1e9,
             dc.as_secs_f64() * 1e6 / got.max(1) as f64
@@ -451,7 +464,7 @@ async fn bench() {
                 .unwrap();
         }
         println!(
-            "MTU {mtu}: ping-pong round trip {:.1} µs on average ({rounds} rounds)",
+            "{ring:?} MTU {mtu}: ping-pong round trip {:.1} µs on average ({rounds} rounds)",
             t0.elapsed().as_secs_f64() * 1e6 / f64::from(rounds)
         );
         echo.abort();

@@ -1,5 +1,6 @@
 //! The AF_PACKET link: a raw socket on a named interface, bound to one
-//! EtherType, with a TPACKET_V3 receive ring and a transmit ring shared
+//! EtherType, with a TPACKET_V3 (or, for low latency, V2; see
+//! [`RingVersion`]) receive ring and a transmit ring shared
 //! with the kernel (`ring.rs` states the invariants), a BPF filter on the
 //! destination MAC (`bpf.rs`), `PACKET_QDISC_BYPASS` for sends, and optional
 //! `PACKET_FANOUT` so several sockets (threads, processes) share the
@@ -28,7 +29,7 @@ use tokio::io::unix::AsyncFd;
 
 use crate::frame::{RxFilter, HEADER_LEN};
 use crate::{check_frame_len, check_mtu, LinkError, MacAddr, RECV_BATCH};
-use ring::{Mapping, RxRing, TxRing, TX_DATA_OFFSET};
+use ring::{Mapping, RxRing, TxRing, Version};
 
 /// How sockets in one fanout group share received frames.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +56,21 @@ pub struct Fanout {
     pub mode: FanoutMode,
 }
 
+/// The layout of the rings (one TPACKET version per socket).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RingVersion {
+    /// TPACKET_V3: received frames are packed into blocks the kernel hands
+    /// over when full or after [`PacketConfig::rx_block_timeout_ms`]: the
+    /// fewest wake-ups under load, but a lone frame waits for the timeout
+    /// (about 0.5 ms per hop at the 1 ms minimum).
+    #[default]
+    V3,
+    /// TPACKET_V2: one slot per frame, handed over at once with a wake-up
+    /// per frame (under load the reader still drains many per wake-up):
+    /// the choice when request/response latency matters.
+    V2,
+}
+
 /// How to open a [`PacketLink`].
 #[derive(Debug, Clone)]
 pub struct PacketConfig {
@@ -65,8 +81,12 @@ pub struct PacketConfig {
     /// Whether multicast destinations pass the filter (the interface must
     /// also be told to receive the group, e.g. be promiscuous).
     pub multicast: bool,
+    /// The ring layout (default [`RingVersion::V3`]).
+    pub ring: RingVersion,
     /// Receive ring block size in bytes: a power of two, at least a page,
-    /// and room for several frames (default 256 KiB).
+    /// and room for several frames (default 256 KiB). With
+    /// [`RingVersion::V2`] only `rx_block_size * rx_blocks`, the ring's
+    /// size, counts.
     pub rx_block_size: usize,
     /// Receive ring blocks (default 32, so an 8 MiB ring).
     pub rx_blocks: usize,
@@ -88,6 +108,7 @@ impl PacketConfig {
             ifname: ifname.into(),
             ethertype,
             multicast: false,
+            ring: RingVersion::V3,
             rx_block_size: 256 * 1024,
             rx_blocks: 32,
             rx_block_timeout_ms: 1,
@@ -197,9 +218,17 @@ impl PacketLink {
             multicast: config.multicast,
         };
 
-        let v3 = libc::tpacket_versions::TPACKET_V3 as libc::c_int;
-        setsockopt(raw, libc::SOL_PACKET, libc::PACKET_VERSION, &v3)
-            .map_err(os("selecting TPACKET_V3"))?;
+        let (version, tpacket) = match config.ring {
+            RingVersion::V3 => (Version::V3, libc::tpacket_versions::TPACKET_V3),
+            RingVersion::V2 => (Version::V2, libc::tpacket_versions::TPACKET_V2),
+        };
+        setsockopt(
+            raw,
+            libc::SOL_PACKET,
+            libc::PACKET_VERSION,
+            &(tpacket as libc::c_int),
+        )
+        .map_err(os("selecting the TPACKET version"))?;
         let one: libc::c_int = 1;
         if config.qdisc_bypass {
             setsockopt(raw, libc::SOL_PACKET, libc::PACKET_QDISC_BYPASS, &one)
@@ -216,52 +245,71 @@ impl PacketLink {
         setsockopt(raw, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)
             .map_err(os("attaching the BPF filter"))?;
 
-        // Receive ring: blocks of rx_block_size; frame_size only sets the
-        // (unused) frame count for TPACKET_V3.
+        let max_frame = mtu + HEADER_LEN;
         let page = page_size();
-        let block = config.rx_block_size.max(page).next_power_of_two();
-        let rx_req = libc::tpacket_req3 {
-            tp_block_size: block as u32,
-            tp_block_nr: config.rx_blocks.max(2) as u32,
-            tp_frame_size: 2048,
-            tp_frame_nr: (block / 2048 * config.rx_blocks.max(2)) as u32,
-            tp_retire_blk_tov: config.rx_block_timeout_ms.max(1),
-            tp_sizeof_priv: 0,
-            tp_feature_req_word: 0,
+        let blocks = config.rx_blocks.max(2);
+        let (rx_req, rx_frame_size) = match version {
+            Version::V3 => {
+                // Blocks of rx_block_size holding frames of any length;
+                // frame_size only sets the (unused) frame count.
+                let block = config.rx_block_size.max(page).next_power_of_two();
+                if block < 2 * (max_frame + 128) {
+                    return Err(os("sizing the receive ring")(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("a {block}-byte block is too small for MTU {mtu}"),
+                    )));
+                }
+                (
+                    ring_req(block, blocks, 2048, config.rx_block_timeout_ms.max(1)),
+                    0,
+                )
+            }
+            Version::V2 => {
+                // The same bytes in total, as fixed slots.
+                let frame_size = Version::rx_v2_frame_size(max_frame);
+                let block = (frame_size * 8).next_power_of_two().max(page);
+                let total = config.rx_block_size.max(page) * blocks;
+                (
+                    ring_req(block, (total / block).max(2), frame_size, 0),
+                    frame_size,
+                )
+            }
         };
-        if block < 2 * (mtu + HEADER_LEN + 128) {
-            return Err(os("sizing the receive ring")(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("a {block}-byte block is too small for MTU {mtu}"),
-            )));
-        }
         setsockopt(raw, libc::SOL_PACKET, libc::PACKET_RX_RING, &rx_req)
             .map_err(os("setting up the receive ring"))?;
         // Transmit ring: fixed slots of header + frame, 16-byte aligned.
-        let frame_size = (TX_DATA_OFFSET + mtu + HEADER_LEN + 15) & !15;
-        let tx_block = (frame_size * 8).next_power_of_two().max(page);
-        let per_block = tx_block / frame_size;
+        let tx_frame_size = (version.tx_data_offset() + max_frame + 15) & !15;
+        let tx_block = (tx_frame_size * 8).next_power_of_two().max(page);
+        let per_block = tx_block / tx_frame_size;
         let tx_blocks = config.tx_frames.max(per_block).div_ceil(per_block);
-        let tx_req = libc::tpacket_req3 {
-            tp_block_size: tx_block as u32,
-            tp_block_nr: tx_blocks as u32,
-            tp_frame_size: frame_size as u32,
-            tp_frame_nr: (per_block * tx_blocks) as u32,
-            tp_retire_blk_tov: 0,
-            tp_sizeof_priv: 0,
-            tp_feature_req_word: 0,
-        };
+        let tx_req = ring_req(tx_block, tx_blocks, tx_frame_size, 0);
         setsockopt(raw, libc::SOL_PACKET, libc::PACKET_TX_RING, &tx_req)
             .map_err(os("setting up the transmit ring"))?;
-        let rx_len = block * rx_req.tp_block_nr as usize;
+        let (rx_block, rx_blocks) = (rx_req.tp_block_size as usize, rx_req.tp_block_nr as usize);
+        let rx_len = rx_block * rx_blocks;
         let map = Mapping::new(raw, rx_len + tx_block * tx_blocks)
             .map_err(os("mapping the packet rings"))?;
-        // SAFETY: the mapping starts with the receive ring of exactly these
-        // dimensions, and `map` is kept in the link, dropped after the view.
-        let rx = unsafe { RxRing::new(map.base(), block, rx_req.tp_block_nr as usize) };
+        let rx = match version {
+            // SAFETY: the mapping starts with the receive ring of exactly
+            // these dimensions, and `map` is kept in the link, dropped after
+            // the view.
+            Version::V3 => unsafe { RxRing::blocks(map.base(), rx_block, rx_blocks) },
+            // SAFETY: as above, with V2 slots of `rx_frame_size`.
+            Version::V2 => unsafe {
+                RxRing::frames(map.base(), rx_block, rx_frame_size, rx_blocks)
+            },
+        };
         // SAFETY: the transmit ring follows the receive ring in the mapping,
         // with the dimensions given to PACKET_TX_RING; kept alive likewise.
-        let tx = unsafe { TxRing::new(map.base().add(rx_len), tx_block, frame_size, tx_blocks) };
+        let tx = unsafe {
+            TxRing::new(
+                version,
+                map.base().add(rx_len),
+                tx_block,
+                tx_frame_size,
+                tx_blocks,
+            )
+        };
 
         // SAFETY: all-zero is a valid sockaddr_ll.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
@@ -506,6 +554,19 @@ fn setsockopt<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, value: &T) ->
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// A ring request; TPACKET_V2 reads only its first four fields.
+fn ring_req(block: usize, blocks: usize, frame: usize, timeout_ms: u32) -> libc::tpacket_req3 {
+    libc::tpacket_req3 {
+        tp_block_size: block as u32,
+        tp_block_nr: blocks as u32,
+        tp_frame_size: frame as u32,
+        tp_frame_nr: (block / frame * blocks) as u32,
+        tp_retire_blk_tov: timeout_ms,
+        tp_sizeof_priv: 0,
+        tp_feature_req_word: 0,
+    }
 }
 
 fn page_size() -> usize {
