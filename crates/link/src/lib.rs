@@ -22,6 +22,57 @@
 //!
 //! Every link is `Send + Sync` and is meant to be shared as `Arc<Link>`:
 //! one task receives, any number send.
+//!
+//! A task that answers every frame to its sender (here on the in-memory
+//! hub; `Link::from(PacketLink::open(PacketConfig::new("eth0",
+//! ETHERTYPE_AOE))?)` is the same on a real interface):
+//!
+//! ```
+//! use std::sync::Arc;
+//! use ethersan_link::memory::MemoryHub;
+//! use ethersan_link::{EthernetHeader, Link, MacAddr, ETHERTYPE_AOE, HEADER_LEN};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), ethersan_link::LinkError> {
+//! let hub = MemoryHub::new(1);
+//! let target = Arc::new(Link::from(hub.port(MacAddr([2, 0, 0, 0, 0, 1]), ETHERTYPE_AOE, 1500)?));
+//! let client = Link::from(hub.port(MacAddr([2, 0, 0, 0, 0, 2]), ETHERTYPE_AOE, 1500)?);
+//!
+//! let responder = tokio::spawn({
+//!     let link = target.clone();
+//!     async move {
+//!         loop {
+//!             // Build the answers while the frames are borrowed from the
+//!             // ring, then send them as one batch.
+//!             let mut answers = Vec::new();
+//!             link.recv_batch(|frame| {
+//!                 let Some(h) = EthernetHeader::parse(frame) else { return };
+//!                 let mut answer = EthernetHeader { dst: h.src, src: link.mac(), ethertype: h.ethertype }
+//!                     .to_bytes()
+//!                     .to_vec();
+//!                 answer.extend_from_slice(&frame[HEADER_LEN..]);
+//!                 answers.push(answer);
+//!             })
+//!             .await?;
+//!             link.send_batch(&answers).await?;
+//!         }
+//!         #[allow(unreachable_code)]
+//!         Ok::<(), ethersan_link::LinkError>(())
+//!     }
+//! });
+//!
+//! let mut request = EthernetHeader { dst: target.mac(), src: client.mac(), ethertype: ETHERTYPE_AOE }
+//!     .to_bytes()
+//!     .to_vec();
+//! request.extend_from_slice(b"ping");
+//! client.send(&request).await?;
+//! let mut reply = Vec::new();
+//! client.recv_batch(|f| reply = f.to_vec()).await?;
+//! assert_eq!(&reply[HEADER_LEN..], b"ping");
+//! responder.abort();
+//! # Ok(())
+//! # }
+//! ```
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod error;

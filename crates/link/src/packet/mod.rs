@@ -71,6 +71,15 @@ pub enum RingVersion {
     V2,
 }
 
+/// Counters of a packet socket's receive path ([`PacketLink::take_stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RingStats {
+    /// Frames that passed the filter (dropped ones included).
+    pub packets: u64,
+    /// Frames dropped because the receive ring was full.
+    pub drops: u64,
+}
+
 /// How to open a [`PacketLink`].
 #[derive(Debug, Clone)]
 pub struct PacketConfig {
@@ -373,6 +382,33 @@ impl PacketLink {
     /// The interface index.
     pub fn ifindex(&self) -> u32 {
         self.ifindex
+    }
+
+    /// The kernel's counters for this socket since the last call (reading
+    /// resets them): frames that passed the filter, and of those, frames
+    /// dropped because the receive ring was full.
+    pub fn take_stats(&self) -> Result<RingStats, LinkError> {
+        // SAFETY: all-zero is a valid tpacket_stats_v3.
+        let mut st: libc::tpacket_stats_v3 = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::tpacket_stats_v3>() as libc::socklen_t;
+        // SAFETY: the kernel writes at most `len` bytes into `st` (fewer,
+        // a tpacket_stats, for TPACKET_V2) and updates `len`.
+        let rc = unsafe {
+            libc::getsockopt(
+                self.fd.get_ref().as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_STATISTICS,
+                (&mut st as *mut libc::tpacket_stats_v3).cast(),
+                &mut len,
+            )
+        };
+        if rc < 0 {
+            return Err(self.err("reading the packet statistics", io::Error::last_os_error()));
+        }
+        Ok(RingStats {
+            packets: u64::from(st.tp_packets),
+            drops: u64::from(st.tp_drops),
+        })
     }
 
     /// See [`Link::recv_batch`](crate::Link::recv_batch).
