@@ -304,6 +304,36 @@ async fn fanout_shares_the_load() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multicast_only_when_asked() {
+    let pair = VethPair::new("m", 1500);
+    let a = Link::from(pair.open(0, |_| {}).unwrap());
+    let plain = Link::from(pair.open(1, |_| {}).unwrap());
+    let multi = Link::from(pair.open(1, |c| c.multicast = true).unwrap());
+    let group = MacAddr([0x01, 0x00, 0x5e, 0x00, 0x00, 0x42]);
+    let frames = [
+        frame(group, a.mac(), ETHERTYPE_AOE, 1, 60),
+        frame(plain.mac(), a.mac(), ETHERTYPE_AOE, 2, 60),
+    ];
+    a.send_batch(&frames).await.unwrap();
+    for (link, want) in [(&plain, &frames[1..]), (&multi, &frames[..])] {
+        let mut got = Vec::new();
+        while got.len() < want.len() {
+            tokio::time::timeout(
+                Duration::from_secs(5),
+                link.recv_batch(|f| got.push(f.to_vec())),
+            )
+            .await
+            .expect("frames did not arrive")
+            .unwrap();
+        }
+        assert_eq!(got, want);
+    }
+    // Nothing more is pending at the plain socket.
+    let more = tokio::time::timeout(Duration::from_millis(50), plain.recv_batch(|_| {})).await;
+    assert!(more.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_and_down_interfaces_are_named() {
     let pair = VethPair::new("e", 1500);
     let err = open_in(&pair.ns[0], PacketConfig::new("nosuch0", ETHERTYPE_AOE)).unwrap_err();

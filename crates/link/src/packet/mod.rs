@@ -31,6 +31,9 @@ use crate::frame::{RxFilter, HEADER_LEN};
 use crate::{check_frame_len, check_mtu, LinkError, MacAddr, RECV_BATCH};
 use ring::{Mapping, RxRing, TxRing, Version};
 
+/// How long a sender waits for the interface to free a transmit slot.
+const TX_STALL_LIMIT: Duration = Duration::from_secs(2);
+
 /// How sockets in one fanout group share received frames.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FanoutMode {
@@ -87,8 +90,8 @@ pub struct PacketConfig {
     pub ifname: String,
     /// The EtherType carried (the socket's protocol).
     pub ethertype: u16,
-    /// Whether multicast destinations pass the filter (the interface must
-    /// also be told to receive the group, e.g. be promiscuous).
+    /// Whether multicast destinations pass the filter (the socket then
+    /// also asks the interface for all multicast, `PACKET_MR_ALLMULTI`).
     pub multicast: bool,
     /// The ring layout (default [`RingVersion::V3`]).
     pub ring: RingVersion,
@@ -336,6 +339,14 @@ impl PacketLink {
         if rc < 0 {
             return Err(os("binding the packet socket")(io::Error::last_os_error()));
         }
+        if config.multicast {
+            // SAFETY: all-zero is a valid packet_mreq.
+            let mut mreq: libc::packet_mreq = unsafe { std::mem::zeroed() };
+            mreq.mr_ifindex = ifindex as i32;
+            mreq.mr_type = libc::PACKET_MR_ALLMULTI as u16;
+            setsockopt(raw, libc::SOL_PACKET, libc::PACKET_ADD_MEMBERSHIP, &mreq)
+                .map_err(os("asking for multicast frames"))?;
+        }
         if let Some(fanout) = config.fanout {
             let mode = match fanout.mode {
                 FanoutMode::Hash => libc::PACKET_FANOUT_HASH,
@@ -500,6 +511,7 @@ impl PacketLink {
 
     /// Waits until the next transmit slot is free again.
     async fn wait_for_slot(&self) -> Result<(), LinkError> {
+        let start = std::time::Instant::now();
         loop {
             if self
                 .tx
@@ -525,6 +537,15 @@ impl PacketLink {
                 }
                 Ok(Err(e)) => return Err(self.err("waiting to send", e)),
                 Err(_) => self.kick()?,
+            }
+            if start.elapsed() > TX_STALL_LIMIT {
+                return Err(self.err(
+                    "waiting for a free transmit slot",
+                    io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the interface sent nothing for 2 s",
+                    ),
+                ));
             }
         }
     }
