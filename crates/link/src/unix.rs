@@ -14,19 +14,25 @@
 //! No root and no tap device are involved. Two such links pointed at each
 //! other make a point-to-point wire for tests.
 //!
+//! Frames are received on the bound socket, which stays unconnected so
+//! that a restarted peer (a new socket at the same path) can send to it at
+//! once. They are sent from a second, unbound socket connected to the
+//! peer's path: only a connected sender is woken when a full peer queue
+//! (the kernel's `net.unix.max_dgram_qlen`, 10 datagrams by default)
+//! drains, so a burst waits for the peer instead of polling. QEMU reads
+//! with `recv` and does not check the sender's address.
+//!
 //! Like a cable, the link drops a frame rather than fail when the peer is
-//! not there (its path missing or not bound), and waits briefly when the
-//! peer's receive queue is full (the kernel's `net.unix.max_dgram_qlen`,
-//! 10 datagrams by default): an unconnected datagram socket is never woken
-//! when the peer drains, so the sender backs off and retries, and drops the
-//! frame after [`FULL_PEER_PATIENCE`].
+//! not there (its path missing or nobody bound to it; the next frame tries
+//! again, and a restarted peer is reconnected), or when its queue stays
+//! full for [`FULL_PEER_PATIENCE`].
 
 use std::io;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::net::UnixDatagram;
 
@@ -82,6 +88,8 @@ pub struct UnixDgramLink {
     filter: RxFilter,
     mtu: usize,
     buf: Mutex<Vec<u8>>,
+    /// The sending socket, connected to the peer once it is there.
+    sender: tokio::sync::Mutex<Option<UnixDatagram>>,
     dropped_no_peer: AtomicU64,
     dropped_full: AtomicU64,
 }
@@ -117,6 +125,7 @@ impl UnixDgramLink {
             local: config.local,
             peer: config.peer,
             buf: Mutex::new(vec![0; RECV_BUF]),
+            sender: tokio::sync::Mutex::new(None),
             dropped_no_peer: AtomicU64::new(0),
             dropped_full: AtomicU64::new(0),
         })
@@ -192,44 +201,52 @@ impl UnixDgramLink {
         for f in &frames {
             check_frame_len(f.as_ref(), max)?;
         }
+        // One holder at a time keeps each batch's frames in order.
+        let mut sender = self.sender.lock().await;
         for f in &frames {
-            self.send_one(f.as_ref()).await?;
+            self.send_one(&mut sender, f.as_ref()).await?;
         }
         Ok(frames.len())
     }
 
-    async fn send_one(&self, frame: &[u8]) -> Result<(), LinkError> {
-        let mut since: Option<Instant> = None;
-        let mut spins = 0u32;
-        loop {
-            match self.sock.try_send_to(frame, &self.peer) {
-                Ok(_) => return Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    // The peer's queue is full. Nothing wakes an unconnected
-                    // sender when it drains: yield a few times, then sleep.
-                    let start = *since.get_or_insert_with(Instant::now);
-                    if start.elapsed() > FULL_PEER_PATIENCE {
-                        self.dropped_full.fetch_add(1, Ordering::Relaxed);
-                        tracing::debug!(peer = %self.peer.display(), "peer's queue stayed full: frame dropped");
-                        return Ok(());
-                    }
-                    spins += 1;
-                    if spins < 16 {
-                        tokio::task::yield_now().await;
-                    } else {
-                        tokio::time::sleep(Duration::from_micros(200)).await;
-                    }
-                }
-                Err(e) if is_peer_absent(&e) => {
-                    if self.dropped_no_peer.fetch_add(1, Ordering::Relaxed) == 0 {
-                        tracing::info!(peer = %self.peer.display(), "no peer socket yet: frames are dropped until it appears");
-                    }
+    async fn send_one(
+        &self,
+        sender: &mut Option<UnixDatagram>,
+        frame: &[u8],
+    ) -> Result<(), LinkError> {
+        // A second attempt follows a reconnection to a restarted peer.
+        for _ in 0..2 {
+            let sock = match sender {
+                Some(sock) => sock,
+                None => match self.connect() {
+                    Ok(sock) => sender.insert(sock),
+                    Err(e) if is_peer_absent(&e) => break,
+                    Err(e) => return Err(self.err("connecting to", e)),
+                },
+            };
+            match tokio::time::timeout(FULL_PEER_PATIENCE, sock.send(frame)).await {
+                Ok(Ok(_)) => return Ok(()),
+                // The peer closed (it may be back at the same path).
+                Ok(Err(e)) if is_peer_absent(&e) => *sender = None,
+                Ok(Err(e)) => return Err(self.err("sending to", e)),
+                Err(_) => {
+                    self.dropped_full.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(peer = %self.peer.display(), "peer's queue stayed full: frame dropped");
                     return Ok(());
                 }
-                Err(e) => return Err(self.err("sending to", e)),
             }
         }
+        if self.dropped_no_peer.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::info!(peer = %self.peer.display(), "no peer socket: frames are dropped until one is bound there");
+        }
+        Ok(())
+    }
+
+    /// A new unbound socket connected to the peer's path.
+    fn connect(&self) -> io::Result<UnixDatagram> {
+        let sock = UnixDatagram::unbound()?;
+        sock.connect(&self.peer)?;
+        Ok(sock)
     }
 
     fn err(&self, op: &'static str, source: io::Error) -> LinkError {

@@ -169,6 +169,38 @@ async fn filters_and_absent_peer() {
         unreachable!()
     };
     assert_eq!(l.dropped(), (1, 0));
+    // A peer bound at the path again (a restarted VM) gets frames at once.
+    let b2 = Link::from(
+        UnixDgramLink::open(UnixDgramConfig {
+            mac: Some(MacAddr([2, 0, 0, 0, 0, 0xb])),
+            ..UnixDgramConfig::new(dir.0.join("b.sock"), dir.0.join("a.sock"))
+        })
+        .unwrap(),
+    );
+    a.send(&right[0]).await.unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        b2.recv_batch(|f| got.push(f.to_vec())),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(got, [right[0].clone()]);
+    // And it can answer straight away: our receiving socket is unconnected.
+    b2.send(&frame(a.mac(), b2.mac(), ETHERTYPE_AOE, 6, 60))
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        a.recv_batch(|f| got.push(f.to_vec())),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(l.dropped(), (1, 0));
     // A stale socket file at our path is replaced; another file is refused.
     let stale = dir.0.join("stale.sock");
     drop(std::os::unix::net::UnixDatagram::bind(&stale).unwrap());
@@ -177,4 +209,24 @@ async fn filters_and_absent_peer() {
     std::fs::write(&file, b"").unwrap();
     let err = UnixDgramLink::open(UnixDgramConfig::new(&file, dir.0.join("x"))).unwrap_err();
     assert!(err.to_string().starts_with("binding "), "{err}");
+}
+
+/// Frames per second one way over a unix datagram pair.
+/// `cargo test -p ethersan-link --release --lib -- --ignored unix_bench --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark: run explicitly"]
+async fn unix_bench() {
+    for mtu in [1500, 9000] {
+        let dir = TempDir::new(&format!("bench{mtu}"));
+        let (a, b) = pair(&dir.0, mtu);
+        let n = 200_000u32;
+        let start = std::time::Instant::now();
+        let got = exchange(a.clone(), b.clone(), n, mtu + HEADER_LEN).await;
+        let dt = start.elapsed();
+        println!(
+            "unix dgram MTU {mtu}: {} frames in {dt:.2?}: {:.0} frames/s",
+            got.len(),
+            got.len() as f64 / dt.as_secs_f64()
+        );
+    }
 }
