@@ -192,38 +192,7 @@ impl PacketLink {
         if ifindex == 0 {
             return Err(LinkError::NoSuchInterface { ifname: name });
         }
-        let (hwtype, mac) = ifreq_get(raw, &cname, libc::SIOCGIFHWADDR, |r| {
-            // SAFETY: SIOCGIFHWADDR fills `ifru_hwaddr`.
-            let sa = unsafe { r.ifr_ifru.ifru_hwaddr };
-            let d = sa.sa_data;
-            (
-                sa.sa_family,
-                MacAddr([
-                    d[0] as u8, d[1] as u8, d[2] as u8, d[3] as u8, d[4] as u8, d[5] as u8,
-                ]),
-            )
-        })
-        .map_err(os("reading the MAC address"))?;
-        if hwtype != libc::ARPHRD_ETHER {
-            return Err(LinkError::NotEthernet {
-                ifname: name,
-                hwtype,
-            });
-        }
-        // SAFETY: SIOCGIFMTU fills `ifru_mtu`.
-        let mtu = ifreq_get(raw, &cname, libc::SIOCGIFMTU, |r| unsafe {
-            r.ifr_ifru.ifru_mtu
-        })
-        .map_err(os("reading the MTU"))? as usize;
-        check_mtu(mtu)?;
-        // SAFETY: SIOCGIFFLAGS fills `ifru_flags`.
-        let flags = ifreq_get(raw, &cname, libc::SIOCGIFFLAGS, |r| unsafe {
-            r.ifr_ifru.ifru_flags
-        })
-        .map_err(os("reading the interface flags"))?;
-        if i32::from(flags) & libc::IFF_UP == 0 {
-            return Err(LinkError::InterfaceDown { ifname: name });
-        }
+        let (mac, mtu) = query_interface(raw, &cname, &name)?;
         let filter = RxFilter {
             mac,
             ethertype: config.ethertype,
@@ -257,71 +226,7 @@ impl PacketLink {
         setsockopt(raw, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)
             .map_err(os("attaching the BPF filter"))?;
 
-        let max_frame = mtu + HEADER_LEN;
-        let page = page_size();
-        let blocks = config.rx_blocks.max(2);
-        let (rx_req, rx_frame_size) = match version {
-            Version::V3 => {
-                // Blocks of rx_block_size holding frames of any length;
-                // frame_size only sets the (unused) frame count.
-                let block = config.rx_block_size.max(page).next_power_of_two();
-                if block < 2 * (max_frame + 128) {
-                    return Err(os("sizing the receive ring")(io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        format!("a {block}-byte block is too small for MTU {mtu}"),
-                    )));
-                }
-                (
-                    ring_req(block, blocks, 2048, config.rx_block_timeout_ms.max(1)),
-                    0,
-                )
-            }
-            Version::V2 => {
-                // The same bytes in total, as fixed slots.
-                let frame_size = Version::rx_v2_frame_size(max_frame);
-                let block = (frame_size * 8).next_power_of_two().max(page);
-                let total = config.rx_block_size.max(page) * blocks;
-                (
-                    ring_req(block, (total / block).max(2), frame_size, 0),
-                    frame_size,
-                )
-            }
-        };
-        setsockopt(raw, libc::SOL_PACKET, libc::PACKET_RX_RING, &rx_req)
-            .map_err(os("setting up the receive ring"))?;
-        // Transmit ring: fixed slots of header + frame, 16-byte aligned.
-        let tx_frame_size = (version.tx_data_offset() + max_frame + 15) & !15;
-        let tx_block = (tx_frame_size * 8).next_power_of_two().max(page);
-        let per_block = tx_block / tx_frame_size;
-        let tx_blocks = config.tx_frames.max(per_block).div_ceil(per_block);
-        let tx_req = ring_req(tx_block, tx_blocks, tx_frame_size, 0);
-        setsockopt(raw, libc::SOL_PACKET, libc::PACKET_TX_RING, &tx_req)
-            .map_err(os("setting up the transmit ring"))?;
-        let (rx_block, rx_blocks) = (rx_req.tp_block_size as usize, rx_req.tp_block_nr as usize);
-        let rx_len = rx_block * rx_blocks;
-        let map = Mapping::new(raw, rx_len + tx_block * tx_blocks)
-            .map_err(os("mapping the packet rings"))?;
-        let rx = match version {
-            // SAFETY: the mapping starts with the receive ring of exactly
-            // these dimensions, and `map` is kept in the link, dropped after
-            // the view.
-            Version::V3 => unsafe { RxRing::blocks(map.base(), rx_block, rx_blocks) },
-            // SAFETY: as above, with V2 slots of `rx_frame_size`.
-            Version::V2 => unsafe {
-                RxRing::frames(map.base(), rx_block, rx_frame_size, rx_blocks)
-            },
-        };
-        // SAFETY: the transmit ring follows the receive ring in the mapping,
-        // with the dimensions given to PACKET_TX_RING; kept alive likewise.
-        let tx = unsafe {
-            TxRing::new(
-                version,
-                map.base().add(rx_len),
-                tx_block,
-                tx_frame_size,
-                tx_blocks,
-            )
-        };
+        let (map, rx, tx) = setup_rings(raw, version, &config, mtu).map_err(|(op, e)| os(op)(e))?;
 
         // SAFETY: all-zero is a valid sockaddr_ll.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
@@ -557,6 +462,130 @@ impl PacketLink {
             source,
         }
     }
+}
+
+/// Reads the MAC address and MTU of interface `name` (as C string
+/// `cname`), checking that it is Ethernet and up.
+fn query_interface(raw: RawFd, cname: &CString, name: &str) -> Result<(MacAddr, usize), LinkError> {
+    let io_err = |op: &'static str| {
+        move |source: io::Error| LinkError::Packet {
+            op,
+            ifname: name.to_string(),
+            source,
+        }
+    };
+    let (hwtype, mac) = ifreq_get(raw, cname, libc::SIOCGIFHWADDR, |r| {
+        // SAFETY: SIOCGIFHWADDR fills `ifru_hwaddr`.
+        let sa = unsafe { r.ifr_ifru.ifru_hwaddr };
+        let d = sa.sa_data;
+        (
+            sa.sa_family,
+            MacAddr([
+                d[0] as u8, d[1] as u8, d[2] as u8, d[3] as u8, d[4] as u8, d[5] as u8,
+            ]),
+        )
+    })
+    .map_err(io_err("reading the MAC address"))?;
+    if hwtype != libc::ARPHRD_ETHER {
+        return Err(LinkError::NotEthernet {
+            ifname: name.to_string(),
+            hwtype,
+        });
+    }
+    // SAFETY: SIOCGIFMTU fills `ifru_mtu`.
+    let mtu = ifreq_get(raw, cname, libc::SIOCGIFMTU, |r| unsafe {
+        r.ifr_ifru.ifru_mtu
+    })
+    .map_err(io_err("reading the MTU"))? as usize;
+    check_mtu(mtu)?;
+    // SAFETY: SIOCGIFFLAGS fills `ifru_flags`.
+    let flags = ifreq_get(raw, cname, libc::SIOCGIFFLAGS, |r| unsafe {
+        r.ifr_ifru.ifru_flags
+    })
+    .map_err(io_err("reading the interface flags"))?;
+    if i32::from(flags) & libc::IFF_UP == 0 {
+        return Err(LinkError::InterfaceDown {
+            ifname: name.to_string(),
+        });
+    }
+    Ok((mac, mtu))
+}
+
+/// Sets up the receive and transmit rings of `fd` for frames of `mtu` and
+/// maps them; on failure, says which step failed.
+fn setup_rings(
+    raw: RawFd,
+    version: Version,
+    config: &PacketConfig,
+    mtu: usize,
+) -> Result<(Mapping, RxRing, TxRing), (&'static str, io::Error)> {
+    let max_frame = mtu + HEADER_LEN;
+    let page = page_size();
+    let blocks = config.rx_blocks.max(2);
+    let (rx_req, rx_frame_size) = match version {
+        Version::V3 => {
+            // Blocks of rx_block_size holding frames of any length;
+            // frame_size only sets the (unused) frame count.
+            let block = config.rx_block_size.max(page).next_power_of_two();
+            if block < 2 * (max_frame + 128) {
+                return Err((
+                    "sizing the receive ring",
+                    io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("a {block}-byte block is too small for MTU {mtu}"),
+                    ),
+                ));
+            }
+            (
+                ring_req(block, blocks, 2048, config.rx_block_timeout_ms.max(1)),
+                0,
+            )
+        }
+        Version::V2 => {
+            // The same bytes in total, as fixed slots.
+            let frame_size = Version::rx_v2_frame_size(max_frame);
+            let block = (frame_size * 8).next_power_of_two().max(page);
+            let total = config.rx_block_size.max(page) * blocks;
+            (
+                ring_req(block, (total / block).max(2), frame_size, 0),
+                frame_size,
+            )
+        }
+    };
+    setsockopt(raw, libc::SOL_PACKET, libc::PACKET_RX_RING, &rx_req)
+        .map_err(|e| ("setting up the receive ring", e))?;
+    // Transmit ring: fixed slots of header + frame, 16-byte aligned.
+    let tx_frame_size = (version.tx_data_offset() + max_frame + 15) & !15;
+    let tx_block = (tx_frame_size * 8).next_power_of_two().max(page);
+    let per_block = tx_block / tx_frame_size;
+    let tx_blocks = config.tx_frames.max(per_block).div_ceil(per_block);
+    let tx_req = ring_req(tx_block, tx_blocks, tx_frame_size, 0);
+    setsockopt(raw, libc::SOL_PACKET, libc::PACKET_TX_RING, &tx_req)
+        .map_err(|e| ("setting up the transmit ring", e))?;
+    let (rx_block, rx_blocks) = (rx_req.tp_block_size as usize, rx_req.tp_block_nr as usize);
+    let rx_len = rx_block * rx_blocks;
+    let map = Mapping::new(raw, rx_len + tx_block * tx_blocks)
+        .map_err(|e| ("mapping the packet rings", e))?;
+    let rx = match version {
+        // SAFETY: the mapping starts with the receive ring of exactly
+        // these dimensions; the caller keeps `map` for as long as the views
+        // (the link drops it after them).
+        Version::V3 => unsafe { RxRing::blocks(map.base(), rx_block, rx_blocks) },
+        // SAFETY: as above, with V2 slots of `rx_frame_size`.
+        Version::V2 => unsafe { RxRing::frames(map.base(), rx_block, rx_frame_size, rx_blocks) },
+    };
+    // SAFETY: the transmit ring follows the receive ring in the mapping,
+    // with the dimensions given to PACKET_TX_RING; kept alive likewise.
+    let tx = unsafe {
+        TxRing::new(
+            version,
+            map.base().add(rx_len),
+            tx_block,
+            tx_frame_size,
+            tx_blocks,
+        )
+    };
+    Ok((map, rx, tx))
 }
 
 /// Checks an interface name and makes it a C string.
