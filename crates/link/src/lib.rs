@@ -83,7 +83,7 @@ pub mod packet;
 pub mod unix;
 
 pub use error::LinkError;
-pub use frame::{EthernetHeader, RxFilter, ETHERTYPE_AOE, HEADER_LEN};
+pub use frame::{EthernetHeader, RxFilter, DEFAULT_MTU, ETHERTYPE_AOE, HEADER_LEN, MAX_MTU};
 pub use mac::{MacAddr, MacAddrParseError};
 
 use memory::MemoryPort;

@@ -59,6 +59,8 @@ pub struct LunConfig {
     pub engine: IoEngine,
     /// Most bytes per second a SANITIZE writes (`None`: device speed).
     pub sanitize_rate: Option<u64>,
+    /// Its AoE shelf.slot when the AoE target is on.
+    pub aoe: super::AoeAddress,
 }
 
 /// The I/O engine of a file LUN that names none: the faster one in the
@@ -114,6 +116,7 @@ impl LunConfig {
             direct: false,
             engine: DEFAULT_ENGINE,
             sanitize_rate: None,
+            aoe: super::AoeAddress::Default,
         };
         for opt in parts {
             match opt {
@@ -148,6 +151,11 @@ impl LunConfig {
                         ConfigError::Invalid(format!("LUN spec {spec:?}: sanitize_rate: {e}"))
                     })?)
                 }
+                o if o.starts_with("aoe=") => {
+                    lun.aoe = o[4..]
+                        .parse()
+                        .map_err(|e| ConfigError::Invalid(format!("LUN spec {spec:?}: {e}")))?
+                }
                 o if o.starts_with("naa=") => {
                     lun.naa = Some(parse_naa(&o[4..]).map_err(|e| {
                         ConfigError::Invalid(format!("LUN spec {spec:?}: {e}"))
@@ -155,7 +163,7 @@ impl LunConfig {
                 }
                 o => {
                     return Err(ConfigError::Invalid(format!(
-                        "LUN spec {spec:?}: unknown option {o:?} (known: ro, removable, bs=512|4096, pbs=512|4096, serial=S, naa=HEX, wce=0, full, direct, engine=sync|uring, sanitize_rate=SIZE)"
+                        "LUN spec {spec:?}: unknown option {o:?} (known: ro, removable, bs=512|4096, pbs=512|4096, serial=S, naa=HEX, wce=0, full, direct, engine=sync|uring, sanitize_rate=SIZE, aoe=SHELF.SLOT|off)"
                     )))
                 }
             }

@@ -6,6 +6,7 @@
 //! documented in `docs/config.md`; `examples/ethersan.toml` shows every key.
 
 mod access;
+mod aoe;
 mod lun;
 mod options;
 mod toml_form;
@@ -18,6 +19,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 pub use access::{parse_network, Access};
+pub use aoe::{parse_macs, AoeAddress, AoeConfig, AoeLink};
 pub use lun::{Backing, LunConfig, DEFAULT_ENGINE};
 pub use options::{
     Options, Placement, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS, DEFAULT_MAX_KEY_TEXT_BYTES,
@@ -68,6 +70,8 @@ pub struct Config {
     /// `[discovery.chap]`: discovery sessions' own credentials, overriding
     /// `chap` (and its `discovery` switch) for them.
     pub discovery_chap: Option<ChapConfig>,
+    /// `[aoe]`: the AoE target's links and access list.
+    pub aoe: AoeConfig,
 }
 
 /// CHAP settings (`[chap]`, or `serve --chap` / `--mutual-chap`).
@@ -129,11 +133,13 @@ impl Config {
                     direct: false,
                     engine: DEFAULT_ENGINE,
                     sanitize_rate: None,
+                    aoe: AoeAddress::Default,
                 }],
             }],
             options,
             chap: None,
             discovery_chap: None,
+            aoe: AoeConfig::default(),
         }
     }
 }

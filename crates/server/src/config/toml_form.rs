@@ -24,6 +24,22 @@ struct RawConfig {
     options: Option<Spanned<Options>>,
     chap: Option<Spanned<RawChap>>,
     discovery: Option<RawDiscovery>,
+    aoe: Option<Spanned<RawAoe>>,
+}
+
+/// `[aoe]`: the AoE target.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAoe {
+    /// Network interfaces (AF_PACKET).
+    #[serde(default)]
+    interfaces: Vec<String>,
+    /// Unix datagram links, as `unix:LOCAL,peer=PEER[,mac=..][,mtu=..]`.
+    #[serde(default)]
+    unix: Vec<String>,
+    /// Initiator MACs allowed to issue commands (empty: any).
+    #[serde(default)]
+    allowed_macs: Vec<String>,
 }
 
 /// `[discovery]`: settings for discovery sessions.
@@ -224,6 +240,8 @@ struct RawLunTable {
     /// Initiators for which this LUN is read-only.
     #[serde(default)]
     read_only_initiators: Vec<String>,
+    /// AoE address: "SHELF.SLOT" or "off".
+    aoe: Option<String>,
 }
 
 fn raw_size(s: &RawSize) -> Result<u64, ConfigError> {
@@ -449,6 +467,10 @@ impl Config {
                                 .transpose()
                                 .map_err(|m| at(Some(span.clone()), m))?,
                             write_cache: tb.write_cache.unwrap_or(true),
+                            aoe: match tb.aoe.as_deref() {
+                                None => super::AoeAddress::Default,
+                                Some(a) => a.parse().map_err(|m| at(Some(span.clone()), m))?,
+                            },
                             physical_block_size: tb.physical_block_size.unwrap_or(4096),
                             direct: tb.direct,
                             sanitize_rate: tb
@@ -555,12 +577,38 @@ impl Config {
             }
             None => None,
         };
+        let aoe = match raw.aoe {
+            None => super::AoeConfig::default(),
+            Some(a) => {
+                let span = a.span();
+                let a = a.into_inner();
+                let mut links: Vec<super::AoeLink> =
+                    a.interfaces.into_iter().map(super::AoeLink::Interface).collect();
+                for u in &a.unix {
+                    let spec = if u.starts_with("unix:") { u.clone() } else { format!("unix:{u}") };
+                    let mut link = super::AoeLink::parse(&spec)
+                        .map_err(|m| at(Some(span.clone()), format!("[aoe] unix: {m}")))?;
+                    if let super::AoeLink::Unix { local, peer, .. } = &mut link {
+                        *local = base.join(&*local);
+                        *peer = base.join(&*peer);
+                    }
+                    links.push(link);
+                }
+                let allowed_macs = super::parse_macs(&a.allowed_macs)
+                    .map_err(|m| at(Some(span.clone()), format!("[aoe] {m}")))?;
+                super::AoeConfig {
+                    links,
+                    allowed_macs,
+                }
+            }
+        };
         Ok(Config {
             portals,
             targets,
             options,
             chap,
             discovery_chap,
+            aoe,
         })
     }
 }
