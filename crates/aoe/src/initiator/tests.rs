@@ -1,0 +1,3 @@
+//! Unit tests of the initiator state: submission, window, RTO, matching.
+
+use super::*;
