@@ -26,19 +26,21 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
-use std::ops::Range;
 
 use crate::ata::{self, AtaCommand, IdentifyParams};
 use crate::config::{ConfigArg, ConfigCommand, MAX_CONFIG_LEN};
 use crate::frame::{
     self, pad, Command, DecodeError, ErrorCode, Header, Mac, AOE_VERSION, HEADER_LEN,
 };
-use crate::issue::{AtaArg, AtaFlags, ATA_ARG_LEN, ATA_HEADER_LEN, SECTOR_SIZE};
+use crate::issue::{AtaArg, ATA_ARG_LEN, ATA_HEADER_LEN, SECTOR_SIZE};
 use crate::mask::{Directive, DirectiveCommand, MaskArg, MaskCommand, MaskError, MASK_ARG_LEN};
 use crate::reserve::{ReserveArg, ReserveCommand, RESERVE_ARG_LEN};
 
+mod io;
 #[cfg(test)]
 mod tests;
+
+pub use io::{IoFailure, IoOp, IoRequest, Pending};
 
 /// Most MACs a device's MAC mask list holds (an edit beyond gets MError 3).
 pub const MAX_MASK_MACS: usize = 64;
@@ -215,146 +217,6 @@ pub enum Action {
     /// Carry out this I/O, then build the response with
     /// [`Pending::complete`].
     Io(IoRequest),
-}
-
-/// An I/O the front end carries out against a device's volume.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IoRequest {
-    /// The device.
-    pub device: DeviceAddr,
-    /// What to do.
-    pub op: IoOp,
-    /// What the response needs.
-    pub pending: Pending,
-}
-
-/// The I/O operations (offsets in 512-byte sectors).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum IoOp {
-    /// Read `sectors` sectors at `lba` into the response (see
-    /// [`Pending::prepare_read`]).
-    Read {
-        /// First sector.
-        lba: u64,
-        /// Sector count (1..=max sectors).
-        sectors: u8,
-    },
-    /// Write `data` (a range of the request frame) at `lba`.
-    Write {
-        /// First sector.
-        lba: u64,
-        /// Sector count.
-        sectors: u8,
-        /// Where the data lies in the frame given to `handle`.
-        data: Range<usize>,
-        /// The initiator set the A flag: it allows the write to be
-        /// acknowledged before it is stable.
-        asynchronous: bool,
-    },
-    /// Make every completed write stable.
-    Flush,
-}
-
-/// How an I/O failed, as the front end reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IoFailure {
-    /// The medium failed: reads answer UNC, writes and flushes ABRT.
-    Medium,
-    /// The range is outside the volume (it shrank): IDNF.
-    OutOfRange,
-    /// Refused for any other reason: ABRT.
-    Aborted,
-    /// The volume is gone: AoE error 3, device unavailable.
-    Unavailable,
-}
-
-/// What an I/O's response needs: addresses, tag and the command's
-/// registers. Plain data, so a completion needs no access to the target.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Pending {
-    header: Header,
-    flags: AtaFlags,
-    lba: u64,
-    sectors: u8,
-    read: bool,
-}
-
-impl Pending {
-    /// The request's tag.
-    pub fn tag(&self) -> u32 {
-        self.header.tag
-    }
-
-    /// Where a read's data lies in the response frame (empty otherwise).
-    pub fn data_range(&self) -> Range<usize> {
-        let len = if self.read {
-            usize::from(self.sectors) * SECTOR_SIZE
-        } else {
-            0
-        };
-        ATA_HEADER_LEN..ATA_HEADER_LEN + len
-    }
-
-    /// Size `frame` as this read's response and return its data region for
-    /// the volume to fill. `frame` may be a reused buffer.
-    pub fn prepare_read<'b>(&self, frame: &'b mut Vec<u8>) -> &'b mut [u8] {
-        let range = self.data_range();
-        frame.clear();
-        frame.resize(range.end.max(frame::MIN_FRAME_LEN), 0);
-        &mut frame[range]
-    }
-
-    /// Turn `frame` into the response for `result`. For a successful read
-    /// `frame` is the buffer [`prepare_read`](Self::prepare_read) sized and
-    /// the volume filled; otherwise any buffer (it is overwritten).
-    pub fn complete(&self, result: Result<(), IoFailure>, frame: &mut Vec<u8>) {
-        let (status, error) = match result {
-            Ok(()) => (ata::STATUS_DRDY, 0),
-            Err(IoFailure::Unavailable) => {
-                frame.clear();
-                self.header
-                    .with_error(ErrorCode::DeviceUnavailable)
-                    .encode(frame);
-                frame.extend_from_slice(&self.registers(0, 0, self.sectors));
-                pad(frame);
-                return;
-            }
-            Err(IoFailure::Medium) if self.read => {
-                (ata::STATUS_DRDY | ata::STATUS_ERR, ata::ERROR_UNC)
-            }
-            Err(IoFailure::OutOfRange) => (ata::STATUS_DRDY | ata::STATUS_ERR, ata::ERROR_IDNF),
-            Err(IoFailure::Medium | IoFailure::Aborted) => {
-                (ata::STATUS_DRDY | ata::STATUS_ERR, ata::ERROR_ABRT)
-            }
-        };
-        let end = if result.is_ok() {
-            self.data_range().end
-        } else {
-            ATA_HEADER_LEN
-        };
-        if result.is_err() || !self.read {
-            frame.clear();
-        }
-        frame.resize(end, 0);
-        frame[..HEADER_LEN].copy_from_slice(&self.header.to_bytes());
-        // All sectors moved on success, none on failure.
-        let remaining = if result.is_ok() { 0 } else { self.sectors };
-        frame[HEADER_LEN..ATA_HEADER_LEN]
-            .copy_from_slice(&self.registers(status, error, remaining));
-        pad(frame);
-    }
-
-    fn registers(&self, status: u8, error: u8, count: u8) -> [u8; ATA_ARG_LEN] {
-        AtaArg {
-            flags: self.flags,
-            err_feature: error,
-            sector_count: count,
-            cmd_status: status,
-            lba: self.lba,
-            data: &[],
-        }
-        .fixed_bytes()
-    }
 }
 
 /// Something the front end should know about: state that must survive a
@@ -797,7 +659,8 @@ impl AoeTarget {
 
     /// §3.3 MAC Mask List, for one device. Directives apply in order; the
     /// first bad one stops the edit (those before it stay applied) and the
-    /// reply carries MError and, in Dir Count, that directive's index.
+    /// reply carries MError, the applied directives and, as their count,
+    /// the failing directive's index.
     fn mac_mask(&mut self, h: &Header, addr: DeviceAddr, m: &MaskArg<'_>) -> Vec<u8> {
         let rh = h.response(self.cfg.mac, addr.shelf, addr.slot);
         let Some(dev) = self.devices.get_mut(&addr) else {
@@ -833,8 +696,12 @@ impl AoeTarget {
         let mut out = Vec::with_capacity(HEADER_LEN + 4 + 8 * mask.len());
         rh.encode(&mut out);
         match failure {
-            // `i` < the directive count, a u8.
-            Some((err, i)) => out.extend_from_slice(&[0, m.command as u8, err as u8, i as u8]),
+            // The applied directives are echoed, so Dir Count is both their
+            // number and the index of the one that failed.
+            Some((err, i)) => {
+                let applied: Vec<Directive> = m.directives().take(i).collect();
+                MaskArg::encode(m.command, err as u8, &applied, &mut out);
+            }
             None => {
                 let dirs: Vec<Directive> = mask
                     .iter()
