@@ -474,7 +474,7 @@ impl Initiator {
 
     /// Validate a read or write of `bytes` at `lba`; the sector count.
     fn check_io(&self, lba: u64, bytes: usize) -> Result<u8, SubmitError> {
-        if bytes == 0 || bytes % SECTOR_SIZE != 0 {
+        if bytes == 0 || !bytes.is_multiple_of(SECTOR_SIZE) {
             return Err(SubmitError::BadLength(bytes));
         }
         let sectors = bytes / SECTOR_SIZE;

@@ -29,6 +29,9 @@ pub mod rtt;
 pub mod target;
 pub mod window;
 
+#[cfg(test)]
+mod proptests;
+
 pub use frame::{decode, DecodeError, ErrorCode, Frame, Header, Mac, Message};
 pub use initiator::{Initiator, InitiatorConfig};
 pub use target::{

@@ -166,7 +166,7 @@ fn command_frames() {
         info(64),
     );
     i.submit(AtaRequest::Read {
-        lba: 0x1234_5678_9A,
+        lba: 0x0012_3456_789A,
         sectors: 2,
     })
     .unwrap();
@@ -196,7 +196,7 @@ fn command_frames() {
     let r = ata_of(&frames[0]);
     assert_eq!(
         (r.flags.0, r.cmd_status, r.sector_count, r.lba),
-        (0x40, 0x24, 2, 0x1234_5678_9A)
+        (0x40, 0x24, 2, 0x0012_3456_789A)
     );
     let w = ata_of(&frames[1]);
     assert_eq!(
