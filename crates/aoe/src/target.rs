@@ -400,12 +400,21 @@ impl AoeTarget {
         if h.src.is_multicast() {
             return Action::Drop(DropReason::BadSource);
         }
-        let matching: Vec<DeviceAddr> = self
-            .devices
-            .keys()
-            .copied()
-            .filter(|a| a.matches(h.shelf, h.slot))
-            .collect();
+        // A unicast address is one map lookup; only wildcards scan.
+        let matching: Vec<DeviceAddr> = if h.is_broadcast_address() {
+            self.devices
+                .keys()
+                .copied()
+                .filter(|a| a.matches(h.shelf, h.slot))
+                .collect()
+        } else {
+            let a = DeviceAddr::new(h.shelf, h.slot);
+            if self.devices.contains_key(&a) {
+                vec![a]
+            } else {
+                Vec::new()
+            }
+        };
         if matching.is_empty() {
             return Action::Drop(DropReason::NoDevice);
         }
