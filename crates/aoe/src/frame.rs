@@ -193,7 +193,9 @@ impl DecodeError {
     /// target answers such a request with [`ErrorCode::BadArgument`].
     pub fn is_argument_error(&self) -> bool {
         match self {
-            DecodeError::Truncated { what, .. } => *what != "AoE header",
+            DecodeError::Truncated { what, .. } => {
+                *what != ETH_HEADER_WHAT && *what != AOE_HEADER_WHAT
+            }
             DecodeError::UnknownSubcommand { .. }
             | DecodeError::ShortPayload { .. }
             | DecodeError::ConfigTooLong(_) => true,
@@ -203,6 +205,11 @@ impl DecodeError {
         }
     }
 }
+
+/// [`DecodeError::Truncated`]'s name for the Ethernet header.
+const ETH_HEADER_WHAT: &str = "Ethernet header";
+/// [`DecodeError::Truncated`]'s name for the AoE header.
+const AOE_HEADER_WHAT: &str = "AoE header";
 
 /// Check that `b` has at least `need` bytes for `what`.
 pub(crate) fn need(b: &[u8], need: usize, what: &'static str) -> Result<(), DecodeError> {
@@ -265,12 +272,12 @@ impl Header {
     /// here (a target answers a foreign version with an error); [`decode`]
     /// checks it.
     pub fn decode(frame: &[u8]) -> Result<Header, DecodeError> {
-        need(frame, ETH_HEADER_LEN, "Ethernet header")?;
+        need(frame, ETH_HEADER_LEN, ETH_HEADER_WHAT)?;
         let ethertype = u16::from_be_bytes([frame[12], frame[13]]);
         if ethertype != ETHERTYPE_AOE {
             return Err(DecodeError::NotAoe(ethertype));
         }
-        need(frame, HEADER_LEN, "AoE header")?;
+        need(frame, HEADER_LEN, AOE_HEADER_WHAT)?;
         let verfl = frame[14];
         Ok(Header {
             dst: Mac::from_slice(&frame[0..6]),

@@ -156,6 +156,10 @@ pub struct InitiatorConfig {
     pub max_rto: Duration,
     /// Retransmissions of one command before it fails.
     pub max_retries: u32,
+    /// The first tag. Seed it from a clock or a random source, so that a
+    /// restarted client does not take a late answer meant for its previous
+    /// run as the answer to a new command.
+    pub initial_tag: u32,
 }
 
 impl InitiatorConfig {
@@ -171,6 +175,7 @@ impl InitiatorConfig {
             min_rto: Duration::from_millis(10),
             max_rto: Duration::from_secs(5),
             max_retries: 8,
+            initial_tag: 1,
         }
     }
 }
@@ -334,7 +339,7 @@ impl Initiator {
             target,
             max_sectors,
             lba48: true,
-            next_tag: 1,
+            next_tag: cfg.initial_tag,
             next_handle: 0,
             commands: BTreeMap::new(),
             queued: VecDeque::new(),
@@ -346,6 +351,25 @@ impl Initiator {
     /// The device this talks to.
     pub fn target(&self) -> &TargetInfo {
         &self.target
+    }
+
+    /// Take a newer config response (the front end rediscovers now and
+    /// then): the buffer count and sector limit may have changed. Commands
+    /// already queued keep their size. Returns `false`, changing nothing,
+    /// for a response from another device or MAC.
+    pub fn update_target(&mut self, info: TargetInfo) -> bool {
+        let t = &self.target;
+        if (info.mac, info.shelf, info.slot) != (t.mac, t.shelf, t.slot) {
+            return false;
+        }
+        self.window
+            .set_max(self.cfg.max_window.min(u32::from(info.buffer_count)));
+        self.max_sectors = info
+            .max_sectors
+            .min(max_sectors_for_mtu(self.cfg.mtu))
+            .max(1);
+        self.target = info;
+        true
     }
 
     /// Most sectors per read or write.

@@ -54,6 +54,10 @@ pub const FIRMWARE_VERSION: u16 = 0x0001;
 /// The largest sector count one ATA frame can carry on a link with this
 /// MTU: the Ethernet payload minus the AoE (10) and ATA (12) headers, in
 /// whole 512-byte sectors (2 at MTU 1500, 17 at 9000), at most 255.
+/// (vblade and the Linux driver also subtract the 14-byte Ethernet header,
+/// which the MTU does not include; the results differ only for MTUs just
+/// above a sector boundary, and the Linux driver uses the smaller of its
+/// own figure and ours.)
 pub fn max_sectors_for_mtu(mtu: usize) -> u8 {
     (mtu.saturating_sub(HEADER_LEN - frame::ETH_HEADER_LEN + ATA_ARG_LEN) / SECTOR_SIZE).min(255)
         as u8
@@ -114,7 +118,9 @@ pub struct DeviceConfig {
 
 impl DeviceConfig {
     /// A writable device of `sectors` sectors, write cache on, generic
-    /// identity strings and empty lists.
+    /// identity strings and empty lists. Front ends should set a serial
+    /// unique to the device (vblade uses `shelf.slot:hostname`): hosts
+    /// tell multipath copies of a disk apart by it.
     pub fn new(sectors: u64) -> DeviceConfig {
         DeviceConfig {
             sectors,
@@ -431,6 +437,9 @@ impl AoeTarget {
         let Some(command) = Command::from_u8(h.command) else {
             return self.error_replies(&h, &admitted, ErrorCode::UnrecognizedCommand, &[]);
         };
+        if command == Command::Ata && h.is_broadcast_address() {
+            return Action::Drop(DropReason::BroadcastAta);
+        }
         let arg = &frame[HEADER_LEN..];
         let fixed_len = match command {
             Command::Ata => ATA_ARG_LEN,
@@ -448,12 +457,7 @@ impl AoeTarget {
             Err(e) => return Action::Drop(DropReason::Malformed(e)),
         };
         match message {
-            frame::Message::Ata(a) => {
-                if h.is_broadcast_address() {
-                    return Action::Drop(DropReason::BroadcastAta);
-                }
-                self.ata(&h, admitted[0], &a, frame)
-            }
+            frame::Message::Ata(a) => self.ata(&h, admitted[0], &a),
             frame::Message::Config(c) => {
                 let replies: Vec<Vec<u8>> = admitted
                     .iter()
@@ -500,11 +504,10 @@ impl AoeTarget {
     }
 
     /// §3.1 Issue ATA Command, for one device.
-    fn ata(&self, h: &Header, addr: DeviceAddr, a: &AtaArg<'_>, frame: &[u8]) -> Action {
+    fn ata(&self, h: &Header, addr: DeviceAddr, a: &AtaArg<'_>) -> Action {
         let max_sectors = self.cfg.max_sectors;
         let dev = &self.devices[&addr];
-        let mut fixed = [0u8; ATA_ARG_LEN];
-        fixed.copy_from_slice(&frame[HEADER_LEN..ATA_HEADER_LEN]);
+        let fixed = a.fixed_bytes();
         if !dev.available {
             return Action::Reply(vec![self.error_frame(
                 h,

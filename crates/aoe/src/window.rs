@@ -41,6 +41,13 @@ impl SendWindow {
         self.max
     }
 
+    /// Change the upper bound (the target's buffer count changed); the
+    /// window shrinks to it if need be.
+    pub fn set_max(&mut self, max: u32) {
+        self.max = max.max(1);
+        self.cwnd = self.cwnd.min(self.max);
+    }
+
     /// A command completed: additive increase.
     pub fn on_ack(&mut self) {
         self.acked += 1;
@@ -99,6 +106,15 @@ mod tests {
         for i in 0..10 {
             w.on_loss(t0 + (30 + i) * ms, t0 + (30 + i) * ms);
         }
+        assert_eq!(w.cwnd(), 1);
+    }
+
+    #[test]
+    fn lowering_the_cap_shrinks_the_window() {
+        let mut w = SendWindow::new(8, 16);
+        w.set_max(4);
+        assert_eq!((w.cwnd(), w.max()), (4, 4));
+        w.set_max(0);
         assert_eq!(w.cwnd(), 1);
     }
 

@@ -471,3 +471,27 @@ fn identify_round_trip_through_a_target() {
     assert_eq!(id.sectors, 123_456_789_012);
     assert!(id.lba48);
 }
+
+#[test]
+fn initial_tag_and_target_updates() {
+    let now = Instant::now();
+    let cfg = InitiatorConfig {
+        initial_tag: 0xFFFF_FFFF,
+        initial_window: 16,
+        ..InitiatorConfig::new(LOCAL)
+    };
+    let mut i = Initiator::new(cfg, info(16));
+    i.submit(read(0)).unwrap();
+    i.submit(read(1)).unwrap();
+    let a = i.poll_transmit(now).unwrap();
+    let b = i.poll_transmit(now).unwrap();
+    assert_eq!((tag(&a), tag(&b)), (0xFFFF_FFFF, 0), "tags wrap");
+    // A fresh config response lowers the buffer count and sector limit.
+    let mut newer = info(4);
+    newer.max_sectors = 1;
+    assert!(i.update_target(newer.clone()));
+    assert_eq!((i.window(), i.max_sectors()), (4, 1));
+    newer.slot = 9;
+    assert!(!i.update_target(newer));
+    assert_eq!(i.target().slot, 4);
+}
