@@ -310,6 +310,12 @@ struct Outstanding {
 }
 
 /// One initiator's state towards one target device.
+///
+/// The driving loop: after [`submit`](Self::submit),
+/// [`on_frame`](Self::on_frame) and [`on_timeout`](Self::on_timeout), send
+/// what [`poll_transmit`](Self::poll_transmit) yields until it yields
+/// nothing; then wait for a received frame or for
+/// [`poll_timeout`](Self::poll_timeout), whichever comes first.
 #[derive(Debug)]
 pub struct Initiator {
     cfg: InitiatorConfig,
