@@ -189,6 +189,12 @@ struct ServeArgs {
     /// file's placement.
     #[arg(long, value_name = "shared|pinned")]
     placement: Option<ethersan_server::config::Placement>,
+    /// Also serve the LUNs over ATA over Ethernet on this link (repeatable):
+    /// a network interface (needs CAP_NET_RAW) or
+    /// unix:LOCAL.sock,peer=PEER.sock[,mtu=N][,mac=MAC] (QEMU's -netdev
+    /// dgram). LUN n is shelf 0 slot n unless its spec says aoe=SHELF.SLOT.
+    #[arg(long, value_name = "IFACE|unix:…", conflicts_with = "config")]
+    aoe: Vec<String>,
     /// Most connections open at once from one source address (0: no limit; default 128); overrides the config file's max_connections_per_address.
     #[arg(long, value_name = "N")]
     max_connections_per_address: Option<usize>,
@@ -209,6 +215,11 @@ fn serve_config(a: &ServeArgs) -> anyhow::Result<Config> {
     if let Some(name) = &a.target {
         ethersan_server::config::validate_name(name).with_context(|| format!("--target {name}"))?;
         target.name = name.clone();
+    }
+    for l in &a.aoe {
+        cfg.aoe
+            .links
+            .push(ethersan_server::config::AoeLink::parse(l).map_err(anyhow::Error::msg)?);
     }
     for i in &a.allow_initiator {
         ethersan_server::config::validate_name(i)
@@ -403,6 +414,21 @@ fn check(cfg: &Config) -> anyhow::Result<()> {
             out.push_str(&format!("    LUN {i}: {what}\n"));
         }
     }
+    for l in &cfg.aoe.links {
+        out.push_str(&format!("  AoE link {l}\n"));
+    }
+    if !cfg.aoe.links.is_empty() {
+        for (ti, t) in cfg.targets.iter().enumerate() {
+            for (i, l) in t.luns.iter().enumerate() {
+                if let Some(addr) = ethersan_server::aoe::address(&t.name, ti, i, l.aoe)? {
+                    if l.block_size != 512 {
+                        bail!("AoE: LUN {i} of {} has {}-byte blocks, and AoE sectors are 512 bytes: give the LUN bs=512, or aoe=off to leave it out of AoE", t.name, l.block_size);
+                    }
+                    out.push_str(&format!("    AoE {addr}: LUN {i} of {}\n", t.name));
+                }
+            }
+        }
+    }
     say(format_args!("ethersan: configuration is good\n{out}"));
     Ok(())
 }
@@ -453,6 +479,13 @@ async fn serve(cfg: Config, json_logs: bool, config_file: Option<PathBuf>) -> an
     );
     make_data_dir(&cfg)?;
     let server = Server::bind(&cfg).await?;
+    // AoE: the same LUNs (their volumes) on raw Ethernet links.
+    let _aoe_tasks = if cfg.aoe.links.is_empty() {
+        Vec::new()
+    } else {
+        let exports = ethersan_server::aoe::exports(&cfg, server.registry())?;
+        ethersan_server::aoe::start(&cfg, &exports)?
+    };
     let addrs = server.local_addrs();
     if json_logs {
         // Log collectors get events, not a banner.

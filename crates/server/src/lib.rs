@@ -9,6 +9,7 @@
 //! directory of targets and LUNs.
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod aoe;
 pub mod config;
 pub mod identity;
 pub mod limits;

@@ -1,0 +1,491 @@
+//! The AoE target front end: ethersan's LUNs as ATA over Ethernet devices
+//! (AoE r11) on raw Ethernet links.
+//!
+//! One task per link owns that link's [`AoeTarget`] (the protocol core:
+//! decoding, addressing, MAC masks, reservations, config strings) and
+//! carries out the I/O it asks for against the LUN's own volume, the one
+//! its iSCSI sessions use (shared range locks and write cache). A read or
+//! write that finishes at once (page cache, RAM) is answered in the same
+//! turn of the loop; one that waits comes back through a channel. Each
+//! device's config string is kept beside its backing store and read again
+//! at start-up, as AoE initiators find their disks by it.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ethersan_aoe::target::{TargetError, TargetEvent};
+use ethersan_aoe::{
+    Action, AoeTarget, DeviceAddr, DeviceConfig, IoFailure, IoOp, IoRequest, Mac, TargetConfig,
+};
+use ethersan_backend::{BackendError, Submission};
+use ethersan_link::packet::{PacketConfig, PacketLink, RingVersion};
+use ethersan_link::unix::{UnixDgramConfig, UnixDgramLink};
+use ethersan_link::{Link, LinkError, ETHERTYPE_AOE};
+use ethersan_volume::{Volume, VolumeError};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use crate::config::{AoeAddress, AoeLink, Backing, Config};
+use crate::registry::Registry;
+
+/// Why the AoE target could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum AoeError {
+    /// A link could not be opened (the link's message says what to do).
+    #[error("AoE link {link}: {cause}")]
+    Link {
+        /// The link as configured.
+        link: String,
+        /// What went wrong.
+        cause: LinkError,
+    },
+    /// A LUN whose blocks are not 512 bytes (AoE sectors are).
+    #[error("AoE: LUN {lun} of {target} has {block_size}-byte blocks, and AoE sectors are 512 bytes: give the LUN bs=512, or aoe=off to leave it out of AoE")]
+    BlockSize {
+        /// The target.
+        target: String,
+        /// The LUN.
+        lun: usize,
+        /// Its block size.
+        block_size: u32,
+    },
+    /// Two LUNs at one shelf.slot.
+    #[error("AoE: LUN {lun} of {target} and {other} are both at {addr}: give one of them another aoe=SHELF.SLOT")]
+    SameAddress {
+        /// The target.
+        target: String,
+        /// The LUN.
+        lun: usize,
+        /// The LUN already there.
+        other: String,
+        /// The address.
+        addr: DeviceAddr,
+    },
+    /// A target beyond the shelves a default address can name.
+    #[error("AoE: target {target} is number {index} in the configuration, beyond the last shelf 65534: give its LUNs aoe=SHELF.SLOT")]
+    NoShelf {
+        /// The target.
+        target: String,
+        /// Its position.
+        index: usize,
+    },
+    /// A LUN number beyond the slots a default address can name.
+    #[error("AoE: LUN {lun} of {target} is beyond the last slot 254: give it aoe=SHELF.SLOT")]
+    NoSlot {
+        /// The target.
+        target: String,
+        /// The LUN.
+        lun: usize,
+    },
+    /// The protocol core refused a device (too large, list too long).
+    #[error("AoE: {addr}: {cause}")]
+    Device {
+        /// The address.
+        addr: DeviceAddr,
+        /// Why.
+        cause: TargetError,
+    },
+}
+
+/// One LUN as an AoE device.
+#[derive(Debug, Clone)]
+pub struct Export {
+    /// Its shelf.slot.
+    pub addr: DeviceAddr,
+    /// `LUN n of TARGET`, for people.
+    pub name: String,
+    /// The protocol core's view of it.
+    pub device: DeviceConfig,
+    /// The volume its commands go to.
+    pub volume: Arc<Volume>,
+    /// Where its config string is kept (`None`: a RAM LUN, not kept).
+    pub state_file: Option<PathBuf>,
+}
+
+/// The address a LUN gets: its own, or shelf = the target's position and
+/// slot = the LUN number; `None` when it is not exported.
+pub fn address(
+    target: &str,
+    index: usize,
+    lun: usize,
+    aoe: AoeAddress,
+) -> Result<Option<DeviceAddr>, AoeError> {
+    match aoe {
+        AoeAddress::Off => Ok(None),
+        AoeAddress::At { shelf, slot } => Ok(Some(DeviceAddr::new(shelf, slot))),
+        AoeAddress::Default => {
+            let shelf = u16::try_from(index)
+                .ok()
+                .filter(|s| *s < u16::MAX)
+                .ok_or_else(|| AoeError::NoShelf {
+                    target: target.to_string(),
+                    index,
+                })?;
+            let slot = u8::try_from(lun)
+                .ok()
+                .filter(|s| *s < u8::MAX)
+                .ok_or_else(|| AoeError::NoSlot {
+                    target: target.to_string(),
+                    lun,
+                })?;
+            Ok(Some(DeviceAddr::new(shelf, slot)))
+        }
+    }
+}
+
+/// Where a LUN's AoE state (the config string) is kept.
+fn state_file(backing: &Backing, data_dir: &Path) -> Option<PathBuf> {
+    match backing {
+        Backing::Ram { .. } => None,
+        Backing::File { path, .. } if path.is_file() => {
+            let mut p = path.clone().into_os_string();
+            p.push(".aoe");
+            Some(p.into())
+        }
+        Backing::File { path, .. } => {
+            let mut p = crate::identity::device_store_path(data_dir, path).into_os_string();
+            p.push(".aoe");
+            Some(p.into())
+        }
+    }
+}
+
+/// The config string kept in `path` (hex, one line), if any.
+fn load_config_string(path: &Path) -> Option<Vec<u8>> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let hex = text
+        .trim()
+        .strip_prefix("config_string_hex = ")?
+        .trim_matches('"');
+    let bytes: Option<Vec<u8>> = (0..hex.len() / 2)
+        .map(|i| u8::from_str_radix(hex.get(i * 2..i * 2 + 2)?, 16).ok())
+        .collect();
+    match bytes {
+        Some(b) if hex.len() % 2 == 0 && b.len() <= 1024 => Some(b),
+        _ => {
+            warn!(file = %path.display(), "AoE state file unreadable, config string starts empty");
+            None
+        }
+    }
+}
+
+/// Keep `config` in `path` (written whole, then renamed into place).
+fn save_config_string(path: &Path, config: &[u8]) -> std::io::Result<()> {
+    let hex: String = config.iter().map(|b| format!("{b:02x}")).collect();
+    let tmp = path.with_extension("aoe.tmp");
+    std::fs::write(&tmp, format!("config_string_hex = \"{hex}\"\n"))?;
+    std::fs::rename(&tmp, path)
+}
+
+/// The AoE devices `cfg` exports, with their volumes from `registry`.
+pub fn exports(cfg: &Config, registry: &Registry) -> Result<Vec<Export>, AoeError> {
+    let mut out: Vec<Export> = Vec::new();
+    let mask: Vec<Mac> = cfg.aoe.allowed_macs.iter().map(|m| Mac(m.0)).collect();
+    for (ti, t) in cfg.targets.iter().enumerate() {
+        let Some(entry) = registry.target(&t.name) else {
+            continue;
+        };
+        for (i, l) in t.luns.iter().enumerate() {
+            let Some(addr) = address(&t.name, ti, i, l.aoe)? else {
+                continue;
+            };
+            let Some(lu) = entry.scsi.lun(i as u64) else {
+                continue;
+            };
+            let name = format!("LUN {i} of {}", t.name);
+            if let Some(other) = out.iter().find(|e| e.addr == addr) {
+                return Err(AoeError::SameAddress {
+                    target: t.name.clone(),
+                    lun: i,
+                    other: other.name.clone(),
+                    addr,
+                });
+            }
+            let volume = lu.volume().clone();
+            if volume.block_size() != 512 {
+                return Err(AoeError::BlockSize {
+                    target: t.name.clone(),
+                    lun: i,
+                    block_size: volume.block_size(),
+                });
+            }
+            let state_file = state_file(&l.backing, &cfg.options.data_dir);
+            let mut device = DeviceConfig::new(volume.num_blocks());
+            device.read_only = l.read_only;
+            device.serial = lu.config().serial.chars().take(20).collect();
+            device.write_cache = volume.write_cache();
+            device.mask = mask.clone();
+            if let Some(c) = state_file.as_deref().and_then(load_config_string) {
+                device.config_string = c;
+            }
+            out.push(Export {
+                addr,
+                name,
+                device,
+                volume,
+                state_file,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Open one configured link (AF_PACKET with per-frame hand-off, or a
+/// unix datagram socket).
+pub fn open_link(link: &AoeLink) -> Result<Link, AoeError> {
+    let opened = match link {
+        AoeLink::Interface(name) => PacketLink::open(PacketConfig {
+            // Per-frame hand-off: a block-based V3 ring waits up to its
+            // block timeout before a lone request is seen.
+            ring: RingVersion::V2,
+            ..PacketConfig::new(name.clone(), ETHERTYPE_AOE)
+        })
+        .map(Link::from),
+        AoeLink::Unix {
+            local,
+            peer,
+            mac,
+            mtu,
+        } => UnixDgramLink::open(UnixDgramConfig {
+            // The same MAC at every start, so that an initiator's view of
+            // the target survives a restart.
+            mac: Some(mac.unwrap_or_else(|| mac_for(local))),
+            mtu: *mtu,
+            ..UnixDgramConfig::new(local.clone(), peer.clone())
+        })
+        .map(Link::from),
+    };
+    opened.map_err(|cause| AoeError::Link {
+        link: link.to_string(),
+        cause,
+    })
+}
+
+/// A locally administered unicast MAC derived from `path` (FNV-1a).
+fn mac_for(path: &Path) -> ethersan_link::MacAddr {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in path.as_os_str().as_encoded_bytes() {
+        h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    let b = h.to_be_bytes();
+    ethersan_link::MacAddr([0x02, b[1], b[2], b[3], b[4], b[5]])
+}
+
+/// Open every configured link and start serving `exports` on each; the
+/// tasks run until the runtime stops.
+pub fn start(
+    cfg: &Config,
+    exports: &[Export],
+) -> Result<Vec<tokio::task::JoinHandle<()>>, AoeError> {
+    let mut links = Vec::new();
+    for l in &cfg.aoe.links {
+        links.push((l.to_string(), Arc::new(open_link(l)?)));
+    }
+    let mut tasks = Vec::new();
+    for (name, link) in links {
+        let mut target = AoeTarget::new(TargetConfig::new(Mac(link.mac().0), link.mtu()));
+        let mut volumes = HashMap::new();
+        for e in exports {
+            target
+                .add_device(e.addr, e.device.clone())
+                .map_err(|cause| AoeError::Device {
+                    addr: e.addr,
+                    cause,
+                })?;
+            volumes.insert(e.addr, (e.volume.clone(), e.state_file.clone()));
+        }
+        let list: Vec<String> = exports
+            .iter()
+            .map(|e| format!("{} ({})", e.addr, e.name))
+            .collect();
+        info!(
+            link = %name,
+            mac = %link.mac(),
+            mtu = link.mtu(),
+            sectors_per_frame = target.config().max_sectors,
+            devices = %list.join(", "),
+            "AoE target ready"
+        );
+        tasks.push(tokio::spawn(serve_link(name, link, target, volumes)));
+    }
+    Ok(tasks)
+}
+
+/// The outcome of a volume call, as the protocol core reports it.
+fn failure(e: &BackendError) -> IoFailure {
+    match e {
+        BackendError::Read { .. } | BackendError::Write { .. } => IoFailure::Medium,
+        _ => IoFailure::Aborted,
+    }
+}
+
+/// An I/O finished: its response frame.
+fn respond(io: &IoRequest, result: Result<Vec<u8>, IoFailure>) -> Vec<u8> {
+    let mut frame = Vec::new();
+    match (&io.op, result) {
+        (IoOp::Read { .. }, Ok(data)) => {
+            let buf = io.pending.prepare_read(&mut frame);
+            if data.len() < buf.len() {
+                io.pending.complete(Err(IoFailure::Medium), &mut frame);
+                return frame;
+            }
+            let n = buf.len();
+            buf.copy_from_slice(&data[..n]);
+            io.pending.complete(Ok(()), &mut frame);
+        }
+        (_, Ok(_)) => io.pending.complete(Ok(()), &mut frame),
+        (_, Err(f)) => io.pending.complete(Err(f), &mut frame),
+    }
+    frame
+}
+
+/// Start `io` (whose write data lies in `frame`) on `volume`: its response
+/// goes to `now` when it finished at once, else through `later`.
+fn start_io(
+    io: IoRequest,
+    frame: &[u8],
+    volume: Option<&Arc<Volume>>,
+    now: &mut Vec<Vec<u8>>,
+    later: &mpsc::UnboundedSender<Vec<u8>>,
+) {
+    let Some(volume) = volume else {
+        now.push(respond(&io, Err(IoFailure::Unavailable)));
+        return;
+    };
+    let io = Arc::new(io);
+    let done = {
+        let (io, later) = (io.clone(), later.clone());
+        Box::new(move |r: ethersan_backend::IoResult| {
+            let _ = later.send(respond(&io, r.map_err(|e| failure(&e))));
+        })
+    };
+    let submitted = match &io.op {
+        IoOp::Read { lba, sectors } => volume.read(*lba, u64::from(*sectors), Vec::new(), done),
+        IoOp::Write {
+            lba, sectors, data, ..
+        } => {
+            let bytes = frame.get(data.clone()).unwrap_or_default().to_vec();
+            // Durable when the write cache is off; otherwise at FLUSH CACHE,
+            // which the initiator sends when it needs it.
+            volume.write(*lba, u64::from(*sectors), bytes, false, done)
+        }
+        IoOp::Flush => Ok(volume.flush(done)),
+    };
+    match submitted {
+        Ok(Submission::Done(r)) => now.push(respond(&io, r.map_err(|e| failure(&e)))),
+        Ok(Submission::Pending) => {}
+        Ok(Submission::Blocking(job)) => {
+            let later = later.clone();
+            tokio::task::spawn_blocking(move || {
+                let r = job();
+                let _ = later.send(respond(&io, r.map_err(|e| failure(&e))));
+            });
+        }
+        Err(VolumeError::OutOfRange { .. }) => now.push(respond(&io, Err(IoFailure::OutOfRange))),
+        Err(VolumeError::ShortData { .. }) => now.push(respond(&io, Err(IoFailure::Aborted))),
+    }
+}
+
+/// One link's loop: frames in, protocol core, volume, frames out.
+async fn serve_link(
+    name: String,
+    link: Arc<Link>,
+    mut target: AoeTarget,
+    volumes: HashMap<DeviceAddr, (Arc<Volume>, Option<PathBuf>)>,
+) {
+    let (later_tx, mut later) = mpsc::unbounded_channel::<Vec<u8>>();
+    // Unsolicited config responses: initiators already listening find us.
+    let mut out: Vec<Vec<u8>> = target.announce();
+    let mut failures = 0u32;
+    loop {
+        if !out.is_empty() {
+            if let Err(e) = link.send_batch(&out).await {
+                warn!(link = %name, "AoE: cannot send: {e}");
+            }
+            out.clear();
+        }
+        tokio::select! {
+            r = link.recv_batch(|frame| match target.handle(frame) {
+                Action::Drop(_) => {}
+                Action::Reply(frames) => out.extend(frames),
+                Action::Io(io) => {
+                    let volume = volumes.get(&io.device).map(|v| &v.0);
+                    start_io(io, frame, volume, &mut out, &later_tx);
+                }
+            }) => {
+                if let Err(e) = r {
+                    failures += 1;
+                    warn!(link = %name, "AoE: cannot receive: {e}");
+                    if failures > 100 {
+                        warn!(link = %name, "AoE: giving up on this link");
+                        return;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                } else {
+                    failures = 0;
+                }
+            }
+            Some(f) = later.recv() => {
+                out.push(f);
+                while let Ok(f) = later.try_recv() {
+                    out.push(f);
+                }
+            }
+        }
+        while let Some(ev) = target.poll_event() {
+            if let TargetEvent::ConfigChanged { device, config } = ev {
+                info!(link = %name, device = %device, "AoE config string set ({} bytes)", config.len());
+                if let Some((_, Some(file))) = volumes.get(&device) {
+                    if let Err(e) = save_config_string(file, &config) {
+                        warn!(device = %device, file = %file.display(), "AoE: cannot keep the config string: {e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_addresses_and_their_limits() {
+        assert_eq!(
+            address("t", 0, 3, AoeAddress::Default).unwrap(),
+            Some(DeviceAddr::new(0, 3))
+        );
+        assert_eq!(
+            address("t", 2, 0, AoeAddress::At { shelf: 9, slot: 1 }).unwrap(),
+            Some(DeviceAddr::new(9, 1))
+        );
+        assert_eq!(address("t", 0, 0, AoeAddress::Off).unwrap(), None);
+        assert!(matches!(
+            address("t", 0, 255, AoeAddress::Default),
+            Err(AoeError::NoSlot { .. })
+        ));
+    }
+
+    #[test]
+    fn a_unix_link_keeps_its_mac() {
+        let a = mac_for(Path::new("/run/ethersan/aoe.sock"));
+        assert_eq!(a, mac_for(Path::new("/run/ethersan/aoe.sock")));
+        assert_ne!(a, mac_for(Path::new("/run/ethersan/aoe2.sock")));
+        assert!(a.is_unicast() && a.is_locally_administered());
+    }
+
+    #[test]
+    fn the_config_string_is_kept_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("d.img.aoe");
+        assert_eq!(load_config_string(&f), None);
+        save_config_string(&f, b"my disk \x00\xff").unwrap();
+        assert_eq!(
+            load_config_string(&f).as_deref(),
+            Some(&b"my disk \x00\xff"[..])
+        );
+        std::fs::write(&f, "config_string_hex = \"zz\"\n").unwrap();
+        assert_eq!(load_config_string(&f), None);
+    }
+}
