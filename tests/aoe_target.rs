@@ -27,6 +27,13 @@ struct Wire {
 }
 
 impl Wire {
+    /// Over a packet link (a veth end in a namespace).
+    fn packet(link: ethersan_link::packet::PacketLink) -> Wire {
+        let link: Link = link.into();
+        let mac = Mac(link.mac().0);
+        Wire { link, mac }
+    }
+
     fn open(dir: &Path, mac: MacAddr) -> Wire {
         let link = UnixDgramLink::open(UnixDgramConfig {
             mac: Some(mac),
@@ -91,6 +98,7 @@ impl Wire {
         reqs: Vec<AtaRequest>,
     ) -> Vec<Result<Vec<u8>, CommandError>> {
         let mut cfg = InitiatorConfig::new(self.mac);
+        cfg.mtu = self.link.mtu();
         cfg.max_retries = 3;
         cfg.initial_tag = 0x100;
         let mut init = Initiator::new(cfg, dev.clone());
@@ -435,4 +443,144 @@ fn aoe_configuration_mistakes_are_named() {
         "nosuchif0",
     ]);
     assert!(l.contains("nosuchif0") && l.contains("ip link"), "{l}");
+}
+
+/// Two namespaces joined by a veth pair, deleted (with the pair) on drop.
+struct Veth {
+    ns: [String; 2],
+    ifname: [String; 2],
+}
+
+fn ip(args: &[&str]) {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .expect("iproute2's ip (scripts/test installs it)");
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Veth {
+    fn new(tag: &str, mtu: usize) -> Veth {
+        let pid = std::process::id();
+        let v = Veth {
+            ns: [format!("eat-{pid}-{tag}-t"), format!("eat-{pid}-{tag}-c")],
+            ifname: [
+                format!("at{}{tag}", pid % 10_000),
+                format!("ac{}{tag}", pid % 10_000),
+            ],
+        };
+        for ns in &v.ns {
+            ip(&["netns", "add", ns]);
+        }
+        let mtu = mtu.to_string();
+        #[rustfmt::skip]
+        ip(&["link", "add", &v.ifname[0], "netns", &v.ns[0], "mtu", &mtu, "type", "veth",
+             "peer", "name", &v.ifname[1], "netns", &v.ns[1], "mtu", &mtu]);
+        for i in 0..2 {
+            ip(&["-n", &v.ns[i], "link", "set", "lo", "up"]);
+            ip(&["-n", &v.ns[i], "link", "set", &v.ifname[i], "up"]);
+        }
+        v
+    }
+
+    /// The client's packet link, opened inside its namespace by a thread
+    /// that enters it (the socket stays there).
+    fn client_link(&self) -> ethersan_link::packet::PacketLink {
+        use std::os::fd::AsRawFd;
+        let handle = tokio::runtime::Handle::current();
+        let path = format!("/run/netns/{}", self.ns[1]);
+        let cfg = ethersan_link::packet::PacketConfig {
+            ring: ethersan_link::packet::RingVersion::V2,
+            ..ethersan_link::packet::PacketConfig::new(
+                &self.ifname[1],
+                ethersan_link::ETHERTYPE_AOE,
+            )
+        };
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                let f = std::fs::File::open(&path).unwrap();
+                // SAFETY: setns on this short-lived thread only, with a
+                // namespace fd we hold open.
+                let rc = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+                assert_eq!(rc, 0, "setns {path}");
+                let _rt = handle.enter();
+                ethersan_link::packet::PacketLink::open(cfg).unwrap()
+            })
+            .join()
+            .unwrap()
+        })
+    }
+
+    /// `ethersan serve ARGS` inside the target's namespace, once it listens.
+    fn serve(&self, args: &[String]) -> Server {
+        let mut all = vec![
+            "netns".to_string(),
+            "exec".into(),
+            self.ns[0].clone(),
+            env!("CARGO_BIN_EXE_ethersan").into(),
+        ];
+        all.extend(args.iter().cloned());
+        Server::start_program("ip", &all)
+    }
+}
+
+impl Drop for Veth {
+    fn drop(&mut self) {
+        for ns in &self.ns {
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", ns])
+                .status();
+        }
+    }
+}
+
+/// The AF_PACKET path, on a real (virtual) Ethernet link between two
+/// namespaces: discovery, sectors per frame from the MTU (2 at 1500, 17 at
+/// 9000, jumbo frames), 1 MiB written and read back.
+async fn over_veth(tag: &str, mtu: usize, per_frame: u8) {
+    let dir = tempfile::tempdir().unwrap();
+    let veth = Veth::new(tag, mtu);
+    let img = dir.path().join("disk.img");
+    let args: Vec<String> = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--target",
+        IQN,
+        "--lun",
+        &format!("{}:16M", path_str(&img)),
+        "--aoe",
+        &veth.ifname[0],
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let _server = veth.serve(&args);
+    let wire = Wire::packet(veth.client_link());
+    let found = wire.discover().await;
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].max_sectors, per_frame, "{found:?}");
+    let data = pattern(1 << 20, 77);
+    ok_all(
+        wire.run(&found[0], writes(64, &data, usize::from(per_frame)))
+            .await,
+    );
+    let back = ok_all(wire.run(&found[0], reads(64, 2048, per_frame)).await);
+    assert!(back == data, "read-back over veth differs");
+    drop(wire);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_a_veth_pair_at_mtu_1500() {
+    over_veth("a", 1500, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_a_veth_pair_with_jumbo_frames() {
+    over_veth("b", 9000, 17).await;
 }

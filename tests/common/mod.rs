@@ -107,7 +107,22 @@ impl Server {
 
     /// [`start_args_in`](Self::start_args_in) with more environment variables.
     pub fn start_args_env(args: &[String], cwd: Option<&Path>, env: &[(&str, &str)]) -> Server {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ethersan"));
+        Server::start_command(env!("CARGO_BIN_EXE_ethersan"), args, cwd, env)
+    }
+
+    /// `program ARGS` that runs `ethersan serve` (e.g. `ip netns exec NS
+    /// ethersan serve …`), once it listens.
+    pub fn start_program(program: &str, args: &[String]) -> Server {
+        Server::start_command(program, args, None, &[])
+    }
+
+    fn start_command(
+        program: &str,
+        args: &[String],
+        cwd: Option<&Path>,
+        env: &[(&str, &str)],
+    ) -> Server {
+        let mut cmd = Command::new(program);
         cmd.envs(env.iter().copied());
         if let Some(dir) = cwd {
             cmd.current_dir(dir);
