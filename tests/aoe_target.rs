@@ -443,6 +443,38 @@ fn aoe_configuration_mistakes_are_named() {
         "nosuchif0",
     ]);
     assert!(l.contains("nosuchif0") && l.contains("ip link"), "{l}");
+    // Without CAP_NET_RAW: one line naming the capability and how to
+    // grant it.
+    let o = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-net_raw",
+            env!("CARGO_BIN_EXE_ethersan"),
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--lun",
+            "ram:1M",
+            "--aoe",
+            "lo",
+        ])
+        .output()
+        .expect("setpriv (util-linux)");
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    let l = e
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("ethersan: "))
+        .unwrap_or_default();
+    said_once(l);
+    assert!(
+        l.contains("needs CAP_NET_RAW") && l.contains("AmbientCapabilities=CAP_NET_RAW"),
+        "{l}"
+    );
 }
 
 /// Two namespaces joined by a veth pair, deleted (with the pair) on drop.
