@@ -71,6 +71,8 @@ impl Wire {
             .filter_map(|f| parse_config_response(f).ok())
             .collect();
         found.sort_by_key(|t| (t.shelf, t.slot));
+        // The target's start-up announcement may come as well.
+        found.dedup_by_key(|t| (t.shelf, t.slot));
         found
     }
 
@@ -376,19 +378,7 @@ async fn only_allowed_macs_are_answered() {
 fn aoe_configuration_mistakes_are_named() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let fails = |args: &[&str]| {
-        let o = ethersan(args);
-        let e = String::from_utf8_lossy(&o.stderr).into_owned();
-        assert_eq!(o.status.code(), Some(1), "{args:?} did not fail: {e}");
-        let line = e
-            .lines()
-            .rev()
-            .find(|l| l.starts_with("ethersan: "))
-            .unwrap_or_else(|| panic!("no error line: {e}"))
-            .to_string();
-        said_once(&line);
-        line
-    };
+    let fails = |args: &[&str]| error_line(&ethersan(args), &format!("{args:?}"));
     let link = format!("unix:{}/t.sock,peer={}/c.sock", d.display(), d.display());
     let l = fails(&[
         "serve",
@@ -463,14 +453,7 @@ fn aoe_configuration_mistakes_are_named() {
         ])
         .output()
         .expect("setpriv (util-linux)");
-    let e = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{e}");
-    let l = e
-        .lines()
-        .rev()
-        .find(|l| l.starts_with("ethersan: "))
-        .unwrap_or_default();
-    said_once(l);
+    let l = error_line(&o, "serve --aoe lo as nobody");
     assert!(
         l.contains("needs CAP_NET_RAW") && l.contains("AmbientCapabilities=CAP_NET_RAW"),
         "{l}"

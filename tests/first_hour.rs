@@ -62,21 +62,6 @@ fn text(o: &Output) -> String {
     )
 }
 
-/// The client failed with exit status 1; its error line, checked to say
-/// each cause once.
-fn error_line(o: &Output, what: &str) -> String {
-    let all = text(o);
-    assert_eq!(o.status.code(), Some(1), "{what} did not fail:\n{all}");
-    let line = all
-        .lines()
-        .rev()
-        .find(|l| l.starts_with("ethersan: "))
-        .unwrap_or_else(|| panic!("{what}: no error line:\n{all}"))
-        .to_string();
-    said_once(&line);
-    line
-}
-
 fn signal(pid: u32, sig: libc::c_int) {
     // SAFETY: kill(2) on a process this test started; no memory involved.
     unsafe {

@@ -300,6 +300,26 @@ pub fn said_once(line: &str) {
     }
 }
 
+/// The error line (the last `ethersan: ` line of stdout and stderr) of a
+/// run that must have failed with exit status 1, checked to say each cause
+/// once.
+pub fn error_line(o: &Output, what: &str) -> String {
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(o.status.code(), Some(1), "{what} did not fail:\n{all}");
+    let line = all
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("ethersan: "))
+        .unwrap_or_else(|| panic!("{what}: no error line:\n{all}"))
+        .to_string();
+    said_once(&line);
+    line
+}
+
 /// Fail with a clear message when a tool is missing: the test command
 /// (`./scripts/test`) installs them; a test must not pass by skipping.
 pub fn require_tool(name: &str) {
