@@ -47,6 +47,7 @@ fn write_line(w: &mut dyn std::io::Write, args: std::fmt::Arguments) {
     let _ = writeln!(w, "{args}");
 }
 
+mod aoe_client;
 mod bench;
 mod blockio;
 mod client;
@@ -82,10 +83,18 @@ enum LogFormat {
 enum Command {
     /// Run the iSCSI target (no arguments: the embedded default).
     Serve(ServeArgs),
-    /// List the targets and portals a portal offers (SendTargets).
+    /// List the targets and portals a portal offers (SendTargets), or with
+    /// --aoe the AoE devices on a link.
     Discover {
         /// HOST[:PORT] of a portal (port 3260 by default), or an iscsi:// URL.
-        portal: String,
+        #[arg(required_unless_present = "aoe")]
+        portal: Option<String>,
+        /// Broadcast an AoE Query Config on this link instead and list the
+        /// devices that answer within 1 s (or --timeout, if shorter):
+        /// IFACE (AF_PACKET, needs CAP_NET_RAW) or
+        /// unix:LOCAL,peer=PEER[,mtu=N][,mac=MAC].
+        #[arg(long, value_name = "IFACE", conflicts_with = "portal")]
+        aoe: Option<String>,
         #[command(flatten)]
         connect: blockio::ConnectArgs,
         /// Print JSON.
@@ -94,7 +103,8 @@ enum Command {
     },
     /// List a target's LUNs (or the one LUN the URL names): capacity, block size, identity.
     Ls {
-        /// iscsi://[USER%SECRET@]host[:port]/TARGET[/LUN]
+        /// iscsi://[USER%SECRET@]host[:port]/TARGET[/LUN], aoe://IFACE/SHELF.SLOT or
+        /// aoe+unix://SHELF.SLOT?local=PATH&peer=PATH
         url: String,
         #[command(flatten)]
         connect: blockio::ConnectArgs,
@@ -102,9 +112,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Show one LUN's INQUIRY data and VPD pages.
+    /// Show one LUN's INQUIRY data and VPD pages (an AoE device's IDENTIFY data).
     Inquiry {
-        /// iscsi://[USER%SECRET@]host[:port]/TARGET/LUN
+        /// iscsi://[USER%SECRET@]host[:port]/TARGET/LUN, aoe://IFACE/SHELF.SLOT or
+        /// aoe+unix://SHELF.SLOT?local=PATH&peer=PATH
         url: String,
         #[command(flatten)]
         connect: blockio::ConnectArgs,
@@ -620,10 +631,21 @@ fn main() -> ExitCode {
             }
             Command::Discover {
                 portal,
+                aoe,
                 connect,
                 json,
-            } => client::cmd_discover(&portal, &connect, json).await,
+            } => match (aoe, portal) {
+                (Some(link), _) => aoe_client::cmd_discover(&link, &connect, json).await,
+                (None, Some(portal)) => client::cmd_discover(&portal, &connect, json).await,
+                (None, None) => unreachable!("clap requires one"),
+            },
+            Command::Ls { url, connect, json } if aoe_client::is_aoe_url(&url) => {
+                aoe_client::cmd_ls(&url, &connect, json).await
+            }
             Command::Ls { url, connect, json } => client::cmd_ls(&url, &connect, json).await,
+            Command::Inquiry { url, connect, json } if aoe_client::is_aoe_url(&url) => {
+                aoe_client::cmd_inquiry(&url, &connect, json).await
+            }
             Command::Inquiry { url, connect, json } => {
                 client::cmd_inquiry(&url, &connect, json).await
             }
