@@ -26,7 +26,8 @@ use ethersan_link::unix::{UnixDgramConfig, UnixDgramLink};
 use ethersan_link::{Link, MacAddr, DEFAULT_MTU, ETHERTYPE_AOE};
 
 pub(crate) use cli::{cmd_discover, cmd_inquiry, cmd_ls};
-pub(crate) use device::{discover, AoeDevice};
+pub(crate) use cli::open;
+pub(crate) use device::{discover, AoeDevice, SECTOR};
 
 /// The accepted forms, for error messages.
 const URL_FORMS: &str = "aoe://IFACE/SHELF.SLOT (e.g. aoe://eth0/0.1) or \
