@@ -68,18 +68,18 @@ pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
 enum Remote {
     /// An iSCSI LUN whose commands are retried on a new session when one
     /// fails.
-    Iscsi(RetryingLun),
+    Iscsi(Box<RetryingLun>),
     /// An AoE device (its initiator retransmits lost commands itself).
-    Aoe(AoeDevice),
+    Aoe(Box<AoeDevice>),
 }
 
 impl Remote {
     async fn open(spec: &str, how: &ConnectArgs) -> anyhow::Result<Remote> {
         if aoe_client::is_aoe_url(spec) {
-            return Ok(Remote::Aoe(aoe_client::open(spec, how).await?));
+            return Ok(Remote::Aoe(Box::new(aoe_client::open(spec, how).await?)));
         }
         let url = IscsiUrl::parse(spec)?;
-        Ok(Remote::Iscsi(RetryingLun::open(&url, how).await?))
+        Ok(Remote::Iscsi(Box::new(RetryingLun::open(&url, how).await?)))
     }
 
     fn name(&self) -> String {

@@ -90,7 +90,7 @@ enum Command {
         #[arg(required_unless_present = "aoe")]
         portal: Option<String>,
         /// Broadcast an AoE Query Config on this link instead and list the
-        /// devices that answer within 1 s (or --timeout, if shorter):
+        /// devices that answer within 1 s (or --timeout, if given):
         /// IFACE (AF_PACKET, needs CAP_NET_RAW) or
         /// unix:LOCAL,peer=PEER[,mtu=N][,mac=MAC].
         #[arg(long, value_name = "IFACE", conflicts_with = "portal")]
@@ -518,7 +518,17 @@ async fn serve(cfg: Config, json_logs: bool, config_file: Option<PathBuf>) -> an
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    // `discover --aoe` listens for 1 s unless --timeout (or
+    // $ETHERSAN_TIMEOUT) says how long.
+    let timeout_given = matches
+        .subcommand_matches("discover")
+        .and_then(|m| m.value_source("timeout"))
+        .is_some_and(|s| s != clap::parser::ValueSource::DefaultValue);
     // Generated from the command-line definitions; no runtime needed.
     match &cli.command {
         Command::Completions { shell } => {
@@ -635,7 +645,9 @@ fn main() -> ExitCode {
                 connect,
                 json,
             } => match (aoe, portal) {
-                (Some(link), _) => aoe_client::cmd_discover(&link, &connect, json).await,
+                (Some(link), _) => {
+                    aoe_client::cmd_discover(&link, &connect, timeout_given, json).await
+                }
                 (None, Some(portal)) => client::cmd_discover(&portal, &connect, json).await,
                 (None, None) => unreachable!("clap requires one"),
             },

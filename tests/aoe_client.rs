@@ -200,14 +200,18 @@ fn against_vblade(tag: &str, mtu: usize, sectors_per_frame: u8) {
     l.ok(&["cp", "--offset", "6M", "--sync", &small, &url]);
     let disk = std::fs::read(&l.disk).unwrap();
     assert!(disk[6 << 20..(6 << 20) + 700].iter().all(|b| *b == 0x5A));
-    assert!(disk[(6 << 20) + 700..(6 << 20) + 1024].iter().all(|b| *b == 0));
+    assert!(disk[(6 << 20) + 700..(6 << 20) + 1024]
+        .iter()
+        .all(|b| *b == 0));
 
     // bench: writes then reads, a bounded number of I/Os.
     for rw in ["randwrite", "randread"] {
         let out = l.ok(&["bench", &url, "--rw", rw, "--ios", "2000", "--qd", "8"]);
         assert!(out.contains("2000 I/Os"), "{out}");
     }
-    let out = l.ok(&["bench", &url, "--rw", "read", "--bs", "64K", "--ios", "200", "--json"]);
+    let out = l.ok(&[
+        "bench", &url, "--rw", "read", "--bs", "64K", "--ios", "200", "--json",
+    ]);
     let r: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(r["engine"], "aoe");
     assert_eq!(r["ios"], 200);
@@ -216,8 +220,14 @@ fn against_vblade(tag: &str, mtu: usize, sectors_per_frame: u8) {
     let out = l.ethersan(&["ls", &format!("aoe://{}/7.7", l.iface()), "--timeout", "1s"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(err.contains("e7.7") && err.contains("no answer to Query Config"), "{err}");
-    eprintln!("vblade at MTU {mtu}: {:.1} s", started.elapsed().as_secs_f64());
+    assert!(
+        err.contains("e7.7") && err.contains("no answer to Query Config"),
+        "{err}"
+    );
+    eprintln!(
+        "vblade at MTU {mtu}: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
 }
 
 #[test]

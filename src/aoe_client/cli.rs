@@ -7,11 +7,12 @@ use ethersan_aoe::initiator::TargetInfo;
 use serde::Serialize;
 
 use super::device::{initiator_config, AoeDevice};
-use super::{AoeUrl, LinkSpec};
+use super::{open_link, AoeUrl};
 use crate::blockio::{ConnectArgs, Timeout};
+use ethersan_server::config::AoeLink;
 
 /// How long `discover --aoe` listens for answers unless `--timeout` is
-/// shorter.
+/// given.
 pub(crate) const DISCOVER_WAIT: Duration = Duration::from_secs(1);
 
 /// One device as `discover --aoe` and `ls` print it.
@@ -76,10 +77,20 @@ impl DeviceInfo {
 
 /// `ethersan discover --aoe LINK`: every device that answers a broadcast
 /// Query Config, with its IDENTIFY capacity.
-pub(crate) async fn cmd_discover(spec: &str, how: &ConnectArgs, json: bool) -> anyhow::Result<()> {
-    let spec = LinkSpec::parse(spec).map_err(|e| anyhow::anyhow!("--aoe: {e}"))?;
-    let link = Arc::new(spec.open()?);
-    let wait = how.timeout.0.map_or(DISCOVER_WAIT, |t| t.min(DISCOVER_WAIT));
+/// `timeout_given`: `--timeout` (or `$ETHERSAN_TIMEOUT`) was set, and is
+/// how long to listen (`0`, forever, means the default).
+pub(crate) async fn cmd_discover(
+    spec: &str,
+    how: &ConnectArgs,
+    timeout_given: bool,
+    json: bool,
+) -> anyhow::Result<()> {
+    let spec = AoeLink::parse(spec).map_err(anyhow::Error::msg)?;
+    let link = Arc::new(open_link(&spec)?);
+    let wait = match how.timeout.0 {
+        Some(t) if timeout_given => t,
+        _ => DISCOVER_WAIT,
+    };
     let found = super::discover(&link, wait).await?;
     let mut list = Vec::with_capacity(found.len());
     for t in &found {
@@ -120,7 +131,7 @@ pub(crate) async fn cmd_discover(spec: &str, how: &ConnectArgs, json: bool) -> a
 /// Open the device an AoE URL names.
 pub(crate) async fn open(url: &str, how: &ConnectArgs) -> anyhow::Result<AoeDevice> {
     let u = AoeUrl::parse(url).map_err(anyhow::Error::msg)?;
-    let link = u.link.open()?;
+    let link = open_link(&u.link)?;
     AoeDevice::open(link, u.describe(), u.shelf, u.slot, how.timeout).await
 }
 
@@ -210,7 +221,11 @@ pub(crate) async fn cmd_inquiry(url: &str, how: &ConnectArgs, json: bool) -> any
         out!("AoE version:       {}", q.aoe_version);
         out!("firmware version:  {:#06x}", q.firmware_version);
         out!("buffer count:      {}", q.buffer_count);
-        out!("sectors per frame: {} (MTU {})", q.sectors_per_frame, dev.mtu);
+        out!(
+            "sectors per frame: {} (MTU {})",
+            q.sectors_per_frame,
+            dev.mtu
+        );
         out!("config string:     {:?}", q.config);
     }
     dev.close().await;

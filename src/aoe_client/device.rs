@@ -63,14 +63,22 @@ type Reply = oneshot::Sender<Result<Vec<u8>, Failure>>;
 /// Commands for the driver, with where each answer goes.
 type Batch = Vec<(AtaRequest, Reply)>;
 
+/// What callers send the driver.
+enum Control {
+    /// Commands to send.
+    Commands(Batch),
+    /// Use LBA48 commands (the default) or LBA28 ones, as IDENTIFY says.
+    Lba48(bool),
+}
+
 /// One thing that happened, as the driver's `select` saw it.
 enum Event {
     /// Frames were received; these completions came of them.
     Received(Vec<(Handle, Result<Vec<u8>, CommandError>)>),
     /// The link failed.
     LinkFailed(LinkError),
-    /// Callers sent commands; `None`: every handle is gone.
-    Requests(Option<Batch>),
+    /// A caller sent something; `None`: every handle is gone.
+    Requests(Option<Control>),
     /// The retransmission timer is due.
     Timer,
 }
@@ -79,7 +87,7 @@ enum Event {
 struct Driver {
     link: Arc<Link>,
     init: Initiator,
-    requests: mpsc::UnboundedReceiver<Batch>,
+    requests: mpsc::UnboundedReceiver<Control>,
     open: bool,
     backlog: VecDeque<(AtaRequest, Reply)>,
     waiting: HashMap<Handle, Reply>,
@@ -170,10 +178,14 @@ impl Driver {
                     }
                 }
             }
-            Event::Requests(Some(batch)) => {
-                self.backlog.extend(batch);
-                while let Ok(more) = self.requests.try_recv() {
-                    self.backlog.extend(more);
+            Event::Requests(Some(first)) => {
+                let mut next = Some(first);
+                while let Some(c) = next {
+                    match c {
+                        Control::Commands(batch) => self.backlog.extend(batch),
+                        Control::Lba48(on) => self.init.set_lba48(on),
+                    }
+                    next = self.requests.try_recv().ok();
                 }
             }
             Event::Requests(None) => self.open = false,
@@ -203,7 +215,7 @@ impl Driver {
 pub(crate) struct AoeDevice {
     /// How messages name it, e.g. `AoE device e0.1 on eth0`.
     name: String,
-    requests: mpsc::UnboundedSender<Batch>,
+    requests: mpsc::UnboundedSender<Control>,
     driver: tokio::task::JoinHandle<()>,
     /// Its Query Config answer.
     pub target: TargetInfo,
@@ -329,12 +341,8 @@ impl AoeDevice {
         dev.identify = parse_identify(&data)
             .map_err(|e| anyhow::anyhow!("{}: IDENTIFY DEVICE: {e}", dev.name))?;
         if !dev.identify.lba48 {
-            // The initiator's commands are LBA48 until told otherwise;
-            // this handle only talks LBA48 devices' way when they say so.
-            bail!(
-                "{}: the device does not support LBA48 commands, which this client needs",
-                dev.name
-            );
+            // The initiator's commands are LBA48 until told otherwise.
+            let _ = dev.requests.send(Control::Lba48(false));
         }
         dev.identify_data = data;
         Ok(dev)
@@ -371,7 +379,7 @@ impl AoeDevice {
             answers.push(rx);
         }
         self.requests
-            .send(batch)
+            .send(Control::Commands(batch))
             .map_err(|_| anyhow::anyhow!("{}: {what}: {}", self.name, Failure::Stopped))?;
         let all = async {
             let mut out = Vec::with_capacity(answers.len());
@@ -406,7 +414,10 @@ impl AoeDevice {
 
     fn check(&self, offset: u64, len: usize) -> anyhow::Result<()> {
         if !offset.is_multiple_of(SECTOR) || !(len as u64).is_multiple_of(SECTOR) {
-            bail!("{}: offset {offset} and length {len} must be multiples of the 512-byte sector", self.name);
+            bail!(
+                "{}: offset {offset} and length {len} must be multiples of the 512-byte sector",
+                self.name
+            );
         }
         if offset + len as u64 > self.capacity() {
             bail!(
@@ -478,7 +489,8 @@ pub(crate) async fn discover(link: &Link, wait: Duration) -> anyhow::Result<Vec<
     let local = Mac(link.mac().0);
     let give_up = Instant::now() + wait;
     let mut found: Vec<TargetInfo> = Vec::new();
-    link.send(&discovery_frame(local, fastrand::u32(..))).await?;
+    link.send(&discovery_frame(local, fastrand::u32(..)))
+        .await?;
     // Once more a little later: a lost query or answer costs nothing then.
     let mut again = Some(Instant::now() + wait / 3);
     loop {
@@ -503,7 +515,8 @@ pub(crate) async fn discover(link: &Link, wait: Duration) -> anyhow::Result<Vec<
             }
             Err(_) if again.is_some_and(|a| a < give_up) => {
                 again = None;
-                link.send(&discovery_frame(local, fastrand::u32(..))).await?;
+                link.send(&discovery_frame(local, fastrand::u32(..)))
+                    .await?;
             }
             Err(_) => break,
         }

@@ -1,5 +1,5 @@
 //! The client's AoE (ATA over Ethernet, AoE r11) side: where a device is
-//! ([`AoeUrl`], [`LinkSpec`]), the device handle ([`AoeDevice`]) that
+//! ([`AoeUrl`], [`AoeLink`]), the device handle ([`AoeDevice`]) that
 //! drives `ethersan_aoe`'s sans-I/O [`Initiator`](ethersan_aoe::Initiator)
 //! over an `ethersan_link` [`Link`], discovery, and the `discover --aoe`,
 //! `ls` and `inquiry` output for AoE devices.
@@ -11,8 +11,9 @@
 //!   unix datagram per frame (QEMU's `-netdev dgram` format), binding
 //!   `local` and sending to `peer`; for tests and VMs, no root needed.
 //!
-//! `discover --aoe` takes the link alone: `IFACE`, or
-//! `unix:LOCAL,peer=PEER[,mtu=N][,mac=MAC]` as `serve --aoe` does.
+//! `discover --aoe` takes the link alone, in `serve --aoe`'s form and
+//! parsed by the same code ([`AoeLink::parse`]): `IFACE`, or
+//! `unix:LOCAL,peer=PEER[,mac=MAC][,mtu=N]`.
 
 mod cli;
 mod device;
@@ -23,18 +24,16 @@ use std::path::PathBuf;
 
 use ethersan_link::packet::{PacketConfig, PacketLink, RingVersion};
 use ethersan_link::unix::{UnixDgramConfig, UnixDgramLink};
-use ethersan_link::{Link, MacAddr, DEFAULT_MTU, ETHERTYPE_AOE};
+use ethersan_link::{Link, MacAddr, DEFAULT_MTU, ETHERTYPE_AOE, MAX_MTU};
+use ethersan_server::config::AoeLink;
 
-pub(crate) use cli::{cmd_discover, cmd_inquiry, cmd_ls};
 pub(crate) use cli::open;
+pub(crate) use cli::{cmd_discover, cmd_inquiry, cmd_ls};
 pub(crate) use device::{discover, AoeDevice, SECTOR};
 
 /// The accepted forms, for error messages.
 const URL_FORMS: &str = "aoe://IFACE/SHELF.SLOT (e.g. aoe://eth0/0.1) or \
      aoe+unix://SHELF.SLOT?local=PATH&peer=PATH[&mtu=N][&mac=MAC]";
-
-/// The accepted forms of `discover --aoe`.
-const LINK_FORMS: &str = "IFACE (e.g. eth0) or unix:LOCAL,peer=PEER[,mtu=N][,mac=MAC]";
 
 /// Whether a command-line argument names an AoE device (and so is parsed
 /// by [`AoeUrl::parse`], errors included).
@@ -42,138 +41,36 @@ pub(crate) fn is_aoe_url(s: &str) -> bool {
     s.starts_with("aoe://") || s.starts_with("aoe+unix:")
 }
 
-/// The medium a device is reached over.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum LinkSpec {
-    /// AF_PACKET on a network interface.
-    Packet {
-        /// The interface.
-        ifname: String,
-    },
-    /// A unix datagram socket pair.
-    Unix {
-        /// Our socket path (bound).
-        local: PathBuf,
-        /// The peer's socket path.
-        peer: PathBuf,
-        /// Payload bytes per frame.
-        mtu: usize,
-        /// Our MAC (random when `None`).
-        mac: Option<MacAddr>,
-    },
-}
-
-impl LinkSpec {
-    /// Parse `discover --aoe`'s argument: `IFACE` or
-    /// `unix:LOCAL,peer=PEER[,mtu=N][,mac=MAC]`.
-    pub(crate) fn parse(s: &str) -> Result<LinkSpec, String> {
-        let Some(rest) = s.strip_prefix("unix:") else {
-            if s.is_empty() || s.contains(['/', ',', ' ']) {
-                return Err(format!("{s:?} is not an interface name; give {LINK_FORMS}"));
-            }
-            return Ok(LinkSpec::Packet {
-                ifname: s.to_string(),
-            });
-        };
-        let mut parts = rest.split(',');
-        let local = parts.next().unwrap_or_default();
-        let mut kv = Vec::new();
-        for p in parts {
-            let Some((k, v)) = p.split_once('=') else {
-                return Err(format!("{s:?}: {p:?} is not KEY=VALUE; give {LINK_FORMS}"));
-            };
-            kv.push((k, v));
+/// Open a link for the initiator: AF_PACKET with a TPACKET_V2 ring (a
+/// frame is handed over as it arrives: request/response latency matters
+/// more here than wake-ups; V3's block timeout would add about 1 ms per
+/// round trip), or the unix datagram socket.
+pub(crate) fn open_link(link: &AoeLink) -> anyhow::Result<Link> {
+    Ok(match link {
+        AoeLink::Interface(ifname) => {
+            let mut cfg = PacketConfig::new(ifname.clone(), ETHERTYPE_AOE);
+            cfg.ring = RingVersion::V2;
+            Link::from(PacketLink::open(cfg)?)
         }
-        Self::unix(s, local, &kv, LINK_FORMS)
-    }
-
-    /// A unix link from its local path and `peer`/`mtu`/`mac` settings.
-    fn unix(whole: &str, local: &str, kv: &[(&str, &str)], forms: &str) -> Result<LinkSpec, String> {
-        let (mut peer, mut mtu, mut mac) = (None, DEFAULT_MTU, None);
-        let mut local = (!local.is_empty()).then(|| PathBuf::from(local));
-        for (k, v) in kv {
-            match *k {
-                "local" => local = Some(PathBuf::from(v)),
-                "peer" => peer = Some(PathBuf::from(v)),
-                "mtu" => {
-                    mtu = v
-                        .parse()
-                        .ok()
-                        .filter(|m| (68..=ethersan_link::MAX_MTU).contains(m))
-                        .ok_or_else(|| {
-                            format!(
-                                "{whole:?}: mtu={v} is not a number from 68 to {}",
-                                ethersan_link::MAX_MTU
-                            )
-                        })?
-                }
-                "mac" => {
-                    mac = Some(
-                        v.parse::<MacAddr>()
-                            .map_err(|e| format!("{whole:?}: mac={v}: {e}"))?,
-                    )
-                }
-                other => {
-                    return Err(format!(
-                        "{whole:?}: unknown setting {other:?} (local, peer, mtu and mac are known); give {forms}"
-                    ))
-                }
-            }
+        AoeLink::Unix {
+            local,
+            peer,
+            mac,
+            mtu,
+        } => {
+            let mut cfg = UnixDgramConfig::new(local, peer);
+            cfg.mtu = *mtu;
+            cfg.mac = *mac;
+            Link::from(UnixDgramLink::open(cfg)?)
         }
-        match (local, peer) {
-            (Some(local), Some(peer)) => Ok(LinkSpec::Unix {
-                local,
-                peer,
-                mtu,
-                mac,
-            }),
-            _ => Err(format!(
-                "{whole:?} needs both a local and a peer socket path; give {forms}"
-            )),
-        }
-    }
-
-    /// Open the link: AF_PACKET with a TPACKET_V2 ring (a frame is handed
-    /// over as it arrives: request/response latency matters more here
-    /// than wake-ups), or the unix socket.
-    pub(crate) fn open(&self) -> anyhow::Result<Link> {
-        Ok(match self {
-            LinkSpec::Packet { ifname } => {
-                let mut cfg = PacketConfig::new(ifname.clone(), ETHERTYPE_AOE);
-                cfg.ring = RingVersion::V2;
-                Link::from(PacketLink::open(cfg)?)
-            }
-            LinkSpec::Unix {
-                local,
-                peer,
-                mtu,
-                mac,
-            } => {
-                let mut cfg = UnixDgramConfig::new(local, peer);
-                cfg.mtu = *mtu;
-                cfg.mac = *mac;
-                Link::from(UnixDgramLink::open(cfg)?)
-            }
-        })
-    }
-}
-
-impl std::fmt::Display for LinkSpec {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            LinkSpec::Packet { ifname } => f.write_str(ifname),
-            LinkSpec::Unix { local, peer, .. } => {
-                write!(f, "unix:{},peer={}", local.display(), peer.display())
-            }
-        }
-    }
+    })
 }
 
 /// An AoE device address and the link it is reached over.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct AoeUrl {
     /// The medium.
-    pub link: LinkSpec,
+    pub link: AoeLink,
     /// Shelf (major).
     pub shelf: u16,
     /// Slot (minor).
@@ -190,14 +87,14 @@ impl AoeUrl {
                     "{s:?} names no device: add /SHELF.SLOT; give {URL_FORMS}"
                 ));
             };
-            let link = LinkSpec::parse(ifname).map_err(|_| {
-                format!("{s:?}: {ifname:?} is not an interface name; give {URL_FORMS}")
-            })?;
-            if matches!(link, LinkSpec::Unix { .. }) {
-                return Err(format!(
-                    "{s:?}: a unix socket link is written aoe+unix://SHELF.SLOT?local=PATH&peer=PATH"
-                ));
-            }
+            let link = match AoeLink::parse(ifname) {
+                Ok(l @ AoeLink::Interface(_)) => l,
+                _ => {
+                    return Err(format!(
+                        "{s:?}: {ifname:?} is not a network interface name; give {URL_FORMS}"
+                    ))
+                }
+            };
             let (shelf, slot) = shelf_slot(s, addr)?;
             return Ok(AoeUrl { link, shelf, slot });
         }
@@ -211,7 +108,7 @@ impl AoeUrl {
                 };
                 kv.push((k, v));
             }
-            let link = LinkSpec::unix(s, "", &kv, URL_FORMS)?;
+            let link = unix_link(s, &kv)?;
             return Ok(AoeUrl { link, shelf, slot });
         }
         Err(format!("{s:?} is not an AoE URL; give {URL_FORMS}"))
@@ -238,4 +135,47 @@ fn shelf_slot(whole: &str, addr: &str) -> Result<(u16, u8), String> {
         return Err(bad());
     }
     Ok((shelf, slot))
+}
+
+/// The unix link of an `aoe+unix://` URL's `local`, `peer`, `mtu` and
+/// `mac` settings.
+fn unix_link(whole: &str, kv: &[(&str, &str)]) -> Result<AoeLink, String> {
+    let (mut local, mut peer, mut mtu, mut mac) = (None, None, DEFAULT_MTU, None);
+    for (k, v) in kv {
+        match *k {
+            "local" if !v.is_empty() => local = Some(PathBuf::from(v)),
+            "peer" if !v.is_empty() => peer = Some(PathBuf::from(v)),
+            "mtu" => {
+                mtu = v
+                    .parse()
+                    .ok()
+                    .filter(|m| (1024..=MAX_MTU).contains(m))
+                    .ok_or_else(|| {
+                        format!("{whole:?}: mtu={v} is not a number from 1024 to {MAX_MTU}")
+                    })?
+            }
+            "mac" => {
+                mac = Some(
+                    v.parse::<MacAddr>()
+                        .map_err(|e| format!("{whole:?}: mac={v}: {e}"))?,
+                )
+            }
+            other => {
+                return Err(format!(
+                    "{whole:?}: {other}={v} is not a setting (local, peer, mtu and mac are); give {URL_FORMS}"
+                ))
+            }
+        }
+    }
+    match (local, peer) {
+        (Some(local), Some(peer)) => Ok(AoeLink::Unix {
+            local,
+            peer,
+            mac,
+            mtu,
+        }),
+        _ => Err(format!(
+            "{whole:?} needs both local=PATH (the socket to bind) and peer=PATH (the other end's); give {URL_FORMS}"
+        )),
+    }
 }
