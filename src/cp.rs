@@ -342,7 +342,7 @@ pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
         && !a.dst.starts_with("iscsi://")
         && !aoe_client::is_aoe_url(&a.dst)
     {
-        bail!("one side of cp must be an iscsi:// or AoE (aoe://, aoe+unix://) URL");
+        bail!("one side of cp must be an iscsi:// URL or an AoE URL (aoe://, aoe+unix://)");
     }
     if a.verify && a.dst == "-" {
         bail!("--verify reads the destination back, which stdout cannot be");

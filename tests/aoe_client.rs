@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{pattern, require_tool, run};
+use common::{pattern, require_tool, run, IQN};
 
 fn ip(args: &[&str]) {
     let out = Command::new("ip")
@@ -34,6 +34,8 @@ struct VbladeLink {
     ns: [String; 2],
     ifname: [String; 2],
     vblade: Option<Child>,
+    /// `ethersan serve` in the client's namespace, when started.
+    server: Option<Child>,
     dir: tempfile::TempDir,
     disk: PathBuf,
 }
@@ -56,6 +58,7 @@ impl VbladeLink {
                 format!("v{}{tag}b", pid % 100_000),
             ],
             vblade: None,
+            server: None,
             dir,
             disk,
         };
@@ -126,6 +129,32 @@ impl VbladeLink {
         }
     }
 
+    /// Start `ethersan serve` with a 16 MiB RAM LUN on 127.0.0.1:3260 in
+    /// the client's namespace (its own loopback); the LUN's URL.
+    fn serve_iscsi(&mut self) -> String {
+        ip(&["-n", &self.ns[1], "link", "set", "lo", "up"]);
+        let bin = env!("CARGO_BIN_EXE_ethersan");
+        self.server = Some(
+            Command::new("ip")
+                .args(["netns", "exec", &self.ns[1], bin, "serve", "--target", IQN])
+                .args(["--listen", "127.0.0.1:3260", "--lun", "ram:16M"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start ethersan serve"),
+        );
+        let url = format!("iscsi://127.0.0.1:3260/{IQN}/0");
+        let started = Instant::now();
+        while !self.ethersan(&["ls", &url]).status.success() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "ethersan serve did not come up within 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        url
+    }
+
     fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
@@ -133,9 +162,12 @@ impl VbladeLink {
 
 impl Drop for VbladeLink {
     fn drop(&mut self) {
-        if let Some(mut v) = self.vblade.take() {
-            let _ = v.kill();
-            let _ = v.wait();
+        for mut c in [self.vblade.take(), self.server.take()]
+            .into_iter()
+            .flatten()
+        {
+            let _ = c.kill();
+            let _ = c.wait();
         }
         for ns in &self.ns {
             let _ = Command::new("ip").args(["netns", "del", ns]).status();
@@ -150,7 +182,7 @@ fn write(path: &Path, data: &[u8]) -> String {
 
 fn against_vblade(tag: &str, mtu: usize, sectors_per_frame: u8) {
     let started = Instant::now();
-    let l = VbladeLink::new(tag, mtu, 16 << 20);
+    let mut l = VbladeLink::new(tag, mtu, 16 << 20);
     let url = l.url();
 
     // discover: the device, its capacity and the target's parameters.
@@ -203,6 +235,23 @@ fn against_vblade(tag: &str, mtu: usize, sectors_per_frame: u8) {
     assert!(disk[(6 << 20) + 700..(6 << 20) + 1024]
         .iter()
         .all(|b| *b == 0));
+
+    // LUN to LUN: AoE to iSCSI and back, verified.
+    let lun = l.serve_iscsi();
+    l.ok(&["cp", "--verify", "--length", "5M", &url, &lun]);
+    let via_iscsi = l.path("via-iscsi");
+    l.ok(&["cp", "--length", "5M", &lun, via_iscsi.to_str().unwrap()]);
+    assert!(
+        std::fs::read(&via_iscsi).unwrap() == data,
+        "AoE to iSCSI differs"
+    );
+    let other = pattern(1 << 20, 0xB0B);
+    let other_src = write(&l.path("other"), &other);
+    l.ok(&["cp", "--offset", "8M", &other_src, &lun]);
+    l.ok(&[
+        "cp", "--verify", "--offset", "8M", "--length", "1M", &lun, &url,
+    ]);
+    assert!(std::fs::read(&l.disk).unwrap()[8 << 20..9 << 20] == other[..]);
 
     // bench: writes then reads, a bounded number of I/Os.
     for rw in ["randwrite", "randread"] {
