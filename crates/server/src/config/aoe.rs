@@ -135,9 +135,8 @@ impl std::str::FromStr for AoeAddress {
         if s == "off" {
             return Ok(AoeAddress::Off);
         }
-        let bad = || {
-            format!("aoe = {s:?}: give SHELF.SLOT (shelf 0-65534, slot 0-254; e.g. 0.1) or off")
-        };
+        let bad =
+            || format!("aoe = {s:?}: give SHELF.SLOT (shelf 0-65534, slot 0-254; e.g. 0.1) or off");
         let (shelf, slot) = s.split_once('.').ok_or_else(bad)?;
         let shelf: u16 = shelf.parse().map_err(|_| bad())?;
         let slot: u8 = slot.parse().map_err(|_| bad())?;
@@ -180,7 +179,9 @@ mod tests {
                 mtu: 9000
             }
         );
-        assert!(AoeLink::parse("unix:/a.sock").unwrap_err().contains("peer=PATH"));
+        assert!(AoeLink::parse("unix:/a.sock")
+            .unwrap_err()
+            .contains("peer=PATH"));
         assert!(AoeLink::parse("unix:/a,peer=/b,mtu=99")
             .unwrap_err()
             .contains("mtu must be"));
@@ -196,6 +197,8 @@ mod tests {
         for bad in ["3", "x.1", "1.255", "65535.0", "1.256", "-1.0"] {
             assert!(bad.parse::<AoeAddress>().is_err(), "{bad}");
         }
-        assert!(parse_macs(&["zz".into()]).unwrap_err().contains("allowed_macs"));
+        assert!(parse_macs(&["zz".into()])
+            .unwrap_err()
+            .contains("allowed_macs"));
     }
 }

@@ -582,10 +582,17 @@ impl Config {
             Some(a) => {
                 let span = a.span();
                 let a = a.into_inner();
-                let mut links: Vec<super::AoeLink> =
-                    a.interfaces.into_iter().map(super::AoeLink::Interface).collect();
+                let mut links: Vec<super::AoeLink> = a
+                    .interfaces
+                    .into_iter()
+                    .map(super::AoeLink::Interface)
+                    .collect();
                 for u in &a.unix {
-                    let spec = if u.starts_with("unix:") { u.clone() } else { format!("unix:{u}") };
+                    let spec = if u.starts_with("unix:") {
+                        u.clone()
+                    } else {
+                        format!("unix:{u}")
+                    };
                     let mut link = super::AoeLink::parse(&spec)
                         .map_err(|m| at(Some(span.clone()), format!("[aoe] unix: {m}")))?;
                     if let super::AoeLink::Unix { local, peer, .. } = &mut link {
