@@ -22,6 +22,11 @@ const CLIENT_MAC: MacAddr = MacAddr([2, 0, 0, 0, 0xc0, 1]);
 /// answering until aborted.
 fn spawn_target(hub: &MemoryHub, sectors: u64, mtu: usize) -> tokio::task::JoinHandle<()> {
     let link = Link::from(hub.port(TARGET_MAC, ETHERTYPE_AOE, mtu).unwrap());
+    serve_on(link, sectors, mtu)
+}
+
+/// The responder of [`spawn_target`] on any link.
+fn serve_on(link: Link, sectors: u64, mtu: usize) -> tokio::task::JoinHandle<()> {
     let mut target = AoeTarget::new(TargetConfig::new(Mac(TARGET_MAC.0), mtu));
     let mut dev = DeviceConfig::new(sectors);
     dev.config_string = b"in-memory".to_vec();
@@ -125,6 +130,47 @@ async fn writes_read_back_exactly_over_a_lossy_reordering_link_mtu_9000() {
     tokio::time::timeout(Duration::from_secs(60), round_trip(9000, 11))
         .await
         .expect("bounded");
+}
+
+#[tokio::test]
+async fn an_aoe_unix_url_reaches_a_target_on_a_unix_datagram_link() {
+    use ethersan_link::unix::{UnixDgramConfig, UnixDgramLink};
+    let dir = tempfile::tempdir().unwrap();
+    let (ours, theirs) = (
+        dir.path().join("client.sock"),
+        dir.path().join("target.sock"),
+    );
+    let mut cfg = UnixDgramConfig::new(&theirs, &ours);
+    cfg.mac = Some(TARGET_MAC);
+    let target = serve_on(Link::from(UnixDgramLink::open(cfg).unwrap()), 256, 1500);
+    let url = format!(
+        "aoe+unix://1.2?local={}&peer={}",
+        ours.display(),
+        theirs.display()
+    );
+    let how = crate::blockio::ConnectArgs {
+        timeout: Timeout(Some(Duration::from_secs(10))),
+        ..Default::default()
+    };
+    let dev = tokio::time::timeout(Duration::from_secs(30), cli::open(&url, &how))
+        .await
+        .expect("bounded")
+        .unwrap();
+    assert_eq!(
+        dev.name(),
+        format!(
+            "AoE device e1.2 on unix:{},peer={}",
+            ours.display(),
+            theirs.display()
+        )
+    );
+    let data: Vec<u8> = (0..64 * 1024).map(|i| (i % 251) as u8).collect();
+    dev.write(4096, &data).await.unwrap();
+    assert!(dev.read(4096, data.len()).await.unwrap() == data);
+    let err = dev.read(255 * 512, 1024).await.unwrap_err().to_string();
+    assert!(err.contains("beyond the end of the device"), "{err}");
+    dev.close().await;
+    target.abort();
 }
 
 fn nobody() -> TargetInfo {
