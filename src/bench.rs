@@ -1,6 +1,6 @@
-//! `ethersan bench TARGET`: a load generator for a LUN over iSCSI or for a
-//! local file or block device, with one engine so that network and local
-//! figures compare directly.
+//! `ethersan bench TARGET`: a load generator for a LUN over iSCSI, an AoE
+//! device or a local file or block device, with one engine so that network
+//! and local figures compare directly.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,6 +16,7 @@ use ethersan_initiator::IscsiUrl;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use crate::aoe_client::AoeDevice;
 use crate::blockio::{check, login, Lun};
 use crate::cp::parse_bytes;
 
@@ -47,7 +48,9 @@ pub(crate) enum EngineArg {
 /// Arguments of `ethersan bench`.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct BenchArgs {
-    /// iscsi://host[:port]/IQN/LUN, or a local file or block device (the same engine, in-process).
+    /// iscsi://host[:port]/IQN/LUN, aoe://IFACE/SHELF.SLOT,
+    /// aoe+unix://SHELF.SLOT?local=PATH&peer=PATH, or a local file or block
+    /// device (the same engine, in-process).
     target: String,
     /// Access pattern.
     #[arg(long, value_enum, default_value = "randread")]
@@ -58,7 +61,8 @@ pub(crate) struct BenchArgs {
     /// Block size of each I/O (e.g. 4K, 128K).
     #[arg(long, default_value = "4K", value_parser = parse_bytes)]
     bs: u64,
-    /// Commands in flight per session (per worker group for a local target).
+    /// Commands in flight per session (per worker group for a local target;
+    /// for AoE, I/Os in flight, each split into frames the window sends).
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=1024))]
     qd: u16,
     /// Sessions (separate logins) to spread the load over.
@@ -153,6 +157,8 @@ pub(crate) struct Report {
 enum Engine {
     /// One LUN handle per session.
     Iscsi(Vec<Lun>),
+    /// An AoE device.
+    Aoe(Arc<AoeDevice>),
     /// The backend's file engine, in-process.
     Local(Arc<FileDevice>),
 }
@@ -161,6 +167,7 @@ impl Engine {
     fn capacity(&self) -> u64 {
         match self {
             Engine::Iscsi(l) => l[0].capacity(),
+            Engine::Aoe(d) => d.capacity(),
             Engine::Local(d) => d.num_blocks() * u64::from(d.block_size()),
         }
     }
@@ -168,6 +175,7 @@ impl Engine {
     fn block_size(&self) -> u64 {
         match self {
             Engine::Iscsi(l) => u64::from(l[0].block_size),
+            Engine::Aoe(_) => crate::aoe_client::SECTOR,
             Engine::Local(d) => u64::from(d.block_size()),
         }
     }
@@ -216,6 +224,10 @@ impl Worker {
                 check("READ(16)", &r)?;
                 Ok(())
             }
+            Engine::Aoe(d) => {
+                d.read(offset, self.buf.len()).await?;
+                Ok(())
+            }
             // As the server does: one submission, which finishes on this
             // thread when the data is at hand (page cache), goes to the
             // ring (io_uring) or comes back as a job for the blocking pool
@@ -248,6 +260,7 @@ impl Worker {
                     .await?;
                 check("WRITE(16)", &r)
             }
+            Engine::Aoe(d) => d.write(offset, &self.data).await,
             Engine::Local(dev) => {
                 let req = IoRequest::Write {
                     offset,
@@ -300,6 +313,19 @@ async fn open_engine(a: &BenchArgs) -> anyhow::Result<(Engine, &'static str)> {
             luns.push(Lun::on(session, url.lun).await?);
         }
         return Ok((Engine::Iscsi(luns), "iscsi"));
+    }
+    if crate::aoe_client::is_aoe_url(&a.target) {
+        if a.engine.is_some() || a.direct {
+            bail!("--engine and --direct apply to a local FILE, not to an AoE device");
+        }
+        if a.sessions != 1 {
+            bail!("--sessions applies to iSCSI; an AoE device is driven by one initiator: raise --qd instead");
+        }
+        if a.fua {
+            bail!("--fua: ATA writes over AoE have no FUA; leave it out for an AoE device");
+        }
+        let dev = crate::aoe_client::open(&a.target, &a.connect).await?;
+        return Ok((Engine::Aoe(Arc::new(dev)), "aoe"));
     }
     let writes = !matches!(a.rw, Pattern::Read | Pattern::Randread);
     let path = Path::new(&a.target);
@@ -462,11 +488,11 @@ pub(crate) async fn run(a: &BenchArgs) -> anyhow::Result<Report> {
         writes,
         io_engine: match &engine {
             Engine::Local(d) => Some(d.engine().to_string()),
-            Engine::Iscsi(_) => None,
+            Engine::Iscsi(_) | Engine::Aoe(_) => None,
         },
         direct: match &engine {
             Engine::Local(d) => Some(d.is_direct()),
-            Engine::Iscsi(_) => None,
+            Engine::Iscsi(_) | Engine::Aoe(_) => None,
         },
         iops: ios as f64 / seconds,
         mb_per_s: (ios * a.bs) as f64 / seconds / 1e6,

@@ -14,14 +14,16 @@ use futures::stream::{self, StreamExt, TryStreamExt};
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::aoe_client::{self, AoeDevice};
 use crate::blockio::{ConnectArgs, Local, RetryingLun};
 
 /// Arguments of `ethersan cp`.
 #[derive(Args, Debug)]
 pub(crate) struct CpArgs {
-    /// Source: iscsi://[user[%secret]@]host[:port]/IQN/LUN, a file or block device, or - for stdin.
+    /// Source: iscsi://[user[%secret]@]host[:port]/IQN/LUN, aoe://IFACE/SHELF.SLOT,
+    /// aoe+unix://SHELF.SLOT?local=PATH&peer=PATH, a file or block device, or - for stdin.
     src: String,
-    /// Destination: an iscsi:// URL, a file or block device, or - for stdout.
+    /// Destination: an iscsi:// or AoE URL, a file or block device, or - for stdout.
     dst: String,
     /// Byte offset on the LUN side (both sides when copying LUN to LUN); a multiple of the block size.
     #[arg(long, value_parser = parse_bytes, default_value = "0")]
@@ -39,7 +41,8 @@ pub(crate) struct CpArgs {
     #[arg(long, value_parser = parse_bytes)]
     chunk: Option<u64>,
     /// Write with FUA and end with SYNCHRONIZE CACHE on a LUN destination
-    /// (fsync on a file): the data is durable when cp returns.
+    /// (FLUSH CACHE on an AoE device, whose writes have no FUA; fsync on a
+    /// file): the data is durable when cp returns.
     #[arg(long)]
     sync: bool,
     /// No progress bar even on a terminal.
@@ -59,9 +62,101 @@ pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
     ethersan_server::config::parse_size(s).map_err(|e| e.to_string())
 }
 
+/// A block device across the network: what `cp` copies to or from besides
+/// files and stdio.
+#[derive(Debug)]
+enum Remote {
+    /// An iSCSI LUN whose commands are retried on a new session when one
+    /// fails.
+    Iscsi(Box<RetryingLun>),
+    /// An AoE device (its initiator retransmits lost commands itself).
+    Aoe(Box<AoeDevice>),
+}
+
+impl Remote {
+    async fn open(spec: &str, how: &ConnectArgs) -> anyhow::Result<Remote> {
+        if aoe_client::is_aoe_url(spec) {
+            return Ok(Remote::Aoe(Box::new(aoe_client::open(spec, how).await?)));
+        }
+        let url = IscsiUrl::parse(spec)?;
+        Ok(Remote::Iscsi(Box::new(RetryingLun::open(&url, how).await?)))
+    }
+
+    fn name(&self) -> String {
+        match self {
+            Remote::Iscsi(l) => format!("LUN {}", l.lun().lun),
+            Remote::Aoe(d) => d.name().to_string(),
+        }
+    }
+
+    fn block_size(&self) -> u64 {
+        match self {
+            Remote::Iscsi(l) => u64::from(l.lun().block_size),
+            Remote::Aoe(_) => aoe_client::SECTOR,
+        }
+    }
+
+    fn capacity(&self) -> u64 {
+        match self {
+            Remote::Iscsi(l) => l.lun().capacity(),
+            Remote::Aoe(d) => d.capacity(),
+        }
+    }
+
+    /// Largest transfer per call (an AoE device splits one into frames).
+    fn max_transfer(&self) -> u64 {
+        match self {
+            Remote::Iscsi(l) => l.lun().max_transfer,
+            Remote::Aoe(_) => crate::blockio::DEFAULT_MAX_TRANSFER,
+        }
+    }
+
+    async fn read(&self, at: u64, len: usize) -> anyhow::Result<Vec<u8>> {
+        match self {
+            Remote::Iscsi(l) => l.read(at, len).await,
+            Remote::Aoe(d) => d.read(at, len).await,
+        }
+    }
+
+    async fn write(&self, at: u64, data: Vec<u8>, fua: bool) -> anyhow::Result<()> {
+        match self {
+            Remote::Iscsi(l) => l.write(at, Bytes::from(data), fua).await,
+            Remote::Aoe(d) => d.write(at, &data).await,
+        }
+    }
+
+    async fn flush(&self) -> anyhow::Result<()> {
+        match self {
+            Remote::Iscsi(l) => l.flush().await,
+            Remote::Aoe(d) => d.flush().await,
+        }
+    }
+
+    /// Where to say what happened while a progress bar is drawn.
+    fn set_bar(&self, bar: &ProgressBar) {
+        if let Remote::Iscsi(l) = self {
+            *l.bar.lock().expect("not poisoned") = Some(bar.clone());
+        }
+    }
+
+    /// (commands retried, new sessions opened) so far.
+    fn retries(&self) -> (u64, u64) {
+        match self {
+            Remote::Iscsi(l) => l.retries(),
+            Remote::Aoe(_) => (0, 0),
+        }
+    }
+
+    async fn close(&self) {
+        if let Remote::Iscsi(l) = self {
+            l.logout().await;
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 enum End {
-    Lun(Arc<RetryingLun>),
+    Lun(Arc<Remote>),
     Local(Local, PathBuf),
     Stdio,
 }
@@ -69,7 +164,7 @@ enum End {
 impl End {
     fn name(&self) -> String {
         match self {
-            End::Lun(l) => format!("LUN {}", l.lun().lun),
+            End::Lun(l) => l.name(),
             End::Local(_, p) => p.display().to_string(),
             End::Stdio => "-".into(),
         }
@@ -80,7 +175,7 @@ impl End {
 async fn read_chunk(src: &End, at: u64, len: usize) -> anyhow::Result<Vec<u8>> {
     match src {
         End::Lun(l) => {
-            let bs = l.lun().block_size as usize;
+            let bs = l.block_size() as usize;
             let padded = len.div_ceil(bs) * bs;
             let mut data = l.read(at, padded).await?;
             data.truncate(len);
@@ -115,9 +210,9 @@ async fn write_chunk(
 ) -> anyhow::Result<()> {
     match dst {
         End::Lun(l) => {
-            let bs = l.lun().block_size as usize;
+            let bs = l.block_size() as usize;
             if data.len().is_multiple_of(bs) {
-                return l.write(at, Bytes::from(data), fua).await;
+                return l.write(at, data, fua).await;
             }
             // A tail shorter than a block: keep the rest of the last block.
             let whole = data.len() / bs * bs;
@@ -127,7 +222,7 @@ async fn write_chunk(
             block[..data.len() - whole].copy_from_slice(&data[whole..]);
             data.truncate(whole);
             data.extend_from_slice(&block);
-            l.write(at, Bytes::from(data), fua).await
+            l.write(at, data, fua).await
         }
         End::Local(f, p) => {
             if sparse && data.iter().all(|b| *b == 0) {
@@ -225,9 +320,8 @@ fn summary(copied: u64, copy_secs: f64, verify_secs: Option<f64>, retries: (u64,
 }
 
 async fn open_end(spec: &str, as_dst: bool, how: &ConnectArgs) -> anyhow::Result<End> {
-    if spec.starts_with("iscsi://") {
-        let url = IscsiUrl::parse(spec)?;
-        return Ok(End::Lun(Arc::new(RetryingLun::open(&url, how).await?)));
+    if spec.starts_with("iscsi://") || aoe_client::is_aoe_url(spec) {
+        return Ok(End::Lun(Arc::new(Remote::open(spec, how).await?)));
     }
     if spec == "-" {
         return Ok(End::Stdio);
@@ -244,8 +338,11 @@ async fn open_end(spec: &str, as_dst: bool, how: &ConnectArgs) -> anyhow::Result
 /// `ethersan cp`.
 pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
     let src = open_end(&a.src, false, &a.connect).await?;
-    if matches!(src, End::Local(..) | End::Stdio) && !a.dst.starts_with("iscsi://") {
-        bail!("one side of cp must be an iscsi:// URL");
+    if matches!(src, End::Local(..) | End::Stdio)
+        && !a.dst.starts_with("iscsi://")
+        && !aoe_client::is_aoe_url(&a.dst)
+    {
+        bail!("one side of cp must be an iscsi:// URL or an AoE URL (aoe://, aoe+unix://)");
     }
     if a.verify && a.dst == "-" {
         bail!("--verify reads the destination back, which stdout cannot be");
@@ -255,12 +352,11 @@ pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
     // The LUN side(s): offset checks.
     for end in [&src, &dst] {
         if let End::Lun(l) = end {
-            let l = l.lun();
-            if !a.offset.is_multiple_of(u64::from(l.block_size)) {
+            if !a.offset.is_multiple_of(l.block_size()) {
                 bail!(
                     "--offset {} is not a multiple of the block size {}",
                     a.offset,
-                    l.block_size
+                    l.block_size()
                 );
             }
             if a.offset > l.capacity() {
@@ -284,7 +380,7 @@ pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
         0
     };
     let available = match &src {
-        End::Lun(l) => Some(l.lun().capacity() - a.offset),
+        End::Lun(l) => Some(l.capacity() - a.offset),
         End::Local(f, _) => Some(f.size),
         End::Stdio => None,
     };
@@ -296,7 +392,6 @@ pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
         (None, av) => av,
     };
     if let (End::Lun(l), Some(n)) = (&dst, length) {
-        let l = l.lun();
         if dst_at + n > l.capacity() {
             bail!(
                 "LUN too small: {} holds {} bytes, the copy needs {} at offset {dst_at}",
@@ -309,9 +404,8 @@ pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
     let mut chunk = a.chunk.unwrap_or(crate::blockio::DEFAULT_MAX_TRANSFER);
     for end in [&src, &dst] {
         if let End::Lun(l) = end {
-            let l = l.lun();
-            chunk = chunk.min(l.max_transfer);
-            chunk = (chunk / u64::from(l.block_size)).max(1) * u64::from(l.block_size);
+            chunk = chunk.min(l.max_transfer());
+            chunk = (chunk / l.block_size()).max(1) * l.block_size();
         }
     }
     let chunk = chunk.max(512) as usize;
@@ -321,7 +415,7 @@ pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
     let bar = progress("copy  ", length, a.quiet);
     for end in [&src, &dst] {
         if let End::Lun(l) = end {
-            *l.bar.lock().expect("not poisoned") = Some(bar.clone());
+            l.set_bar(&bar);
         }
     }
     let started = Instant::now();
@@ -372,7 +466,6 @@ pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
                 async move {
                     let n = data.len() as u64;
                     if let End::Lun(l) = dst_ref {
-                        let l = l.lun();
                         if dst_at + at + n > l.capacity() {
                             bail!(
                                 "LUN too small: {} holds {} bytes, stdin had more",
@@ -455,7 +548,7 @@ pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
         let sums = std::mem::take(&mut *sums.lock().expect("not poisoned"));
         let check_bar = progress("verify", Some(copied), a.quiet);
         if let End::Lun(l) = &dst {
-            *l.bar.lock().expect("not poisoned") = Some(check_bar.clone());
+            l.set_bar(&check_bar);
         }
         let (dst_ref, bar_ref) = (&dst, &check_bar);
         stream::iter(sums)
@@ -491,7 +584,7 @@ pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
     }
     for end in [&src, &dst] {
         if let End::Lun(l) = end {
-            l.logout().await;
+            l.close().await;
         }
     }
     Ok(())

@@ -47,6 +47,7 @@ fn write_line(w: &mut dyn std::io::Write, args: std::fmt::Arguments) {
     let _ = writeln!(w, "{args}");
 }
 
+mod aoe_client;
 mod bench;
 mod blockio;
 mod client;
@@ -82,10 +83,18 @@ enum LogFormat {
 enum Command {
     /// Run the iSCSI target (no arguments: the embedded default).
     Serve(ServeArgs),
-    /// List the targets and portals a portal offers (SendTargets).
+    /// List the targets and portals a portal offers (SendTargets), or with
+    /// --aoe the AoE devices on a link.
     Discover {
         /// HOST[:PORT] of a portal (port 3260 by default), or an iscsi:// URL.
-        portal: String,
+        #[arg(required_unless_present = "aoe")]
+        portal: Option<String>,
+        /// Broadcast an AoE Query Config on this link instead and list the
+        /// devices that answer within 1 s (or --timeout, if given):
+        /// IFACE (AF_PACKET, needs CAP_NET_RAW) or
+        /// unix:LOCAL,peer=PEER[,mtu=N][,mac=MAC].
+        #[arg(long, value_name = "IFACE", conflicts_with = "portal")]
+        aoe: Option<String>,
         #[command(flatten)]
         connect: blockio::ConnectArgs,
         /// Print JSON.
@@ -94,7 +103,8 @@ enum Command {
     },
     /// List a target's LUNs (or the one LUN the URL names): capacity, block size, identity.
     Ls {
-        /// iscsi://[USER%SECRET@]host[:port]/TARGET[/LUN]
+        /// iscsi://[USER%SECRET@]host[:port]/TARGET[/LUN], aoe://IFACE/SHELF.SLOT or
+        /// aoe+unix://SHELF.SLOT?local=PATH&peer=PATH
         url: String,
         #[command(flatten)]
         connect: blockio::ConnectArgs,
@@ -102,9 +112,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Show one LUN's INQUIRY data and VPD pages.
+    /// Show one LUN's INQUIRY data and VPD pages (an AoE device's IDENTIFY data).
     Inquiry {
-        /// iscsi://[USER%SECRET@]host[:port]/TARGET/LUN
+        /// iscsi://[USER%SECRET@]host[:port]/TARGET/LUN, aoe://IFACE/SHELF.SLOT or
+        /// aoe+unix://SHELF.SLOT?local=PATH&peer=PATH
         url: String,
         #[command(flatten)]
         connect: blockio::ConnectArgs,
@@ -540,7 +551,17 @@ async fn serve(cfg: Config, json_logs: bool, config_file: Option<PathBuf>) -> an
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    // `discover --aoe` listens for 1 s unless --timeout (or
+    // $ETHERSAN_TIMEOUT) says how long.
+    let timeout_given = matches
+        .subcommand_matches("discover")
+        .and_then(|m| m.value_source("timeout"))
+        .is_some_and(|s| s != clap::parser::ValueSource::DefaultValue);
     // Generated from the command-line definitions; no runtime needed.
     match &cli.command {
         Command::Completions { shell } => {
@@ -653,10 +674,23 @@ fn main() -> ExitCode {
             }
             Command::Discover {
                 portal,
+                aoe,
                 connect,
                 json,
-            } => client::cmd_discover(&portal, &connect, json).await,
+            } => match (aoe, portal) {
+                (Some(link), _) => {
+                    aoe_client::cmd_discover(&link, &connect, timeout_given, json).await
+                }
+                (None, Some(portal)) => client::cmd_discover(&portal, &connect, json).await,
+                (None, None) => unreachable!("clap requires one"),
+            },
+            Command::Ls { url, connect, json } if aoe_client::is_aoe_url(&url) => {
+                aoe_client::cmd_ls(&url, &connect, json).await
+            }
             Command::Ls { url, connect, json } => client::cmd_ls(&url, &connect, json).await,
+            Command::Inquiry { url, connect, json } if aoe_client::is_aoe_url(&url) => {
+                aoe_client::cmd_inquiry(&url, &connect, json).await
+            }
             Command::Inquiry { url, connect, json } => {
                 client::cmd_inquiry(&url, &connect, json).await
             }
