@@ -320,8 +320,8 @@ fn failure(e: &BackendError) -> IoFailure {
     }
 }
 
-/// An I/O finished: its response frame.
-fn respond(io: &IoRequest, result: Result<Vec<u8>, IoFailure>) -> Vec<u8> {
+/// An I/O finished: its response frame (`data`: a read's sectors).
+fn respond(io: &IoRequest, result: Result<&[u8], IoFailure>) -> Vec<u8> {
     let mut frame = Vec::new();
     match (&io.op, result) {
         (IoOp::Read { .. }, Ok(data)) => {
@@ -340,50 +340,164 @@ fn respond(io: &IoRequest, result: Result<Vec<u8>, IoFailure>) -> Vec<u8> {
     frame
 }
 
-/// Start `io` (whose write data lies in `frame`) on `volume`: its response
-/// goes to `now` when it finished at once, else through `later`.
-fn start_io(
-    io: IoRequest,
-    frame: &[u8],
-    volume: Option<&Arc<Volume>>,
+/// Most sectors one volume call carries for a run of commands (256 KiB).
+const MAX_RUN_SECTORS: u64 = 512;
+
+/// The sectors an I/O covers: (first, count); a flush covers none.
+fn extent(op: &IoOp) -> (u64, u64) {
+    match op {
+        IoOp::Read { lba, sectors } | IoOp::Write { lba, sectors, .. } => {
+            (*lba, u64::from(*sectors))
+        }
+        IoOp::Flush => (0, 0),
+    }
+}
+
+/// 0 read, 1 write, 2 flush: the order a batch's runs are started in.
+fn kind(op: &IoOp) -> u8 {
+    match op {
+        IoOp::Read { .. } => 0,
+        IoOp::Write { .. } => 1,
+        IoOp::Flush => 2,
+    }
+}
+
+/// The I/O of one received batch of frames. An initiator sends a large
+/// request as one command per frame (1 KiB each at MTU 1500), and the
+/// frames of one request arrive together: reads or writes of consecutive
+/// sectors of one device go to the volume as one call, so a 4 KiB write
+/// is one page-aligned write, not four partial ones, and a 128 KiB read
+/// one `pread`.
+#[derive(Default)]
+struct IoBatch {
+    /// Each request with its write data (copied out of the frame).
+    ios: Vec<(IoRequest, Vec<u8>)>,
+}
+
+impl IoBatch {
+    fn push(&mut self, io: IoRequest, frame: &[u8]) {
+        let data = match &io.op {
+            IoOp::Write { data, .. } => frame.get(data.clone()).unwrap_or_default().to_vec(),
+            _ => Vec::new(),
+        };
+        self.ios.push((io, data));
+    }
+
+    /// Start every request of the batch: responses that are ready at once
+    /// go to `now`, the others through `later`.
+    fn start(
+        &mut self,
+        volumes: &HashMap<DeviceAddr, (Arc<Volume>, Option<PathBuf>)>,
+        now: &mut Vec<Vec<u8>>,
+        later: &mpsc::UnboundedSender<Vec<u8>>,
+    ) {
+        let mut ios = std::mem::take(&mut self.ios);
+        ios.sort_by_key(|(io, _)| (io.device, kind(&io.op), extent(&io.op).0));
+        let mut run: Vec<(IoRequest, Vec<u8>)> = Vec::new();
+        for (io, data) in ios {
+            if let Some((last, _)) = run.last() {
+                let (first, _) = extent(&run[0].0.op);
+                let (lba, n) = extent(&last.op);
+                let (next, m) = extent(&io.op);
+                let joins = last.device == io.device
+                    && kind(&last.op) == kind(&io.op)
+                    && !matches!(io.op, IoOp::Flush)
+                    && next == lba + n
+                    && next + m - first <= MAX_RUN_SECTORS;
+                if !joins {
+                    start_run(std::mem::take(&mut run), volumes, now, later);
+                }
+            }
+            run.push((io, data));
+        }
+        if !run.is_empty() {
+            start_run(run, volumes, now, later);
+        }
+    }
+}
+
+/// Start one run: reads or writes of consecutive sectors of one device, or
+/// one flush, as one volume call.
+fn start_run(
+    run: Vec<(IoRequest, Vec<u8>)>,
+    volumes: &HashMap<DeviceAddr, (Arc<Volume>, Option<PathBuf>)>,
     now: &mut Vec<Vec<u8>>,
     later: &mpsc::UnboundedSender<Vec<u8>>,
 ) {
-    let Some(volume) = volume else {
-        now.push(respond(&io, Err(IoFailure::Unavailable)));
+    let Some((volume, _)) = volumes.get(&run[0].0.device) else {
+        now.extend(
+            run.iter()
+                .map(|(io, _)| respond(io, Err(IoFailure::Unavailable))),
+        );
         return;
     };
-    let io = Arc::new(io);
+    let (first, _) = extent(&run[0].0.op);
+    let sectors: u64 = run.iter().map(|(io, _)| extent(&io.op).1).sum();
+    let read = matches!(run[0].0.op, IoOp::Read { .. });
+    let mut data = Vec::new();
+    let mut members = Vec::with_capacity(run.len());
+    for (io, d) in run {
+        if data.is_empty() {
+            data = d;
+        } else {
+            data.extend_from_slice(&d);
+        }
+        members.push(io);
+    }
+    let members = Arc::new(members);
+    // Each member's response from the run's outcome.
+    let answer = move |members: &[IoRequest], r: Result<&[u8], IoFailure>| -> Vec<Vec<u8>> {
+        members
+            .iter()
+            .map(|io| {
+                let part = r.map(|d| {
+                    let at = ((extent(&io.op).0 - first) * 512) as usize;
+                    let len = (extent(&io.op).1 * 512) as usize;
+                    if read {
+                        d.get(at..at + len).unwrap_or_default()
+                    } else {
+                        d
+                    }
+                });
+                respond(io, part)
+            })
+            .collect()
+    };
     let done = {
-        let (io, later) = (io.clone(), later.clone());
+        let (members, later) = (members.clone(), later.clone());
         Box::new(move |r: ethersan_backend::IoResult| {
-            let _ = later.send(respond(&io, r.map_err(|e| failure(&e))));
+            let r = r.map_err(|e| failure(&e));
+            for f in answer(&members, r.as_deref().map_err(|e| *e)) {
+                let _ = later.send(f);
+            }
         })
     };
-    let submitted = match &io.op {
-        IoOp::Read { lba, sectors } => volume.read(*lba, u64::from(*sectors), Vec::new(), done),
-        IoOp::Write {
-            lba, sectors, data, ..
-        } => {
-            let bytes = frame.get(data.clone()).unwrap_or_default().to_vec();
-            // Durable when the write cache is off; otherwise at FLUSH CACHE,
-            // which the initiator sends when it needs it.
-            volume.write(*lba, u64::from(*sectors), bytes, false, done)
-        }
+    let submitted = match members[0].op {
+        IoOp::Read { .. } => volume.read(first, sectors, Vec::new(), done),
+        // Durable when the write cache is off; otherwise at FLUSH CACHE,
+        // which the initiator sends when it needs it.
+        IoOp::Write { .. } => volume.write(first, sectors, data, false, done),
         IoOp::Flush => Ok(volume.flush(done)),
     };
     match submitted {
-        Ok(Submission::Done(r)) => now.push(respond(&io, r.map_err(|e| failure(&e)))),
+        Ok(Submission::Done(r)) => {
+            let r = r.map_err(|e| failure(&e));
+            now.extend(answer(&members, r.as_deref().map_err(|e| *e)));
+        }
         Ok(Submission::Pending) => {}
         Ok(Submission::Blocking(job)) => {
             let later = later.clone();
             tokio::task::spawn_blocking(move || {
-                let r = job();
-                let _ = later.send(respond(&io, r.map_err(|e| failure(&e))));
+                let r = job().map_err(|e| failure(&e));
+                for f in answer(&members, r.as_deref().map_err(|e| *e)) {
+                    let _ = later.send(f);
+                }
             });
         }
-        Err(VolumeError::OutOfRange { .. }) => now.push(respond(&io, Err(IoFailure::OutOfRange))),
-        Err(VolumeError::ShortData { .. }) => now.push(respond(&io, Err(IoFailure::Aborted))),
+        Err(VolumeError::OutOfRange { .. }) => {
+            now.extend(answer(&members, Err(IoFailure::OutOfRange)))
+        }
+        Err(VolumeError::ShortData { .. }) => now.extend(answer(&members, Err(IoFailure::Aborted))),
     }
 }
 
@@ -398,6 +512,7 @@ async fn serve_link(
     // Unsolicited config responses: initiators already listening find us.
     let mut out: Vec<Vec<u8>> = target.announce();
     let mut failures = 0u32;
+    let mut batch = IoBatch::default();
     loop {
         if !out.is_empty() {
             if let Err(e) = link.send_batch(&out).await {
@@ -409,11 +524,9 @@ async fn serve_link(
             r = link.recv_batch(|frame| match target.handle(frame) {
                 Action::Drop(_) => {}
                 Action::Reply(frames) => out.extend(frames),
-                Action::Io(io) => {
-                    let volume = volumes.get(&io.device).map(|v| &v.0);
-                    start_io(io, frame, volume, &mut out, &later_tx);
-                }
+                Action::Io(io) => batch.push(io, frame),
             }) => {
+                batch.start(&volumes, &mut out, &later_tx);
                 if let Err(e) = r {
                     failures += 1;
                     warn!(link = %name, "AoE: cannot receive: {e}");
