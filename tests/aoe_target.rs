@@ -588,6 +588,25 @@ async fn over_veth(tag: &str, mtu: usize, per_frame: u8) {
     let back = ok_all(wire.run(&found[0], reads(64, 2048, per_frame)).await);
     assert!(back == data, "read-back over veth differs");
     drop(wire);
+    // ethersan's own AoE client against ethersan's AoE target: a file
+    // there and back with --verify, from the client's namespace.
+    let src = dir.path().join("src.img");
+    let back = dir.path().join("back.img");
+    std::fs::write(&src, pattern(3 << 20, 78)).unwrap();
+    let url = format!("aoe://{}/0.0", veth.ifname[1]);
+    let in_client = |args: &[&str]| {
+        let mut all = vec!["netns", "exec", &veth.ns[1], env!("CARGO_BIN_EXE_ethersan")];
+        all.extend_from_slice(args);
+        run("ip", &all, Duration::from_secs(60))
+    };
+    let o = in_client(&["cp", "--verify", &path_str(&src), &url]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = in_client(&["cp", &url, &path_str(&back), "--length", "3M"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        std::fs::read(&back).unwrap() == pattern(3 << 20, 78),
+        "cp over AoE differs"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
