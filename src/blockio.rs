@@ -393,10 +393,11 @@ impl Local {
 /// a new session.
 const RETRIES: u32 = 3;
 
-/// A LUN whose reads, whole-block writes and cache flushes are retried on a
-/// new session when a command times out or the connection is lost: each
-/// of them can be repeated without changing the outcome (a write sends the
-/// same bytes to the same blocks again). Used by `cp`.
+/// A LUN whose reads and whole-block writes are retried on a new session
+/// when a command times out or the connection is lost: each of them can be
+/// repeated without changing the outcome (a write sends the same bytes to
+/// the same blocks again). A cache flush is not (see
+/// [`RetryingLun::flush`]). Used by `cp`.
 #[derive(Debug)]
 pub(crate) struct RetryingLun {
     url: IscsiUrl,
@@ -524,10 +525,22 @@ impl RetryingLun {
         .await
     }
 
-    /// SYNCHRONIZE CACHE over the whole LUN.
+    /// SYNCHRONIZE CACHE over the whole LUN. Not repeated on a new
+    /// session: writes the old session had acknowledged but the target had
+    /// not yet made durable may be gone with it, and a flush on the new
+    /// session would report them durable.
     pub(crate) async fn flush(&self) -> anyhow::Result<()> {
-        self.run("SYNCHRONIZE CACHE", |l| async move { l.flush().await })
-            .await
+        let lun = self.lun();
+        lun.flush().await.map_err(|e| {
+            let lost = e
+                .downcast_ref::<ethersan_initiator::Error>()
+                .is_some_and(|e| e.is_session_failure());
+            if lost {
+                e.context("SYNCHRONIZE CACHE lost its session, so the copy's durability is unknown: run cp --sync again")
+            } else {
+                e
+            }
+        })
     }
 
     /// Log out of the current session.

@@ -374,6 +374,23 @@ async fn only_allowed_macs_are_answered() {
     assert!(ok_all(allowed.run(&found[0], reads(8, 8, 2)).await) == data);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn luns_that_iscsi_guards_go_over_aoe_only_when_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let luns = vec!["ram:1M".to_string(), "ram:1M,aoe=0.7".to_string()];
+    let server = Server::start_args(&serve_args(d, &luns, &["--chap", "alice:alice-secret-123"]));
+    let wire = Wire::open(d, "02:00:00:00:cc:01".parse().unwrap());
+    let found = wire.discover().await;
+    let addrs: Vec<(u16, u8)> = found.iter().map(|t| (t.shelf, t.slot)).collect();
+    assert_eq!(addrs, vec![(0, 7)], "{found:?}");
+    let log = server.log.lock().unwrap().join("\n");
+    assert!(
+        log.contains("LUN 0 of") && log.contains("not exported over AoE"),
+        "{log}"
+    );
+}
+
 #[test]
 fn aoe_configuration_mistakes_are_named() {
     let dir = tempfile::tempdir().unwrap();
@@ -433,6 +450,18 @@ fn aoe_configuration_mistakes_are_named() {
         "nosuchif0",
     ]);
     assert!(l.contains("nosuchif0") && l.contains("ip link"), "{l}");
+    let l = fails(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--lun",
+        "ram:1M",
+        "--aoe",
+        &link,
+        "--aoe",
+        &format!("unix:{}/t2.sock,peer={}/c2.sock", d.display(), d.display()),
+    ]);
+    assert!(l.contains("give one --aoe link"), "{l}");
     // Without CAP_NET_RAW: one line naming the capability and how to
     // grant it.
     let o = std::process::Command::new("setpriv")

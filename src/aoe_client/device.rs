@@ -334,12 +334,22 @@ impl AoeDevice {
             mtu,
             timeout,
         };
-        let data = dev
-            .run("IDENTIFY DEVICE", vec![AtaRequest::Identify])
-            .await?
-            .remove(0);
-        dev.identify = parse_identify(&data)
-            .map_err(|e| anyhow::anyhow!("{}: IDENTIFY DEVICE: {e}", dev.name))?;
+        // A device that cannot be brought up stops its driver at once: it
+        // must not go on taking frames off the shared link.
+        let data = match dev.run("IDENTIFY DEVICE", vec![AtaRequest::Identify]).await {
+            Ok(mut d) => d.remove(0),
+            Err(e) => {
+                dev.driver.abort();
+                return Err(e);
+            }
+        };
+        dev.identify = match parse_identify(&data) {
+            Ok(i) => i,
+            Err(e) => {
+                dev.driver.abort();
+                anyhow::bail!("{}: IDENTIFY DEVICE: {e}", dev.name);
+            }
+        };
         if !dev.identify.lba48 {
             // The initiator's commands are LBA48 until told otherwise.
             let _ = dev.requests.send(Control::Lba48(false));

@@ -36,8 +36,7 @@ impl IscsiUrl {
         let rest = url
             .strip_prefix("iscsi://")
             .ok_or_else(|| Error::Url(format!("{s}: must start with iscsi://")))?;
-        let before_query = rest.find('?').unwrap_or(rest.len());
-        let (auth, rest) = match rest[..before_query].rfind('@') {
+        let (auth, rest) = match auth_end(rest) {
             Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
             None => (None, rest),
         };
@@ -85,11 +84,12 @@ impl IscsiUrl {
             match pair.split_once('=') {
                 Some(("target_user", v)) => target_user = Some(v.to_string()),
                 Some(("target_password", v)) => target_secret = Some(v.to_string()),
+                // Not echoed: after a target_password with '&' in it, the
+                // "parameter" is part of the secret.
                 _ => {
-                    let key = pair.split_once('=').map_or(pair, |(k, _)| k);
                     return Err(Error::Url(format!(
-                        "{s}: unknown parameter {key:?} (known: target_user, target_password)"
-                    )));
+                        "{s}: unknown parameter in the query (known: target_user, target_password)"
+                    )))
                 }
             }
         }
@@ -131,20 +131,31 @@ impl IscsiUrl {
 pub fn redact(url: &str) -> String {
     let mut out = url.to_string();
     if let Some(rest) = url.strip_prefix("iscsi://") {
-        let before_query = rest.find('?').unwrap_or(rest.len());
-        if let Some(at) = rest[..before_query].rfind('@') {
+        if let Some(at) = auth_end(rest) {
             if let Some(pct) = rest[..at].find('%') {
                 let start = "iscsi://".len() + pct + 1;
                 out.replace_range(start..start + (at - pct - 1), "***");
             }
         }
     }
+    // Everything after target_password= (the secret may hold '&').
     if let Some(i) = out.find("target_password=") {
         let start = i + "target_password=".len();
-        let end = out[start..].find('&').map_or(out.len(), |e| start + e);
-        out.replace_range(start..end, "***");
+        out.replace_range(start.., "***");
     }
     out
+}
+
+/// Where the `user%secret` part of `rest` (a URL after `iscsi://`) ends:
+/// the last `@` before the mutual-CHAP query, if any. Hosts, target names
+/// and LUNs hold no `@`; a secret may hold `?`, `/` or `@`.
+fn auth_end(rest: &str) -> Option<usize> {
+    let query = ["?target_user=", "?target_password="]
+        .iter()
+        .filter_map(|k| rest.find(k))
+        .min()
+        .unwrap_or(rest.len());
+    rest[..query].rfind('@')
 }
 
 #[cfg(test)]
@@ -175,6 +186,22 @@ mod tests {
         assert_eq!(u.lun, 1);
         assert_eq!(u.target_user.as_deref(), Some("tgt"));
         assert_eq!(u.target_secret.as_deref(), Some("tgt-secret"));
+    }
+
+    #[test]
+    fn secrets_may_hold_url_punctuation() {
+        let u = IscsiUrl::parse("iscsi://bob%pa?ss/w@rd@h:3261/iqn.x:y/2").unwrap();
+        assert_eq!(u.secret.as_deref(), Some("pa?ss/w@rd"));
+        assert_eq!((u.host.as_str(), u.port, u.lun), ("h", 3261, 2));
+        assert_eq!(redact("iscsi://bob%pa?ss@h/t/0"), "iscsi://bob%***@h/t/0");
+        let e = IscsiUrl::parse("iscsi://h/t/0?target_user=t&target_password=ab&cd-secret")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("cd-secret"), "{e}");
+        let e = IscsiUrl::parse("iscsi://bob%pa?ss-secret@h:99999/t/0")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("ss-secret"), "{e}");
     }
 
     #[test]

@@ -78,6 +78,10 @@ pub enum AoeError {
         /// The LUN.
         lun: usize,
     },
+    /// More than one link: each would keep its own config strings, MAC
+    /// mask lists and reservations for the same devices.
+    #[error("AoE: {0} links given, and one is served for now (each link would keep its own config strings, MAC masks and reservations for the same disks): give one --aoe link")]
+    OneLink(usize),
     /// The protocol core refused a device (too large, list too long).
     #[error("AoE: {addr}: {cause}")]
     Device {
@@ -87,6 +91,10 @@ pub enum AoeError {
         cause: TargetError,
     },
 }
+
+/// Each device's volume, state file and whether IDENTIFY reports its write
+/// cache on.
+type Volumes = HashMap<DeviceAddr, (Arc<Volume>, Option<PathBuf>, bool)>;
 
 /// One LUN as an AoE device.
 #[derive(Debug, Clone)]
@@ -154,10 +162,11 @@ fn state_file(backing: &Backing, data_dir: &Path) -> Option<PathBuf> {
 /// The config string kept in `path` (hex, one line), if any.
 fn load_config_string(path: &Path) -> Option<Vec<u8>> {
     let text = std::fs::read_to_string(path).ok()?;
-    let hex = text
-        .trim()
-        .strip_prefix("config_string_hex = ")?
-        .trim_matches('"');
+    let Some(hex) = text.trim().strip_prefix("config_string_hex = ") else {
+        warn!(file = %path.display(), "AoE state file unreadable, config string starts empty");
+        return None;
+    };
+    let hex = hex.trim_matches('"');
     let bytes: Option<Vec<u8>> = (0..hex.len() / 2)
         .map(|i| u8::from_str_radix(hex.get(i * 2..i * 2 + 2)?, 16).ok())
         .collect();
@@ -172,10 +181,18 @@ fn load_config_string(path: &Path) -> Option<Vec<u8>> {
 
 /// Keep `config` in `path` (written whole, then renamed into place).
 fn save_config_string(path: &Path, config: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
     let hex: String = config.iter().map(|b| format!("{b:02x}")).collect();
     let tmp = path.with_extension("aoe.tmp");
-    std::fs::write(&tmp, format!("config_string_hex = \"{hex}\"\n"))?;
-    std::fs::rename(&tmp, path)
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(format!("config_string_hex = \"{hex}\"\n").as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    // The rename itself survives a power cut once the directory is synced.
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 /// The AoE devices `cfg` exports, with their volumes from `registry`.
@@ -187,6 +204,19 @@ pub fn exports(cfg: &Config, registry: &Registry) -> Result<Vec<Export>, AoeErro
             continue;
         };
         for (i, l) in t.luns.iter().enumerate() {
+            // AoE has no authentication: a LUN that iSCSI guards (CHAP,
+            // initiator or network lists, LUN masking, read-only for some)
+            // is exported only when its address is given explicitly.
+            let guarded = cfg.chap.is_some()
+                || t.chap.is_some()
+                || !t.access.initiators.is_empty()
+                || !t.access.networks.is_empty()
+                || t.access.luns.get(i).is_some_and(|v| !v.is_empty())
+                || t.access.read_only.get(i).is_some_and(|v| !v.is_empty());
+            if guarded && l.aoe == AoeAddress::Default {
+                warn!(target = %t.name, lun = i, "AoE: LUN {i} of {} is not exported over AoE: iSCSI guards it (CHAP or access lists) and AoE has no authentication; give it aoe=SHELF.SLOT (and [aoe] allowed_macs) to export it anyway", t.name);
+                continue;
+            }
             let Some(addr) = address(&t.name, ti, i, l.aoe)? else {
                 continue;
             };
@@ -278,6 +308,9 @@ pub fn start(
     cfg: &Config,
     exports: &[Export],
 ) -> Result<Vec<tokio::task::JoinHandle<()>>, AoeError> {
+    if cfg.aoe.links.len() > 1 {
+        return Err(AoeError::OneLink(cfg.aoe.links.len()));
+    }
     let mut links = Vec::new();
     for l in &cfg.aoe.links {
         links.push((l.to_string(), Arc::new(open_link(l)?)));
@@ -293,7 +326,10 @@ pub fn start(
                     addr: e.addr,
                     cause,
                 })?;
-            volumes.insert(e.addr, (e.volume.clone(), e.state_file.clone()));
+            volumes.insert(
+                e.addr,
+                (e.volume.clone(), e.state_file.clone(), e.device.write_cache),
+            );
         }
         let list: Vec<String> = exports
             .iter()
@@ -384,13 +420,15 @@ impl IoBatch {
     }
 
     /// Start every request of the batch: responses that are ready at once
-    /// go to `now`, the others through `later`.
+    /// go to `now`, the others through `later`; returns how many will come
+    /// through `later`.
     fn start(
         &mut self,
-        volumes: &HashMap<DeviceAddr, (Arc<Volume>, Option<PathBuf>)>,
+        volumes: &Volumes,
         now: &mut Vec<Vec<u8>>,
         later: &mpsc::UnboundedSender<Vec<u8>>,
-    ) {
+    ) -> usize {
+        let mut deferred = 0;
         let mut ios = std::mem::take(&mut self.ios);
         ios.sort_by_key(|(io, _)| (io.device, kind(&io.op), extent(&io.op).0));
         let mut run: Vec<(IoRequest, Vec<u8>)> = Vec::new();
@@ -405,31 +443,33 @@ impl IoBatch {
                     && next == lba + n
                     && next + m - first <= MAX_RUN_SECTORS;
                 if !joins {
-                    start_run(std::mem::take(&mut run), volumes, now, later);
+                    deferred += start_run(std::mem::take(&mut run), volumes, now, later);
                 }
             }
             run.push((io, data));
         }
         if !run.is_empty() {
-            start_run(run, volumes, now, later);
+            deferred += start_run(run, volumes, now, later);
         }
+        deferred
     }
 }
 
 /// Start one run: reads or writes of consecutive sectors of one device, or
-/// one flush, as one volume call.
+/// one flush, as one volume call; returns how many responses will come
+/// through `later`.
 fn start_run(
     run: Vec<(IoRequest, Vec<u8>)>,
-    volumes: &HashMap<DeviceAddr, (Arc<Volume>, Option<PathBuf>)>,
+    volumes: &Volumes,
     now: &mut Vec<Vec<u8>>,
     later: &mpsc::UnboundedSender<Vec<u8>>,
-) {
-    let Some((volume, _)) = volumes.get(&run[0].0.device) else {
+) -> usize {
+    let Some(&(ref volume, _, cached)) = volumes.get(&run[0].0.device) else {
         now.extend(
             run.iter()
                 .map(|(io, _)| respond(io, Err(IoFailure::Unavailable))),
         );
-        return;
+        return 0;
     };
     let (first, _) = extent(&run[0].0.op);
     let sectors: u64 = run.iter().map(|(io, _)| extent(&io.op).1).sum();
@@ -474,17 +514,20 @@ fn start_run(
     };
     let submitted = match members[0].op {
         IoOp::Read { .. } => volume.read(first, sectors, Vec::new(), done),
-        // Durable when the write cache is off; otherwise at FLUSH CACHE,
-        // which the initiator sends when it needs it.
-        IoOp::Write { .. } => volume.write(first, sectors, data, false, done),
+        // Durable at once when IDENTIFY said the write cache is off (even
+        // if iSCSI turned it on since), or when the volume's cache is off;
+        // otherwise at FLUSH CACHE, which the initiator sends when it
+        // needs it.
+        IoOp::Write { .. } => volume.write(first, sectors, data, !cached, done),
         IoOp::Flush => Ok(volume.flush(done)),
     };
+    let deferred = members.len();
     match submitted {
         Ok(Submission::Done(r)) => {
             let r = r.map_err(|e| failure(&e));
             now.extend(answer(&members, r.as_deref().map_err(|e| *e)));
         }
-        Ok(Submission::Pending) => {}
+        Ok(Submission::Pending) => return deferred,
         Ok(Submission::Blocking(job)) => {
             let later = later.clone();
             tokio::task::spawn_blocking(move || {
@@ -493,26 +536,30 @@ fn start_run(
                     let _ = later.send(f);
                 }
             });
+            return deferred;
         }
         Err(VolumeError::OutOfRange { .. }) => {
             now.extend(answer(&members, Err(IoFailure::OutOfRange)))
         }
         Err(VolumeError::ShortData { .. }) => now.extend(answer(&members, Err(IoFailure::Aborted))),
     }
+    0
 }
 
+/// Most responses a link waits for from the volume before it stops taking
+/// frames: a peer sending faster than the store writes is held back by the
+/// receive ring (frames dropped there are retransmitted by initiators),
+/// not by memory.
+const MAX_IN_FLIGHT: usize = 1024;
+
 /// One link's loop: frames in, protocol core, volume, frames out.
-async fn serve_link(
-    name: String,
-    link: Arc<Link>,
-    mut target: AoeTarget,
-    volumes: HashMap<DeviceAddr, (Arc<Volume>, Option<PathBuf>)>,
-) {
+async fn serve_link(name: String, link: Arc<Link>, mut target: AoeTarget, volumes: Volumes) {
     let (later_tx, mut later) = mpsc::unbounded_channel::<Vec<u8>>();
     // Unsolicited config responses: initiators already listening find us.
     let mut out: Vec<Vec<u8>> = target.announce();
     let mut failures = 0u32;
     let mut batch = IoBatch::default();
+    let mut in_flight = 0usize;
     loop {
         if !out.is_empty() {
             if let Err(e) = link.send_batch(&out).await {
@@ -525,8 +572,8 @@ async fn serve_link(
                 Action::Drop(_) => {}
                 Action::Reply(frames) => out.extend(frames),
                 Action::Io(io) => batch.push(io, frame),
-            }) => {
-                batch.start(&volumes, &mut out, &later_tx);
+            }), if in_flight < MAX_IN_FLIGHT => {
+                in_flight += batch.start(&volumes, &mut out, &later_tx);
                 if let Err(e) = r {
                     failures += 1;
                     warn!(link = %name, "AoE: cannot receive: {e}");
@@ -544,12 +591,13 @@ async fn serve_link(
                 while let Ok(f) = later.try_recv() {
                     out.push(f);
                 }
+                in_flight = in_flight.saturating_sub(out.len());
             }
         }
         while let Some(ev) = target.poll_event() {
             if let TargetEvent::ConfigChanged { device, config } = ev {
                 info!(link = %name, device = %device, "AoE config string set ({} bytes)", config.len());
-                if let Some((_, Some(file))) = volumes.get(&device) {
+                if let Some((_, Some(file), _)) = volumes.get(&device) {
                     if let Err(e) = save_config_string(file, &config) {
                         warn!(device = %device, file = %file.display(), "AoE: cannot keep the config string: {e}");
                     }

@@ -83,6 +83,17 @@ impl Reloader {
         if format!("{:?}", new.options) != format!("{:?}", current.options) {
             report.needs_restart.push("[options]".into());
         }
+        // The AoE link task holds each exported LUN's volume, size and
+        // read-only flag as they were at start: any change to the targets
+        // (or to [aoe]) reaches AoE only with a restart.
+        if (!current.aoe.links.is_empty() || !new.aoe.links.is_empty())
+            && (new.aoe != current.aoe
+                || format!("{:?}", new.targets) != format!("{:?}", current.targets))
+        {
+            report
+                .needs_restart
+                .push("the AoE exports ([aoe], and targets and LUNs as AoE sees them)".into());
+        }
         let data_dir = current.options.data_dir.clone();
         // Prepare: open every store the new configuration adds or changes.
         let old: BTreeMap<&str, &TargetConfig> = current

@@ -565,7 +565,7 @@ impl FileDevice {
             (!end.is_multiple_of(PAGE)).then(|| end / PAGE * PAGE),
         ];
         for page in partial.into_iter().flatten() {
-            if !self.page_cached(page)? {
+            if !self.page_cached(page) {
                 return Ok(false);
             }
         }
@@ -588,23 +588,23 @@ impl FileDevice {
     }
 
     /// Whether the page at `page` is in the page cache (a `RWF_NOWAIT`
-    /// read of it comes back whole); false where such reads are not
-    /// supported, and past the end of the file.
-    fn page_cached(&self, page: u64) -> Result<bool, BackendError> {
+    /// read of it comes back whole). Anything else — such reads not
+    /// supported, a page that runs past the end of the file, any error —
+    /// is "not known to be cached": the write then takes the waiting way,
+    /// and a failed look never becomes the write's error.
+    fn page_cached(&self, page: u64) -> bool {
         if !self.nowait_reads.load(Ordering::Relaxed) {
-            return Ok(false);
+            return false;
         }
         let mut probe = Vec::with_capacity(4096);
         match read_fill(&self.file, page, &mut probe, 0, 4096, true) {
-            Ok(done) => Ok(done),
-            Err(e) if nowait_unsupported(&e) => {
-                self.nowait_reads.store(false, Ordering::Relaxed);
-                Ok(false)
+            Ok(done) => done,
+            Err(e) => {
+                if nowait_unsupported(&e) {
+                    self.nowait_reads.store(false, Ordering::Relaxed);
+                }
+                false
             }
-            Err(source) => Err(BackendError::Read {
-                offset: page,
-                cause: source,
-            }),
         }
     }
 
