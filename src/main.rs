@@ -433,7 +433,12 @@ fn check(cfg: &Config) -> anyhow::Result<()> {
             for (i, l) in t.luns.iter().enumerate() {
                 if let Some(addr) = ethersan_server::aoe::address(&t.name, ti, i, l.aoe)? {
                     if l.block_size != 512 {
-                        bail!("AoE: LUN {i} of {} has {}-byte blocks, and AoE sectors are 512 bytes: give the LUN bs=512, or aoe=off to leave it out of AoE", t.name, l.block_size);
+                        return Err(ethersan_server::aoe::AoeError::BlockSize {
+                            target: t.name.clone(),
+                            lun: i,
+                            block_size: l.block_size,
+                        }
+                        .into());
                     }
                     out.push_str(&format!("    AoE {addr}: LUN {i} of {}\n", t.name));
                 }

@@ -208,6 +208,20 @@ pub(crate) fn check_frame_len(frame: &[u8], max: usize) -> Result<(), LinkError>
     Ok(())
 }
 
+/// Collects a batch of frames for a link of `mtu`, each checked by
+/// [`check_frame_len`] before any is sent.
+pub(crate) fn checked_batch<I, B>(frames: I, mtu: usize) -> Result<Vec<B>, LinkError>
+where
+    I: IntoIterator<Item = B>,
+    B: AsRef<[u8]>,
+{
+    let frames: Vec<B> = frames.into_iter().collect();
+    for f in &frames {
+        check_frame_len(f.as_ref(), mtu + HEADER_LEN)?;
+    }
+    Ok(frames)
+}
+
 /// Checks an MTU asked for a link.
 pub(crate) fn check_mtu(mtu: usize) -> Result<(), LinkError> {
     if !(68..=frame::MAX_MTU).contains(&mtu) {

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use crate::frame::{EthernetHeader, RxFilter, HEADER_LEN};
-use crate::{check_frame_len, check_mtu, LinkError, MacAddr, RECV_BATCH};
+use crate::{check_mtu, checked_batch, LinkError, MacAddr, RECV_BATCH};
 
 /// Frames a port queues before dropping (a full receive ring).
 const PORT_QUEUE: usize = 8192;
@@ -339,11 +339,7 @@ impl MemoryPort {
         I: IntoIterator<Item = B>,
         B: AsRef<[u8]>,
     {
-        let max = self.mtu + HEADER_LEN;
-        let frames: Vec<B> = frames.into_iter().collect();
-        for f in &frames {
-            check_frame_len(f.as_ref(), max)?;
-        }
+        let frames = checked_batch(frames, self.mtu)?;
         for f in &frames {
             self.hub.forward(self.id, f.as_ref());
         }

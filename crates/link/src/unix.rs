@@ -37,7 +37,7 @@ use std::time::Duration;
 use tokio::net::UnixDatagram;
 
 use crate::frame::{RxFilter, DEFAULT_MTU, HEADER_LEN};
-use crate::{check_frame_len, check_mtu, LinkError, MacAddr, RECV_BATCH};
+use crate::{check_mtu, checked_batch, LinkError, MacAddr, RECV_BATCH};
 
 /// How long a send waits for a peer whose queue stays full before dropping
 /// the frame.
@@ -196,11 +196,7 @@ impl UnixDgramLink {
         I: IntoIterator<Item = B>,
         B: AsRef<[u8]>,
     {
-        let max = self.mtu + HEADER_LEN;
-        let frames: Vec<B> = frames.into_iter().collect();
-        for f in &frames {
-            check_frame_len(f.as_ref(), max)?;
-        }
+        let frames = checked_batch(frames, self.mtu)?;
         // One holder at a time keeps each batch's frames in order.
         let mut sender = self.sender.lock().await;
         for f in &frames {

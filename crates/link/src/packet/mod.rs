@@ -28,7 +28,7 @@ use std::time::Duration;
 use tokio::io::unix::AsyncFd;
 
 use crate::frame::{RxFilter, HEADER_LEN};
-use crate::{check_frame_len, check_mtu, LinkError, MacAddr, RECV_BATCH};
+use crate::{check_mtu, checked_batch, LinkError, MacAddr, RECV_BATCH};
 use ring::{Mapping, RxRing, TxRing, Version};
 
 /// How long a sender waits for the interface to free a transmit slot.
@@ -363,11 +363,7 @@ impl PacketLink {
         I: IntoIterator<Item = B>,
         B: AsRef<[u8]>,
     {
-        let max = self.mtu + HEADER_LEN;
-        let frames: Vec<B> = frames.into_iter().collect();
-        for f in &frames {
-            check_frame_len(f.as_ref(), max)?;
-        }
+        let frames = checked_batch(frames, self.mtu)?;
         let mut sent = 0;
         while sent < frames.len() {
             let full = {
