@@ -1,0 +1,1 @@
+//! See docs/native-transport.md (being written).
