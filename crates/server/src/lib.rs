@@ -146,6 +146,7 @@ impl Server {
             rd,
             wr,
             peer.to_string(),
+            None,
             self.registry.clone(),
             self.options.clone(),
             self.settings.load_full(),
@@ -330,6 +331,7 @@ fn open_lun(
     let policy = LunPolicy {
         visible_to: t.access.luns.get(i).cloned().unwrap_or_default(),
         read_only_for: t.access.read_only.get(i).cloned().unwrap_or_default(),
+        min_channel_level: l.security.to_u8(),
     };
     Ok(LunSlot {
         lu: Arc::new(LogicalUnit::new(dev, cfg)),
@@ -402,15 +404,17 @@ async fn handle_connection(
 ) {
     let _ = sock.set_nodelay(true);
     let (rd, wr) = sock.into_split();
-    serve_stream(rd, wr, peer.to_string(), registry, options, settings).await;
+    serve_stream(rd, wr, peer.to_string(), None, registry, options, settings).await;
 }
 
 /// Serve one connection over any byte stream: login, then the session
-/// until it ends.
+/// until it ends. `channel_level`: the security level of the native
+/// transport channel under the stream (`None`: TCP or a test pipe).
 async fn serve_stream<R, W>(
     rd: R,
     wr: W,
     peer: String,
+    channel_level: Option<u8>,
     registry: Arc<Registry>,
     options: Options,
     settings: Arc<TargetSettings>,
@@ -481,6 +485,7 @@ async fn serve_stream<R, W>(
         exp_cmd_sn: outcome.exp_cmd_sn,
         stat_sn: outcome.stat_sn,
         peer_ip,
+        channel_level,
         options: SessionOptions {
             queue_depth: options.queue_depth,
             inline_io: options.inline_io,

@@ -134,6 +134,7 @@ impl Config {
                     engine: DEFAULT_ENGINE,
                     sanitize_rate: None,
                     aoe: AoeAddress::Default,
+                    security: ethersan_channel::Level::default(),
                 }],
             }],
             options,

@@ -242,6 +242,9 @@ struct RawLunTable {
     read_only_initiators: Vec<String>,
     /// AoE address: "SHELF.SLOT" or "off".
     aoe: Option<String>,
+    /// Least native transport channel security: "none", "integrity",
+    /// "encrypt".
+    security: Option<String>,
 }
 
 fn raw_size(s: &RawSize) -> Result<u64, ConfigError> {
@@ -470,6 +473,12 @@ impl Config {
                             aoe: match tb.aoe.as_deref() {
                                 None => super::AoeAddress::Default,
                                 Some(a) => a.parse().map_err(|m| at(Some(span.clone()), m))?,
+                            },
+                            security: match tb.security.as_deref() {
+                                None => ethersan_channel::Level::default(),
+                                Some(l) => l.parse().map_err(|m| {
+                                    at(Some(span.clone()), format!("security = {m}"))
+                                })?,
                             },
                             physical_block_size: tb.physical_block_size.unwrap_or(4096),
                             direct: tb.direct,
