@@ -206,14 +206,42 @@ struct ServeArgs {
     /// dgram). LUN n is shelf 0 slot n unless its spec says aoe=SHELF.SLOT.
     #[arg(long, value_name = "IFACE|unix:…", conflicts_with = "config")]
     aoe: Vec<String>,
+    /// Also serve the LUNs over ethersan's native transport on this raw
+    /// Ethernet link (repeatable): a network interface (needs CAP_NET_RAW)
+    /// or unix:LOCAL.sock,peer=PEER.sock[,mtu=N][,mac=MAC]. Needs --group.
+    #[arg(long, value_name = "IFACE|unix:…", conflicts_with = "config")]
+    eth: Vec<String>,
+    /// Also serve the native transport on this UDP address
+    /// (repeatable): ADDR:PORT[,mtu=N], e.g. 0.0.0.0:3262. Needs --group.
+    #[arg(long, value_name = "ADDR:PORT[,mtu=N]", conflicts_with = "config")]
+    udp: Vec<String>,
+    /// The native transport's group: only members (same name and secret)
+    /// discover and reach the target.
+    #[arg(long, value_name = "NAME", conflicts_with = "config")]
+    group: Option<String>,
+    /// A file holding the group secret (else $ETHERSAN_GROUP_SECRET, or
+    /// the config file's [ethernet] secret).
+    #[arg(long, value_name = "FILE")]
+    group_secret_file: Option<PathBuf>,
+    /// The native transport's EtherType on raw Ethernet (default 0x88B5).
+    #[arg(long, value_name = "0xXXXX", value_parser = parse_ethertype_arg, conflicts_with = "config")]
+    ethertype: Option<u16>,
     /// Most connections open at once from one source address (0: no limit; default 128); overrides the config file's max_connections_per_address.
     #[arg(long, value_name = "N")]
     max_connections_per_address: Option<usize>,
 }
 
+fn parse_ethertype_arg(s: &str) -> Result<u16, String> {
+    ethersan_server::config::parse_ethertype(s)
+}
+
 fn serve_config(a: &ServeArgs) -> anyhow::Result<Config> {
     if let Some(path) = &a.config {
-        return Ok(Config::from_toml_file(path)?);
+        let mut cfg = Config::from_toml_file(path)?;
+        if let Some(f) = &a.group_secret_file {
+            cfg.ethernet.secret_file = Some(f.clone());
+        }
+        return Ok(cfg);
     }
     let mut cfg = Config::embedded_default(&a.data_dir);
     if !a.listen.is_empty() {
@@ -231,6 +259,25 @@ fn serve_config(a: &ServeArgs) -> anyhow::Result<Config> {
         cfg.aoe
             .links
             .push(ethersan_server::config::AoeLink::parse(l).map_err(anyhow::Error::msg)?);
+    }
+    for l in &a.eth {
+        cfg.ethernet.links.push(
+            ethersan_server::config::AoeLink::parse_option(l, "--eth")
+                .map_err(anyhow::Error::msg)?,
+        );
+    }
+    for u in &a.udp {
+        cfg.ethernet
+            .udp
+            .push(ethersan_server::config::UdpPortal::parse(u).map_err(anyhow::Error::msg)?);
+    }
+    cfg.ethernet.group = a.group.clone();
+    cfg.ethernet.secret_file = a.group_secret_file.clone();
+    if let Some(t) = a.ethertype {
+        cfg.ethernet.ethertype = t;
+    }
+    if cfg.ethernet.enabled() && cfg.ethernet.group.is_none() {
+        anyhow::bail!("--eth and --udp need --group NAME (and the group secret: --group-secret-file FILE or $ETHERSAN_GROUP_SECRET)");
     }
     for i in &a.allow_initiator {
         ethersan_server::config::validate_name(i)
@@ -445,6 +492,15 @@ fn check(cfg: &Config) -> anyhow::Result<()> {
             }
         }
     }
+    if cfg.ethernet.enabled() {
+        let keys = ethersan_server::native::group_keys(&cfg.ethernet)?;
+        for l in &cfg.ethernet.links {
+            out.push_str(&format!("  native transport on {l} (group {})\n", keys.group()));
+        }
+        for u in &cfg.ethernet.udp {
+            out.push_str(&format!("  native transport on {u} (group {})\n", keys.group()));
+        }
+    }
     say(format_args!("ethersan: configuration is good\n{out}"));
     Ok(())
 }
@@ -502,6 +558,26 @@ async fn serve(cfg: Config, json_logs: bool, config_file: Option<PathBuf>) -> an
         let exports = ethersan_server::aoe::exports(&cfg, server.registry())?;
         ethersan_server::aoe::start(&cfg, &exports)?
     };
+    // The native transport: the same targets over group-authenticated
+    // channels on raw Ethernet and UDP.
+    let _native = ethersan_server::native::start(
+        &cfg,
+        server.stream_server(),
+        server.registry().clone(),
+    )
+    .await?;
+    for l in &cfg.ethernet.links {
+        say(format_args!(
+            "ethersan: native transport on {l} (group {})",
+            cfg.ethernet.group.as_deref().unwrap_or("")
+        ));
+    }
+    for u in &cfg.ethernet.udp {
+        say(format_args!(
+            "ethersan: native transport on {u} (group {})",
+            cfg.ethernet.group.as_deref().unwrap_or("")
+        ));
+    }
     let addrs = server.local_addrs();
     if json_logs {
         // Log collectors get events, not a banner.

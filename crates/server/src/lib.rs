@@ -14,6 +14,7 @@ pub mod config;
 pub mod identity;
 pub mod limits;
 mod login;
+pub mod native;
 mod placement;
 pub mod registry;
 pub mod reload;
@@ -152,6 +153,16 @@ impl Server {
             self.settings.load_full(),
         )
         .await
+    }
+
+    /// A handle that serves byte streams as iSCSI connections while the
+    /// server runs (the native transport's channels).
+    pub fn stream_server(&self) -> StreamServer {
+        StreamServer {
+            registry: self.registry.clone(),
+            options: self.options.clone(),
+            settings: self.settings.clone(),
+        }
     }
 
     /// Serve until `shutdown` resolves, then stop accepting, end every
@@ -405,6 +416,42 @@ async fn handle_connection(
     let _ = sock.set_nodelay(true);
     let (rd, wr) = sock.into_split();
     serve_stream(rd, wr, peer.to_string(), None, registry, options, settings).await;
+}
+
+/// Serves byte streams as iSCSI connections of a running [`Server`]
+/// (from [`Server::stream_server`]).
+#[derive(Clone)]
+pub struct StreamServer {
+    registry: Arc<Registry>,
+    options: Options,
+    settings: Arc<ArcSwap<TargetSettings>>,
+}
+
+impl std::fmt::Debug for StreamServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StreamServer")
+    }
+}
+
+impl StreamServer {
+    /// Serve one connection until its session ends; `channel_level` is
+    /// the security level of the native transport channel it came over.
+    pub async fn serve<R, W>(&self, rd: R, wr: W, peer: &str, channel_level: Option<u8>)
+    where
+        R: tokio::io::AsyncRead + Unpin + Send + 'static,
+        W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        serve_stream(
+            rd,
+            wr,
+            peer.to_string(),
+            channel_level,
+            self.registry.clone(),
+            self.options.clone(),
+            self.settings.load_full(),
+        )
+        .await
+    }
 }
 
 /// Serve one connection over any byte stream: login, then the session
