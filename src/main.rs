@@ -52,6 +52,7 @@ mod bench;
 mod blockio;
 mod client;
 mod cp;
+mod native_client;
 
 /// Network block storage in software: an iSCSI target and client.
 #[derive(Parser, Debug)]
@@ -87,8 +88,17 @@ enum Command {
     /// --aoe the AoE devices on a link.
     Discover {
         /// HOST[:PORT] of a portal (port 3260 by default), or an iscsi:// URL.
-        #[arg(required_unless_present = "aoe")]
+        #[arg(required_unless_present_any = ["aoe", "eth", "udp"])]
         portal: Option<String>,
+        /// Ask the native transport's group (--group) who serves, by
+        /// broadcast on this Ethernet interface (needs CAP_NET_RAW); lists
+        /// what answers within 1.5 s (or --timeout, if given).
+        #[arg(long, value_name = "IFACE", conflicts_with_all = ["portal", "aoe", "udp"])]
+        eth: Option<String>,
+        /// Ask the native transport's group at this UDP address (a target,
+        /// or a broadcast address): HOST[:PORT], port 3262 by default.
+        #[arg(long, value_name = "HOST[:PORT]", conflicts_with_all = ["portal", "aoe"])]
+        udp: Option<String>,
         /// Broadcast an AoE Query Config on this link instead and list the
         /// devices that answer within 1 s (or --timeout, if given):
         /// IFACE (AF_PACKET, needs CAP_NET_RAW) or
@@ -495,10 +505,16 @@ fn check(cfg: &Config) -> anyhow::Result<()> {
     if cfg.ethernet.enabled() {
         let keys = ethersan_server::native::group_keys(&cfg.ethernet)?;
         for l in &cfg.ethernet.links {
-            out.push_str(&format!("  native transport on {l} (group {})\n", keys.group()));
+            out.push_str(&format!(
+                "  native transport on {l} (group {})\n",
+                keys.group()
+            ));
         }
         for u in &cfg.ethernet.udp {
-            out.push_str(&format!("  native transport on {u} (group {})\n", keys.group()));
+            out.push_str(&format!(
+                "  native transport on {u} (group {})\n",
+                keys.group()
+            ));
         }
     }
     say(format_args!("ethersan: configuration is good\n{out}"));
@@ -560,12 +576,9 @@ async fn serve(cfg: Config, json_logs: bool, config_file: Option<PathBuf>) -> an
     };
     // The native transport: the same targets over group-authenticated
     // channels on raw Ethernet and UDP.
-    let _native = ethersan_server::native::start(
-        &cfg,
-        server.stream_server(),
-        server.registry().clone(),
-    )
-    .await?;
+    let _native =
+        ethersan_server::native::start(&cfg, server.stream_server(), server.registry().clone())
+            .await?;
     for l in &cfg.ethernet.links {
         say(format_args!(
             "ethersan: native transport on {l} (group {})",
@@ -754,10 +767,39 @@ fn main() -> ExitCode {
                 .await
             }
             Command::Discover {
+                eth: Some(iface),
+                connect,
+                json,
+                ..
+            } => {
+                native_client::cmd_discover(
+                    &format!("eth://{iface}/"),
+                    &connect,
+                    timeout_given,
+                    json,
+                )
+                .await
+            }
+            Command::Discover {
+                udp: Some(addr),
+                connect,
+                json,
+                ..
+            } => {
+                native_client::cmd_discover(
+                    &format!("udp://{addr}/"),
+                    &connect,
+                    timeout_given,
+                    json,
+                )
+                .await
+            }
+            Command::Discover {
                 portal,
                 aoe,
                 connect,
                 json,
+                ..
             } => match (aoe, portal) {
                 (Some(link), _) => {
                     aoe_client::cmd_discover(&link, &connect, timeout_given, json).await

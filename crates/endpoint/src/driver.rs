@@ -322,9 +322,7 @@ impl Driver {
                         let _ = c.reply.send(Ok(stream));
                     }
                     None => {
-                        let _ = c
-                            .reply
-                            .send(Err(EndpointError::Stopped));
+                        let _ = c.reply.send(Err(EndpointError::Stopped));
                     }
                 }
             }
@@ -558,7 +556,9 @@ impl Driver {
         for (id, why) in ended {
             if let Some(c) = self.channels.remove(&id) {
                 match &why {
-                    Some(w) => info!(peer = %c.info.peer, channel = id, reason = %w, "channel failed"),
+                    Some(w) => {
+                        info!(peer = %c.info.peer, channel = id, reason = %w, "channel failed")
+                    }
                     None => debug!(peer = %c.info.peer, channel = id, "channel closed"),
                 }
                 c.shared.end(why);

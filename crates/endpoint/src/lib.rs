@@ -207,7 +207,10 @@ impl Endpoint {
         let mut found: Vec<(PeerAddr, Catalog, Vec<u8>)> = Vec::new();
         let until = tokio::time::Instant::now() + wait;
         while let Ok(Some((peer, part))) = tokio::time::timeout_at(until, rx.recv()).await {
-            match found.iter_mut().find(|(p, c, _)| *p == peer && c.server == part.catalog.server) {
+            match found
+                .iter_mut()
+                .find(|(p, c, _)| *p == peer && c.server == part.catalog.server)
+            {
                 Some((_, c, seen)) => {
                     if !seen.contains(&part.index) {
                         seen.push(part.index);

@@ -92,7 +92,9 @@ impl AoeLink {
             ));
         }
         let peer = peer.ok_or_else(|| {
-            format!("{option} {spec:?}: needs peer=PATH, the other end's socket (QEMU's local.path)")
+            format!(
+                "{option} {spec:?}: needs peer=PATH, the other end's socket (QEMU's local.path)"
+            )
         })?;
         Ok(AoeLink::Unix {
             local,

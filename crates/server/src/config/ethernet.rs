@@ -84,7 +84,11 @@ impl UdpPortal {
                             format!("--udp {spec:?}: mtu must be a number from 1280 to 65535")
                         })?
                 }
-                _ => return Err(format!("--udp {spec:?}: unknown option {p:?} (known: mtu=N)")),
+                _ => {
+                    return Err(format!(
+                        "--udp {spec:?}: unknown option {p:?} (known: mtu=N)"
+                    ))
+                }
             }
         }
         Ok(UdpPortal { addr, mtu })
