@@ -82,6 +82,8 @@ pub enum Phase {
     Text,
     /// The logout exchange.
     Logout,
+    /// A task management function.
+    TaskManagement,
 }
 
 impl std::fmt::Display for Phase {
@@ -95,6 +97,7 @@ impl std::fmt::Display for Phase {
             },
             Phase::Text => f.write_str("SendTargets/Text request"),
             Phase::Logout => f.write_str("logout"),
+            Phase::TaskManagement => f.write_str("task management request"),
         }
     }
 }
