@@ -287,7 +287,7 @@ impl Driver {
                 let Some(stream) = self.open_channel(now, peer, est, None) else {
                     return;
                 };
-                info!(%peer, channel = stream.info.local_id, %level, "channel opened");
+                info!(%peer, channel = stream.info.local_id, %level, max_frame = stream.info.max_frame, "channel opened");
                 if let Role::Target { accept } = &self.role {
                     let id = stream.info.local_id;
                     if accept.try_send(Accepted { stream }).is_err() {
@@ -417,6 +417,9 @@ impl Driver {
             }
             Command::Close { id } => {
                 if let Some(c) = self.channels.get_mut(&id) {
+                    if !c.closing {
+                        log_stats("channel closing", &c.info, &c.ch.stats());
+                    }
                     c.closing = true;
                     c.ch.close();
                 }
@@ -561,10 +564,34 @@ impl Driver {
                     }
                     None => debug!(peer = %c.info.peer, channel = id, "channel closed"),
                 }
+                log_stats("channel ended", &c.info, &c.ch.stats());
                 c.shared.end(why);
             }
         }
     }
+}
+
+/// One line with a channel's counters (window, RTT, retransmissions,
+/// rejected frames), for the log and the tests that read it.
+fn log_stats(what: &str, info: &ChannelInfo, s: &ChannelStats) {
+    info!(
+        peer = %info.peer,
+        channel = info.local_id,
+        level = %info.level,
+        max_frame = info.max_frame,
+        frames_sent = s.frames_sent,
+        frames_received = s.frames_received,
+        bytes_sent = s.bytes_sent,
+        bytes_received = s.bytes_received,
+        retransmits = s.retransmits,
+        fast_retransmits = s.fast_retransmits,
+        timeouts = s.timeouts,
+        duplicates = s.duplicates,
+        rejected = s.rejected,
+        cwnd = s.cwnd,
+        srtt_us = s.srtt.as_micros() as u64,
+        "{what}"
+    );
 }
 
 async fn sleep_until(t: Option<Instant>) {
