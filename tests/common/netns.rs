@@ -65,7 +65,12 @@ impl Veth {
 
     /// [`in_client`](Self::in_client) with environment variables.
     pub fn in_client_env(&self, args: &[&str], env: &[(&str, &str)], limit: Duration) -> Output {
-        let mut all: Vec<String> = vec!["netns".into(), "exec".into(), self.ns[1].clone(), "env".into()];
+        let mut all: Vec<String> = vec![
+            "netns".into(),
+            "exec".into(),
+            self.ns[1].clone(),
+            "env".into(),
+        ];
         all.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
         all.push(env!("CARGO_BIN_EXE_ethersan").into());
         all.extend(args.iter().map(|a| a.to_string()));
@@ -81,10 +86,7 @@ impl Veth {
         let path = format!("/run/netns/{}", self.ns[1]);
         let cfg = ethersan_link::packet::PacketConfig {
             ring: ethersan_link::packet::RingVersion::V2,
-            ..ethersan_link::packet::PacketConfig::new(
-                &self.ifname[1],
-                ethertype,
-            )
+            ..ethersan_link::packet::PacketConfig::new(&self.ifname[1], ethertype)
         };
         std::thread::scope(|s| {
             s.spawn(move || {
@@ -123,4 +125,3 @@ impl Drop for Veth {
         }
     }
 }
-
