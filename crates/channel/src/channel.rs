@@ -557,8 +557,8 @@ impl Channel {
     }
 
     /// Takes a received channel frame (prefix onwards, padding allowed).
-    /// A frame that is rejected changes nothing but, once authenticated,
-    /// the replay window.
+    /// A frame that is rejected changes nothing (but the `rejected`
+    /// count).
     pub fn handle_frame(&mut self, now: Instant, frame: &mut [u8]) -> Result<(), FrameError> {
         let r = self.handle_frame_inner(now, frame);
         if r.is_err() {
@@ -581,7 +581,7 @@ impl Channel {
         if matches!(self.state, ChannelState::Failed(_)) {
             return Ok(());
         }
-        let (h, payload) = self.protector.open(frame)?;
+        let (h, payload) = self.protector.verify(frame)?;
         if h.kind != Kind::Data && h.len != 0 {
             return Err(FrameError::UnexpectedPayload(h.kind));
         }
@@ -593,6 +593,7 @@ impl Channel {
                 next: self.snd_nxt,
             });
         }
+        self.protector.record(h.pn);
         self.stats.frames_received += 1;
         self.stats.bytes_received +=
             (HEADER_LEN + payload.len() + self.protector.trailer_len()) as u64;

@@ -154,9 +154,20 @@ impl Protector {
 
     /// Checks a received channel frame (prefix onwards; anything after the
     /// trailer is ignored): header, lengths, replay window, trailer; at
-    /// level `encrypt` decrypts the payload in place. Returns the header
-    /// and the payload. On error nothing is recorded.
+    /// level `encrypt` decrypts the payload in place; then records its
+    /// packet number in the replay window. Returns the header and the
+    /// payload. On error nothing is recorded.
     pub fn open<'a>(&mut self, frame: &'a mut [u8]) -> Result<(Header, &'a [u8]), FrameError> {
+        let (header, payload) = self.verify(frame)?;
+        self.record(header.pn);
+        Ok((header, payload))
+    }
+
+    /// [`Protector::open`] without recording the packet number: for a
+    /// caller that checks more before accepting the frame, then calls
+    /// [`Protector::record`]. (The traffic keys may advance to a new
+    /// epoch.)
+    pub fn verify<'a>(&mut self, frame: &'a mut [u8]) -> Result<(Header, &'a [u8]), FrameError> {
         let header = Header::parse(frame)?;
         let trailer = self.trailer_len();
         let end = HEADER_LEN + usize::from(header.len);
@@ -192,9 +203,13 @@ impl Protector {
                 }
             }
         }
-        self.replay.update(header.pn);
         let body: &'a [u8] = body;
         Ok((header, &body[HEADER_LEN..]))
+    }
+
+    /// Records an authenticated frame's packet number in the replay window.
+    pub fn record(&mut self, pn: u64) {
+        self.replay.update(pn);
     }
 }
 
