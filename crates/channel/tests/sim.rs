@@ -1,0 +1,289 @@
+//! Two channels over the simulated network of `common`: lossless and lossy
+//! transfers in both directions, a dead peer, flow control, sequence
+//! wraparound and the closing exchange.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{LinkConfig, Sim, Workload};
+use ethersan_channel::channel::{Channel, ChannelConfig, ChannelState, FailReason};
+use ethersan_channel::protect::Protector;
+
+const MIB: usize = 1 << 20;
+
+fn mixed(bytes: u64) -> Workload {
+    Workload {
+        bytes: [bytes, bytes],
+        min: 1,
+        max: MIB,
+        buffer: 4 * MIB,
+    }
+}
+
+#[test]
+fn lossless_both_directions() {
+    let cfg = ChannelConfig::default();
+    let initial = cfg.initial_cwnd;
+    let link = LinkConfig {
+        rate: None,
+        ..LinkConfig::lan()
+    };
+    let mut sim = Sim::new(1, cfg, link, mixed(20 << 20));
+    sim.run(Duration::from_secs(60));
+    // Let the last acknowledgements arrive.
+    sim.run_until(Duration::from_millis(50), |_| false);
+    for i in 0..2 {
+        let s = sim.channel(i).stats();
+        assert_eq!(s.retransmits, 0, "side {i}: {s:#?}");
+        assert_eq!(s.timeouts, 0, "side {i}: {s:#?}");
+        assert_eq!(s.rejected, 0, "side {i}: {s:#?}");
+        assert!(s.cwnd > initial, "side {i}: cwnd did not grow: {s:#?}");
+        assert!(s.srtt.is_some());
+        assert_eq!(s.in_flight, 0);
+        assert_eq!(sim.channel(i).send_buffered(), 0);
+    }
+    eprintln!(
+        "lossless 2x20 MiB in {:?} virtual: {:#?}",
+        sim.elapsed(),
+        sim.channel(0).stats()
+    );
+}
+
+/// A 1 Gbit/s link with a 1 ms drop-tail queue and no other fault: the
+/// congestion window finds the rate, losing few frames to the queue.
+#[test]
+fn congestion_control_fills_a_shallow_queue() {
+    let link = LinkConfig {
+        queue: Duration::from_millis(1),
+        ..LinkConfig::lan()
+    };
+    let mut sim = Sim::new(2, ChannelConfig::default(), link, mixed(50_000_000));
+    sim.run(Duration::from_secs(60));
+    let secs = sim.elapsed().as_secs_f64();
+    let rate = sim.received_bytes(1) as f64 / secs;
+    for i in 0..2 {
+        let s = sim.channel(i).stats();
+        eprintln!("side {i}: {s:#?}");
+        assert!(
+            (s.retransmits as f64) < 0.02 * s.frames_sent as f64,
+            "side {i}: {s:#?}"
+        );
+    }
+    eprintln!(
+        "shallow queue: {:.1} MB/s each way over a 125 MB/s link, {:#?}",
+        rate / 1e6,
+        sim.link_stats
+    );
+    assert!(rate > 0.7 * 125e6, "goodput {rate} B/s");
+}
+
+#[test]
+fn lossy_both_directions() {
+    let mut sim = Sim::new(
+        7,
+        ChannelConfig::default(),
+        LinkConfig::lossy(),
+        mixed(50_000_000),
+    );
+    sim.run(Duration::from_secs(600));
+    let mut rejected = 0;
+    for i in 0..2 {
+        let s = sim.channel(i).stats();
+        assert!(s.retransmits > 0, "side {i}: {s:#?}");
+        assert!(s.fast_retransmits > 0, "side {i}: {s:#?}");
+        assert!(s.messages_received > 100);
+        rejected += s.rejected;
+        eprintln!("side {i}: {s:#?}");
+    }
+    let corrupted: u64 = sim.link_stats.iter().map(|l| l.corrupted).sum();
+    assert!(corrupted > 0);
+    assert!(
+        rejected >= corrupted,
+        "{rejected} rejected, {corrupted} corrupted"
+    );
+    eprintln!(
+        "lossy 2x50 MB in {:?} virtual: {:#?}",
+        sim.elapsed(),
+        sim.link_stats
+    );
+}
+
+#[test]
+fn lossy_small_messages_and_empty_ones() {
+    let w = Workload {
+        bytes: [3_000_000, 3_000_000],
+        min: 0,
+        max: 4000,
+        buffer: 256 << 10,
+    };
+    let mut sim = Sim::new(11, ChannelConfig::default(), LinkConfig::lossy(), w);
+    sim.run(Duration::from_secs(600));
+}
+
+#[test]
+fn heavy_loss_and_jumbo_frames() {
+    let cfg = ChannelConfig {
+        max_frame: 9000,
+        ..ChannelConfig::default()
+    };
+    let link = LinkConfig {
+        loss: 0.05,
+        reorder: 0.05,
+        duplicate: 0.01,
+        corrupt: 0.01,
+        ..LinkConfig::lan()
+    };
+    let mut sim = Sim::new(3, cfg, link, mixed(20 << 20));
+    sim.run(Duration::from_secs(600));
+    assert!(sim.channel(0).stats().timeouts > 0);
+}
+
+#[test]
+fn sequence_numbers_wrap() {
+    let cfg = ChannelConfig {
+        initial_seq: u32::MAX - 500,
+        ..ChannelConfig::default()
+    };
+    let mut sim = Sim::new(5, cfg, LinkConfig::lossy(), mixed(8 << 20));
+    sim.run(Duration::from_secs(600));
+    // 8 MiB is well over 501 frames each way: both sequences wrapped.
+    for i in 0..2 {
+        assert!(sim.channel(i).stats().frames_sent > 6000);
+    }
+}
+
+#[test]
+fn dead_peer_fails_the_channel() {
+    let cfg = ChannelConfig::default();
+    let dead_after = cfg.dead_after;
+    let mut sim = Sim::new(9, cfg.clone(), LinkConfig::lan(), mixed(1 << 20));
+    // Let the transfer start, then side 1 goes silent.
+    sim.run_until(Duration::from_secs(1), |s| s.received_bytes(1) > 100_000);
+    sim.blackhole[1] = true;
+    let silent_from = sim.now;
+    let failed = sim.run_until(Duration::from_secs(60), |s| {
+        s.channel(0).state() == ChannelState::Failed(FailReason::Timeout)
+    });
+    assert!(failed, "{:?}", sim.channel(0).state());
+    let took = sim.now - silent_from;
+    assert!(took >= dead_after - cfg.max_rto, "failed after {took:?}");
+    assert!(took <= dead_after + cfg.max_rto, "failed after {took:?}");
+    let s = sim.channel(0).stats();
+    assert!(s.timeouts >= 3, "{s:#?}");
+    assert_eq!(sim.channel(0).poll_timeout(), None);
+    assert!(sim.channel_mut(0).send_message(b"x").is_err());
+}
+
+#[test]
+fn a_receiver_that_does_not_drain_bounds_the_sender() {
+    let cfg = ChannelConfig {
+        recv_window: 64,
+        ..ChannelConfig::default()
+    };
+    let w = Workload {
+        bytes: [40 << 20, 0],
+        min: 1000,
+        max: 64 << 10,
+        buffer: 8 * MIB,
+    };
+    let mut sim = Sim::new(13, cfg.clone(), LinkConfig::lan(), w);
+    sim.set_drain(1, false);
+    // Stall for longer than dead_after: the peer keeps answering with a
+    // zero window, so the sender waits instead of failing.
+    let stall = cfg.dead_after * 2;
+    sim.run_until(stall, |_| false);
+    let payload = sim.channel(0).max_payload();
+    let held = sim.channel(1).recv_buffered();
+    // At most the window plus the one message being reassembled.
+    assert!(
+        held <= 64 * payload + (64 << 10),
+        "receiver holds {held} bytes"
+    );
+    assert!(held >= 32 * payload, "receiver holds only {held} bytes");
+    assert_eq!(sim.channel(0).state(), ChannelState::Open);
+    let s = sim.channel(0).stats();
+    assert_eq!(s.peer_credit, 0, "{s:#?}");
+    assert!(sim.channel(0).send_buffered() > MIB);
+    // A bounded number of probes while stalled.
+    assert!(s.frames_sent < 2000, "{s:#?}");
+    // Drain: everything arrives.
+    sim.set_drain(1, true);
+    sim.run(Duration::from_secs(600));
+    eprintln!("{:#?}", sim.channel(0).stats());
+}
+
+#[test]
+fn close_after_the_data() {
+    let w = Workload {
+        bytes: [2 << 20, 1 << 20],
+        min: 1,
+        max: 256 << 10,
+        buffer: 4 * MIB,
+    };
+    let mut sim = Sim::new(17, ChannelConfig::default(), LinkConfig::lossy(), w);
+    // Queue everything, then close side 0 at once: its data still goes.
+    sim.run_until(Duration::from_secs(1), |s| {
+        s.channel(0).send_buffered() >= 2 << 20 || s.done()
+    });
+    sim.channel_mut(0).close();
+    assert_eq!(sim.channel(0).state(), ChannelState::Closing);
+    assert!(sim.channel_mut(0).send_message(b"late").is_err());
+    let closed = sim.run_until(Duration::from_secs(60), |s| {
+        s.channel(0).state() == ChannelState::Closed && s.channel(1).state() == ChannelState::Closed
+    });
+    assert!(
+        closed,
+        "{:?} {:?}",
+        sim.channel(0).state(),
+        sim.channel(1).state()
+    );
+    assert!(sim.sent_bytes(0) >= 2 << 20);
+    assert_eq!(sim.received_bytes(1), sim.sent_bytes(0));
+    assert_eq!(sim.channel(0).poll_timeout(), None);
+}
+
+#[test]
+fn close_survives_a_lost_reply() {
+    let now = Instant::now();
+    let cfg = ChannelConfig::default();
+    let mut a = Channel::new(cfg.clone(), 1, 2, Protector::crc_only(), now);
+    let mut b = Channel::new(cfg.clone(), 2, 1, Protector::crc_only(), now);
+    let mut out = Vec::new();
+    a.close();
+    assert!(a.poll_transmit(now, &mut out));
+    b.handle_frame(now, &mut out.clone()).expect("CLOSE");
+    assert_eq!(b.state(), ChannelState::Closed);
+    assert!(b.poll_transmit(now, &mut out));
+    // The reply is lost; a resends CLOSE when its timer runs out.
+    assert!(!b.poll_transmit(now, &mut out));
+    let t = a.poll_timeout().expect("close timer");
+    a.handle_timeout(t);
+    assert!(a.poll_transmit(t, &mut out));
+    b.handle_frame(t, &mut out.clone()).expect("CLOSE again");
+    assert!(b.poll_transmit(t, &mut out));
+    a.handle_frame(t, &mut out.clone()).expect("reply");
+    assert_eq!(a.state(), ChannelState::Closed);
+    assert!(!a.poll_transmit(t, &mut out));
+}
+
+#[test]
+fn unanswered_close_ends_closed() {
+    let now = Instant::now();
+    let cfg = ChannelConfig::default();
+    let mut a = Channel::new(cfg.clone(), 1, 2, Protector::crc_only(), now);
+    let mut out = Vec::new();
+    a.close();
+    let mut t = now;
+    let mut sent = 0;
+    while a.state() == ChannelState::Closing {
+        while a.poll_transmit(t, &mut out) {
+            sent += 1;
+        }
+        t = a.poll_timeout().expect("timer");
+        a.handle_timeout(t);
+    }
+    assert_eq!(a.state(), ChannelState::Closed);
+    assert!(t - now >= cfg.dead_after);
+    assert!(sent < 40, "{sent} CLOSE frames");
+}
