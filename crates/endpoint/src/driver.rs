@@ -379,7 +379,13 @@ impl Driver {
             level,
             max_frame: ccfg.max_frame,
         };
-        let protector = Protector::new(level, Some(est.keys));
+        let protector = match Protector::new(level, Some(est.keys)) {
+            Ok(p) => p,
+            Err(e) => {
+                warn!(%peer, error = %e, "cannot protect the channel");
+                return None;
+            }
+        };
         let ch = Channel::new(ccfg, est.local_id, est.peer_id, protector, now);
         let shared = Arc::new(Shared::default());
         let (to_app, rx) = mpsc::unbounded_channel();
@@ -565,7 +571,7 @@ impl Driver {
                     None => debug!(peer = %c.info.peer, channel = id, "channel closed"),
                 }
                 log_stats("channel ended", &c.info, &c.ch.stats());
-                c.shared.end(why);
+                c.shared.end(why.map(|w| w.to_string()));
             }
         }
     }
@@ -589,7 +595,7 @@ fn log_stats(what: &str, info: &ChannelInfo, s: &ChannelStats) {
         duplicates = s.duplicates,
         rejected = s.rejected,
         cwnd = s.cwnd,
-        srtt_us = s.srtt.as_micros() as u64,
+        srtt_us = s.srtt.map_or(0, |d| d.as_micros() as u64),
         "{what}"
     );
 }
