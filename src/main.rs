@@ -52,6 +52,7 @@ mod bench;
 mod blockio;
 mod client;
 mod cp;
+mod remote;
 
 /// Network block storage in software: an iSCSI target and client.
 #[derive(Parser, Debug)]
