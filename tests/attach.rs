@@ -31,7 +31,14 @@ fn require_fuse() {
         Path::new("/dev/fuse").exists(),
         "/dev/fuse is missing: load the fuse module (modprobe fuse) to run the attach tests"
     );
-    for tool in ["losetup", "mkfs.ext4", "e2fsck", "mount", "umount", "sha256sum"] {
+    for tool in [
+        "losetup",
+        "mkfs.ext4",
+        "e2fsck",
+        "mount",
+        "umount",
+        "sha256sum",
+    ] {
         require_tool(tool);
     }
 }
@@ -132,7 +139,12 @@ impl Attached {
             .nth(1)
             .unwrap_or_else(|| panic!("no losetup command in {line:?}"));
         a.file = PathBuf::from(path.trim());
-        assert!(is_mounted(dir), "{} is not mounted:\n{}", dir.display(), a.text());
+        assert!(
+            is_mounted(dir),
+            "{} is not mounted:\n{}",
+            dir.display(),
+            a.text()
+        );
         a
     }
 
@@ -164,7 +176,11 @@ impl Attached {
             "no detached line:\n{}",
             self.text()
         );
-        assert!(!is_mounted(&self.dir), "{} is still mounted", self.dir.display());
+        assert!(
+            !is_mounted(&self.dir),
+            "{} is still mounted",
+            self.dir.display()
+        );
     }
 }
 
@@ -388,7 +404,11 @@ fn ext4_over_aoe_through_the_attached_file() {
     std::fs::create_dir(&dir).unwrap();
 
     let mut att = Attached::start(&url, &dir, &["--timeout", "20s"]);
-    assert_eq!(att.file, dir.join("e0.0"), "AoE devices are named eSHELF.SLOT");
+    assert_eq!(
+        att.file,
+        dir.join("e0.0"),
+        "AoE devices are named eSHELF.SLOT"
+    );
     // Bytes at odd places, straight through the file.
     let data = pattern(300_001, 11);
     {
@@ -454,9 +474,15 @@ fn the_file_is_the_luns_size_and_mode_takes_any_offset_and_refuses_to_grow() {
         .unwrap();
     // Overlapping odd writes, then one read across them all.
     let mut model = vec![0u8; 64 << 10];
-    for (i, (at, len)) in [(1, 1000), (513, 7), (4000, 20_000), (511, 2), (60_000, 5536)]
-        .into_iter()
-        .enumerate()
+    for (i, (at, len)) in [
+        (1, 1000),
+        (513, 7),
+        (4000, 20_000),
+        (511, 2),
+        (60_000, 5536),
+    ]
+    .into_iter()
+    .enumerate()
     {
         let data = pattern(len, i as u64 + 100);
         f.write_all_at(&data, at as u64).unwrap();
@@ -503,7 +529,11 @@ fn the_file_is_the_luns_size_and_mode_takes_any_offset_and_refuses_to_grow() {
     drop(att);
 
     // --name and --mode.
-    let att = Attached::start(&server.url(0), &dir, &["--name", "disk.img", "--mode", "0640"]);
+    let att = Attached::start(
+        &server.url(0),
+        &dir,
+        &["--name", "disk.img", "--mode", "0640"],
+    );
     assert_eq!(att.file, dir.join("disk.img"));
     let meta = std::fs::metadata(&att.file).unwrap();
     assert_eq!(meta.mode() & 0o7777, 0o640);
@@ -534,7 +564,10 @@ fn mistakes_are_one_error_line_and_leave_nothing_mounted() {
     assert!(l.contains("is not a directory"), "{l}");
 
     let l = refused(&["http://user:hunter2secret@example/x", d]);
-    assert!(l.contains("is not a LUN URL") && l.contains("iscsi://"), "{l}");
+    assert!(
+        l.contains("is not a LUN URL") && l.contains("iscsi://"),
+        "{l}"
+    );
     assert!(!l.contains("hunter2secret"), "a secret was echoed: {l}");
 
     let l = refused(&["iscsi://127.0.0.1", d]);
@@ -552,4 +585,11 @@ fn mistakes_are_one_error_line_and_leave_nothing_mounted() {
     assert!(l.contains("--name"), "{l}");
 
     assert!(!is_mounted(&dir), "a failed attach left {d} mounted");
+
+    // Its manual page comes from the same definitions.
+    let man = ok(&ethersan(&["man", "attach"]));
+    assert!(
+        man.contains(".TH ethersan-attach 1") && man.contains("read\\-only"),
+        "{man}"
+    );
 }

@@ -327,7 +327,7 @@ mod tests {
         fn check(&self, at: u64, len: usize) -> anyhow::Result<()> {
             anyhow::ensure!(!self.fail.load(Ordering::Relaxed), "LUN unreachable");
             anyhow::ensure!(
-                at % self.bs == 0 && len as u64 % self.bs == 0,
+                at.is_multiple_of(self.bs) && (len as u64).is_multiple_of(self.bs),
                 "unaligned command {at}+{len}"
             );
             anyhow::ensure!(len as u64 <= self.max, "command of {len} bytes too long");
@@ -440,7 +440,9 @@ mod tests {
             assert_eq!(*lun.data.lock().unwrap(), model);
             // Only whole blocks, never more than the transfer limit.
             for (_, at, len) in lun.commands.lock().unwrap().iter() {
-                assert!(at % bs == 0 && *len as u64 % bs == 0 && *len as u64 <= max);
+                assert!(
+                    at.is_multiple_of(bs) && (*len as u64).is_multiple_of(bs) && *len as u64 <= max
+                );
             }
         }
     }
