@@ -13,7 +13,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
@@ -592,4 +592,39 @@ fn mistakes_are_one_error_line_and_leave_nothing_mounted() {
         man.contains(".TH ethersan-attach 1") && man.contains("read\\-only"),
         "{man}"
     );
+}
+
+#[test]
+fn a_lun_that_goes_away_is_eio_with_a_log_line_naming_it() {
+    require_fuse();
+    let mut server = Server::start(&["ram:4M"]);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("lun");
+    std::fs::create_dir(&dir).unwrap();
+    let mut att = Attached::start(&server.url(0), &dir, &["--timeout", "5s"]);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&att.file)
+        .unwrap();
+    server.stop();
+    // Past the page cache, so the read reaches the gone LUN.
+    let mut buf = vec![0u8; 4096];
+    let e = f.read_at(&mut buf, 8192).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    drop(f);
+    let log = att.text();
+    let lines: Vec<_> = log.lines().filter(|l| l.contains("answered EIO")).collect();
+    assert!(!lines.is_empty(), "no log line for the failed read:\n{log}");
+    for l in &lines {
+        assert!(
+            l.contains("LUN 0") && l.contains("read of 4096 bytes at byte 8192"),
+            "{l}"
+        );
+        said_once(l);
+    }
+    // It still detaches: nothing was written, so nothing to flush.
+    send(att.child.id(), libc::SIGTERM);
+    att.detached_cleanly();
 }
