@@ -438,7 +438,7 @@ const RETRIES: u32 = 3;
 /// when a command times out or the connection is lost: each of them can be
 /// repeated without changing the outcome (a write sends the same bytes to
 /// the same blocks again). A cache flush is not (see
-/// [`RetryingLun::flush`]). Used by `cp`.
+/// [`RetryingLun::flush`]). Used by `cp` and `attach`.
 #[derive(Debug)]
 pub(crate) struct RetryingLun {
     url: IscsiUrl,
@@ -452,6 +452,8 @@ pub(crate) struct RetryingLun {
     sessions: std::sync::atomic::AtomicU64,
     /// Where to say what happened (above a progress bar when there is one).
     pub(crate) bar: std::sync::Mutex<Option<indicatif::ProgressBar>>,
+    /// What starts those lines ("ethersan cp").
+    program: &'static str,
 }
 
 impl RetryingLun {
@@ -466,7 +468,14 @@ impl RetryingLun {
             retried: 0.into(),
             sessions: 0.into(),
             bar: std::sync::Mutex::new(None),
+            program: "ethersan cp",
         })
+    }
+
+    /// Start the lines said when a session is replaced with `program`.
+    pub(crate) fn said_by(mut self, program: &'static str) -> RetryingLun {
+        self.program = program;
+        self
     }
 
     /// The LUN as of now (its geometry does not change between sessions).
@@ -533,7 +542,10 @@ impl RetryingLun {
             cur.1.clone()
         };
         old.session.abandon();
-        self.say(&format!("ethersan cp: {why:#}; logging in again to retry"));
+        self.say(&format!(
+            "{}: {why:#}; logging in again to retry",
+            self.program
+        ));
         let mut last = None;
         for _ in 0..RETRIES {
             match Lun::open(&self.url, &self.how).await {

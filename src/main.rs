@@ -48,11 +48,13 @@ fn write_line(w: &mut dyn std::io::Write, args: std::fmt::Arguments) {
 }
 
 mod aoe_client;
+mod attach;
 mod bench;
 mod blockio;
 mod client;
 mod cp;
 mod native_client;
+mod remote;
 
 /// Network block storage in software: an iSCSI target and client.
 #[derive(Parser, Debug)]
@@ -137,6 +139,9 @@ enum Command {
     Cp(cp::CpArgs),
     /// Load-generate against a LUN or a local file/block device: IOPS, MB/s, latency.
     Bench(bench::BenchArgs),
+    /// Show a LUN as one regular file in a FUSE mount at DIR (for losetup,
+    /// qemu-img, dd…) until DIR is unmounted or the command is stopped.
+    Attach(attach::AttachArgs),
     /// Print shell completions: ethersan completions bash > /etc/bash_completion.d/ethersan
     Completions {
         /// bash, zsh, fish, elvish or powershell.
@@ -694,7 +699,9 @@ fn main() -> ExitCode {
     }
     let logs = tracing_subscriber::fmt()
         .with_env_filter(
-            EnvFilter::try_from_env("ETHERSAN_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+            EnvFilter::try_from_env("ETHERSAN_LOG")
+                // fuser (attach's FUSE library) says "Mounting …" at info.
+                .unwrap_or_else(|_| EnvFilter::new("info,fuser=warn")),
         )
         .with_writer(|| QuietStderr);
     match cli.log_format {
@@ -819,6 +826,7 @@ fn main() -> ExitCode {
             }
             Command::Cp(a) => cp::cmd_cp(a).await,
             Command::Bench(a) => bench::cmd_bench(a).await,
+            Command::Attach(a) => attach::cmd_attach(a).await,
             Command::Completions { .. } | Command::Man { .. } => {
                 unreachable!("handled before the runtime")
             }
