@@ -378,7 +378,7 @@ pub fn open_reply(
 
 /// Joins the parts of one reply (any order) into the whole catalog: every
 /// index `0 .. count` exactly once, one server; a target split over
-/// consecutive parts becomes one again.
+/// consecutive parts becomes one again (see [`Catalog::merge`]).
 pub fn assemble(mut parts: Vec<ReplyPart>) -> Result<Catalog, DiscoveryError> {
     parts.sort_by_key(|p| p.index);
     let Some(first) = parts.first() else {
@@ -396,12 +396,7 @@ pub fn assemble(mut parts: Vec<ReplyPart>) -> Result<Catalog, DiscoveryError> {
         if usize::from(p.index) != i || p.count != count || p.catalog.server != whole.server {
             return Err(DiscoveryError::Incomplete("parts of different replies"));
         }
-        for (j, t) in p.catalog.targets.into_iter().enumerate() {
-            match whole.targets.last_mut() {
-                Some(last) if j == 0 && last.name == t.name => last.luns.extend(t.luns),
-                _ => whole.targets.push(t),
-            }
-        }
+        whole.merge(p.catalog);
     }
     Ok(whole)
 }
@@ -559,6 +554,19 @@ impl<'a> Reader<'a> {
 }
 
 impl Catalog {
+    /// Adds a reply part's targets (of the same server): a target already
+    /// here (split over parts) gets the part's LUNs appended, others are
+    /// appended. Parts may come in any order and some may be missing;
+    /// [`assemble`] checks a reply is complete.
+    pub fn merge(&mut self, part: Catalog) {
+        for t in part.targets {
+            match self.targets.iter_mut().find(|have| have.name == t.name) {
+                Some(have) => have.luns.extend(t.luns),
+                None => self.targets.push(t),
+            }
+        }
+    }
+
     /// The catalog's encoding (one part holding everything).
     pub fn encode(&self) -> Result<Vec<u8>, DiscoveryError> {
         let pieces: Vec<Piece<'_>> = self.targets.iter().map(|t| (t, 0..t.luns.len())).collect();

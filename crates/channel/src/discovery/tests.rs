@@ -191,6 +191,15 @@ fn large_catalog_splits_into_parts_that_fit() {
                 assert!(p.catalog.targets.iter().all(|t| t.luns.len() == 10));
             }
         }
+        // Merged part by part, in order, the catalog is whole again.
+        let mut merged = Catalog {
+            server: parts[0].catalog.server.clone(),
+            targets: Vec::new(),
+        };
+        for p in &parts {
+            merged.merge(p.catalog.clone());
+        }
+        assert_eq!(merged, cat);
         parts.reverse();
         assert_eq!(assemble(parts).unwrap(), cat);
     }
