@@ -214,7 +214,7 @@ impl Endpoint {
                 Some((_, c, seen)) => {
                     if !seen.contains(&part.index) {
                         seen.push(part.index);
-                        c.targets.extend(part.catalog.targets);
+                        c.merge(part.catalog);
                     }
                 }
                 None => found.push((peer, part.catalog, vec![part.index])),

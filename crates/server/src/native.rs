@@ -55,12 +55,13 @@ pub fn group_keys(cfg: &EthernetConfig) -> Result<GroupKeys, NativeError> {
         group: group.to_string(),
         cause,
     };
-    let secret = load_secret(
-        cfg.secret_file.as_deref(),
-        env.as_deref(),
-        cfg.secret.as_deref(),
-    )
-    .map_err(|e| err(e.to_string()))?;
+    // A file, then the environment, then the secret written inline in
+    // the configuration.
+    let secret = match (&cfg.secret_file, &env, &cfg.secret) {
+        (None, None, Some(inline)) => inline.as_bytes().to_vec(),
+        _ => load_secret(cfg.secret_file.as_deref(), env.as_deref(), None)
+            .map_err(|e| err(e.to_string()))?,
+    };
     GroupKeys::derive(group, &secret).map_err(|e| err(e.to_string()))
 }
 
