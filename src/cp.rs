@@ -248,7 +248,10 @@ async fn open_end(spec: &str, as_dst: bool, how: &ConnectArgs) -> anyhow::Result
 pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
     let src = open_end(&a.src, false, &a.connect).await?;
     if matches!(src, End::Local(..) | End::Stdio) && !remote::is_remote_url(&a.dst) {
-        bail!("one side of cp must be a LUN's URL: {}", crate::remote::URL_FORMS);
+        bail!(
+            "one side of cp must be a LUN's URL: {}",
+            crate::remote::URL_FORMS
+        );
     }
     if a.verify && a.dst == "-" {
         bail!("--verify reads the destination back, which stdout cannot be");

@@ -722,7 +722,7 @@ impl Channel {
             }
             f.state = FragState::Lost;
             self.pipe -= 1;
-            self.rtx.push_back(seq);
+            self.push_lost(seq);
             self.stats.fast_retransmits += 1;
             if tx >= self.recovery_tx {
                 self.ssthresh = (self.cwnd / 2).max(MIN_CWND);
@@ -904,9 +904,12 @@ impl Channel {
             self.ca_acked = 0;
         }
         self.recovery_tx = self.next_tx;
+        // Everything not acknowledged goes again, lowest sequence number
+        // first: the receiver delivers nothing until the first gap fills.
+        self.rtx.clear();
         let mut seq = self.snd_una;
         for f in self.sent.iter_mut() {
-            if f.state == FragState::InFlight {
+            if matches!(f.state, FragState::InFlight | FragState::Lost) {
                 f.state = FragState::Lost;
                 self.rtx.push_back(seq);
             }
@@ -964,6 +967,20 @@ impl Channel {
             return true;
         }
         false
+    }
+
+    /// Queues `seq` for retransmission, keeping the queue in sequence
+    /// order (lowest first: the receiver's first gap is what holds it up).
+    fn push_lost(&mut self, seq: u32) {
+        while self.rtx.front().is_some_and(|s| seq_lt(*s, self.snd_una)) {
+            self.rtx.pop_front();
+        }
+        let una = self.snd_una;
+        let off = seq.wrapping_sub(una);
+        let at = self.rtx.partition_point(|s| s.wrapping_sub(una) < off);
+        if self.rtx.get(at) != Some(&seq) {
+            self.rtx.insert(at, seq);
+        }
     }
 
     fn retransmit(&mut self, now: Instant, out: &mut Vec<u8>) -> bool {

@@ -16,7 +16,7 @@ use ethersan_channel::handshake::{Established, InitiatorHandshake, Responder};
 use ethersan_channel::protect::Protector;
 use ethersan_channel::Level;
 use tokio::sync::{mpsc, oneshot};
-use tracing::{debug, info, warn};
+use tracing::{debug, info, trace, warn};
 
 use crate::medium::{Medium, PeerAddr};
 use crate::stream::{ChannelReader, ChannelStream, ChannelWriter, Shared};
@@ -227,12 +227,29 @@ impl Driver {
         match prefix.kind {
             Kind::Data | Kind::Ack | Kind::Close => {
                 let Some(c) = self.channels.get_mut(&prefix.dst) else {
+                    trace!(%peer, dst = prefix.dst, "frame for no channel");
                     return;
                 };
                 if c.info.peer != peer {
+                    trace!(%peer, dst = prefix.dst, "frame from another peer");
                     return;
                 }
-                match c.ch.handle_frame(now, frame) {
+                trace!(%peer, dst = prefix.dst, kind = ?prefix.kind, len = frame.len(), "frame in");
+                let r = c.ch.handle_frame(now, frame);
+                if tracing::enabled!(tracing::Level::TRACE) {
+                    let s = c.ch.stats();
+                    trace!(
+                        window_drops = s.window_drops,
+                        duplicates = s.duplicates,
+                        in_flight = s.in_flight,
+                        peer_credit = s.peer_credit,
+                        cwnd = s.cwnd,
+                        recv_buffered = c.ch.recv_buffered(),
+                        send_buffered = c.ch.send_buffered(),
+                        "after frame"
+                    );
+                }
+                match r {
                     Ok(()) => {
                         // The target answered: the handshake is complete.
                         c.finish = None;

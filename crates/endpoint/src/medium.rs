@@ -16,6 +16,38 @@ const UDP_V4_OVERHEAD: usize = 28;
 /// IPv6 and UDP headers.
 const UDP_V6_OVERHEAD: usize = 48;
 
+/// Socket buffer size asked for UDP media (each direction).
+const UDP_BUFFER: libc::c_int = 8 << 20;
+
+/// Sets the socket's receive and send buffers to `bytes`, past the
+/// system's limit where allowed (root: SO_RCVBUFFORCE); failures leave
+/// the defaults.
+fn grow_buffers(socket: &UdpSocket, bytes: libc::c_int) {
+    use std::os::fd::AsRawFd;
+    let fd = socket.as_raw_fd();
+    for (force, plain) in [
+        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+    ] {
+        for opt in [force, plain] {
+            // SAFETY: setsockopt on a socket fd we own, with a pointer to a
+            // c_int that lives across the call and its exact size.
+            let rc = unsafe {
+                libc::setsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    opt,
+                    (&bytes as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            if rc == 0 {
+                break;
+            }
+        }
+    }
+}
+
 /// A peer's address on the medium.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PeerAddr {
@@ -56,6 +88,9 @@ impl Medium {
         let v6 = socket.local_addr()?.is_ipv6();
         let overhead = if v6 { UDP_V6_OVERHEAD } else { UDP_V4_OVERHEAD };
         socket.set_broadcast(true)?;
+        // Bursts of a full window must not overflow the default socket
+        // buffers (a few hundred KiB): a drop there is a retransmission.
+        grow_buffers(&socket, UDP_BUFFER);
         Ok(Medium::Udp {
             socket: Arc::new(socket),
             max_payload: mtu.saturating_sub(overhead).max(576),
