@@ -68,7 +68,7 @@ async fn ask(link: &Link, keys: &GroupKeys, nonce: [u8; 16], wait: Duration) -> 
 
 async fn over_veth(tag: &str, mtu: usize) {
     let dir = tempfile::tempdir().unwrap();
-    let veth = Veth::new(tag, mtu);
+    let veth = Veth::with_attacker(tag, mtu);
     let secret = dir.path().join("secret");
     std::fs::write(&secret, SECRET).unwrap();
     let img = dir.path().join("disk.img");
@@ -184,9 +184,10 @@ async fn over_veth(tag: &str, mtu: usize) {
     let big = dir.path().join("big.img");
     std::fs::write(&big, pattern(24 << 20, 43)).unwrap();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tools/attacker.py");
+    let (ns_a, if_a) = veth.attacker.clone().expect("an attacker namespace");
     let attacker = std::process::Command::new("ip")
-        .args(["netns", "exec", &veth.ns[1], "python3", script])
-        .args([&veth.ifname[1], "8", "0x88B5"])
+        .args(["netns", "exec", &ns_a, "python3", script])
+        .args([&if_a, "8", "0x88B5"])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("python3");

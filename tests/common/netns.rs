@@ -11,6 +11,9 @@ pub struct Veth {
     pub ns: [String; 2],
     /// The interfaces: [target's, client's].
     pub ifname: [String; 2],
+    /// With [`Veth::with_attacker`]: a third namespace and its interface,
+    /// on a hub with the client.
+    pub attacker: Option<(String, String)>,
 }
 
 pub fn ip(args: &[&str]) {
@@ -35,6 +38,7 @@ impl Veth {
                 format!("at{}{tag}", pid % 10_000),
                 format!("ac{}{tag}", pid % 10_000),
             ],
+            attacker: None,
         };
         for ns in &v.ns {
             ip(&["netns", "add", ns]);
@@ -50,6 +54,56 @@ impl Veth {
             let addr = format!("10.77.0.{}/24", i + 1);
             ip(&["-n", &v.ns[i], "addr", "add", &addr, "dev", &v.ifname[i]]);
         }
+        v
+    }
+
+    /// Three namespaces: the target, the client, and an attacker that sees
+    /// every frame between them and can send its own. The client's
+    /// interface (`ifname[1]`) is a bridge that floods every frame (no MAC
+    /// learning, a hub) to the target's veth pair and the attacker's.
+    pub fn with_attacker(tag: &str, mtu: usize) -> Veth {
+        let pid = std::process::id();
+        let (ns_t, ns_c, ns_a) = (
+            format!("eat-{pid}-{tag}-t"),
+            format!("eat-{pid}-{tag}-c"),
+            format!("eat-{pid}-{tag}-a"),
+        );
+        let n = pid % 10_000;
+        let (if_t, if_ct, br, if_a, if_ca) = (
+            format!("at{n}{tag}"),
+            format!("ct{n}{tag}"),
+            format!("br{n}{tag}"),
+            format!("aa{n}{tag}"),
+            format!("ca{n}{tag}"),
+        );
+        let v = Veth {
+            ns: [ns_t.clone(), ns_c.clone()],
+            ifname: [if_t.clone(), br.clone()],
+            attacker: Some((ns_a.clone(), if_a.clone())),
+        };
+        for ns in [&ns_t, &ns_c, &ns_a] {
+            ip(&["netns", "add", ns]);
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+        }
+        let mtu = mtu.to_string();
+        #[rustfmt::skip]
+        ip(&["link", "add", &if_t, "netns", &ns_t, "mtu", &mtu, "type", "veth",
+             "peer", "name", &if_ct, "netns", &ns_c, "mtu", &mtu]);
+        #[rustfmt::skip]
+        ip(&["link", "add", &if_a, "netns", &ns_a, "mtu", &mtu, "type", "veth",
+             "peer", "name", &if_ca, "netns", &ns_c, "mtu", &mtu]);
+        #[rustfmt::skip]
+        ip(&["-n", &ns_c, "link", "add", &br, "mtu", &mtu, "type", "bridge",
+             "ageing_time", "0", "stp_state", "0"]);
+        for port in [&if_ct, &if_ca] {
+            ip(&["-n", &ns_c, "link", "set", port, "master", &br]);
+            ip(&["-n", &ns_c, "link", "set", port, "up"]);
+        }
+        ip(&["-n", &ns_c, "link", "set", &br, "up"]);
+        ip(&["-n", &ns_t, "link", "set", &if_t, "up"]);
+        ip(&["-n", &ns_a, "link", "set", &if_a, "up"]);
+        ip(&["-n", &ns_t, "addr", "add", "10.77.0.1/24", "dev", &if_t]);
+        ip(&["-n", &ns_c, "addr", "add", "10.77.0.2/24", "dev", &br]);
         v
     }
 
@@ -118,6 +172,11 @@ impl Veth {
 
 impl Drop for Veth {
     fn drop(&mut self) {
+        if let Some((ns, _)) = &self.attacker {
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", ns])
+                .status();
+        }
         for ns in &self.ns {
             let _ = std::process::Command::new("ip")
                 .args(["netns", "del", ns])

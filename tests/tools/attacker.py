@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""An attacker on the client's side of the wire, for tests/native_ethernet.rs.
+"""An attacker on the wire between client and target, for tests/native_ethernet.rs.
 
 Usage: attacker.py IFACE SECONDS ETHERTYPE
 
-Captures the native transport frames the client sends (EtherType
-ETHERTYPE, PACKET_OUTGOING on IFACE) and sends to the target, for every
-fifth captured frame: an exact replay of an earlier frame, a copy with one
-byte flipped (forged), a truncated copy, and the frame's prefix followed by
-random bytes. Prints what it sent as JSON. Runs inside the client's network
+Captures the native transport frames (EtherType ETHERTYPE) it sees on
+IFACE addressed to other hosts (a hub between the client and the target:
+both directions) and, for every fifth captured frame, sends an exact replay
+of an earlier frame, a copy with one byte flipped (forged), a truncated
+copy, and the frame's prefix followed by random bytes, each to the host the
+original was for. Prints what it sent as JSON. Runs in its own network
 namespace (ip netns exec), needs CAP_NET_RAW.
 """
 import json
@@ -42,7 +43,7 @@ def main():
             frame, addr = s.recvfrom(65535)
         except socket.timeout:
             continue
-        if addr[2] != socket.PACKET_OUTGOING or frame[12:14] != et or len(frame) < 14 + 40:
+        if addr[2] != socket.PACKET_OTHERHOST or frame[12:14] != et or len(frame) < 14 + 40:
             continue
         if frame in ours:
             continue
