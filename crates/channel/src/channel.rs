@@ -149,7 +149,7 @@ impl Default for ChannelConfig {
             max_cwnd: 1024,
             recv_window: 1024,
             initial_rto: Duration::from_millis(200),
-            min_rto: Duration::from_millis(5),
+            min_rto: Duration::from_millis(40),
             max_rto: Duration::from_secs(2),
             ack_delay: Duration::from_millis(1),
             ack_every: 4,
@@ -265,7 +265,7 @@ enum FragState {
 /// A fragment sent and not yet cumulatively acknowledged.
 #[derive(Debug)]
 struct SentFrag {
-    msg: Arc<[u8]>,
+    msg: Arc<Vec<u8>>,
     start: usize,
     len: u16,
     frag: u16,
@@ -280,7 +280,7 @@ struct SentFrag {
 /// A message queued and not yet wholly fragmented.
 #[derive(Debug)]
 struct Outgoing {
-    msg: Arc<[u8]>,
+    msg: Arc<Vec<u8>>,
     offset: usize,
     frag: u16,
 }
@@ -478,6 +478,12 @@ impl Channel {
 
     /// Queues a message; it is fragmented as frames go out.
     pub fn send_message(&mut self, msg: &[u8]) -> Result<(), ChannelError> {
+        self.send_owned(msg.to_vec())
+    }
+
+    /// [`send_message`](Self::send_message) for a message the caller
+    /// hands over (no copy).
+    pub fn send_owned(&mut self, msg: Vec<u8>) -> Result<(), ChannelError> {
         if self.state != ChannelState::Open {
             return Err(ChannelError::NotOpen(self.state));
         }
@@ -489,7 +495,7 @@ impl Channel {
         }
         self.queued_bytes += msg.len();
         self.queue.push_back(Outgoing {
-            msg: Arc::from(msg),
+            msg: Arc::new(msg),
             offset: 0,
             frag: 0,
         });

@@ -140,11 +140,12 @@ impl Driver {
     /// closed.
     pub(crate) async fn run(mut self) {
         let mut inbox: Vec<(PeerAddr, Vec<u8>)> = Vec::new();
+        let mut rbuf: Vec<u8> = Vec::new();
         let mut handles_open = true;
         loop {
             let deadline = self.next_deadline();
             tokio::select! {
-                r = self.medium.recv_batch(&mut inbox, &mut self.spare) => {
+                r = self.medium.recv_batch(&mut inbox, &mut self.spare, &mut rbuf) => {
                     if let Err(e) = r {
                         warn!(medium = %self.medium.local(), error = %e, "receiving failed; the endpoint stops");
                         break;
@@ -433,7 +434,10 @@ impl Driver {
                     return;
                 };
                 c.written += data.len();
-                if let Err(e) = c.ch.send_message(&data) {
+                if data.is_empty() {
+                    return;
+                }
+                if let Err(e) = c.ch.send_owned(data) {
                     debug!(channel = id, error = %e, "write refused");
                     c.shared.end(Some(format!("channel {id}: {e}")));
                 }

@@ -124,6 +124,7 @@ impl Medium {
         &self,
         out: &mut Vec<(PeerAddr, Vec<u8>)>,
         spare: &mut Vec<Vec<u8>>,
+        rbuf: &mut Vec<u8>,
     ) -> std::io::Result<()> {
         match self {
             Medium::Ethernet(link) => {
@@ -148,28 +149,29 @@ impl Medium {
                 socket,
                 max_payload,
             } => {
+                // One zeroed receive buffer, kept; each datagram is copied
+                // out at its own length.
                 let cap = (*max_payload).max(65_536);
-                let mut buf = spare.pop().unwrap_or_default();
-                buf.resize(cap, 0);
-                let (n, from) = socket.recv_from(&mut buf).await?;
-                buf.truncate(n);
-                out.push((PeerAddr::Udp(from), buf));
-                for _ in 1..UDP_BATCH {
+                if rbuf.len() < cap {
+                    rbuf.resize(cap, 0);
+                }
+                fn take(
+                    spare: &mut Vec<Vec<u8>>,
+                    data: &[u8],
+                    from: SocketAddr,
+                ) -> (PeerAddr, Vec<u8>) {
                     let mut buf = spare.pop().unwrap_or_default();
-                    buf.resize(cap, 0);
-                    match socket.try_recv_from(&mut buf) {
-                        Ok((n, from)) => {
-                            buf.truncate(n);
-                            out.push((PeerAddr::Udp(from), buf));
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            spare.push(buf);
-                            break;
-                        }
-                        Err(e) => {
-                            spare.push(buf);
-                            return Err(e);
-                        }
+                    buf.clear();
+                    buf.extend_from_slice(data);
+                    (PeerAddr::Udp(from), buf)
+                }
+                let (n, from) = socket.recv_from(rbuf).await?;
+                out.push(take(spare, &rbuf[..n], from));
+                for _ in 1..UDP_BATCH {
+                    match socket.try_recv_from(rbuf) {
+                        Ok((n, from)) => out.push(take(spare, &rbuf[..n], from)),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                        Err(e) => return Err(e),
                     }
                 }
                 Ok(())

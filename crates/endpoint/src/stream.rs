@@ -154,6 +154,42 @@ impl ChannelWriter {
     }
 }
 
+impl ChannelWriter {
+    /// Ready when the channel is open and has room (fewer than
+    /// [`WRITE_LIMIT`] bytes unacknowledged).
+    fn poll_room(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.closed || self.shared.ended.load(Ordering::Acquire) {
+            return Poll::Ready(Err(self.shared.error()));
+        }
+        if self.shared.unacked.load(Ordering::Acquire) >= WRITE_LIMIT {
+            self.shared.writer.register(cx.waker());
+            // Check again: the task may have released bytes in between.
+            if self.shared.unacked.load(Ordering::Acquire) >= WRITE_LIMIT
+                && !self.shared.ended.load(Ordering::Acquire)
+            {
+                return Poll::Pending;
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Hands `msg` to the endpoint as one message.
+    fn send(&mut self, msg: Vec<u8>) -> io::Result<usize> {
+        let n = msg.len();
+        self.shared.unacked.fetch_add(n, Ordering::AcqRel);
+        self.tx
+            .send(Command::Write {
+                id: self.id,
+                data: msg,
+            })
+            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the endpoint has stopped"))?;
+        Ok(n)
+    }
+}
+
+/// Most bytes one vectored write gathers into a message.
+const MAX_VECTORED: usize = 4 << 20;
+
 impl AsyncWrite for ChannelWriter {
     fn poll_write(
         mut self: Pin<&mut Self>,
@@ -161,36 +197,48 @@ impl AsyncWrite for ChannelWriter {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
-        if this.closed || this.shared.ended.load(Ordering::Acquire) {
-            return Poll::Ready(Err(this.shared.error()));
-        }
         if buf.is_empty() {
             return Poll::Ready(Ok(0));
         }
-        if this.shared.unacked.load(Ordering::Acquire) >= WRITE_LIMIT {
-            this.shared.writer.register(cx.waker());
-            // Check again: the task may have released bytes in between.
-            if this.shared.unacked.load(Ordering::Acquire) >= WRITE_LIMIT
-                && !this.shared.ended.load(Ordering::Acquire)
-            {
-                return Poll::Pending;
+        if let Err(e) = std::task::ready!(this.poll_room(cx)) {
+            return Poll::Ready(Err(e));
+        }
+        Poll::Ready(this.send(buf.to_vec()))
+    }
+
+    /// The slices become one message (the iSCSI target hands over a batch
+    /// of PDUs as header, data and digest slices): one message per batch,
+    /// not one per slice.
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        let mut total = 0usize;
+        let mut take = 0;
+        for b in bufs {
+            if total > 0 && total + b.len() > MAX_VECTORED {
+                break;
             }
+            total += b.len();
+            take += 1;
         }
-        this.shared.unacked.fetch_add(buf.len(), Ordering::AcqRel);
-        if this
-            .tx
-            .send(Command::Write {
-                id: this.id,
-                data: buf.to_vec(),
-            })
-            .is_err()
-        {
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "the endpoint has stopped",
-            )));
+        if total == 0 {
+            return Poll::Ready(Ok(0));
         }
-        Poll::Ready(Ok(buf.len()))
+        if let Err(e) = std::task::ready!(this.poll_room(cx)) {
+            return Poll::Ready(Err(e));
+        }
+        let mut msg = Vec::with_capacity(total);
+        for b in &bufs[..take] {
+            msg.extend_from_slice(b);
+        }
+        Poll::Ready(this.send(msg))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
