@@ -95,10 +95,7 @@ fn every_flipped_bit_fails_authentication() {
         let mut g = f.clone();
         let n = g.len();
         g[n - 1] ^= 0x80;
-        assert_eq!(
-            b.open(&mut g).map(|_| ()),
-            Err(FrameError::Unauthenticated)
-        );
+        assert_eq!(b.open(&mut g).map(|_| ()), Err(FrameError::Unauthenticated));
         assert!(b.open(&mut f.clone()).is_ok(), "{level}");
     }
 }
@@ -169,13 +166,7 @@ fn channels_over_a_lossy_link_at_each_level() {
             max: 1 << 20,
             buffer: 4 << 20,
         };
-        let mut sim = sim_with(
-            level,
-            ChannelConfig::default(),
-            LinkConfig::lossy(),
-            w,
-            21,
-        );
+        let mut sim = sim_with(level, ChannelConfig::default(), LinkConfig::lossy(), w, 21);
         sim.run(Duration::from_secs(600));
         assert_eq!(sim.channel(0).level(), level);
         let corrupted: u64 = sim.link_stats.iter().map(|l| l.corrupted).sum();

@@ -44,23 +44,21 @@ fn arb_header() -> impl Strategy<Value = (Header, Vec<u8>)> {
         prop_oneof![0u32..64, any::<u32>()],
         proptest::collection::vec(any::<u8>(), 0..300),
     )
-        .prop_map(
-            |(kind, flags, pn, seq, frag, ack, sack, credit, payload)| {
-                let h = Header {
-                    kind,
-                    flags,
-                    dst: 1,
-                    pn,
-                    seq,
-                    frag,
-                    len: payload.len() as u16,
-                    ack,
-                    sack,
-                    credit,
-                };
-                (h, payload)
-            },
-        )
+        .prop_map(|(kind, flags, pn, seq, frag, ack, sack, credit, payload)| {
+            let h = Header {
+                kind,
+                flags,
+                dst: 1,
+                pn,
+                seq,
+                frag,
+                len: payload.len() as u16,
+                ack,
+                sack,
+                credit,
+            };
+            (h, payload)
+        })
 }
 
 fn sealed(h: &Header, payload: &[u8]) -> Vec<u8> {
