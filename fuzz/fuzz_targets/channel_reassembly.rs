@@ -86,7 +86,7 @@ fuzz_target!(|data: &[u8]| {
 
     let mut delivered = 0usize;
     let mut tainted = false;
-    let mut check = |b: &mut Channel, tainted: bool, delivered: &mut usize| {
+    let check = |b: &mut Channel, tainted: bool, delivered: &mut usize| {
         while let Some(m) = b.recv_message() {
             assert!(m.len() <= MAX_MESSAGE);
             if !tainted {

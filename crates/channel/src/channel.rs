@@ -511,7 +511,7 @@ impl Channel {
     /// The next whole message received, in order.
     pub fn recv_message(&mut self) -> Option<Vec<u8>> {
         let (msg, frames) = self.ready.pop_front()?;
-        self.ready_frames -= frames;
+        self.ready_frames = self.ready_frames.saturating_sub(frames);
         self.ready_bytes -= msg.len();
         self.update_edge();
         let opened = self.rcv_edge.wrapping_sub(self.advertised_edge);
@@ -537,6 +537,11 @@ impl Channel {
 
     fn fail(&mut self, reason: FailReason) {
         self.state = ChannelState::Failed(reason);
+        self.drop_send_state();
+    }
+
+    /// The channel ended: what was queued or unacknowledged is dropped.
+    fn drop_send_state(&mut self) {
         self.queue.clear();
         self.queued_bytes = 0;
         self.sent.clear();
@@ -544,11 +549,14 @@ impl Channel {
         self.rtx.clear();
         self.sent_log.clear();
         self.pipe = 0;
+        self.rto_at = None;
+        self.persist_at = None;
+        self.close_at = None;
     }
 
     fn finish_closed(&mut self) {
-        self.fail(FailReason::Timeout);
         self.state = ChannelState::Closed;
+        self.drop_send_state();
     }
 
     /// Whether data or a CLOSE waits for the peer.
@@ -807,13 +815,13 @@ impl Channel {
             return false;
         }
         self.partial.extend_from_slice(payload);
-        self.partial_frames += 1;
+        self.partial_frames = self.partial_frames.saturating_add(1);
         self.next_frag = self.next_frag.wrapping_add(1);
         if last {
             let msg = std::mem::take(&mut self.partial);
             self.ready_bytes += msg.len();
             self.ready.push_back((msg, self.partial_frames));
-            self.ready_frames += self.partial_frames;
+            self.ready_frames = self.ready_frames.saturating_add(self.partial_frames);
             self.partial_frames = 0;
             self.next_frag = 0;
             self.stats.messages_received += 1;
@@ -947,7 +955,7 @@ impl Channel {
                 self.last_progress = now;
             }
             let backoff = 1u32 << self.close_tries.min(16);
-            self.close_tries += 1;
+            self.close_tries = self.close_tries.saturating_add(1);
             let wait = self
                 .rtt
                 .rto()
@@ -1113,5 +1121,152 @@ impl Channel {
 fn note_newest(newest: &mut Option<Newest>, tx: u64, sent_at: Instant, sends: u32) {
     if newest.is_none_or(|n| tx > n.tx) {
         *newest = Some(Newest { tx, sent_at, sends });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn sequence_comparison_wraps() {
+        assert!(seq_lt(1, 2));
+        assert!(!seq_lt(2, 1));
+        assert!(!seq_lt(5, 5));
+        assert!(seq_lt(u32::MAX, 0));
+        assert!(seq_lt(u32::MAX - 10, 5));
+        assert!(!seq_lt(5, u32::MAX - 10));
+    }
+
+    fn pair(now: Instant) -> (Channel, Channel) {
+        let cfg = ChannelConfig {
+            max_frame: 100,
+            initial_cwnd: 16,
+            ..ChannelConfig::default()
+        };
+        let a = Channel::new(cfg.clone(), 1, 2, Protector::crc_only(), now);
+        let b = Channel::new(cfg, 2, 1, Protector::crc_only(), now);
+        (a, b)
+    }
+
+    fn flight(ch: &mut Channel, now: Instant) -> Vec<Vec<u8>> {
+        let mut frames = Vec::new();
+        let mut out = Vec::new();
+        while ch.poll_transmit(now, &mut out) {
+            frames.push(out.clone());
+        }
+        frames
+    }
+
+    /// Delivers `frames` to `to`, and everything `to` answers back to
+    /// `from`.
+    fn exchange(from: &mut Channel, to: &mut Channel, frames: Vec<Vec<u8>>, now: Instant) {
+        for mut f in frames {
+            to.handle_frame(now, &mut f).expect("valid frame");
+        }
+        let mut answers = flight(to, now);
+        let mut now = now;
+        if answers.is_empty() {
+            now += to.cfg.ack_delay;
+            to.handle_timeout(now);
+            answers = flight(to, now);
+        }
+        for mut f in answers {
+            from.handle_frame(now, &mut f).expect("valid answer");
+        }
+    }
+
+    #[test]
+    fn a_lost_frame_is_retransmitted_after_three_later_ones_and_halves_cwnd() {
+        let t0 = Instant::now();
+        let (mut a, mut b) = pair(t0);
+        a.send_message(&[1; 600]).expect("send"); // 11 frames of 56 bytes
+        let mut frames = flight(&mut a, t0);
+        assert_eq!(frames.len(), 11);
+        assert_eq!(a.stats().in_flight, 11);
+        let lost = frames.remove(2);
+        let t1 = t0 + MS;
+        exchange(&mut a, &mut b, frames, t1);
+        let s = a.stats();
+        assert_eq!(s.fast_retransmits, 1);
+        // The acknowledgement grew the window from 16 to 26 (slow start,
+        // 10 frames) before its SACK showed the loss: halved to 13.
+        assert_eq!(s.cwnd, 13);
+        assert_eq!(s.ssthresh, 13);
+        assert_eq!(s.in_flight, 0);
+        assert!(s.srtt.is_some());
+        // The retransmission: same sequence number, new packet number.
+        let rtx = flight(&mut a, t1);
+        assert_eq!(rtx.len(), 1);
+        let (h0, h1) = (
+            Header::parse(&lost).expect("header"),
+            Header::parse(&rtx[0]).expect("header"),
+        );
+        assert_eq!((h1.seq, h1.frag), (h0.seq, h0.frag));
+        assert_eq!(h1.pn, 11);
+        assert_eq!(a.stats().retransmits, 1);
+        exchange(&mut a, &mut b, rtx, t1 + MS);
+        assert_eq!(b.recv_message().map(|m| m.len()), Some(600));
+        assert_eq!(a.send_buffered(), 0);
+        assert_eq!(a.poll_timeout(), None);
+    }
+
+    #[test]
+    fn timeout_collapses_the_window_and_backs_off() {
+        let t0 = Instant::now();
+        let (mut a, mut b) = pair(t0);
+        a.send_message(&[1; 300]).expect("send");
+        let frames = flight(&mut a, t0);
+        exchange(&mut a, &mut b, frames, t0 + MS);
+        let srtt = a.stats().srtt.expect("sample");
+        assert_eq!(srtt, MS);
+        a.send_message(&[2; 300]).expect("send");
+        let _lost = flight(&mut a, t0 + 2 * MS);
+        let rto = a.stats().rto;
+        let deadline = a.poll_timeout().expect("rto armed");
+        assert_eq!(deadline, t0 + 2 * MS + rto);
+        a.handle_timeout(deadline);
+        let s = a.stats();
+        assert_eq!((s.timeouts, s.cwnd), (1, MIN_CWND));
+        assert_eq!(s.rto, (rto - a.cfg.ack_delay) * 2 + a.cfg.ack_delay);
+        // Retransmissions within the collapsed window; none sampled (Karn).
+        let rtx = flight(&mut a, deadline);
+        assert_eq!(rtx.len(), 2);
+        exchange(&mut a, &mut b, rtx, deadline + 50 * MS);
+        assert_eq!(a.stats().srtt, Some(srtt));
+        assert!(a.stats().cwnd > MIN_CWND);
+    }
+
+    #[test]
+    fn acknowledgements_are_delayed_then_sent() {
+        let t0 = Instant::now();
+        let (mut a, mut b) = pair(t0);
+        a.send_message(&[1; 10]).expect("send");
+        let frames = flight(&mut a, t0);
+        for mut f in frames {
+            b.handle_frame(t0, &mut f).expect("valid");
+        }
+        // One in-order frame: the ACK waits for ack_delay.
+        assert!(flight(&mut b, t0).is_empty());
+        let t = b.poll_timeout().expect("delayed ack");
+        assert_eq!(t, t0 + b.cfg.ack_delay);
+        b.handle_timeout(t);
+        let acks = flight(&mut b, t);
+        assert_eq!(acks.len(), 1);
+        assert_eq!(b.stats().acks_sent, 1);
+        // A reply piggybacks the acknowledgement instead.
+        a.send_message(&[2; 200]).expect("send"); // 4 frames: ack_every
+        let frames = flight(&mut a, t);
+        for mut f in frames {
+            b.handle_frame(t, &mut f).expect("valid");
+        }
+        b.send_message(b"reply").expect("send");
+        let out = flight(&mut b, t);
+        assert_eq!(out.len(), 1);
+        let h = Header::parse(&out[0]).expect("header");
+        assert_eq!((h.kind, h.ack), (Kind::Data, 5));
+        assert_eq!(b.stats().acks_sent, 1);
     }
 }
