@@ -586,10 +586,10 @@ impl Channel {
                 local: self.local_id,
             });
         }
+        let (h, payload) = self.protector.verify(frame)?;
         if matches!(self.state, ChannelState::Failed(_)) {
             return Ok(());
         }
-        let (h, payload) = self.protector.verify(frame)?;
         if h.kind != Kind::Data && h.len != 0 {
             return Err(FrameError::UnexpectedPayload(h.kind));
         }
