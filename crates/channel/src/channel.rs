@@ -33,14 +33,25 @@
 //! # Loss detection
 //!
 //! Every transmission gets a local transmission index. A frame is declared
-//! lost when a frame transmitted at least three transmissions after it has
-//! been acknowledged (cumulatively or selectively) — QUIC's packet
-//! threshold, which treats a retransmission like any new frame, so a lost
-//! retransmission is found the same way. The retransmission timer runs
+//! lost when a frame transmitted after it has been acknowledged
+//! (cumulatively or selectively) and it was transmitted at least three
+//! transmissions or 9/8 of the smoothed RTT before that one — QUIC's
+//! packet and time thresholds, which treat a retransmission like any new
+//! frame, so a lost retransmission is found the same way. (An
+//! acknowledgement of a frame sent twice is taken to answer the latest
+//! transmission: when it answered the first, frames sent in between may be
+//! declared lost too early and sent twice; guessing the other way can
+//! stall a burst loss behind one retransmission per timeout.) The retransmission timer runs
 //! while frames are in flight, restarted on every acknowledgement that
 //! makes progress; it expires after the RTO of an [`RttEstimator`]
-//! (Jacobson/Karels, RFC 6298) and declares every frame in flight lost,
-//! doubling the RTO until the next sample. RTT samples come only from
+//! (Jacobson/Karels, RFC 6298, plus the peer's acknowledgement delay),
+//! doubles the RTO until the next sample and sends the oldest frame in
+//! flight again, beyond the window if need be. The other frames stay in
+//! flight: when the retransmission is acknowledged, those transmitted
+//! before it and still unacknowledged are lost by the thresholds below
+//! (QUIC's probe timeout), and a spurious timeout costs one frame, not a
+//! window. A second timeout without progress declares every frame in
+//! flight lost. RTT samples come only from
 //! frames transmitted once (Karn), one per acknowledging frame: the newest
 //! frame it acknowledges.
 //!
@@ -335,6 +346,7 @@ pub struct Channel {
     rtx_budget: u32,
     peer_edge: u32,
     rtt: RttEstimator,
+    rtos_without_progress: u32,
     rto_at: Option<Instant>,
     persist_at: Option<Instant>,
     probe: bool,
@@ -409,6 +421,7 @@ impl Channel {
             rtx_budget: 0,
             peer_edge: seq.wrapping_add(cfg.initial_cwnd),
             rtt,
+            rtos_without_progress: 0,
             rto_at: None,
             persist_at: None,
             probe: false,
@@ -645,7 +658,8 @@ impl Channel {
                     if f.state == FragState::InFlight {
                         self.pipe -= 1;
                     }
-                    self.on_newly_acked(&f, &mut newest);
+                    self.grow_cwnd(f.tx);
+                    note_newest(&mut newest, f.tx, f.sent_at, f.sends);
                 }
             }
         }
@@ -681,17 +695,13 @@ impl Channel {
         }
         if progress {
             self.last_progress = now;
+            self.rtos_without_progress = 0;
             self.rto_at = (self.pipe > 0).then(|| now + self.rto());
-            self.detect_lost();
+            self.detect_lost(now);
         } else if !seq_lt(self.snd_una, self.peer_edge) {
             // The peer is alive and has no room: not dead.
             self.last_progress = now;
         }
-    }
-
-    fn on_newly_acked(&mut self, f: &SentFrag, newest: &mut Option<Newest>) {
-        self.grow_cwnd(f.tx);
-        note_newest(newest, f.tx, f.sent_at, f.sends);
     }
 
     fn grow_cwnd(&mut self, tx: u64) {
@@ -710,24 +720,35 @@ impl Channel {
         self.cwnd = self.cwnd.min(self.cfg.max_cwnd);
     }
 
-    /// Declares lost the frames transmitted [`PACKET_THRESHOLD`] or more
-    /// transmissions before the newest one acknowledged.
-    fn detect_lost(&mut self) {
+    /// Declares lost the frames transmitted before the newest one
+    /// acknowledged, by [`PACKET_THRESHOLD`] transmissions or more, or by
+    /// more than 9/8 of the smoothed RTT (QUIC's time threshold).
+    fn detect_lost(&mut self, now: Instant) {
         let Some(largest) = self.largest_acked_tx else {
             return;
         };
+        let threshold = self.rtt.srtt().map(|s| s * 9 / 8);
         while let Some(&(tx, seq)) = self.sent_log.front() {
-            if tx + PACKET_THRESHOLD > largest {
+            if tx >= largest {
+                break;
+            }
+            let i = seq.wrapping_sub(self.snd_una) as usize;
+            let live = self.sent.get(i).filter(|f| {
+                f.state == FragState::InFlight && f.tx == tx && !seq_lt(seq, self.snd_una)
+            });
+            let Some(f) = live else {
+                self.sent_log.pop_front();
+                continue;
+            };
+            let by_count = tx + PACKET_THRESHOLD <= largest;
+            let by_time = threshold.is_some_and(|t| now.saturating_duration_since(f.sent_at) >= t);
+            if !by_count && !by_time {
                 break;
             }
             self.sent_log.pop_front();
-            let i = seq.wrapping_sub(self.snd_una) as usize;
             let Some(f) = self.sent.get_mut(i) else {
                 continue;
             };
-            if f.state != FragState::InFlight || f.tx != tx {
-                continue;
-            }
             f.state = FragState::Lost;
             self.pipe -= 1;
             self.rtx.push_back(seq);
@@ -912,16 +933,33 @@ impl Channel {
             self.ca_acked = 0;
         }
         self.recovery_tx = self.next_tx;
-        let mut seq = self.snd_una;
-        for f in self.sent.iter_mut() {
-            if f.state == FragState::InFlight {
-                f.state = FragState::Lost;
-                self.rtx.push_back(seq);
+        // Once: only the oldest frame in flight is sent again; when its
+        // retransmission is acknowledged, the loss thresholds declare lost
+        // whatever older transmissions are still unacknowledged, and a
+        // spurious timeout costs one frame instead of a window. A second
+        // timeout without progress declares every frame in flight lost.
+        self.rtos_without_progress = self.rtos_without_progress.saturating_add(1);
+        if self.rtos_without_progress > 1 {
+            let mut seq = self.snd_una;
+            for f in self.sent.iter_mut() {
+                if f.state == FragState::InFlight {
+                    f.state = FragState::Lost;
+                    self.rtx.push_back(seq);
+                }
+                seq = seq.wrapping_add(1);
             }
-            seq = seq.wrapping_add(1);
+            self.pipe = 0;
+            self.sent_log.clear();
+        } else if let Some(i) = self
+            .sent
+            .iter()
+            .position(|f| f.state == FragState::InFlight)
+        {
+            self.sent[i].state = FragState::Lost;
+            self.pipe -= 1;
+            self.rtx.push_front(self.snd_una.wrapping_add(i as u32));
+            self.rtx_budget = 1;
         }
-        self.pipe = 0;
-        self.sent_log.clear();
     }
 
     /// Writes the next frame to send into `out` (cleared first); false when
@@ -1231,11 +1269,22 @@ mod tests {
         let s = a.stats();
         assert_eq!((s.timeouts, s.cwnd), (1, MIN_CWND));
         assert_eq!(s.rto, (rto - a.cfg.ack_delay) * 2 + a.cfg.ack_delay);
-        // Retransmissions within the collapsed window; none sampled (Karn).
+        // The oldest frame goes again; when it is acknowledged, the others
+        // are lost by the time threshold and follow. None is an RTT sample
+        // (Karn).
         let rtx = flight(&mut a, deadline);
-        assert_eq!(rtx.len(), 2);
-        exchange(&mut a, &mut b, rtx, deadline + 50 * MS);
+        assert_eq!(rtx.len(), 1);
+        let mut t = deadline;
+        let mut rtx = rtx;
+        while a.send_buffered() > 0 {
+            t += 50 * MS;
+            exchange(&mut a, &mut b, rtx, t);
+            rtx = flight(&mut a, t);
+            assert!(!rtx.is_empty() || a.send_buffered() == 0);
+        }
         assert_eq!(a.stats().srtt, Some(srtt));
+        assert_eq!(a.stats().retransmits, 6);
+        assert_eq!(a.stats().timeouts, 1);
         assert!(a.stats().cwnd > MIN_CWND);
     }
 
