@@ -35,26 +35,26 @@
 //! Every transmission gets a local transmission index. A frame is declared
 //! lost when a frame transmitted after it has been acknowledged
 //! (cumulatively or selectively) and it was transmitted at least three
-//! transmissions or 9/8 of the smoothed RTT before that one — QUIC's
-//! packet and time thresholds, which treat a retransmission like any new
-//! frame, so a lost retransmission is found the same way. (An
-//! acknowledgement of a frame sent twice is taken to answer the latest
-//! transmission: when it answered the first, frames sent in between may be
-//! declared lost too early and sent twice; guessing the other way can
-//! stall a burst loss behind one retransmission per timeout.) The retransmission timer runs
-//! while frames are in flight, restarted on every acknowledgement that
-//! makes progress; it expires after the RTO of an [`RttEstimator`]
-//! (Jacobson/Karels, RFC 6298, plus the peer's acknowledgement delay),
-//! doubles the RTO until the next sample and sends the oldest frame in
-//! flight again, beyond the window if need be. The other frames stay in
-//! flight: when the retransmission is acknowledged, those transmitted
-//! before it and still unacknowledged are lost by the thresholds below
-//! (QUIC's probe timeout), and a spurious timeout costs one frame, not a
-//! window. A second timeout without progress declares every frame in
-//! flight lost. RTT samples come only from
-//! frames transmitted once (Karn), one per acknowledging frame: the newest
-//! frame it acknowledges.
+//! transmissions or 9/8 of the smoothed RTT before that one: QUIC's packet
+//! and time thresholds, which treat a retransmission like any new frame,
+//! so a lost retransmission is found the same way. An acknowledgement of a
+//! frame sent twice is taken to answer the latest transmission (when it
+//! answered the first, frames sent in between may be declared lost early
+//! and sent twice; the other guess can stall a burst loss at one
+//! retransmission per timeout).
 //!
+//! The retransmission timer runs while frames are in flight, restarted by
+//! every acknowledgement that makes progress. It expires after the RTO of
+//! an [`RttEstimator`] (Jacobson/Karels, RFC 6298) plus the peer's
+//! acknowledgement delay, doubles the RTO until the next sample, and sends
+//! the oldest frame in flight again, beyond the window if need be. The
+//! other frames stay in flight: once the retransmission is acknowledged,
+//! the thresholds above declare lost those still unacknowledged (QUIC's
+//! probe timeout), so a spurious timeout costs one frame, not a window. A
+//! second timeout without progress declares every frame in flight lost.
+//! RTT samples come only from frames transmitted once (Karn), one per
+//! acknowledging frame: the newest frame it acknowledges.
+
 //! # Receiving
 //!
 //! In-order fragments are appended to the message being reassembled;
