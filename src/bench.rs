@@ -302,9 +302,9 @@ async fn submit_local(
 }
 
 async fn open_engine(a: &BenchArgs) -> anyhow::Result<(Engine, &'static str)> {
-    if a.target.starts_with("iscsi://") {
+    if crate::blockio::is_iscsi_url(&a.target) {
         if a.engine.is_some() || a.direct {
-            bail!("--engine and --direct apply to a local FILE; for an iscsi:// target set engine and direct on the server's LUN");
+            bail!("--engine and --direct apply to a local FILE; for an iscsi://, eth:// or udp:// target set engine and direct on the server's LUN");
         }
         let url = IscsiUrl::parse(&a.target)?;
         let mut luns = Vec::with_capacity(usize::from(a.sessions));

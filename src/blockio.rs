@@ -99,6 +99,12 @@ pub(crate) struct ConnectArgs {
         value_parser = parse_timeout
     )]
     pub timeout: Timeout,
+    /// The native transport's group (eth:// and udp:// URLs).
+    #[arg(long, value_name = "NAME", env = "ETHERSAN_GROUP")]
+    pub group: Option<String>,
+    /// A file holding the group secret (else $ETHERSAN_GROUP_SECRET).
+    #[arg(long, value_name = "FILE")]
+    pub group_secret_file: Option<std::path::PathBuf>,
 }
 
 /// `--timeout`: `None` waits forever.
@@ -120,6 +126,23 @@ fn parse_timeout(s: &str) -> Result<Timeout, String> {
 }
 
 impl ConnectArgs {
+    /// The native transport group's keys, from --group and the secret
+    /// (--group-secret-file, else $ETHERSAN_GROUP_SECRET).
+    pub(crate) fn group_keys(&self) -> anyhow::Result<ethersan_channel::group::GroupKeys> {
+        let Some(group) = &self.group else {
+            bail!("eth:// and udp:// URLs need the group: give --group NAME (or set ETHERSAN_GROUP) and its secret (--group-secret-file FILE or ETHERSAN_GROUP_SECRET)");
+        };
+        let env = std::env::var("ETHERSAN_GROUP_SECRET").ok();
+        let secret = ethersan_channel::group::load_secret(
+            self.group_secret_file.as_deref(),
+            env.as_deref(),
+            None,
+        )
+        .map_err(|e| anyhow::anyhow!("group {group:?}: {e}"))?;
+        ethersan_channel::group::GroupKeys::derive(group, &secret)
+            .map_err(|e| anyhow::anyhow!("group {group:?}: {e}"))
+    }
+
     /// Login options for `url` (`None`: a discovery session), with the
     /// URL's credentials before the flags'.
     pub(crate) fn options(&self, url: Option<&IscsiUrl>) -> anyhow::Result<LoginOptions> {
@@ -198,12 +221,30 @@ pub(crate) struct Lun {
     pub max_transfer: u64,
 }
 
+/// Whether `s` is a URL of an iSCSI session: over TCP (`iscsi://`) or
+/// the native transport (`eth://`, `udp://`).
+pub(crate) fn is_iscsi_url(s: &str) -> bool {
+    ["iscsi://", "eth://", "udp://"]
+        .iter()
+        .any(|p| s.starts_with(p))
+}
+
 /// Log in to the target a URL names (a new session each call).
 pub(crate) async fn login(url: &IscsiUrl, how: &ConnectArgs) -> anyhow::Result<Session> {
     if url.target.is_empty() {
         bail!("the URL names no target: iscsi://host[:port]/TARGET/LUN");
     }
     let opts = how.options(Some(url))?;
+    if url.transport != ethersan_initiator::url::Transport::Tcp {
+        let keys = how.group_keys()?;
+        let place = match &url.transport {
+            ethersan_initiator::url::Transport::Eth(_) => format!("eth://{}", url.host),
+            _ => format!("udp://{}", url.portal()),
+        };
+        return ethersan_initiator::native::connect(url, &keys, &opts)
+            .await
+            .map_err(|e| login_error(e, &format!("login to {}", url.target), &place));
+    }
     let portal = url.portal();
     connect(&portal, &opts)
         .await
@@ -397,7 +438,7 @@ const RETRIES: u32 = 3;
 /// when a command times out or the connection is lost: each of them can be
 /// repeated without changing the outcome (a write sends the same bytes to
 /// the same blocks again). A cache flush is not (see
-/// [`RetryingLun::flush`]). Used by `cp`.
+/// [`RetryingLun::flush`]). Used by `cp` and `attach`.
 #[derive(Debug)]
 pub(crate) struct RetryingLun {
     url: IscsiUrl,
@@ -411,6 +452,8 @@ pub(crate) struct RetryingLun {
     sessions: std::sync::atomic::AtomicU64,
     /// Where to say what happened (above a progress bar when there is one).
     pub(crate) bar: std::sync::Mutex<Option<indicatif::ProgressBar>>,
+    /// What starts those lines ("ethersan cp").
+    program: &'static str,
 }
 
 impl RetryingLun {
@@ -425,7 +468,14 @@ impl RetryingLun {
             retried: 0.into(),
             sessions: 0.into(),
             bar: std::sync::Mutex::new(None),
+            program: "ethersan cp",
         })
+    }
+
+    /// Start the lines said when a session is replaced with `program`.
+    pub(crate) fn said_by(mut self, program: &'static str) -> RetryingLun {
+        self.program = program;
+        self
     }
 
     /// The LUN as of now (its geometry does not change between sessions).
@@ -492,7 +542,10 @@ impl RetryingLun {
             cur.1.clone()
         };
         old.session.abandon();
-        self.say(&format!("ethersan cp: {why:#}; logging in again to retry"));
+        self.say(&format!(
+            "{}: {why:#}; logging in again to retry",
+            self.program
+        ));
         let mut last = None;
         for _ in 0..RETRIES {
             match Lun::open(&self.url, &self.how).await {

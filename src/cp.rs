@@ -9,13 +9,12 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use bytes::Bytes;
 use clap::Args;
-use ethersan_initiator::IscsiUrl;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::aoe_client::{self, AoeDevice};
-use crate::blockio::{ConnectArgs, Local, RetryingLun};
+use crate::blockio::{ConnectArgs, Local};
+use crate::remote::{self, Remote};
 
 /// Arguments of `ethersan cp`.
 #[derive(Args, Debug)]
@@ -60,98 +59,6 @@ pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
         return Ok(0);
     }
     ethersan_server::config::parse_size(s).map_err(|e| e.to_string())
-}
-
-/// A block device across the network: what `cp` copies to or from besides
-/// files and stdio.
-#[derive(Debug)]
-enum Remote {
-    /// An iSCSI LUN whose commands are retried on a new session when one
-    /// fails.
-    Iscsi(Box<RetryingLun>),
-    /// An AoE device (its initiator retransmits lost commands itself).
-    Aoe(Box<AoeDevice>),
-}
-
-impl Remote {
-    async fn open(spec: &str, how: &ConnectArgs) -> anyhow::Result<Remote> {
-        if aoe_client::is_aoe_url(spec) {
-            return Ok(Remote::Aoe(Box::new(aoe_client::open(spec, how).await?)));
-        }
-        let url = IscsiUrl::parse(spec)?;
-        Ok(Remote::Iscsi(Box::new(RetryingLun::open(&url, how).await?)))
-    }
-
-    fn name(&self) -> String {
-        match self {
-            Remote::Iscsi(l) => format!("LUN {}", l.lun().lun),
-            Remote::Aoe(d) => d.name().to_string(),
-        }
-    }
-
-    fn block_size(&self) -> u64 {
-        match self {
-            Remote::Iscsi(l) => u64::from(l.lun().block_size),
-            Remote::Aoe(_) => aoe_client::SECTOR,
-        }
-    }
-
-    fn capacity(&self) -> u64 {
-        match self {
-            Remote::Iscsi(l) => l.lun().capacity(),
-            Remote::Aoe(d) => d.capacity(),
-        }
-    }
-
-    /// Largest transfer per call (an AoE device splits one into frames).
-    fn max_transfer(&self) -> u64 {
-        match self {
-            Remote::Iscsi(l) => l.lun().max_transfer,
-            Remote::Aoe(_) => crate::blockio::DEFAULT_MAX_TRANSFER,
-        }
-    }
-
-    async fn read(&self, at: u64, len: usize) -> anyhow::Result<Vec<u8>> {
-        match self {
-            Remote::Iscsi(l) => l.read(at, len).await,
-            Remote::Aoe(d) => d.read(at, len).await,
-        }
-    }
-
-    async fn write(&self, at: u64, data: Vec<u8>, fua: bool) -> anyhow::Result<()> {
-        match self {
-            Remote::Iscsi(l) => l.write(at, Bytes::from(data), fua).await,
-            Remote::Aoe(d) => d.write(at, &data).await,
-        }
-    }
-
-    async fn flush(&self) -> anyhow::Result<()> {
-        match self {
-            Remote::Iscsi(l) => l.flush().await,
-            Remote::Aoe(d) => d.flush().await,
-        }
-    }
-
-    /// Where to say what happened while a progress bar is drawn.
-    fn set_bar(&self, bar: &ProgressBar) {
-        if let Remote::Iscsi(l) = self {
-            *l.bar.lock().expect("not poisoned") = Some(bar.clone());
-        }
-    }
-
-    /// (commands retried, new sessions opened) so far.
-    fn retries(&self) -> (u64, u64) {
-        match self {
-            Remote::Iscsi(l) => l.retries(),
-            Remote::Aoe(_) => (0, 0),
-        }
-    }
-
-    async fn close(&self) {
-        if let Remote::Iscsi(l) = self {
-            l.logout().await;
-        }
-    }
 }
 
 #[derive(Clone, Debug)]
@@ -320,8 +227,10 @@ fn summary(copied: u64, copy_secs: f64, verify_secs: Option<f64>, retries: (u64,
 }
 
 async fn open_end(spec: &str, as_dst: bool, how: &ConnectArgs) -> anyhow::Result<End> {
-    if spec.starts_with("iscsi://") || aoe_client::is_aoe_url(spec) {
-        return Ok(End::Lun(Arc::new(Remote::open(spec, how).await?)));
+    if remote::is_remote_url(spec) {
+        return Ok(End::Lun(Arc::new(
+            Remote::open(spec, how, "ethersan cp").await?,
+        )));
     }
     if spec == "-" {
         return Ok(End::Stdio);
@@ -338,11 +247,11 @@ async fn open_end(spec: &str, as_dst: bool, how: &ConnectArgs) -> anyhow::Result
 /// `ethersan cp`.
 pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
     let src = open_end(&a.src, false, &a.connect).await?;
-    if matches!(src, End::Local(..) | End::Stdio)
-        && !a.dst.starts_with("iscsi://")
-        && !aoe_client::is_aoe_url(&a.dst)
-    {
-        bail!("one side of cp must be an iscsi:// URL or an AoE URL (aoe://, aoe+unix://)");
+    if matches!(src, End::Local(..) | End::Stdio) && !remote::is_remote_url(&a.dst) {
+        bail!(
+            "one side of cp must be a LUN's URL: {}",
+            crate::remote::URL_FORMS
+        );
     }
     if a.verify && a.dst == "-" {
         bail!("--verify reads the destination back, which stdout cannot be");

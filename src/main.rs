@@ -48,10 +48,13 @@ fn write_line(w: &mut dyn std::io::Write, args: std::fmt::Arguments) {
 }
 
 mod aoe_client;
+mod attach;
 mod bench;
 mod blockio;
 mod client;
 mod cp;
+mod native_client;
+mod remote;
 
 /// Network block storage in software: an iSCSI target and client.
 #[derive(Parser, Debug)]
@@ -87,8 +90,17 @@ enum Command {
     /// --aoe the AoE devices on a link.
     Discover {
         /// HOST[:PORT] of a portal (port 3260 by default), or an iscsi:// URL.
-        #[arg(required_unless_present = "aoe")]
+        #[arg(required_unless_present_any = ["aoe", "eth", "udp"])]
         portal: Option<String>,
+        /// Ask the native transport's group (--group) who serves, by
+        /// broadcast on this Ethernet interface (needs CAP_NET_RAW); lists
+        /// what answers within 1.5 s (or --timeout, if given).
+        #[arg(long, value_name = "IFACE", conflicts_with_all = ["portal", "aoe", "udp"])]
+        eth: Option<String>,
+        /// Ask the native transport's group at this UDP address (a target,
+        /// or a broadcast address): HOST[:PORT], port 3262 by default.
+        #[arg(long, value_name = "HOST[:PORT]", conflicts_with_all = ["portal", "aoe"])]
+        udp: Option<String>,
         /// Broadcast an AoE Query Config on this link instead and list the
         /// devices that answer within 1 s (or --timeout, if given):
         /// IFACE (AF_PACKET, needs CAP_NET_RAW) or
@@ -127,6 +139,9 @@ enum Command {
     Cp(cp::CpArgs),
     /// Load-generate against a LUN or a local file/block device: IOPS, MB/s, latency.
     Bench(bench::BenchArgs),
+    /// Show a LUN as one regular file in a FUSE mount at DIR (for losetup,
+    /// qemu-img, dd…) until DIR is unmounted or the command is stopped.
+    Attach(attach::AttachArgs),
     /// Print shell completions: ethersan completions bash > /etc/bash_completion.d/ethersan
     Completions {
         /// bash, zsh, fish, elvish or powershell.
@@ -206,14 +221,42 @@ struct ServeArgs {
     /// dgram). LUN n is shelf 0 slot n unless its spec says aoe=SHELF.SLOT.
     #[arg(long, value_name = "IFACE|unix:…", conflicts_with = "config")]
     aoe: Vec<String>,
+    /// Also serve the LUNs over ethersan's native transport on this raw
+    /// Ethernet link (repeatable): a network interface (needs CAP_NET_RAW)
+    /// or unix:LOCAL.sock,peer=PEER.sock[,mtu=N][,mac=MAC]. Needs --group.
+    #[arg(long, value_name = "IFACE|unix:…", conflicts_with = "config")]
+    eth: Vec<String>,
+    /// Also serve the native transport on this UDP address
+    /// (repeatable): ADDR:PORT[,mtu=N], e.g. 0.0.0.0:3262. Needs --group.
+    #[arg(long, value_name = "ADDR:PORT[,mtu=N]", conflicts_with = "config")]
+    udp: Vec<String>,
+    /// The native transport's group: only members (same name and secret)
+    /// discover and reach the target.
+    #[arg(long, value_name = "NAME", conflicts_with = "config")]
+    group: Option<String>,
+    /// A file holding the group secret (else $ETHERSAN_GROUP_SECRET, or
+    /// the config file's [ethernet] secret).
+    #[arg(long, value_name = "FILE")]
+    group_secret_file: Option<PathBuf>,
+    /// The native transport's EtherType on raw Ethernet (default 0x88B5).
+    #[arg(long, value_name = "0xXXXX", value_parser = parse_ethertype_arg, conflicts_with = "config")]
+    ethertype: Option<u16>,
     /// Most connections open at once from one source address (0: no limit; default 128); overrides the config file's max_connections_per_address.
     #[arg(long, value_name = "N")]
     max_connections_per_address: Option<usize>,
 }
 
+fn parse_ethertype_arg(s: &str) -> Result<u16, String> {
+    ethersan_server::config::parse_ethertype(s)
+}
+
 fn serve_config(a: &ServeArgs) -> anyhow::Result<Config> {
     if let Some(path) = &a.config {
-        return Ok(Config::from_toml_file(path)?);
+        let mut cfg = Config::from_toml_file(path)?;
+        if let Some(f) = &a.group_secret_file {
+            cfg.ethernet.secret_file = Some(f.clone());
+        }
+        return Ok(cfg);
     }
     let mut cfg = Config::embedded_default(&a.data_dir);
     if !a.listen.is_empty() {
@@ -231,6 +274,25 @@ fn serve_config(a: &ServeArgs) -> anyhow::Result<Config> {
         cfg.aoe
             .links
             .push(ethersan_server::config::AoeLink::parse(l).map_err(anyhow::Error::msg)?);
+    }
+    for l in &a.eth {
+        cfg.ethernet.links.push(
+            ethersan_server::config::AoeLink::parse_option(l, "--eth")
+                .map_err(anyhow::Error::msg)?,
+        );
+    }
+    for u in &a.udp {
+        cfg.ethernet
+            .udp
+            .push(ethersan_server::config::UdpPortal::parse(u).map_err(anyhow::Error::msg)?);
+    }
+    cfg.ethernet.group = a.group.clone();
+    cfg.ethernet.secret_file = a.group_secret_file.clone();
+    if let Some(t) = a.ethertype {
+        cfg.ethernet.ethertype = t;
+    }
+    if cfg.ethernet.enabled() && cfg.ethernet.group.is_none() {
+        anyhow::bail!("--eth and --udp need --group NAME (and the group secret: --group-secret-file FILE or $ETHERSAN_GROUP_SECRET)");
     }
     for i in &a.allow_initiator {
         ethersan_server::config::validate_name(i)
@@ -445,6 +507,21 @@ fn check(cfg: &Config) -> anyhow::Result<()> {
             }
         }
     }
+    if cfg.ethernet.enabled() {
+        let keys = ethersan_server::native::group_keys(&cfg.ethernet)?;
+        for l in &cfg.ethernet.links {
+            out.push_str(&format!(
+                "  native transport on {l} (group {})\n",
+                keys.group()
+            ));
+        }
+        for u in &cfg.ethernet.udp {
+            out.push_str(&format!(
+                "  native transport on {u} (group {})\n",
+                keys.group()
+            ));
+        }
+    }
     say(format_args!("ethersan: configuration is good\n{out}"));
     Ok(())
 }
@@ -502,6 +579,23 @@ async fn serve(cfg: Config, json_logs: bool, config_file: Option<PathBuf>) -> an
         let exports = ethersan_server::aoe::exports(&cfg, server.registry())?;
         ethersan_server::aoe::start(&cfg, &exports)?
     };
+    // The native transport: the same targets over group-authenticated
+    // channels on raw Ethernet and UDP.
+    let _native =
+        ethersan_server::native::start(&cfg, server.stream_server(), server.registry().clone())
+            .await?;
+    for l in &cfg.ethernet.links {
+        say(format_args!(
+            "ethersan: native transport on {l} (group {})",
+            cfg.ethernet.group.as_deref().unwrap_or("")
+        ));
+    }
+    for u in &cfg.ethernet.udp {
+        say(format_args!(
+            "ethersan: native transport on {u} (group {})",
+            cfg.ethernet.group.as_deref().unwrap_or("")
+        ));
+    }
     let addrs = server.local_addrs();
     if json_logs {
         // Log collectors get events, not a banner.
@@ -605,7 +699,9 @@ fn main() -> ExitCode {
     }
     let logs = tracing_subscriber::fmt()
         .with_env_filter(
-            EnvFilter::try_from_env("ETHERSAN_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
+            EnvFilter::try_from_env("ETHERSAN_LOG")
+                // fuser (attach's FUSE library) says "Mounting …" at info.
+                .unwrap_or_else(|_| EnvFilter::new("info,fuser=warn")),
         )
         .with_writer(|| QuietStderr);
     match cli.log_format {
@@ -678,10 +774,39 @@ fn main() -> ExitCode {
                 .await
             }
             Command::Discover {
+                eth: Some(iface),
+                connect,
+                json,
+                ..
+            } => {
+                native_client::cmd_discover(
+                    &format!("eth://{iface}/"),
+                    &connect,
+                    timeout_given,
+                    json,
+                )
+                .await
+            }
+            Command::Discover {
+                udp: Some(addr),
+                connect,
+                json,
+                ..
+            } => {
+                native_client::cmd_discover(
+                    &format!("udp://{addr}/"),
+                    &connect,
+                    timeout_given,
+                    json,
+                )
+                .await
+            }
+            Command::Discover {
                 portal,
                 aoe,
                 connect,
                 json,
+                ..
             } => match (aoe, portal) {
                 (Some(link), _) => {
                     aoe_client::cmd_discover(&link, &connect, timeout_given, json).await
@@ -701,6 +826,7 @@ fn main() -> ExitCode {
             }
             Command::Cp(a) => cp::cmd_cp(a).await,
             Command::Bench(a) => bench::cmd_bench(a).await,
+            Command::Attach(a) => attach::cmd_attach(a).await,
             Command::Completions { .. } | Command::Man { .. } => {
                 unreachable!("handled before the runtime")
             }

@@ -489,106 +489,12 @@ fn aoe_configuration_mistakes_are_named() {
     );
 }
 
-/// Two namespaces joined by a veth pair, deleted (with the pair) on drop.
-struct Veth {
-    ns: [String; 2],
-    ifname: [String; 2],
-}
-
-fn ip(args: &[&str]) {
-    let out = std::process::Command::new("ip")
-        .args(args)
-        .output()
-        .expect("iproute2's ip (scripts/test installs it)");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-impl Veth {
-    fn new(tag: &str, mtu: usize) -> Veth {
-        let pid = std::process::id();
-        let v = Veth {
-            ns: [format!("eat-{pid}-{tag}-t"), format!("eat-{pid}-{tag}-c")],
-            ifname: [
-                format!("at{}{tag}", pid % 10_000),
-                format!("ac{}{tag}", pid % 10_000),
-            ],
-        };
-        for ns in &v.ns {
-            ip(&["netns", "add", ns]);
-        }
-        let mtu = mtu.to_string();
-        #[rustfmt::skip]
-        ip(&["link", "add", &v.ifname[0], "netns", &v.ns[0], "mtu", &mtu, "type", "veth",
-             "peer", "name", &v.ifname[1], "netns", &v.ns[1], "mtu", &mtu]);
-        for i in 0..2 {
-            ip(&["-n", &v.ns[i], "link", "set", "lo", "up"]);
-            ip(&["-n", &v.ns[i], "link", "set", &v.ifname[i], "up"]);
-        }
-        v
-    }
-
-    /// The client's packet link, opened inside its namespace by a thread
-    /// that enters it (the socket stays there).
-    fn client_link(&self) -> ethersan_link::packet::PacketLink {
-        use std::os::fd::AsRawFd;
-        let handle = tokio::runtime::Handle::current();
-        let path = format!("/run/netns/{}", self.ns[1]);
-        let cfg = ethersan_link::packet::PacketConfig {
-            ring: ethersan_link::packet::RingVersion::V2,
-            ..ethersan_link::packet::PacketConfig::new(
-                &self.ifname[1],
-                ethersan_link::ETHERTYPE_AOE,
-            )
-        };
-        std::thread::scope(|s| {
-            s.spawn(move || {
-                let f = std::fs::File::open(&path).unwrap();
-                // SAFETY: setns on this short-lived thread only, with a
-                // namespace fd we hold open.
-                let rc = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-                assert_eq!(rc, 0, "setns {path}");
-                let _rt = handle.enter();
-                ethersan_link::packet::PacketLink::open(cfg).unwrap()
-            })
-            .join()
-            .unwrap()
-        })
-    }
-
-    /// `ethersan serve ARGS` inside the target's namespace, once it listens.
-    fn serve(&self, args: &[String]) -> Server {
-        let mut all = vec![
-            "netns".to_string(),
-            "exec".into(),
-            self.ns[0].clone(),
-            env!("CARGO_BIN_EXE_ethersan").into(),
-        ];
-        all.extend(args.iter().cloned());
-        Server::start_program("ip", &all)
-    }
-}
-
-impl Drop for Veth {
-    fn drop(&mut self) {
-        for ns in &self.ns {
-            let _ = std::process::Command::new("ip")
-                .args(["netns", "del", ns])
-                .status();
-        }
-    }
-}
-
 /// The AF_PACKET path, on a real (virtual) Ethernet link between two
 /// namespaces: discovery, sectors per frame from the MTU (2 at 1500, 17 at
 /// 9000, jumbo frames), 1 MiB written and read back.
 async fn over_veth(tag: &str, mtu: usize, per_frame: u8) {
     let dir = tempfile::tempdir().unwrap();
-    let veth = Veth::new(tag, mtu);
+    let veth = netns::Veth::new(tag, mtu);
     let img = dir.path().join("disk.img");
     let args: Vec<String> = [
         "serve",
@@ -605,7 +511,7 @@ async fn over_veth(tag: &str, mtu: usize, per_frame: u8) {
     .map(|s| s.to_string())
     .collect();
     let _server = veth.serve(&args);
-    let wire = Wire::packet(veth.client_link());
+    let wire = Wire::packet(veth.client_link(ethersan_link::ETHERTYPE_AOE));
     let found = wire.discover().await;
     assert_eq!(found.len(), 1, "{found:?}");
     assert_eq!(found[0].max_sectors, per_frame, "{found:?}");
@@ -623,11 +529,7 @@ async fn over_veth(tag: &str, mtu: usize, per_frame: u8) {
     let back = dir.path().join("back.img");
     std::fs::write(&src, pattern(3 << 20, 78)).unwrap();
     let url = format!("aoe://{}/0.0", veth.ifname[1]);
-    let in_client = |args: &[&str]| {
-        let mut all = vec!["netns", "exec", &veth.ns[1], env!("CARGO_BIN_EXE_ethersan")];
-        all.extend_from_slice(args);
-        run("ip", &all, Duration::from_secs(60))
-    };
+    let in_client = |args: &[&str]| veth.in_client(args, Duration::from_secs(60));
     let o = in_client(&["cp", "--verify", &path_str(&src), &url]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let o = in_client(&["cp", &url, &path_str(&back), "--length", "3M"]);

@@ -3,6 +3,8 @@
 //! CUnit output.
 #![allow(dead_code)]
 
+pub mod netns;
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};

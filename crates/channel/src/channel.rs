@@ -751,7 +751,7 @@ impl Channel {
             };
             f.state = FragState::Lost;
             self.pipe -= 1;
-            self.rtx.push_back(seq);
+            self.push_lost(seq);
             self.stats.fast_retransmits += 1;
             if tx >= self.recovery_tx {
                 self.ssthresh = (self.cwnd / 2).max(MIN_CWND);
@@ -917,7 +917,8 @@ impl Channel {
         }
     }
 
-    /// The retransmission timer expired: every frame in flight is lost.
+    /// The retransmission timer expired: the oldest frame in flight goes
+    /// again (after a second timeout without progress, every frame).
     fn on_rto(&mut self) {
         self.rto_at = None;
         if self.pipe == 0 {
@@ -937,12 +938,15 @@ impl Channel {
         // retransmission is acknowledged, the loss thresholds declare lost
         // whatever older transmissions are still unacknowledged, and a
         // spurious timeout costs one frame instead of a window. A second
-        // timeout without progress declares every frame in flight lost.
+        // timeout without progress sends everything not acknowledged
+        // again, lowest sequence number first: the receiver delivers
+        // nothing until the first gap fills.
         self.rtos_without_progress = self.rtos_without_progress.saturating_add(1);
         if self.rtos_without_progress > 1 {
+            self.rtx.clear();
             let mut seq = self.snd_una;
             for f in self.sent.iter_mut() {
-                if f.state == FragState::InFlight {
+                if matches!(f.state, FragState::InFlight | FragState::Lost) {
                     f.state = FragState::Lost;
                     self.rtx.push_back(seq);
                 }
@@ -957,9 +961,9 @@ impl Channel {
         {
             self.sent[i].state = FragState::Lost;
             self.pipe -= 1;
-            self.rtx.push_front(self.snd_una.wrapping_add(i as u32));
-            self.rtx_budget = 1;
+            self.push_lost(self.snd_una.wrapping_add(i as u32));
         }
+        self.rtx_budget = 1;
     }
 
     /// Writes the next frame to send into `out` (cleared first); false when
@@ -1010,6 +1014,20 @@ impl Channel {
             return true;
         }
         false
+    }
+
+    /// Queues `seq` for retransmission, keeping the queue in sequence
+    /// order (lowest first: the receiver's first gap is what holds it up).
+    fn push_lost(&mut self, seq: u32) {
+        while self.rtx.front().is_some_and(|s| seq_lt(*s, self.snd_una)) {
+            self.rtx.pop_front();
+        }
+        let una = self.snd_una;
+        let off = seq.wrapping_sub(una);
+        let at = self.rtx.partition_point(|s| s.wrapping_sub(una) < off);
+        if self.rtx.get(at) != Some(&seq) {
+            self.rtx.insert(at, seq);
+        }
     }
 
     fn retransmit(&mut self, now: Instant, out: &mut Vec<u8>) -> bool {

@@ -47,6 +47,9 @@ pub struct Command {
     pub nexus: Nexus,
     /// The initiator's name (LUN masking, read-only LUNs).
     pub initiator: Arc<str>,
+    /// The security level of the native transport channel it came over
+    /// (`None`: another transport); see [`ethersan_scsi::Requester`].
+    pub channel_level: Option<u8>,
     /// The LUN, decoded to a flat number.
     pub lun: u64,
     /// The CDB.
@@ -191,6 +194,7 @@ impl Executor {
             fired: AtomicBool::new(false),
         });
         let initiator = cmd.initiator;
+        let channel_level = cmd.channel_level;
         let scsi = ScsiCommand {
             nexus: cmd.nexus,
             lun: cmd.lun,
@@ -202,12 +206,12 @@ impl Executor {
             // Everything, the submission too, on the blocking pool.
             let target = target.clone();
             pool.spawn(Box::new(move || {
-                let s = submit(&target, scsi, &initiator, &fin);
+                let s = submit(&target, scsi, &initiator, channel_level, &fin);
                 fin.settle_here(s)
             }));
             return None;
         }
-        match submit(target, scsi, &initiator, &fin) {
+        match submit(target, scsi, &initiator, channel_level, &fin) {
             Submitted::Done(r) => fin.outcome(r),
             Submitted::Pending => None,
             Submitted::Blocking(job) => {
@@ -224,14 +228,18 @@ fn submit(
     target: &ScsiTarget,
     scsi: ScsiCommand,
     initiator: &str,
+    channel_level: Option<u8>,
     fin: &Arc<FinisherState>,
 ) -> Submitted {
     let completion = fin.clone();
     guarded(
         || {
-            target.submit(
+            target.submit_from(
                 scsi,
-                Some(initiator),
+                ethersan_scsi::Requester {
+                    initiator: Some(initiator),
+                    channel_level,
+                },
                 Box::new(move |r| completion.finish(r)),
             )
         },

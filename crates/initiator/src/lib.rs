@@ -6,6 +6,7 @@
 //! client commands and the in-memory tests are built on it.
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod native;
 mod session;
 pub mod url;
 
@@ -50,6 +51,10 @@ pub enum Error {
     /// A bad URL.
     #[error("bad iSCSI URL: {0}")]
     Url(String),
+    /// The native transport could not reach the target (no member of the
+    /// group answered, the handshake failed, the link did not open).
+    #[error("{0}")]
+    Native(String),
     /// The target did not answer in time. The session it happened on is
     /// closed: every other command on it fails with the same error.
     #[error("{phase} timed out: no answer from the target within {}", secs(*.after))]
@@ -77,6 +82,8 @@ pub enum Phase {
     Text,
     /// The logout exchange.
     Logout,
+    /// A task management function.
+    TaskManagement,
 }
 
 impl std::fmt::Display for Phase {
@@ -90,6 +97,7 @@ impl std::fmt::Display for Phase {
             },
             Phase::Text => f.write_str("SendTargets/Text request"),
             Phase::Logout => f.write_str("logout"),
+            Phase::TaskManagement => f.write_str("task management request"),
         }
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use ethersan_proto::pdu::{
     self, lun_to_wire, Bhs, DataOut, LogoutRequest, NopOut, Pdu, RawPdu, ScsiCommand, TaskAttr,
-    TextRequest, BHS_LEN, RESERVED_TAG,
+    TaskMgmtRequest, TextRequest, TmfFunction, BHS_LEN, RESERVED_TAG,
 };
 use ethersan_proto::seq::sn_le;
 use ethersan_proto::text::{encode_text, parse_text};
@@ -66,6 +66,11 @@ enum Request {
     Logout {
         reply: oneshot::Sender<Result<(), Error>>,
     },
+    Tmf {
+        function: TmfFunction,
+        lun: u64,
+        reply: oneshot::Sender<Result<u8, Error>>,
+    },
 }
 
 /// A request waiting for the target's answer.
@@ -83,6 +88,9 @@ enum Pending {
     },
     Logout {
         reply: oneshot::Sender<Result<(), Error>>,
+    },
+    Tmf {
+        reply: oneshot::Sender<Result<u8, Error>>,
     },
 }
 
@@ -258,6 +266,24 @@ impl Session {
             .await
     }
 
+    /// Send a task management function (not ABORT TASK, which needs a
+    /// task tag this API does not hand out) for `lun` and return the
+    /// target's response code (0: function complete; see
+    /// `ethersan_proto::pdu::tmf_response`).
+    pub async fn task_management(&self, function: TmfFunction, lun: u64) -> Result<u8, Error> {
+        let (reply, rx) = oneshot::channel();
+        self.ask(
+            Phase::TaskManagement,
+            Request::Tmf {
+                function,
+                lun,
+                reply,
+            },
+            rx,
+        )
+        .await
+    }
+
     /// Log out (close the session) and wait for the target's answer.
     pub async fn logout(&self) -> Result<(), Error> {
         let (reply, rx) = oneshot::channel();
@@ -312,6 +338,7 @@ impl<W: AsyncWrite + Unpin> Driver<W> {
                 Request::Scsi { reply, .. } => drop(reply.send(Err(err.clone()))),
                 Request::Text { reply, .. } => drop(reply.send(Err(err.clone()))),
                 Request::Logout { reply } => drop(reply.send(Err(err.clone()))),
+                Request::Tmf { reply, .. } => drop(reply.send(Err(err.clone()))),
             }
         }
     }
@@ -457,6 +484,28 @@ impl<W: AsyncWrite + Unpin> Driver<W> {
                         lun: 0,
                     },
                 );
+            }
+            Request::Tmf {
+                function,
+                lun,
+                reply,
+            } => {
+                let t = TaskMgmtRequest {
+                    immediate: true,
+                    function,
+                    lun: lun_to_wire(lun),
+                    itt,
+                    referenced_task_tag: RESERVED_TAG,
+                    cmd_sn,
+                    exp_stat_sn: self.exp_stat_sn,
+                    ref_cmd_sn: cmd_sn,
+                    exp_data_sn: 0,
+                };
+                // Immediate: does not consume a CmdSN.
+                self.cmd_sn = cmd_sn;
+                let bhs = Pdu::TaskMgmtRequest(t).encode(0);
+                write_frame(&mut self.wr, &bhs, &[], &[], &self.params).await?;
+                self.pending.insert(itt, Pending::Tmf { reply });
             }
             Request::Logout { reply } => {
                 let l = LogoutRequest {
@@ -689,7 +738,11 @@ impl<W: AsyncWrite + Unpin> Driver<W> {
                 }
             }
             Pdu::TaskMgmtResponse(t) => {
+                self.update_window(t.exp_cmd_sn, t.max_cmd_sn);
                 self.status_seen(t.stat_sn);
+                if let Some(Pending::Tmf { reply }) = self.pending.remove(&t.itt) {
+                    let _ = reply.send(Ok(t.response));
+                }
             }
             other => {
                 return Err(Error::Protocol(format!(
@@ -706,6 +759,7 @@ fn fail(p: Pending, err: Error) {
         Pending::Scsi { reply, .. } => drop(reply.send(Err(err))),
         Pending::Text { reply, .. } => drop(reply.send(Err(err))),
         Pending::Logout { reply } => drop(reply.send(Err(err))),
+        Pending::Tmf { reply } => drop(reply.send(Err(err))),
     }
 }
 

@@ -1,5 +1,11 @@
 //! iSCSI URLs as libiscsi writes them:
-//! `iscsi://[user[%secret]@]host[:port]/target-iqn/lun[?target_user=U&target_password=P]`.
+//! `iscsi://[user[%secret]@]host[:port]/target-iqn/lun[?target_user=U&target_password=P]`,
+//! and the same session over ethersan's native transport:
+//! `eth://IFACE/target-iqn/lun` (raw Ethernet; the target is found by
+//! group discovery) and `udp://host[:port]/target-iqn/lun` (port 3262 by
+//! default), both with the query keys `security=none|integrity|encrypt`,
+//! `mtu=N`, and for `eth://` also `ethertype=0xXXXX` and `mac=MAC` (skip
+//! discovery).
 //!
 //! Secrets never appear in an error: a URL is quoted with its secrets
 //! replaced by `***`.
@@ -27,15 +33,51 @@ pub struct IscsiUrl {
     pub lun: u64,
     /// Whether the URL ends in a LUN number.
     pub has_lun: bool,
+    /// What carries the session.
+    pub transport: Transport,
+}
+
+/// What carries an iSCSI session.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Transport {
+    /// TCP (`iscsi://`).
+    #[default]
+    Tcp,
+    /// ethersan's native transport on raw Ethernet (`eth://IFACE/…`); the
+    /// URL's host is the interface.
+    Eth(NativeParams),
+    /// ethersan's native transport over UDP (`udp://host:port/…`).
+    Udp(NativeParams),
+}
+
+/// The native transport's URL parameters.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NativeParams {
+    /// `security=`: the channel's level (the client's default: encrypt).
+    pub security: Option<String>,
+    /// `mtu=`: the path MTU (UDP) or frame payload limit (Ethernet).
+    pub mtu: Option<usize>,
+    /// `ethertype=` (Ethernet).
+    pub ethertype: Option<u16>,
+    /// `mac=`: the target's MAC (Ethernet), skipping discovery.
+    pub mac: Option<String>,
 }
 
 impl IscsiUrl {
     /// Parse a URL.
     pub fn parse(url: &str) -> Result<IscsiUrl, Error> {
         let s = &redact(url);
-        let rest = url
-            .strip_prefix("iscsi://")
-            .ok_or_else(|| Error::Url(format!("{s}: must start with iscsi://")))?;
+        let (rest, mut transport, default_port) = if let Some(r) = url.strip_prefix("iscsi://") {
+            (r, Transport::Tcp, 3260)
+        } else if let Some(r) = url.strip_prefix("eth://") {
+            (r, Transport::Eth(NativeParams::default()), 0)
+        } else if let Some(r) = url.strip_prefix("udp://") {
+            (r, Transport::Udp(NativeParams::default()), 3262)
+        } else {
+            return Err(Error::Url(format!(
+                "{s}: must start with iscsi://, eth:// or udp://"
+            )));
+        };
         let (auth, rest) = match auth_end(rest) {
             Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
             None => (None, rest),
@@ -59,7 +101,7 @@ impl IscsiUrl {
                 Some(p) => p
                     .parse()
                     .map_err(|_| Error::Url(format!("{s}: bad port {p:?}")))?,
-                None => 3260,
+                None => default_port,
             };
             (h.to_string(), port)
         } else {
@@ -69,7 +111,7 @@ impl IscsiUrl {
                     p.parse()
                         .map_err(|_| Error::Url(format!("{s}: bad port {p:?}")))?,
                 ),
-                None => (hostport.to_string(), 3260),
+                None => (hostport.to_string(), default_port),
             }
         };
         if host.is_empty() {
@@ -81,15 +123,51 @@ impl IscsiUrl {
         };
         let (mut target_user, mut target_secret) = (None, None);
         for pair in query.into_iter().flat_map(|q| q.split('&')) {
-            match pair.split_once('=') {
-                Some(("target_user", v)) => target_user = Some(v.to_string()),
-                Some(("target_password", v)) => target_secret = Some(v.to_string()),
+            let native = match &mut transport {
+                Transport::Eth(p) | Transport::Udp(p) => Some(p),
+                Transport::Tcp => None,
+            };
+            match (pair.split_once('='), native) {
+                (Some(("target_user", v)), _) => target_user = Some(v.to_string()),
+                (Some(("target_password", v)), _) => target_secret = Some(v.to_string()),
+                (Some(("security", v)), Some(p)) => p.security = Some(v.to_string()),
+                (Some(("mtu", v)), Some(p)) => {
+                    p.mtu = Some(
+                        v.parse()
+                            .ok()
+                            .filter(|m| (576..=65_535).contains(m))
+                            .ok_or_else(|| {
+                                Error::Url(format!(
+                                    "{s}: mtu={v:?}: give a number from 576 to 65535"
+                                ))
+                            })?,
+                    )
+                }
+                (Some(("ethertype", v)), Some(p)) => {
+                    let h = v.trim_start_matches("0x").trim_start_matches("0X");
+                    p.ethertype = Some(
+                        u16::from_str_radix(h, 16)
+                            .ok()
+                            .filter(|t| *t >= 0x0600)
+                            .ok_or_else(|| {
+                                Error::Url(format!(
+                                    "{s}: ethertype={v:?}: give a hex EtherType such as 0x88B5"
+                                ))
+                            })?,
+                    )
+                }
+                (Some(("mac", v)), Some(p)) => p.mac = Some(v.to_string()),
                 // Not echoed: after a target_password with '&' in it, the
                 // "parameter" is part of the secret.
-                _ => {
+                (_, native) => {
+                    let known = if native.is_some() {
+                        "target_user, target_password, security, mtu, ethertype, mac"
+                    } else {
+                        "target_user, target_password"
+                    };
                     return Err(Error::Url(format!(
-                        "{s}: unknown parameter in the query (known: target_user, target_password)"
-                    )))
+                        "{s}: unknown parameter in the query (known: {known})"
+                    )));
                 }
             }
         }
@@ -113,6 +191,7 @@ impl IscsiUrl {
             target,
             lun,
             has_lun,
+            transport,
         })
     }
 
@@ -130,10 +209,13 @@ impl IscsiUrl {
 /// replaced by `***`, fit to print.
 pub fn redact(url: &str) -> String {
     let mut out = url.to_string();
-    if let Some(rest) = url.strip_prefix("iscsi://") {
+    let scheme = ["iscsi://", "eth://", "udp://"]
+        .into_iter()
+        .find(|p| url.starts_with(p));
+    if let Some((scheme, rest)) = scheme.and_then(|p| Some((p, url.strip_prefix(p)?))) {
         if let Some(at) = auth_end(rest) {
             if let Some(pct) = rest[..at].find('%') {
-                let start = "iscsi://".len() + pct + 1;
+                let start = scheme.len() + pct + 1;
                 out.replace_range(start..start + (at - pct - 1), "***");
             }
         }

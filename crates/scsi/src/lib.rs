@@ -258,4 +258,4 @@ impl Default for LuConfig {
 }
 
 pub use disk::LogicalUnit;
-pub use target::{LunMap, LunMapError, LunPolicy, LunSlot, ScsiTarget, MAX_LUN};
+pub use target::{LunMap, LunMapError, LunPolicy, LunSlot, Requester, ScsiTarget, MAX_LUN};

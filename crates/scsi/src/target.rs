@@ -25,13 +25,49 @@ pub struct LunPolicy {
     pub visible_to: Vec<String>,
     /// Initiator names for which the LUN is read-only.
     pub read_only_for: Vec<String>,
+    /// The least security a channel of ethersan's native transport must
+    /// have to address the LUN (0 none, 1 integrity, 2 encrypt; see
+    /// [`Requester::channel_level`]). Other transports are not affected.
+    pub min_channel_level: u8,
+}
+
+/// Who sends a command: the initiator's name and, when the command came
+/// over a channel of ethersan's native transport, that channel's security
+/// level (0 none, 1 integrity, 2 encrypt).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Requester<'a> {
+    /// The initiator's name (`None`: in-process use, every LUN visible and
+    /// writable).
+    pub initiator: Option<&'a str>,
+    /// The native transport channel's security level; `None` for other
+    /// transports.
+    pub channel_level: Option<u8>,
+}
+
+impl<'a> Requester<'a> {
+    /// A requester known by name only (iSCSI over TCP, AoE, tools).
+    pub fn named(initiator: Option<&'a str>) -> Requester<'a> {
+        Requester {
+            initiator,
+            channel_level: None,
+        }
+    }
 }
 
 impl LunPolicy {
     /// What `initiator` may do (`None`: no initiator name known; every
     /// LUN visible and writable, for in-process use).
-    pub fn access(&self, initiator: Option<&str>) -> LunAccess {
-        let Some(name) = initiator else {
+    pub fn access(&self, who: Requester<'_>) -> LunAccess {
+        if who
+            .channel_level
+            .is_some_and(|level| level < self.min_channel_level)
+        {
+            return LunAccess {
+                visible: false,
+                read_only: false,
+            };
+        }
+        let Some(name) = who.initiator else {
             return LunAccess {
                 visible: true,
                 read_only: false,
@@ -134,10 +170,16 @@ impl ScsiTarget {
     /// Whether `initiator` may address LUN `lun` (it exists and is visible
     /// to it).
     pub fn visible(&self, lun: u64, initiator: Option<&str>) -> bool {
+        self.visible_to(lun, Requester::named(initiator))
+    }
+
+    /// Whether `who` may address LUN `lun` (it exists, is visible to its
+    /// initiator and its channel is secure enough).
+    pub fn visible_to(&self, lun: u64, who: Requester<'_>) -> bool {
         self.luns
             .load()
             .get(&lun)
-            .is_some_and(|s| s.policy.access(initiator).visible)
+            .is_some_and(|s| s.policy.access(who).visible)
     }
 
     fn lock_nexuses(&self) -> std::sync::MutexGuard<'_, HashMap<Nexus, Option<String>>> {
@@ -202,13 +244,10 @@ impl ScsiTarget {
     }
 
     /// What `initiator` may do with each LUN (for the whole command).
-    fn access_of<'a>(
-        map: &'a LunMap,
-        initiator: Option<&'a str>,
-    ) -> impl Fn(u64) -> LunAccess + 'a {
+    fn access_of<'a>(map: &'a LunMap, who: Requester<'a>) -> impl Fn(u64) -> LunAccess + 'a {
         move |l| {
             map.get(&l)
-                .map(|s| s.policy.access(initiator))
+                .map(|s| s.policy.access(who))
                 .unwrap_or(LunAccess {
                     visible: false,
                     read_only: false,
@@ -236,9 +275,21 @@ impl ScsiTarget {
         initiator: Option<&str>,
         done: ScsiCompletion,
     ) -> Submitted {
+        self.submit_from(cmd, Requester::named(initiator), done)
+    }
+
+    /// [`submit`](Self::submit) for a [`Requester`] that may carry a
+    /// native transport channel's security level: a LUN that needs more
+    /// answers as one that does not exist.
+    pub fn submit_from(
+        &self,
+        cmd: ScsiCommand,
+        who: Requester<'_>,
+        done: ScsiCompletion,
+    ) -> Submitted {
         // A guard, not a clone: no shared reference count is touched.
         let map = self.luns.load();
-        let access = &Self::access_of(&map, initiator);
+        let access = &Self::access_of(&map, who);
         let opcode = cmd.cdb.first().copied().unwrap_or(0xff);
         if opcode == 0xa0 {
             return Submitted::Done(self.report_luns(&cmd, &map, access));
@@ -630,6 +681,7 @@ mod tests {
             super::LunPolicy {
                 visible_to: vec!["alice".into()],
                 read_only_for: vec!["alice".into()],
+                ..Default::default()
             },
         )
         .unwrap();

@@ -754,6 +754,7 @@ fn a_masked_lun_is_invisible_and_out_of_reach_of_extended_copy() {
         ethersan_scsi::LunPolicy {
             visible_to: vec!["alice".into()],
             read_only_for: vec![],
+            ..Default::default()
         },
     )
     .unwrap();
@@ -823,6 +824,7 @@ fn a_lun_read_only_for_one_initiator() {
         ethersan_scsi::LunPolicy {
             visible_to: vec![],
             read_only_for: vec!["bob".into()],
+            ..Default::default()
         },
     )
     .unwrap();

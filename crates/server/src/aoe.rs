@@ -264,12 +264,18 @@ pub fn exports(cfg: &Config, registry: &Registry) -> Result<Vec<Export>, AoeErro
 /// Open one configured link (AF_PACKET with per-frame hand-off, or a
 /// unix datagram socket).
 pub fn open_link(link: &AoeLink) -> Result<Link, AoeError> {
+    open_link_for(link, ETHERTYPE_AOE)
+}
+
+/// [`open_link`] for frames of `ethertype` (the native transport's links
+/// are opened the same way).
+pub fn open_link_for(link: &AoeLink, ethertype: u16) -> Result<Link, AoeError> {
     let opened = match link {
         AoeLink::Interface(name) => PacketLink::open(PacketConfig {
             // Per-frame hand-off: a block-based V3 ring waits up to its
             // block timeout before a lone request is seen.
             ring: RingVersion::V2,
-            ..PacketConfig::new(name.clone(), ETHERTYPE_AOE)
+            ..PacketConfig::new(name.clone(), ethertype)
         })
         .map(Link::from),
         AoeLink::Unix {
@@ -282,6 +288,7 @@ pub fn open_link(link: &AoeLink) -> Result<Link, AoeError> {
             // the target survives a restart.
             mac: Some(mac.unwrap_or_else(|| mac_for(local))),
             mtu: *mtu,
+            ethertype,
             ..UnixDgramConfig::new(local.clone(), peer.clone())
         })
         .map(Link::from),

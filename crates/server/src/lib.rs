@@ -14,6 +14,7 @@ pub mod config;
 pub mod identity;
 pub mod limits;
 mod login;
+pub mod native;
 mod placement;
 pub mod registry;
 pub mod reload;
@@ -146,11 +147,22 @@ impl Server {
             rd,
             wr,
             peer.to_string(),
+            None,
             self.registry.clone(),
             self.options.clone(),
             self.settings.load_full(),
         )
         .await
+    }
+
+    /// A handle that serves byte streams as iSCSI connections while the
+    /// server runs (the native transport's channels).
+    pub fn stream_server(&self) -> StreamServer {
+        StreamServer {
+            registry: self.registry.clone(),
+            options: self.options.clone(),
+            settings: self.settings.clone(),
+        }
     }
 
     /// Serve until `shutdown` resolves, then stop accepting, end every
@@ -330,6 +342,7 @@ fn open_lun(
     let policy = LunPolicy {
         visible_to: t.access.luns.get(i).cloned().unwrap_or_default(),
         read_only_for: t.access.read_only.get(i).cloned().unwrap_or_default(),
+        min_channel_level: l.security.to_u8(),
     };
     Ok(LunSlot {
         lu: Arc::new(LogicalUnit::new(dev, cfg)),
@@ -402,15 +415,53 @@ async fn handle_connection(
 ) {
     let _ = sock.set_nodelay(true);
     let (rd, wr) = sock.into_split();
-    serve_stream(rd, wr, peer.to_string(), registry, options, settings).await;
+    serve_stream(rd, wr, peer.to_string(), None, registry, options, settings).await;
+}
+
+/// Serves byte streams as iSCSI connections of a running [`Server`]
+/// (from [`Server::stream_server`]).
+#[derive(Clone)]
+pub struct StreamServer {
+    registry: Arc<Registry>,
+    options: Options,
+    settings: Arc<ArcSwap<TargetSettings>>,
+}
+
+impl std::fmt::Debug for StreamServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StreamServer")
+    }
+}
+
+impl StreamServer {
+    /// Serve one connection until its session ends; `channel_level` is
+    /// the security level of the native transport channel it came over.
+    pub async fn serve<R, W>(&self, rd: R, wr: W, peer: &str, channel_level: Option<u8>)
+    where
+        R: tokio::io::AsyncRead + Unpin + Send + 'static,
+        W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        serve_stream(
+            rd,
+            wr,
+            peer.to_string(),
+            channel_level,
+            self.registry.clone(),
+            self.options.clone(),
+            self.settings.load_full(),
+        )
+        .await
+    }
 }
 
 /// Serve one connection over any byte stream: login, then the session
-/// until it ends.
+/// until it ends. `channel_level`: the security level of the native
+/// transport channel under the stream (`None`: TCP or a test pipe).
 async fn serve_stream<R, W>(
     rd: R,
     wr: W,
     peer: String,
+    channel_level: Option<u8>,
     registry: Arc<Registry>,
     options: Options,
     settings: Arc<TargetSettings>,
@@ -481,6 +532,7 @@ async fn serve_stream<R, W>(
         exp_cmd_sn: outcome.exp_cmd_sn,
         stat_sn: outcome.stat_sn,
         peer_ip,
+        channel_level,
         options: SessionOptions {
             queue_depth: options.queue_depth,
             inline_io: options.inline_io,

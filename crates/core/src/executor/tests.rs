@@ -56,6 +56,7 @@ fn cmd(cdb: &[u8], data: Vec<u8>, expected_len: u32) -> Command {
     Command {
         nexus: Nexus(1),
         initiator: Arc::from("iqn.2026-11.org.ethersan:i"),
+        channel_level: None,
         lun: 0,
         cdb: cdb.to_vec(),
         data,

@@ -333,6 +333,7 @@ mod tests {
             crate::LunPolicy {
                 visible_to: vec!["alice".into()],
                 read_only_for: vec![],
+                ..Default::default()
             },
         )
         .unwrap();
@@ -348,6 +349,7 @@ mod tests {
             crate::LunPolicy {
                 visible_to: vec![],
                 read_only_for: vec!["bob".into()],
+                ..Default::default()
             },
         )
         .unwrap();

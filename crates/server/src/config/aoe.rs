@@ -42,10 +42,15 @@ pub enum AoeLink {
 impl AoeLink {
     /// Parse `IFACE` or `unix:LOCAL,peer=PEER[,mac=MAC][,mtu=N]`.
     pub fn parse(spec: &str) -> Result<AoeLink, String> {
+        Self::parse_option(spec, "--aoe")
+    }
+
+    /// [`parse`](Self::parse), naming `option` in error messages.
+    pub fn parse_option(spec: &str, option: &str) -> Result<AoeLink, String> {
         let Some(rest) = spec.strip_prefix("unix:") else {
             if spec.is_empty() || spec.contains(['/', ',', ' ']) || spec.len() > 15 {
                 return Err(format!(
-                    "--aoe {spec:?}: give a network interface name (see `ip link`) or unix:LOCAL.sock,peer=PEER.sock"
+                    "{option} {spec:?}: give a network interface name (see `ip link`) or unix:LOCAL.sock,peer=PEER.sock"
                 ));
             }
             return Ok(AoeLink::Interface(spec.to_string()));
@@ -59,7 +64,7 @@ impl AoeLink {
                 Some(("mac", v)) => {
                     mac = Some(
                         v.parse::<MacAddr>()
-                            .map_err(|e| format!("--aoe {spec:?}: mac: {e}"))?,
+                            .map_err(|e| format!("{option} {spec:?}: mac: {e}"))?,
                     )
                 }
                 Some(("mtu", v)) => {
@@ -69,25 +74,27 @@ impl AoeLink {
                         .filter(|m| (1024..=ethersan_link::MAX_MTU).contains(m))
                         .ok_or_else(|| {
                             format!(
-                                "--aoe {spec:?}: mtu must be a number from 1024 to {}",
+                                "{option} {spec:?}: mtu must be a number from 1024 to {}",
                                 ethersan_link::MAX_MTU
                             )
                         })?
                 }
                 _ => {
                     return Err(format!(
-                        "--aoe {spec:?}: unknown option {p:?} (known: peer=PATH, mac=MAC, mtu=N)"
+                        "{option} {spec:?}: unknown option {p:?} (known: peer=PATH, mac=MAC, mtu=N)"
                     ))
                 }
             }
         }
         if local.as_os_str().is_empty() {
             return Err(format!(
-                "--aoe {spec:?}: unix: needs the socket path to bind, as unix:LOCAL.sock,peer=PEER.sock"
+                "{option} {spec:?}: unix: needs the socket path to bind, as unix:LOCAL.sock,peer=PEER.sock"
             ));
         }
         let peer = peer.ok_or_else(|| {
-            format!("--aoe {spec:?}: needs peer=PATH, the other end's socket (QEMU's local.path)")
+            format!(
+                "{option} {spec:?}: needs peer=PATH, the other end's socket (QEMU's local.path)"
+            )
         })?;
         Ok(AoeLink::Unix {
             local,

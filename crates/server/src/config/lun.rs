@@ -61,6 +61,10 @@ pub struct LunConfig {
     pub sanitize_rate: Option<u64>,
     /// Its AoE shelf.slot when the AoE target is on.
     pub aoe: super::AoeAddress,
+    /// The least security a channel of the native transport (`--eth`,
+    /// `--udp`) needs to address it (default: encrypt). iSCSI over TCP and
+    /// AoE are not affected.
+    pub security: ethersan_channel::Level,
 }
 
 /// The I/O engine of a file LUN that names none: the faster one in the
@@ -117,6 +121,7 @@ impl LunConfig {
             engine: DEFAULT_ENGINE,
             sanitize_rate: None,
             aoe: super::AoeAddress::Default,
+            security: ethersan_channel::Level::default(),
         };
         for opt in parts {
             match opt {
@@ -156,6 +161,11 @@ impl LunConfig {
                         .parse()
                         .map_err(|e| ConfigError::Invalid(format!("LUN spec {spec:?}: {e}")))?
                 }
+                o if o.starts_with("security=") => {
+                    lun.security = o["security=".len()..]
+                        .parse()
+                        .map_err(|e| ConfigError::Invalid(format!("LUN spec {spec:?}: {e}")))?
+                }
                 o if o.starts_with("naa=") => {
                     lun.naa = Some(parse_naa(&o[4..]).map_err(|e| {
                         ConfigError::Invalid(format!("LUN spec {spec:?}: {e}"))
@@ -163,7 +173,7 @@ impl LunConfig {
                 }
                 o => {
                     return Err(ConfigError::Invalid(format!(
-                        "LUN spec {spec:?}: unknown option {o:?} (known: ro, removable, bs=512|4096, pbs=512|4096, serial=S, naa=HEX, wce=0, full, direct, engine=sync|uring, sanitize_rate=SIZE, aoe=SHELF.SLOT|off)"
+                        "LUN spec {spec:?}: unknown option {o:?} (known: ro, removable, bs=512|4096, pbs=512|4096, serial=S, naa=HEX, wce=0, full, direct, engine=sync|uring, sanitize_rate=SIZE, aoe=SHELF.SLOT|off, security=none|integrity|encrypt)"
                     )))
                 }
             }

@@ -7,6 +7,7 @@
 
 mod access;
 mod aoe;
+mod ethernet;
 mod lun;
 mod options;
 mod toml_form;
@@ -20,6 +21,7 @@ use std::path::{Path, PathBuf};
 
 pub use access::{parse_network, Access};
 pub use aoe::{parse_macs, AoeAddress, AoeConfig, AoeLink};
+pub use ethernet::{parse_ethertype, EthernetConfig, UdpPortal};
 pub use lun::{Backing, LunConfig, DEFAULT_ENGINE};
 pub use options::{
     Options, Placement, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS, DEFAULT_MAX_KEY_TEXT_BYTES,
@@ -72,6 +74,8 @@ pub struct Config {
     pub discovery_chap: Option<ChapConfig>,
     /// `[aoe]`: the AoE target's links and access list.
     pub aoe: AoeConfig,
+    /// `[ethernet]`: the native transport's links, UDP portals and group.
+    pub ethernet: EthernetConfig,
 }
 
 /// CHAP settings (`[chap]`, or `serve --chap` / `--mutual-chap`).
@@ -134,12 +138,14 @@ impl Config {
                     engine: DEFAULT_ENGINE,
                     sanitize_rate: None,
                     aoe: AoeAddress::Default,
+                    security: ethersan_channel::Level::default(),
                 }],
             }],
             options,
             chap: None,
             discovery_chap: None,
             aoe: AoeConfig::default(),
+            ethernet: EthernetConfig::default(),
         }
     }
 }

@@ -25,6 +25,30 @@ struct RawConfig {
     chap: Option<Spanned<RawChap>>,
     discovery: Option<RawDiscovery>,
     aoe: Option<Spanned<RawAoe>>,
+    ethernet: Option<Spanned<RawEthernet>>,
+}
+
+/// `[ethernet]`: the native transport.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEthernet {
+    /// Network interfaces (AF_PACKET).
+    #[serde(default)]
+    interfaces: Vec<String>,
+    /// Unix datagram links, as `unix:LOCAL,peer=PEER[,mac=..][,mtu=..]`.
+    #[serde(default)]
+    unix: Vec<String>,
+    /// UDP portals, as `ADDR:PORT[,mtu=N]`.
+    #[serde(default)]
+    udp: Vec<String>,
+    /// The group name.
+    group: Option<String>,
+    /// A file holding the group secret.
+    secret_file: Option<PathBuf>,
+    /// The group secret inline.
+    secret: Option<String>,
+    /// The EtherType, e.g. "0x88B5".
+    ethertype: Option<String>,
 }
 
 /// `[aoe]`: the AoE target.
@@ -242,6 +266,9 @@ struct RawLunTable {
     read_only_initiators: Vec<String>,
     /// AoE address: "SHELF.SLOT" or "off".
     aoe: Option<String>,
+    /// Least native transport channel security: "none", "integrity",
+    /// "encrypt".
+    security: Option<String>,
 }
 
 fn raw_size(s: &RawSize) -> Result<u64, ConfigError> {
@@ -471,6 +498,12 @@ impl Config {
                                 None => super::AoeAddress::Default,
                                 Some(a) => a.parse().map_err(|m| at(Some(span.clone()), m))?,
                             },
+                            security: match tb.security.as_deref() {
+                                None => ethersan_channel::Level::default(),
+                                Some(l) => l.parse().map_err(|m| {
+                                    at(Some(span.clone()), format!("security = {m}"))
+                                })?,
+                            },
                             physical_block_size: tb.physical_block_size.unwrap_or(4096),
                             direct: tb.direct,
                             sanitize_rate: tb
@@ -609,6 +642,51 @@ impl Config {
                 }
             }
         };
+        let ethernet = match raw.ethernet {
+            None => super::EthernetConfig::default(),
+            Some(e) => {
+                let span = e.span();
+                let e = e.into_inner();
+                let mut links: Vec<super::AoeLink> = e
+                    .interfaces
+                    .into_iter()
+                    .map(super::AoeLink::Interface)
+                    .collect();
+                for u in &e.unix {
+                    let spec = if u.starts_with("unix:") {
+                        u.clone()
+                    } else {
+                        format!("unix:{u}")
+                    };
+                    let mut link = super::AoeLink::parse_option(&spec, "unix")
+                        .map_err(|m| at(Some(span.clone()), format!("[ethernet] {m}")))?;
+                    if let super::AoeLink::Unix { local, peer, .. } = &mut link {
+                        *local = base.join(&*local);
+                        *peer = base.join(&*peer);
+                    }
+                    links.push(link);
+                }
+                let udp = e
+                    .udp
+                    .iter()
+                    .map(|u| super::UdpPortal::parse(u))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|m| at(Some(span.clone()), format!("[ethernet] udp: {m}")))?;
+                let ethertype = match e.ethertype.as_deref() {
+                    None => ethersan_channel::ETHERTYPE_NATIVE,
+                    Some(t) => super::parse_ethertype(t)
+                        .map_err(|m| at(Some(span.clone()), format!("[ethernet] {m}")))?,
+                };
+                super::EthernetConfig {
+                    links,
+                    udp,
+                    group: e.group,
+                    secret_file: e.secret_file.map(|f| base.join(f)),
+                    secret: e.secret,
+                    ethertype,
+                }
+            }
+        };
         Ok(Config {
             portals,
             targets,
@@ -616,6 +694,7 @@ impl Config {
             chap,
             discovery_chap,
             aoe,
+            ethernet,
         })
     }
 }

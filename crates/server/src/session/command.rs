@@ -286,6 +286,7 @@ impl Session {
         let cmd = Command {
             nexus: self.setup.nexus,
             initiator: self.initiator.clone(),
+            channel_level: self.setup.channel_level,
             lun,
             cdb: std::mem::take(&mut task.cdb),
             data: std::mem::take(&mut task.data),

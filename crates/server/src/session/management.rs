@@ -18,9 +18,15 @@ impl Session {
         let lun = lun_from_wire(t.lun);
         let target = self.setup.target.clone();
         let initiator = self.setup.params.initiator_name.as_str();
-        let lun_exists = target
-            .as_ref()
-            .is_some_and(|tg| tg.scsi.visible(lun, Some(initiator)));
+        let lun_exists = target.as_ref().is_some_and(|tg| {
+            tg.scsi.visible_to(
+                lun,
+                ethersan_scsi::Requester {
+                    initiator: Some(initiator),
+                    channel_level: self.setup.channel_level,
+                },
+            )
+        });
         let tmf = match t.function {
             TmfFunction::AbortTask => Tmf::AbortTask {
                 lun,

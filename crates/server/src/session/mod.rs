@@ -77,6 +77,8 @@ pub(crate) struct SessionSetup {
     pub(crate) options: SessionOptions,
     /// The initiator's address (for access lists).
     pub(crate) peer_ip: Option<std::net::IpAddr>,
+    /// The native transport channel's security level (`None`: TCP).
+    pub(crate) channel_level: Option<u8>,
 }
 
 /// Events the session loop reacts to.

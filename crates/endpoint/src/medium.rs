@@ -1,0 +1,232 @@
+//! What an endpoint sends its frames over: raw Ethernet (any
+//! [`ethersan_link::Link`]: an interface, QEMU's datagram socket, the
+//! in-memory hub) or a UDP socket.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use ethersan_link::{EthernetHeader, Link, MacAddr, HEADER_LEN};
+use tokio::net::UdpSocket;
+
+/// Most datagrams one UDP receive round takes before yielding.
+const UDP_BATCH: usize = 64;
+
+/// IPv4 and UDP headers: what a UDP datagram costs of the link's MTU.
+const UDP_V4_OVERHEAD: usize = 28;
+/// IPv6 and UDP headers.
+const UDP_V6_OVERHEAD: usize = 48;
+
+/// Socket buffer size asked for UDP media (each direction).
+const UDP_BUFFER: libc::c_int = 8 << 20;
+
+/// Sets the socket's receive and send buffers to `bytes`, past the
+/// system's limit where allowed (root: SO_RCVBUFFORCE); failures leave
+/// the defaults.
+fn grow_buffers(socket: &UdpSocket, bytes: libc::c_int) {
+    use std::os::fd::AsRawFd;
+    let fd = socket.as_raw_fd();
+    for (force, plain) in [
+        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+    ] {
+        for opt in [force, plain] {
+            // SAFETY: setsockopt on a socket fd we own, with a pointer to a
+            // c_int that lives across the call and its exact size.
+            let rc = unsafe {
+                libc::setsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    opt,
+                    (&bytes as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            if rc == 0 {
+                break;
+            }
+        }
+    }
+}
+
+/// A peer's address on the medium.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PeerAddr {
+    /// A MAC address on an Ethernet link.
+    Mac(MacAddr),
+    /// A UDP socket address.
+    Udp(SocketAddr),
+}
+
+impl std::fmt::Display for PeerAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PeerAddr::Mac(m) => write!(f, "{m}"),
+            PeerAddr::Udp(a) => write!(f, "udp:{a}"),
+        }
+    }
+}
+
+/// The medium of an endpoint.
+#[derive(Debug, Clone)]
+pub enum Medium {
+    /// Raw Ethernet frames of the link's EtherType.
+    Ethernet(Arc<Link>),
+    /// UDP datagrams; `max_payload` is the largest datagram payload sent
+    /// (the path MTU less the IP and UDP headers).
+    Udp {
+        /// The socket.
+        socket: Arc<UdpSocket>,
+        /// Largest payload per datagram.
+        max_payload: usize,
+    },
+}
+
+impl Medium {
+    /// A UDP medium for a path of `mtu` bytes (IP packet size): frames are
+    /// at most `mtu` less the IP and UDP headers.
+    pub fn udp(socket: UdpSocket, mtu: usize) -> std::io::Result<Medium> {
+        let v6 = socket.local_addr()?.is_ipv6();
+        let overhead = if v6 { UDP_V6_OVERHEAD } else { UDP_V4_OVERHEAD };
+        socket.set_broadcast(true)?;
+        // Bursts of a full window must not overflow the default socket
+        // buffers (a few hundred KiB): a drop there is a retransmission.
+        grow_buffers(&socket, UDP_BUFFER);
+        Ok(Medium::Udp {
+            socket: Arc::new(socket),
+            max_payload: mtu.saturating_sub(overhead).max(576),
+        })
+    }
+
+    /// The largest frame (native transport bytes, without the Ethernet
+    /// header) this medium carries.
+    pub fn max_frame(&self) -> usize {
+        match self {
+            Medium::Ethernet(l) => l.mtu(),
+            Medium::Udp { max_payload, .. } => *max_payload,
+        }
+    }
+
+    /// Our own address, for messages.
+    pub fn local(&self) -> String {
+        match self {
+            Medium::Ethernet(l) => l.mac().to_string(),
+            Medium::Udp { socket, .. } => socket
+                .local_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_else(|_| "udp".into()),
+        }
+    }
+
+    /// Waits for at least one frame, then appends every frame available
+    /// now with its sender to `out`, reusing the buffers in `spare`.
+    /// Cancel-safe.
+    pub(crate) async fn recv_batch(
+        &self,
+        out: &mut Vec<(PeerAddr, Vec<u8>)>,
+        spare: &mut Vec<Vec<u8>>,
+    ) -> std::io::Result<()> {
+        match self {
+            Medium::Ethernet(link) => {
+                let ethertype = link.ethertype();
+                link.recv_batch(|frame| {
+                    let Some(h) = EthernetHeader::parse(frame) else {
+                        return;
+                    };
+                    if h.ethertype != ethertype {
+                        return;
+                    }
+                    let mut buf = spare.pop().unwrap_or_default();
+                    buf.clear();
+                    buf.extend_from_slice(&frame[HEADER_LEN..]);
+                    out.push((PeerAddr::Mac(h.src), buf));
+                })
+                .await
+                .map_err(std::io::Error::other)?;
+                Ok(())
+            }
+            Medium::Udp {
+                socket,
+                max_payload,
+            } => {
+                let cap = (*max_payload).max(65_536);
+                let mut buf = spare.pop().unwrap_or_default();
+                buf.resize(cap, 0);
+                let (n, from) = socket.recv_from(&mut buf).await?;
+                buf.truncate(n);
+                out.push((PeerAddr::Udp(from), buf));
+                for _ in 1..UDP_BATCH {
+                    let mut buf = spare.pop().unwrap_or_default();
+                    buf.resize(cap, 0);
+                    match socket.try_recv_from(&mut buf) {
+                        Ok((n, from)) => {
+                            buf.truncate(n);
+                            out.push((PeerAddr::Udp(from), buf));
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            spare.push(buf);
+                            break;
+                        }
+                        Err(e) => {
+                            spare.push(buf);
+                            return Err(e);
+                        }
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Sends every frame of `frames` to its peer. A frame the medium drops
+    /// is not an error (the channel retransmits); a frame addressed in the
+    /// other medium's kind is skipped.
+    pub(crate) async fn send_batch(
+        &self,
+        frames: &[(PeerAddr, Vec<u8>)],
+        scratch: &mut Vec<Vec<u8>>,
+    ) -> std::io::Result<()> {
+        match self {
+            Medium::Ethernet(link) => {
+                scratch.clear();
+                let src = link.mac();
+                let ethertype = link.ethertype();
+                for (peer, payload) in frames {
+                    let PeerAddr::Mac(dst) = *peer else { continue };
+                    let mut f = Vec::with_capacity(HEADER_LEN + payload.len());
+                    f.extend_from_slice(
+                        &EthernetHeader {
+                            dst,
+                            src,
+                            ethertype,
+                        }
+                        .to_bytes(),
+                    );
+                    f.extend_from_slice(payload);
+                    scratch.push(f);
+                }
+                link.send_batch(scratch.iter())
+                    .await
+                    .map_err(std::io::Error::other)?;
+                Ok(())
+            }
+            Medium::Udp { socket, .. } => {
+                for (peer, payload) in frames {
+                    let PeerAddr::Udp(to) = *peer else { continue };
+                    match socket.send_to(payload, to).await {
+                        Ok(_) => {}
+                        // Like a dropped frame: the channel retransmits.
+                        Err(e)
+                            if matches!(
+                                e.kind(),
+                                std::io::ErrorKind::ConnectionRefused
+                                    | std::io::ErrorKind::HostUnreachable
+                                    | std::io::ErrorKind::NetworkUnreachable
+                            ) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! Log in over ethersan's native transport: `eth://IFACE/TARGET/LUN` (raw
+//! Ethernet; the target is found by group discovery unless the URL gives
+//! `mac=`) and `udp://HOST[:PORT]/TARGET/LUN`. The iSCSI session on top is
+//! the same as over TCP.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ethersan_channel::discovery::Catalog;
+use ethersan_channel::group::GroupKeys;
+use ethersan_channel::{Level, ETHERTYPE_NATIVE};
+use ethersan_endpoint::{Endpoint, EndpointConfig, Medium, PeerAddr};
+use ethersan_link::packet::{PacketConfig, PacketLink, RingVersion};
+use ethersan_link::{Link, MacAddr};
+
+use crate::url::{IscsiUrl, NativeParams, Transport};
+use crate::{login, Error, LoginOptions, Session};
+
+/// How long discovery waits for answers when nothing else is said.
+pub const DISCOVER_WAIT: Duration = Duration::from_millis(1500);
+
+/// The level a URL asks for (`security=`; default encrypt).
+pub fn level_of(p: &NativeParams) -> Result<Level, Error> {
+    match &p.security {
+        None => Ok(Level::Encrypt),
+        Some(s) => s.parse().map_err(Error::Url),
+    }
+}
+
+/// Open the medium a native URL names: an AF_PACKET link on the
+/// interface (needs CAP_NET_RAW) or a UDP socket.
+pub async fn open_medium(url: &IscsiUrl) -> Result<(Medium, Option<PeerAddr>), Error> {
+    match &url.transport {
+        Transport::Eth(p) => {
+            let ethertype = p.ethertype.unwrap_or(ETHERTYPE_NATIVE);
+            let link = PacketLink::open(PacketConfig {
+                ring: RingVersion::V2,
+                ..PacketConfig::new(url.host.clone(), ethertype)
+            })
+            .map_err(|e| Error::Native(format!("cannot open Ethernet link {}: {e}", url.host)))?;
+            let peer = match &p.mac {
+                Some(m) => Some(PeerAddr::Mac(
+                    m.parse::<MacAddr>()
+                        .map_err(|e| Error::Url(format!("mac={m:?}: {e}")))?,
+                )),
+                None => None,
+            };
+            Ok((Medium::Ethernet(Arc::new(Link::from(link))), peer))
+        }
+        Transport::Udp(p) => {
+            let addr = tokio::net::lookup_host(url.portal())
+                .await
+                .map_err(|e| Error::Native(format!("cannot resolve {}: {e}", url.portal())))?
+                .next()
+                .ok_or_else(|| Error::Native(format!("{} has no address", url.portal())))?;
+            let bind = if addr.is_ipv6() {
+                "[::]:0"
+            } else {
+                "0.0.0.0:0"
+            };
+            let sock = tokio::net::UdpSocket::bind(bind)
+                .await
+                .map_err(|e| Error::Native(format!("cannot bind a UDP socket: {e}")))?;
+            let medium = Medium::udp(sock, p.mtu.unwrap_or(ethersan_link::DEFAULT_MTU))
+                .map_err(|e| Error::Native(format!("UDP socket: {e}")))?;
+            Ok((medium, Some(PeerAddr::Udp(addr))))
+        }
+        Transport::Tcp => Err(Error::Url("not a native transport URL".into())),
+    }
+}
+
+/// Ask the group who serves, on the medium of `url` (broadcast on
+/// Ethernet, the URL's address on UDP).
+pub async fn discover(
+    url: &IscsiUrl,
+    group: &GroupKeys,
+    wait: Duration,
+) -> Result<Vec<(PeerAddr, Catalog)>, Error> {
+    let (medium, peer) = open_medium(url).await?;
+    let dst = peer.unwrap_or(PeerAddr::Mac(MacAddr::BROADCAST));
+    let ep = Endpoint::initiator(medium, EndpointConfig::new(group.clone()));
+    ep.discover(dst, wait)
+        .await
+        .map_err(|e| Error::Native(e.to_string()))
+}
+
+/// Connect over the native transport the URL names and log in with
+/// `opts`, each step bounded by `opts.timeout`.
+pub async fn connect(
+    url: &IscsiUrl,
+    group: &GroupKeys,
+    opts: &LoginOptions,
+) -> Result<Session, Error> {
+    let params = match &url.transport {
+        Transport::Eth(p) | Transport::Udp(p) => p,
+        Transport::Tcp => return Err(Error::Url("not a native transport URL".into())),
+    };
+    let level = level_of(params)?;
+    let (medium, peer) = open_medium(url).await?;
+    let where_ = medium.local();
+    let ep = Endpoint::initiator(medium, EndpointConfig::new(group.clone()));
+    let timeout = opts.timeout.unwrap_or(Duration::from_secs(30));
+    let peer = match peer {
+        Some(p) => p,
+        None => {
+            let found = ep
+                .discover(
+                    PeerAddr::Mac(MacAddr::BROADCAST),
+                    DISCOVER_WAIT.min(timeout),
+                )
+                .await
+                .map_err(|e| Error::Native(e.to_string()))?;
+            let serving = found
+                .iter()
+                .find(|(_, c)| c.targets.iter().any(|t| t.name == url.target));
+            match serving {
+                Some((p, _)) => *p,
+                None if found.is_empty() => {
+                    return Err(Error::Native(format!(
+                        "no target of group {:?} answered discovery on {} ({where_}): check the group name and secret, and that the target serves --eth on this link",
+                        group.group(),
+                        url.host
+                    )))
+                }
+                None => {
+                    return Err(Error::Native(format!(
+                        "no member of group {:?} on {} serves {}; they serve: {}",
+                        group.group(),
+                        url.host,
+                        url.target,
+                        found
+                            .iter()
+                            .flat_map(|(_, c)| c.targets.iter().map(|t| t.name.clone()))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )))
+                }
+            }
+        }
+    };
+    let stream = ep
+        .connect(peer, level, timeout)
+        .await
+        .map_err(|e| Error::Native(e.to_string()))?;
+    login(stream.reader, stream.writer, opts).await
+}

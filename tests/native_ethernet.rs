@@ -1,0 +1,242 @@
+//! The native transport on a real (virtual) Ethernet link: two network
+//! namespaces joined by a veth pair at MTU 1500 and 9000 (created and
+//! removed by the test). Group discovery by broadcast (members only, no
+//! answer on the wire for others), cp --verify over eth:// and udp://,
+//! jumbo frames used, and an attacker injecting forged, replayed and
+//! truncated frames while a copy runs.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::netns::Veth;
+use common::*;
+use ethersan_channel::discovery::{open_reply, query};
+use ethersan_channel::group::GroupKeys;
+use ethersan_link::{EthernetHeader, Link, MacAddr, HEADER_LEN};
+
+const GROUP: &str = "lab";
+const SECRET: &str = "correct horse battery staple";
+const ETHERTYPE: u16 = 0x88B5;
+
+fn path_str(p: &Path) -> String {
+    p.to_str().expect("utf-8 path").to_string()
+}
+
+fn ok_out(o: &std::process::Output, what: &str) -> String {
+    assert!(
+        o.status.success(),
+        "{what} failed: {}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        String::from_utf8_lossy(&o.stdout)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// Broadcast a discovery query made with `keys` from the client's side
+/// and return the answers that arrive within `wait`.
+async fn ask(link: &Link, keys: &GroupKeys, nonce: [u8; 16], wait: Duration) -> Vec<Vec<u8>> {
+    let mut f = EthernetHeader {
+        dst: MacAddr::BROADCAST,
+        src: link.mac(),
+        ethertype: ETHERTYPE,
+    }
+    .to_bytes()
+    .to_vec();
+    f.extend_from_slice(&query(keys, now_ms(), nonce));
+    link.send(&f).await.unwrap();
+    let mut got = Vec::new();
+    let until = tokio::time::Instant::now() + wait;
+    while let Ok(r) = tokio::time::timeout_at(
+        until,
+        link.recv_batch(|fr| got.push(fr[HEADER_LEN..].to_vec())),
+    )
+    .await
+    {
+        r.unwrap();
+    }
+    got
+}
+
+async fn over_veth(tag: &str, mtu: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let veth = Veth::with_attacker(tag, mtu);
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, SECRET).unwrap();
+    let img = dir.path().join("disk.img");
+    let args: Vec<String> = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--target",
+        IQN,
+        "--lun",
+        &format!("{}:64M", path_str(&img)),
+        "--eth",
+        &veth.ifname[0],
+        "--udp",
+        &format!("{}:3262,mtu={mtu}", Veth::TARGET_IP),
+        "--group",
+        GROUP,
+        "--group-secret-file",
+        &path_str(&secret),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let server = veth.serve(&args);
+    let secret_s = path_str(&secret);
+    let client = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend_from_slice(&["--group", GROUP, "--group-secret-file", &secret_s]);
+        veth.in_client(&all, Duration::from_secs(120))
+    };
+
+    // Discovery by group, through the CLI.
+    let out = ok_out(
+        &client(&["discover", "--eth", &veth.ifname[1], "--json"]),
+        "discover --eth",
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 1, "{out}");
+    assert_eq!(v[0]["targets"][0]["name"], IQN, "{out}");
+    let wrong = dir.path().join("wrong");
+    std::fs::write(&wrong, "another secret").unwrap();
+    let o = veth.in_client(
+        &[
+            "discover",
+            "--eth",
+            &veth.ifname[1],
+            "--json",
+            "--group",
+            GROUP,
+            "--group-secret-file",
+            &path_str(&wrong),
+        ],
+        Duration::from_secs(30),
+    );
+    assert_eq!(ok_out(&o, "discover, wrong secret").trim(), "[]");
+
+    // On the wire: non-members get no frame back, a member gets the
+    // catalog only a member can open.
+    let link = Link::from(veth.client_link(ETHERTYPE));
+    for (g, s) in [(GROUP, "another secret"), ("other", SECRET)] {
+        let keys = GroupKeys::derive(g, s.as_bytes()).unwrap();
+        let got = ask(&link, &keys, [3; 16], Duration::from_millis(1000)).await;
+        assert!(
+            got.is_empty(),
+            "{g}: {} frames answered a non-member",
+            got.len()
+        );
+    }
+    let member = GroupKeys::derive(GROUP, SECRET.as_bytes()).unwrap();
+    let got = ask(&link, &member, [4; 16], Duration::from_millis(1500)).await;
+    assert_eq!(got.len(), 1, "one answer to a member");
+    let part = open_reply(&member, &[4; 16], &got[0]).expect("the member opens the reply");
+    assert_eq!(part.catalog.targets[0].name, IQN);
+    drop(link);
+
+    // Copies over raw Ethernet (encrypted) and over UDP, jumbo frames used.
+    let src = dir.path().join("src.img");
+    std::fs::write(&src, pattern(8 << 20, 41)).unwrap();
+    let eth = format!("eth://{}/{IQN}/0", veth.ifname[1]);
+    ok_out(
+        &client(&["cp", "--verify", &path_str(&src), &eth]),
+        "cp over eth://",
+    );
+    let back = dir.path().join("back.img");
+    ok_out(
+        &client(&["cp", &eth, &path_str(&back), "--length", "8M"]),
+        "cp back over eth://",
+    );
+    assert!(std::fs::read(&back).unwrap() == pattern(8 << 20, 41));
+    let udp = format!("udp://{}/{IQN}/0?mtu={mtu}", Veth::TARGET_IP);
+    ok_out(
+        &client(&["cp", "--verify", &path_str(&src), &udp]),
+        "cp over udp://",
+    );
+    let opened: Vec<String> = server
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains("channel opened"))
+        .cloned()
+        .collect();
+    assert!(
+        opened
+            .iter()
+            .any(|l| l.contains(&format!("max_frame={mtu}"))),
+        "no raw Ethernet channel used the {mtu}-byte MTU: {opened:?}"
+    );
+
+    // An attacker in the client's namespace replays, forges and truncates
+    // the client's frames while a copy runs: the copy finishes, verified,
+    // and the target counts the rejected frames.
+    let big = dir.path().join("big.img");
+    std::fs::write(&big, pattern(24 << 20, 43)).unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tools/attacker.py");
+    let (ns_a, if_a) = veth.attacker.clone().expect("an attacker namespace");
+    let attacker = std::process::Command::new("ip")
+        .args(["netns", "exec", &ns_a, "python3", script])
+        .args([&if_a, "8", "0x88B5"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    std::thread::sleep(Duration::from_millis(300));
+    ok_out(
+        &client(&["cp", "--verify", &path_str(&big), &eth]),
+        "cp over eth:// under attack",
+    );
+    let sent = attacker.wait_with_output().unwrap();
+    let sent: serde_json::Value =
+        serde_json::from_slice(&sent.stdout).expect("the attacker's report");
+    assert!(sent["forged"].as_u64().unwrap() > 0, "{sent}");
+    // The server logs the channel's counters when it ends.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let rejected = loop {
+        let r: u64 = server
+            .log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains("channel ended") || l.contains("channel closing"))
+            .filter_map(|l| {
+                let i = l.find("rejected=")?;
+                l[i + 9..]
+                    .split(|c: char| !c.is_ascii_digit())
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum();
+        if r > 0 || std::time::Instant::now() > deadline {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(
+        rejected > 0,
+        "the target counted no rejected frame ({sent})"
+    );
+    let disk = std::fs::read(&img).unwrap();
+    assert!(disk[..24 << 20] == pattern(24 << 20, 43));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_a_veth_pair_at_mtu_1500() {
+    over_veth("n", 1500).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_a_veth_pair_with_jumbo_frames() {
+    over_veth("j", 9000).await;
+}

@@ -1,0 +1,501 @@
+//! ethersan's native transport end to end: `ethersan serve --udp/--eth
+//! --group` and the client's udp:// and eth:// URLs. Group discovery
+//! (members only, nothing on the wire for others), every security level
+//! and a LUN refusing a channel below its level, SCSI commands and task
+//! management through the initiator library, a lossy relay, a target
+//! killed mid-write, and raw Ethernet between two network namespaces at
+//! MTU 1500 and 9000.
+
+mod common;
+
+use std::net::UdpSocket;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const GROUP: &str = "lab";
+const SECRET: &str = "correct horse battery staple";
+
+fn path_str(p: &Path) -> String {
+    p.to_str().expect("utf-8 path").to_string()
+}
+
+/// A free UDP port on loopback (bound, then released for the server).
+fn free_udp_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn secret_file(dir: &Path, secret: &str) -> PathBuf {
+    let p = dir.join(format!("secret-{}", secret.len()));
+    std::fs::write(&p, format!("{secret}\n")).unwrap();
+    p
+}
+
+/// `ethersan serve` on loopback with the native transport on UDP `port`.
+fn serve_udp(dir: &Path, port: u16, luns: &[String]) -> Server {
+    let mut args: Vec<String> = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--target",
+        IQN,
+        "--udp",
+        &format!("127.0.0.1:{port}"),
+        "--group",
+        GROUP,
+        "--group-secret-file",
+        &path_str(&secret_file(dir, SECRET)),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    for l in luns {
+        args.push("--lun".into());
+        args.push(l.clone());
+    }
+    Server::start_args(&args)
+}
+
+/// The client with the group's options.
+fn client(dir: &Path, secret: &str, args: &[&str]) -> std::process::Output {
+    let f = secret_file(dir, secret);
+    let mut all: Vec<&str> = args.to_vec();
+    let f = path_str(&f);
+    all.extend_from_slice(&["--group", GROUP, "--group-secret-file", &f]);
+    run(
+        env!("CARGO_BIN_EXE_ethersan"),
+        &all,
+        Duration::from_secs(120),
+    )
+}
+
+fn ok_out(o: &std::process::Output, what: &str) -> String {
+    assert!(
+        o.status.success(),
+        "{what} failed: {}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        String::from_utf8_lossy(&o.stdout)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Every level over UDP on loopback: cp --verify through a channel of each
+/// level to the LUN that needs it; a channel above a LUN's level reaches
+/// it; one below does not (REPORT LUNS leaves it out, commands get
+/// LOGICAL UNIT NOT SUPPORTED).
+#[test]
+fn every_security_level_and_a_lun_refusing_a_weaker_channel() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_udp_port();
+    let luns: Vec<String> = ["none", "integrity", "encrypt"]
+        .iter()
+        .map(|l| format!("ram:8M,security={l}"))
+        .collect();
+    let _server = serve_udp(dir.path(), port, &luns);
+    let src = dir.path().join("src.img");
+    std::fs::write(&src, pattern(3 << 20, 5)).unwrap();
+    for (lun, level) in ["none", "integrity", "encrypt"].iter().enumerate() {
+        let url = format!("udp://127.0.0.1:{port}/{IQN}/{lun}?security={level}");
+        ok_out(
+            &client(
+                dir.path(),
+                SECRET,
+                &["cp", "--verify", &path_str(&src), &url],
+            ),
+            &format!("cp to LUN {lun} over a {level} channel"),
+        );
+        let back = dir.path().join(format!("back{lun}.img"));
+        ok_out(
+            &client(
+                dir.path(),
+                SECRET,
+                &["cp", &url, &path_str(&back), "--length", "3M"],
+            ),
+            "cp back",
+        );
+        assert!(
+            std::fs::read(&back).unwrap() == pattern(3 << 20, 5),
+            "LUN {lun} read back differs"
+        );
+    }
+    // An encrypted channel reaches the LUN that needs only integrity.
+    let url = format!("udp://127.0.0.1:{port}/{IQN}/1");
+    ok_out(&client(dir.path(), SECRET, &["inquiry", &url]), "inquiry");
+    // A channel without protection sees only LUN 0.
+    let weak = format!("udp://127.0.0.1:{port}/{IQN}?security=none");
+    let ls = ok_out(&client(dir.path(), SECRET, &["ls", "--json", &weak]), "ls");
+    let v: serde_json::Value = serde_json::from_str(&ls).unwrap();
+    let listed: Vec<u64> = v
+        .as_array()
+        .or_else(|| v["luns"].as_array())
+        .expect("a list of LUNs")
+        .iter()
+        .map(|l| l["lun"].as_u64().unwrap())
+        .collect();
+    assert_eq!(listed, vec![0], "{ls}");
+    // ...and LUN 2 answers as a LUN that does not exist.
+    let url = format!("udp://127.0.0.1:{port}/{IQN}/2?security=integrity");
+    let o = client(
+        dir.path(),
+        SECRET,
+        &["cp", &url, "/dev/null", "--length", "4K"],
+    );
+    assert!(!o.status.success());
+    let l = error_line(&o, "cp from a LUN above the channel's level");
+    assert!(l.contains("has no LUN 2"), "{l}");
+}
+
+/// Discovery over UDP answers members only; others get nothing on the
+/// wire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn udp_discovery_answers_only_the_group() {
+    use ethersan_channel::discovery::{open_reply, query};
+    use ethersan_channel::group::GroupKeys;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_udp_port();
+    let _server = serve_udp(dir.path(), port, &["ram:4M".to_string()]);
+    let o = client(
+        dir.path(),
+        SECRET,
+        &["discover", "--udp", &format!("127.0.0.1:{port}"), "--json"],
+    );
+    let out = ok_out(&o, "discover");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["targets"][0]["name"], IQN, "{out}");
+    assert_eq!(
+        v[0]["targets"][0]["luns"][0]["security"], "encrypt",
+        "{out}"
+    );
+    assert_eq!(v[0]["targets"][0]["luns"][0]["bytes"], 4 << 20, "{out}");
+    // A wrong secret finds nothing.
+    let o = client(
+        dir.path(),
+        "not the secret",
+        &["discover", "--udp", &format!("127.0.0.1:{port}"), "--json"],
+    );
+    let out = ok_out(&o, "discover with a wrong secret");
+    assert_eq!(out.trim(), "[]", "{out}");
+    // On the wire: a query of another group or secret gets no datagram
+    // back; the member's query gets an answer only a member can open.
+    let sock = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let server = format!("127.0.0.1:{port}");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let mut buf = vec![0u8; 65536];
+    for (group, secret) in [("lab", "not the secret"), ("other", SECRET)] {
+        let keys = GroupKeys::derive(group, secret.as_bytes()).unwrap();
+        let q = query(&keys, now, [7; 16]);
+        sock.send_to(&q, &server).await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(1), sock.recv_from(&mut buf)).await;
+        assert!(
+            got.is_err(),
+            "{group}/{secret}: the target answered a non-member"
+        );
+    }
+    let member = GroupKeys::derive(GROUP, SECRET.as_bytes()).unwrap();
+    let q = query(&member, now, [9; 16]);
+    sock.send_to(&q, &server).await.unwrap();
+    let (n, _) = tokio::time::timeout(Duration::from_secs(2), sock.recv_from(&mut buf))
+        .await
+        .expect("a member's query is answered")
+        .unwrap();
+    let part = open_reply(&member, &[9; 16], &buf[..n]).expect("the reply opens");
+    assert_eq!(part.catalog.targets[0].name, IQN);
+    let outsider = GroupKeys::derive(GROUP, b"not the secret").unwrap();
+    assert!(open_reply(&outsider, &[9; 16], &buf[..n]).is_err());
+    // The same query again (a replay) gets no answer.
+    sock.send_to(&q, &server).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(1), sock.recv_from(&mut buf)).await;
+    assert!(got.is_err(), "a replayed query was answered");
+}
+
+/// SCSI through the initiator library over the native transport: READ,
+/// WRITE, COMPARE AND WRITE (match and miscompare), UNMAP, and task
+/// management, on an encrypted channel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scsi_commands_and_task_management_over_the_native_transport() {
+    use bytes::Bytes;
+    use ethersan_channel::group::GroupKeys;
+    use ethersan_initiator::{IscsiUrl, LoginOptions};
+    use ethersan_proto::pdu::TmfFunction;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_udp_port();
+    // A file LUN: thin, so UNMAP is supported.
+    let img = dir.path().join("scsi.img");
+    let _server = serve_udp(dir.path(), port, &[format!("{}:8M", path_str(&img))]);
+    let url = IscsiUrl::parse(&format!("udp://127.0.0.1:{port}/{IQN}/0")).unwrap();
+    let keys = GroupKeys::derive(GROUP, SECRET.as_bytes()).unwrap();
+    let opts = LoginOptions {
+        initiator_name: "iqn.2026-11.org.ethersan:native-test".into(),
+        target_name: Some(IQN.into()),
+        timeout: Some(Duration::from_secs(20)),
+        ..Default::default()
+    };
+    let s = ethersan_initiator::native::connect(&url, &keys, &opts)
+        .await
+        .expect("login over the native transport");
+    let _ = s.clear_unit_attention(0).await;
+    let (blocks, bs) = s.read_capacity(0).await.unwrap();
+    assert_eq!((blocks, bs), (16384, 512));
+    // WRITE then READ, 1 MiB (many frames per PDU).
+    let data = pattern(1 << 20, 11);
+    let r = s
+        .write16(0, 100, Bytes::from(data.clone()), 512, false)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 0);
+    let r = s.read16(0, 100, 2048, 512).await.unwrap();
+    assert_eq!(r.status, 0);
+    assert!(r.data == data, "read back differs");
+    // COMPARE AND WRITE: block 100 holds data[..512].
+    let mut caw = data[..512].to_vec();
+    caw.extend_from_slice(&[0x5a; 512]);
+    let cdb = [0x89, 0, 0, 0, 0, 0, 0, 0, 0, 100, 0, 0, 0, 1, 0, 0];
+    let r = s.command(0, &cdb, Bytes::from(caw), 0).await.unwrap();
+    assert_eq!(r.status, 0, "COMPARE AND WRITE that matches");
+    let mut wrong = vec![0u8; 512];
+    wrong.extend_from_slice(&[0x11; 512]);
+    let r = s.command(0, &cdb, Bytes::from(wrong), 0).await.unwrap();
+    assert_eq!(r.status, 2, "a miscompare is CHECK CONDITION");
+    assert_eq!(r.sense_key().map(|k| k.0), Some(0xe), "MISCOMPARE");
+    let r = s.read16(0, 100, 1, 512).await.unwrap();
+    assert_eq!(r.data, vec![0x5a; 512]);
+    // UNMAP blocks 100..108: they read back as zeros.
+    let mut param = vec![0u8; 24];
+    param[1] = 22;
+    param[3] = 16;
+    param[8..16].copy_from_slice(&100u64.to_be_bytes());
+    param[16..20].copy_from_slice(&8u32.to_be_bytes());
+    let cdb = [0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0];
+    let r = s.command(0, &cdb, Bytes::from(param), 0).await.unwrap();
+    assert_eq!(r.status, 0, "UNMAP: {:?}", r.sense_key());
+    let r = s.read16(0, 100, 8, 512).await.unwrap();
+    assert!(r.data.iter().all(|b| *b == 0), "unmapped blocks read zero");
+    // Task management: ABORT TASK SET and LOGICAL UNIT RESET complete, a
+    // reset raises a unit attention, commands go on.
+    assert_eq!(
+        s.task_management(TmfFunction::AbortTaskSet, 0)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        s.task_management(TmfFunction::LogicalUnitReset, 0)
+            .await
+            .unwrap(),
+        0
+    );
+    let r = s.read16(0, 0, 1, 512).await.unwrap();
+    assert_eq!(
+        r.sense_key().map(|k| k.0),
+        Some(0x6),
+        "UNIT ATTENTION after reset"
+    );
+    let r = s.read16(0, 108, 8, 512).await.unwrap();
+    assert_eq!(r.status, 0);
+    assert!(r.data == data[8 * 512..16 * 512], "data after the reset");
+    s.logout().await.unwrap();
+}
+
+/// A UDP relay between client and target that drops 1%, reorders 1%,
+/// duplicates 0.1% and corrupts 0.1% of datagrams each way: cp --verify
+/// still moves every byte, and the client's counters show retransmissions
+/// and rejected (corrupt) frames.
+#[test]
+fn a_lossy_relay_loses_and_corrupts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_udp_port();
+    let _server = serve_udp(
+        dir.path(),
+        port,
+        &["ram:32M,security=integrity".to_string()],
+    );
+    let relay = Relay::start(format!("127.0.0.1:{port}").parse().unwrap(), 1);
+    let src = dir.path().join("src.img");
+    std::fs::write(&src, pattern(12 << 20, 21)).unwrap();
+    let url = format!("udp://127.0.0.1:{}/{IQN}/0?security=integrity", relay.port);
+    let f = secret_file(dir.path(), SECRET);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ethersan"))
+        .args(["cp", "--verify", &path_str(&src), &url])
+        .args(["--group", GROUP, "--group-secret-file", &path_str(&f)])
+        .env("ETHERSAN_LOG", "info")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "cp through the lossy relay: {stderr}");
+    let (dropped, reordered, duplicated, corrupted) = relay.counts();
+    assert!(
+        dropped > 0 && reordered > 0 && corrupted > 0,
+        "the relay did its work: {dropped} {reordered} {duplicated} {corrupted}"
+    );
+    let retransmits: u64 = stderr
+        .lines()
+        .filter(|l| l.contains("channel closing"))
+        .filter_map(|l| field(l, "retransmits"))
+        .sum();
+    assert!(retransmits > 0, "no retransmission counted: {stderr}");
+}
+
+/// `key=value` from a log line.
+fn field(line: &str, key: &str) -> Option<u64> {
+    let i = line.find(&format!("{key}="))?;
+    line[i + key.len() + 1..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The target killed with SIGKILL in the middle of a copy and started
+/// again: the client logs in again and finishes, and the file holds every
+/// byte (cp --verify reads it all back).
+#[test]
+fn a_target_killed_mid_write_loses_nothing_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_udp_port();
+    let img = dir.path().join("disk.img");
+    let luns = vec![format!("{}:64M", path_str(&img))];
+    let server = serve_udp(dir.path(), port, &luns);
+    let src = dir.path().join("src.img");
+    std::fs::write(&src, pattern(48 << 20, 31)).unwrap();
+    let url = format!("udp://127.0.0.1:{port}/{IQN}/0");
+    let f = secret_file(dir.path(), SECRET);
+    let mut cp = std::process::Command::new(env!("CARGO_BIN_EXE_ethersan"))
+        .args(["cp", "--verify", "--timeout", "5s", &path_str(&src), &url])
+        .args(["--group", GROUP, "--group-secret-file", &path_str(&f)])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Kill the target once the copy is under way.
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut server = server;
+    server.child.kill().unwrap();
+    let _ = server.child.wait();
+    std::thread::sleep(Duration::from_millis(500));
+    let _again = serve_udp(dir.path(), port, &luns);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(st) = cp.try_wait().unwrap() {
+            break st;
+        }
+        assert!(Instant::now() < deadline, "cp did not finish");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut err = String::new();
+    use std::io::Read;
+    cp.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(status.success(), "cp after a target kill: {err}");
+    assert!(
+        err.contains("logging in again"),
+        "the copy never lost its session: {err}"
+    );
+    let disk = std::fs::read(&img).unwrap();
+    assert!(
+        disk[..48 << 20] == pattern(48 << 20, 31),
+        "the disk differs"
+    );
+}
+
+/// A UDP relay with seeded impairments, in a thread.
+struct Relay {
+    port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    counts: std::sync::Arc<std::sync::Mutex<(u64, u64, u64, u64)>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Relay {
+    fn start(target: std::net::SocketAddr, seed: u64) -> Relay {
+        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        sock.set_read_timeout(Some(Duration::from_millis(5)))
+            .unwrap();
+        let port = sock.local_addr().unwrap().port();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let counts = std::sync::Arc::new(std::sync::Mutex::new((0, 0, 0, 0)));
+        let (stop2, counts2) = (stop.clone(), counts.clone());
+        let thread = std::thread::spawn(move || {
+            let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            let mut next = move || {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng % 10_000
+            };
+            let mut client: Option<std::net::SocketAddr> = None;
+            let mut held: Option<(Vec<u8>, std::net::SocketAddr)> = None;
+            let mut buf = vec![0u8; 65536];
+            while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+                let (n, from) = match sock.recv_from(&mut buf) {
+                    Ok(x) => x,
+                    Err(_) => {
+                        // Idle: let a held datagram go.
+                        if let Some((d, to)) = held.take() {
+                            let _ = sock.send_to(&d, to);
+                        }
+                        continue;
+                    }
+                };
+                let to = if from == target {
+                    match client {
+                        Some(c) => c,
+                        None => continue,
+                    }
+                } else {
+                    client = Some(from);
+                    target
+                };
+                let mut d = buf[..n].to_vec();
+                let mut c = counts2.lock().unwrap();
+                let r = next();
+                if r < 100 {
+                    c.0 += 1;
+                    continue;
+                }
+                if r < 110 && n > 20 {
+                    c.3 += 1;
+                    let i = 8 + (next() as usize % (n - 8));
+                    d[i] ^= 0x40;
+                }
+                if (200..300).contains(&r) && held.is_none() {
+                    c.1 += 1;
+                    held = Some((d, to));
+                    continue;
+                }
+                let _ = sock.send_to(&d, to);
+                if (300..310).contains(&r) {
+                    c.2 += 1;
+                    let _ = sock.send_to(&d, to);
+                }
+                if let Some((h, hto)) = held.take() {
+                    let _ = sock.send_to(&h, hto);
+                }
+            }
+        });
+        Relay {
+            port,
+            stop,
+            counts,
+            thread: Some(thread),
+        }
+    }
+
+    fn counts(&self) -> (u64, u64, u64, u64) {
+        *self.counts.lock().unwrap()
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
