@@ -33,17 +33,28 @@
 //! # Loss detection
 //!
 //! Every transmission gets a local transmission index. A frame is declared
-//! lost when a frame transmitted at least three transmissions after it has
-//! been acknowledged (cumulatively or selectively) — QUIC's packet
-//! threshold, which treats a retransmission like any new frame, so a lost
-//! retransmission is found the same way. The retransmission timer runs
-//! while frames are in flight, restarted on every acknowledgement that
-//! makes progress; it expires after the RTO of an [`RttEstimator`]
-//! (Jacobson/Karels, RFC 6298) and declares every frame in flight lost,
-//! doubling the RTO until the next sample. RTT samples come only from
-//! frames transmitted once (Karn), one per acknowledging frame: the newest
-//! frame it acknowledges.
+//! lost when a frame transmitted after it has been acknowledged
+//! (cumulatively or selectively) and it was transmitted at least three
+//! transmissions or 9/8 of the smoothed RTT before that one: QUIC's packet
+//! and time thresholds, which treat a retransmission like any new frame,
+//! so a lost retransmission is found the same way. An acknowledgement of a
+//! frame sent twice is taken to answer the latest transmission (when it
+//! answered the first, frames sent in between may be declared lost early
+//! and sent twice; the other guess can stall a burst loss at one
+//! retransmission per timeout).
 //!
+//! The retransmission timer runs while frames are in flight, restarted by
+//! every acknowledgement that makes progress. It expires after the RTO of
+//! an [`RttEstimator`] (Jacobson/Karels, RFC 6298) plus the peer's
+//! acknowledgement delay, doubles the RTO until the next sample, and sends
+//! the oldest frame in flight again, beyond the window if need be. The
+//! other frames stay in flight: once the retransmission is acknowledged,
+//! the thresholds above declare lost those still unacknowledged (QUIC's
+//! probe timeout), so a spurious timeout costs one frame, not a window. A
+//! second timeout without progress declares every frame in flight lost.
+//! RTT samples come only from frames transmitted once (Karn), one per
+//! acknowledging frame: the newest frame it acknowledges.
+
 //! # Receiving
 //!
 //! In-order fragments are appended to the message being reassembled;
@@ -335,6 +346,7 @@ pub struct Channel {
     rtx_budget: u32,
     peer_edge: u32,
     rtt: RttEstimator,
+    rtos_without_progress: u32,
     rto_at: Option<Instant>,
     persist_at: Option<Instant>,
     probe: bool,
@@ -409,6 +421,7 @@ impl Channel {
             rtx_budget: 0,
             peer_edge: seq.wrapping_add(cfg.initial_cwnd),
             rtt,
+            rtos_without_progress: 0,
             rto_at: None,
             persist_at: None,
             probe: false,
@@ -517,7 +530,7 @@ impl Channel {
     /// The next whole message received, in order.
     pub fn recv_message(&mut self) -> Option<Vec<u8>> {
         let (msg, frames) = self.ready.pop_front()?;
-        self.ready_frames -= frames;
+        self.ready_frames = self.ready_frames.saturating_sub(frames);
         self.ready_bytes -= msg.len();
         self.update_edge();
         let opened = self.rcv_edge.wrapping_sub(self.advertised_edge);
@@ -543,6 +556,11 @@ impl Channel {
 
     fn fail(&mut self, reason: FailReason) {
         self.state = ChannelState::Failed(reason);
+        self.drop_send_state();
+    }
+
+    /// The channel ended: what was queued or unacknowledged is dropped.
+    fn drop_send_state(&mut self) {
         self.queue.clear();
         self.queued_bytes = 0;
         self.sent.clear();
@@ -550,11 +568,14 @@ impl Channel {
         self.rtx.clear();
         self.sent_log.clear();
         self.pipe = 0;
+        self.rto_at = None;
+        self.persist_at = None;
+        self.close_at = None;
     }
 
     fn finish_closed(&mut self) {
-        self.fail(FailReason::Timeout);
         self.state = ChannelState::Closed;
+        self.drop_send_state();
     }
 
     /// Whether data or a CLOSE waits for the peer.
@@ -584,10 +605,10 @@ impl Channel {
                 local: self.local_id,
             });
         }
+        let (h, payload) = self.protector.verify(frame)?;
         if matches!(self.state, ChannelState::Failed(_)) {
             return Ok(());
         }
-        let (h, payload) = self.protector.verify(frame)?;
         if h.kind != Kind::Data && h.len != 0 {
             return Err(FrameError::UnexpectedPayload(h.kind));
         }
@@ -643,7 +664,8 @@ impl Channel {
                     if f.state == FragState::InFlight {
                         self.pipe -= 1;
                     }
-                    self.on_newly_acked(&f, &mut newest);
+                    self.grow_cwnd(f.tx);
+                    note_newest(&mut newest, f.tx, f.sent_at, f.sends);
                 }
             }
         }
@@ -679,17 +701,13 @@ impl Channel {
         }
         if progress {
             self.last_progress = now;
+            self.rtos_without_progress = 0;
             self.rto_at = (self.pipe > 0).then(|| now + self.rto());
-            self.detect_lost();
+            self.detect_lost(now);
         } else if !seq_lt(self.snd_una, self.peer_edge) {
             // The peer is alive and has no room: not dead.
             self.last_progress = now;
         }
-    }
-
-    fn on_newly_acked(&mut self, f: &SentFrag, newest: &mut Option<Newest>) {
-        self.grow_cwnd(f.tx);
-        note_newest(newest, f.tx, f.sent_at, f.sends);
     }
 
     fn grow_cwnd(&mut self, tx: u64) {
@@ -708,24 +726,35 @@ impl Channel {
         self.cwnd = self.cwnd.min(self.cfg.max_cwnd);
     }
 
-    /// Declares lost the frames transmitted [`PACKET_THRESHOLD`] or more
-    /// transmissions before the newest one acknowledged.
-    fn detect_lost(&mut self) {
+    /// Declares lost the frames transmitted before the newest one
+    /// acknowledged, by [`PACKET_THRESHOLD`] transmissions or more, or by
+    /// more than 9/8 of the smoothed RTT (QUIC's time threshold).
+    fn detect_lost(&mut self, now: Instant) {
         let Some(largest) = self.largest_acked_tx else {
             return;
         };
+        let threshold = self.rtt.srtt().map(|s| s * 9 / 8);
         while let Some(&(tx, seq)) = self.sent_log.front() {
-            if tx + PACKET_THRESHOLD > largest {
+            if tx >= largest {
+                break;
+            }
+            let i = seq.wrapping_sub(self.snd_una) as usize;
+            let live = self.sent.get(i).filter(|f| {
+                f.state == FragState::InFlight && f.tx == tx && !seq_lt(seq, self.snd_una)
+            });
+            let Some(f) = live else {
+                self.sent_log.pop_front();
+                continue;
+            };
+            let by_count = tx + PACKET_THRESHOLD <= largest;
+            let by_time = threshold.is_some_and(|t| now.saturating_duration_since(f.sent_at) >= t);
+            if !by_count && !by_time {
                 break;
             }
             self.sent_log.pop_front();
-            let i = seq.wrapping_sub(self.snd_una) as usize;
             let Some(f) = self.sent.get_mut(i) else {
                 continue;
             };
-            if f.state != FragState::InFlight || f.tx != tx {
-                continue;
-            }
             f.state = FragState::Lost;
             self.pipe -= 1;
             self.push_lost(seq);
@@ -813,13 +842,13 @@ impl Channel {
             return false;
         }
         self.partial.extend_from_slice(payload);
-        self.partial_frames += 1;
+        self.partial_frames = self.partial_frames.saturating_add(1);
         self.next_frag = self.next_frag.wrapping_add(1);
         if last {
             let msg = std::mem::take(&mut self.partial);
             self.ready_bytes += msg.len();
             self.ready.push_back((msg, self.partial_frames));
-            self.ready_frames += self.partial_frames;
+            self.ready_frames = self.ready_frames.saturating_add(self.partial_frames);
             self.partial_frames = 0;
             self.next_frag = 0;
             self.stats.messages_received += 1;
@@ -894,7 +923,8 @@ impl Channel {
         }
     }
 
-    /// The retransmission timer expired: every frame in flight is lost.
+    /// The retransmission timer expired: the oldest frame in flight goes
+    /// again (after a second timeout without progress, every frame).
     fn on_rto(&mut self) {
         self.rto_at = None;
         if self.pipe == 0 {
@@ -910,19 +940,36 @@ impl Channel {
             self.ca_acked = 0;
         }
         self.recovery_tx = self.next_tx;
-        // Everything not acknowledged goes again, lowest sequence number
-        // first: the receiver delivers nothing until the first gap fills.
-        self.rtx.clear();
-        let mut seq = self.snd_una;
-        for f in self.sent.iter_mut() {
-            if matches!(f.state, FragState::InFlight | FragState::Lost) {
-                f.state = FragState::Lost;
-                self.rtx.push_back(seq);
+        // Once: only the oldest frame in flight is sent again; when its
+        // retransmission is acknowledged, the loss thresholds declare lost
+        // whatever older transmissions are still unacknowledged, and a
+        // spurious timeout costs one frame instead of a window. A second
+        // timeout without progress sends everything not acknowledged
+        // again, lowest sequence number first: the receiver delivers
+        // nothing until the first gap fills.
+        self.rtos_without_progress = self.rtos_without_progress.saturating_add(1);
+        if self.rtos_without_progress > 1 {
+            self.rtx.clear();
+            let mut seq = self.snd_una;
+            for f in self.sent.iter_mut() {
+                if matches!(f.state, FragState::InFlight | FragState::Lost) {
+                    f.state = FragState::Lost;
+                    self.rtx.push_back(seq);
+                }
+                seq = seq.wrapping_add(1);
             }
-            seq = seq.wrapping_add(1);
+            self.pipe = 0;
+            self.sent_log.clear();
+        } else if let Some(i) = self
+            .sent
+            .iter()
+            .position(|f| f.state == FragState::InFlight)
+        {
+            self.sent[i].state = FragState::Lost;
+            self.pipe -= 1;
+            self.push_lost(self.snd_una.wrapping_add(i as u32));
         }
-        self.pipe = 0;
-        self.sent_log.clear();
+        self.rtx_budget = 1;
     }
 
     /// Writes the next frame to send into `out` (cleared first); false when
@@ -956,7 +1003,7 @@ impl Channel {
                 self.last_progress = now;
             }
             let backoff = 1u32 << self.close_tries.min(16);
-            self.close_tries += 1;
+            self.close_tries = self.close_tries.saturating_add(1);
             let wait = self
                 .rtt
                 .rto()
@@ -1136,5 +1183,163 @@ impl Channel {
 fn note_newest(newest: &mut Option<Newest>, tx: u64, sent_at: Instant, sends: u32) {
     if newest.is_none_or(|n| tx > n.tx) {
         *newest = Some(Newest { tx, sent_at, sends });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn sequence_comparison_wraps() {
+        assert!(seq_lt(1, 2));
+        assert!(!seq_lt(2, 1));
+        assert!(!seq_lt(5, 5));
+        assert!(seq_lt(u32::MAX, 0));
+        assert!(seq_lt(u32::MAX - 10, 5));
+        assert!(!seq_lt(5, u32::MAX - 10));
+    }
+
+    fn pair(now: Instant) -> (Channel, Channel) {
+        let cfg = ChannelConfig {
+            max_frame: 100,
+            initial_cwnd: 16,
+            ..ChannelConfig::default()
+        };
+        let a = Channel::new(cfg.clone(), 1, 2, Protector::crc_only(), now);
+        let b = Channel::new(cfg, 2, 1, Protector::crc_only(), now);
+        (a, b)
+    }
+
+    fn flight(ch: &mut Channel, now: Instant) -> Vec<Vec<u8>> {
+        let mut frames = Vec::new();
+        let mut out = Vec::new();
+        while ch.poll_transmit(now, &mut out) {
+            frames.push(out.clone());
+        }
+        frames
+    }
+
+    /// Delivers `frames` to `to`, and everything `to` answers back to
+    /// `from`.
+    fn exchange(from: &mut Channel, to: &mut Channel, frames: Vec<Vec<u8>>, now: Instant) {
+        for mut f in frames {
+            to.handle_frame(now, &mut f).expect("valid frame");
+        }
+        let mut answers = flight(to, now);
+        let mut now = now;
+        if answers.is_empty() {
+            now += to.cfg.ack_delay;
+            to.handle_timeout(now);
+            answers = flight(to, now);
+        }
+        for mut f in answers {
+            from.handle_frame(now, &mut f).expect("valid answer");
+        }
+    }
+
+    #[test]
+    fn a_lost_frame_is_retransmitted_after_three_later_ones_and_halves_cwnd() {
+        let t0 = Instant::now();
+        let (mut a, mut b) = pair(t0);
+        a.send_message(&[1; 600]).expect("send"); // 11 frames of 56 bytes
+        let mut frames = flight(&mut a, t0);
+        assert_eq!(frames.len(), 11);
+        assert_eq!(a.stats().in_flight, 11);
+        let lost = frames.remove(2);
+        let t1 = t0 + MS;
+        exchange(&mut a, &mut b, frames, t1);
+        let s = a.stats();
+        assert_eq!(s.fast_retransmits, 1);
+        // The acknowledgement grew the window from 16 to 26 (slow start,
+        // 10 frames) before its SACK showed the loss: halved to 13.
+        assert_eq!(s.cwnd, 13);
+        assert_eq!(s.ssthresh, 13);
+        assert_eq!(s.in_flight, 0);
+        assert!(s.srtt.is_some());
+        // The retransmission: same sequence number, new packet number.
+        let rtx = flight(&mut a, t1);
+        assert_eq!(rtx.len(), 1);
+        let (h0, h1) = (
+            Header::parse(&lost).expect("header"),
+            Header::parse(&rtx[0]).expect("header"),
+        );
+        assert_eq!((h1.seq, h1.frag), (h0.seq, h0.frag));
+        assert_eq!(h1.pn, 11);
+        assert_eq!(a.stats().retransmits, 1);
+        exchange(&mut a, &mut b, rtx, t1 + MS);
+        assert_eq!(b.recv_message().map(|m| m.len()), Some(600));
+        assert_eq!(a.send_buffered(), 0);
+        assert_eq!(a.poll_timeout(), None);
+    }
+
+    #[test]
+    fn timeout_collapses_the_window_and_backs_off() {
+        let t0 = Instant::now();
+        let (mut a, mut b) = pair(t0);
+        a.send_message(&[1; 300]).expect("send");
+        let frames = flight(&mut a, t0);
+        exchange(&mut a, &mut b, frames, t0 + MS);
+        let srtt = a.stats().srtt.expect("sample");
+        assert_eq!(srtt, MS);
+        a.send_message(&[2; 300]).expect("send");
+        let _lost = flight(&mut a, t0 + 2 * MS);
+        let rto = a.stats().rto;
+        let deadline = a.poll_timeout().expect("rto armed");
+        assert_eq!(deadline, t0 + 2 * MS + rto);
+        a.handle_timeout(deadline);
+        let s = a.stats();
+        assert_eq!((s.timeouts, s.cwnd), (1, MIN_CWND));
+        assert_eq!(s.rto, (rto - a.cfg.ack_delay) * 2 + a.cfg.ack_delay);
+        // The oldest frame goes again; when it is acknowledged, the others
+        // are lost by the time threshold and follow. None is an RTT sample
+        // (Karn).
+        let rtx = flight(&mut a, deadline);
+        assert_eq!(rtx.len(), 1);
+        let mut t = deadline;
+        let mut rtx = rtx;
+        while a.send_buffered() > 0 {
+            t += 50 * MS;
+            exchange(&mut a, &mut b, rtx, t);
+            rtx = flight(&mut a, t);
+            assert!(!rtx.is_empty() || a.send_buffered() == 0);
+        }
+        assert_eq!(a.stats().srtt, Some(srtt));
+        assert_eq!(a.stats().retransmits, 6);
+        assert_eq!(a.stats().timeouts, 1);
+        assert!(a.stats().cwnd > MIN_CWND);
+    }
+
+    #[test]
+    fn acknowledgements_are_delayed_then_sent() {
+        let t0 = Instant::now();
+        let (mut a, mut b) = pair(t0);
+        a.send_message(&[1; 10]).expect("send");
+        let frames = flight(&mut a, t0);
+        for mut f in frames {
+            b.handle_frame(t0, &mut f).expect("valid");
+        }
+        // One in-order frame: the ACK waits for ack_delay.
+        assert!(flight(&mut b, t0).is_empty());
+        let t = b.poll_timeout().expect("delayed ack");
+        assert_eq!(t, t0 + b.cfg.ack_delay);
+        b.handle_timeout(t);
+        let acks = flight(&mut b, t);
+        assert_eq!(acks.len(), 1);
+        assert_eq!(b.stats().acks_sent, 1);
+        // A reply piggybacks the acknowledgement instead.
+        a.send_message(&[2; 200]).expect("send"); // 4 frames: ack_every
+        let frames = flight(&mut a, t);
+        for mut f in frames {
+            b.handle_frame(t, &mut f).expect("valid");
+        }
+        b.send_message(b"reply").expect("send");
+        let out = flight(&mut b, t);
+        assert_eq!(out.len(), 1);
+        let h = Header::parse(&out[0]).expect("header");
+        assert_eq!((h.kind, h.ack), (Kind::Data, 5));
+        assert_eq!(b.stats().acks_sent, 1);
     }
 }

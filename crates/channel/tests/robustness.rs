@@ -256,6 +256,35 @@ fn fragment_out_of_place_fails_the_channel() {
     assert!(matches!(ch.state(), ChannelState::Failed(_)));
     assert!(ch.send_message(b"x").is_err());
     assert_eq!(ch.poll_timeout(), None);
+    // A failed channel still checks what it is given, and takes nothing.
+    let mut f = sealed(
+        &Header {
+            pn: 1,
+            frag: 0,
+            ..h
+        },
+        b"abc",
+    );
+    let n = f.len();
+    f[n - 1] ^= 1;
+    assert_eq!(ch.handle_frame(now, &mut f), Err(FrameError::BadCrc));
+    let mut f = sealed(
+        &Header {
+            pn: 1,
+            frag: 0,
+            ..h
+        },
+        b"abc",
+    );
+    assert_eq!(ch.handle_frame(now, &mut f), Ok(()));
+    assert_eq!(ch.recv_buffered(), 0);
+    assert!(!ch.poll_transmit(now, &mut Vec::new()));
+}
+
+#[test]
+fn a_channel_moves_between_threads() {
+    fn send<T: Send>() {}
+    send::<Channel>();
 }
 
 #[test]

@@ -78,6 +78,35 @@ fn congestion_control_fills_a_shallow_queue() {
     assert!(rate > 0.7 * 125e6, "goodput {rate} B/s");
 }
 
+/// Drop-tail queues from shallow to deep, both directions busy (the
+/// acknowledgements wait behind data): slow start overshoots, a deep
+/// queue delays acknowledgements past the RTO; every transfer completes
+/// with few frames sent twice. (A 4 ms queue once stalled recovery at one
+/// frame per timeout.)
+#[test]
+fn shallow_and_deep_queues() {
+    for ms in [1, 4, 20, 1000] {
+        let link = LinkConfig {
+            queue: Duration::from_millis(ms),
+            ..LinkConfig::lan()
+        };
+        let mut sim = Sim::new(1, ChannelConfig::default(), link, mixed(20 << 20));
+        sim.run(Duration::from_secs(60));
+        assert!(
+            sim.elapsed() < Duration::from_secs(1),
+            "{ms} ms: {:?}",
+            sim.elapsed()
+        );
+        for i in 0..2 {
+            let s = sim.channel(i).stats();
+            assert!(
+                (s.retransmits as f64) < 0.06 * s.frames_sent as f64,
+                "{ms} ms, side {i}: {s:#?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn lossy_both_directions() {
     let mut sim = Sim::new(
