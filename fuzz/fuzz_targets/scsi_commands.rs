@@ -27,7 +27,7 @@ fn target() -> ScsiTarget {
     };
     let t = ScsiTarget::new(vec![Arc::new(LogicalUnit::new(dev, cfg))]);
     // LUN 0 is read-only for the initiator named "ro".
-    t.set_policy(0, LunPolicy { visible_to: vec![], read_only_for: vec!["ro".into()] })
+    t.set_policy(0, LunPolicy { visible_to: vec![], read_only_for: vec!["ro".into()], ..Default::default() })
         .expect("LUN 0 exists");
     t
 }
