@@ -330,6 +330,8 @@ pub struct Channel {
     snd_nxt: u32,
     sent: VecDeque<SentFrag>,
     unacked_bytes: usize,
+    /// Bytes left before the frame by the current `poll_transmit_after`.
+    headroom: usize,
     rtx: VecDeque<u32>,
     /// (transmission index, sequence number) of transmissions in order.
     sent_log: VecDeque<(u64, u32)>,
@@ -408,6 +410,7 @@ impl Channel {
             snd_nxt: seq,
             sent: VecDeque::new(),
             unacked_bytes: 0,
+            headroom: 0,
             rtx: VecDeque::new(),
             sent_log: VecDeque::new(),
             next_pn: 0,
@@ -975,7 +978,16 @@ impl Channel {
     /// Writes the next frame to send into `out` (cleared first); false when
     /// there is nothing to send.
     pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>) -> bool {
+        self.poll_transmit_after(now, out, 0)
+    }
+
+    /// [`poll_transmit`](Self::poll_transmit) leaving `headroom` bytes
+    /// before the frame in `out` (room for a link header the caller fills
+    /// in, so that the frame is not copied again to add it).
+    pub fn poll_transmit_after(&mut self, now: Instant, out: &mut Vec<u8>, headroom: usize) -> bool {
         out.clear();
+        out.resize(headroom, 0);
+        self.headroom = headroom;
         match self.state {
             ChannelState::Failed(_) => return false,
             ChannelState::Closed => {
@@ -1137,9 +1149,9 @@ impl Channel {
     }
 
     fn seal(&mut self, out: &mut Vec<u8>) {
-        self.protector.seal(out);
+        self.protector.seal_from(out, self.headroom);
         self.stats.frames_sent += 1;
-        self.stats.bytes_sent += out.len() as u64;
+        self.stats.bytes_sent += (out.len() - self.headroom.min(out.len())) as u64;
     }
 
     /// Writes a header carrying the current acknowledgement, and takes the

@@ -133,12 +133,21 @@ impl Protector {
     /// followed by the payload: at level `encrypt` the payload is encrypted
     /// in place; then the trailer is appended.
     pub fn seal(&mut self, frame: &mut Vec<u8>) {
+        self.seal_from(frame, 0)
+    }
+
+    /// [`seal`](Self::seal) for a frame that starts at `start` in `buf`
+    /// (what comes before, such as room for an Ethernet header, is left
+    /// alone).
+    pub fn seal_from(&mut self, buf: &mut Vec<u8>, start: usize) {
+        let start = start.min(buf.len());
+        let frame = &mut buf[start..];
         let pn = peek_pn(frame).unwrap_or(0);
         let keys = match (&mut self.keys, self.level) {
             (Some(keys), Level::Integrity | Level::Encrypt) => keys,
             _ => {
                 let crc = crc32c::crc32c(frame);
-                frame.extend_from_slice(&crc.to_be_bytes());
+                buf.extend_from_slice(&crc.to_be_bytes());
                 return;
             }
         };
@@ -149,7 +158,7 @@ impl Protector {
         } else {
             keys.seal(pn, frame, &mut [])
         };
-        frame.extend_from_slice(&tag);
+        buf.extend_from_slice(&tag);
     }
 
     /// Checks a received channel frame (prefix onwards; anything after the

@@ -96,7 +96,6 @@ pub(crate) struct Driver {
     /// A channel had more to send than one round takes.
     busy: bool,
     spare: Vec<Vec<u8>>,
-    scratch: Vec<Vec<u8>>,
 }
 
 impl Driver {
@@ -132,7 +131,6 @@ impl Driver {
             outbox: Vec::new(),
             busy: false,
             spare: Vec::new(),
-            scratch: Vec::new(),
         }
     }
 
@@ -177,10 +175,7 @@ impl Driver {
             self.on_timers(now);
             self.pump(now);
             if !self.outbox.is_empty() {
-                let r = self
-                    .medium
-                    .send_batch(&self.outbox, &mut self.scratch)
-                    .await;
+                let r = self.medium.send_batch(&mut self.outbox).await;
                 for (_, f) in self.outbox.drain(..) {
                     self.spare.push(f);
                 }
@@ -273,6 +268,17 @@ impl Driver {
         }
     }
 
+    /// Queues `frame` for `peer`, after the medium's headroom (the
+    /// channels write theirs in place; this copy is for the rare handshake
+    /// and discovery frames).
+    fn push_out(&mut self, peer: PeerAddr, frame: &[u8]) {
+        let mut buf = self.spare.pop().unwrap_or_default();
+        buf.clear();
+        buf.resize(self.medium.headroom(), 0);
+        buf.extend_from_slice(frame);
+        self.outbox.push((peer, buf));
+    }
+
     fn fresh_id(&self) -> u32 {
         loop {
             let id = fastrand::u32(1..);
@@ -289,7 +295,7 @@ impl Driver {
             return;
         };
         match r.handle_hello(now, frame, id, max_frame) {
-            Ok(o) => self.outbox.push((peer, o.reply)),
+            Ok(o) => self.push_out(peer, &o.reply),
             // Silence: a non-member learns nothing.
             Err(e) => debug!(%peer, error = %e, "HELLO ignored"),
         }
@@ -333,7 +339,7 @@ impl Driver {
                     return;
                 };
                 let level = c.level;
-                self.outbox.push((peer, finish.clone()));
+                self.push_out(peer, &finish);
                 match self.open_channel(now, peer, est, Some(finish)) {
                     Some(stream) => {
                         debug!(%peer, channel = dst, %level, "channel opened");
@@ -368,7 +374,7 @@ impl Driver {
             Ok(replies) => {
                 debug!(%peer, parts = replies.len(), "discovery answered");
                 for r in replies {
-                    self.outbox.push((peer, r));
+                    self.push_out(peer, &r);
                 }
             }
             Err(e) => debug!(%peer, error = %e, "discovery query ignored"),
@@ -462,7 +468,8 @@ impl Driver {
                 match InitiatorHandshake::new(&self.cfg.group, id, level, max_frame) {
                     Ok(hs) => {
                         let now = Instant::now();
-                        self.outbox.push((peer, hs.hello().to_vec()));
+                        let hello = hs.hello().to_vec();
+                        self.push_out(peer, &hello);
                         self.connecting.insert(
                             id,
                             Connecting {
@@ -487,7 +494,7 @@ impl Driver {
             Command::Discover { dst, parts, nonce } => {
                 self.waiters.insert(nonce, parts);
                 let q = discovery::query(&self.cfg.group, unix_ms(), nonce);
-                self.outbox.push((dst, q));
+                self.push_out(dst, &q);
             }
             Command::DiscoverDone { nonce } => {
                 self.waiters.remove(&nonce);
@@ -507,13 +514,14 @@ impl Driver {
         if let Some(r) = self.responder.as_mut() {
             r.expire(now);
         }
+        let mut resend: Vec<(PeerAddr, Vec<u8>)> = Vec::new();
         for c in self.channels.values_mut() {
             if c.ch.poll_timeout().is_some_and(|t| t <= now) {
                 c.ch.handle_timeout(now);
             }
             if let Some((f, at)) = &mut c.finish {
                 if *at <= now {
-                    self.outbox.push((c.info.peer, f.clone()));
+                    resend.push((c.info.peer, f.clone()));
                     *at = now + FINISH_RESEND;
                 }
             }
@@ -523,10 +531,13 @@ impl Driver {
             if c.deadline <= now {
                 expired.push(*id);
             } else if c.resend_at <= now {
-                self.outbox.push((c.peer, c.hs.hello().to_vec()));
+                resend.push((c.peer, c.hs.hello().to_vec()));
                 c.interval = (c.interval * 2).min(Duration::from_secs(1));
                 c.resend_at = now + c.interval;
             }
+        }
+        for (peer, f) in resend {
+            self.push_out(peer, &f);
         }
         for id in expired {
             if let Some(c) = self.connecting.remove(&id) {
@@ -543,12 +554,13 @@ impl Driver {
     /// channels that have ended.
     fn pump(&mut self, now: Instant) {
         let mut ended = Vec::new();
+        let headroom = self.medium.headroom();
         self.busy = false;
         for (id, c) in self.channels.iter_mut() {
             let mut sent = 0;
             while sent < FRAMES_PER_ROUND {
                 let mut buf = self.spare.pop().unwrap_or_default();
-                if !c.ch.poll_transmit(now, &mut buf) {
+                if !c.ch.poll_transmit_after(now, &mut buf, headroom) {
                     self.spare.push(buf);
                     break;
                 }

@@ -106,6 +106,15 @@ impl Medium {
         }
     }
 
+    /// Bytes every outgoing frame buffer leaves free at its start for the
+    /// link header (the Ethernet header, written in place).
+    pub fn headroom(&self) -> usize {
+        match self {
+            Medium::Ethernet(_) => HEADER_LEN,
+            Medium::Udp { .. } => 0,
+        }
+    }
+
     /// Our own address, for messages.
     pub fn local(&self) -> String {
         match self {
@@ -182,37 +191,41 @@ impl Medium {
     /// Sends every frame of `frames` to its peer. A frame the medium drops
     /// is not an error (the channel retransmits); a frame addressed in the
     /// other medium's kind is skipped.
+    /// Every buffer starts with [`Medium::headroom`] bytes for the link
+    /// header, filled in here.
     pub(crate) async fn send_batch(
         &self,
-        frames: &[(PeerAddr, Vec<u8>)],
-        scratch: &mut Vec<Vec<u8>>,
+        frames: &mut [(PeerAddr, Vec<u8>)],
     ) -> std::io::Result<()> {
         match self {
             Medium::Ethernet(link) => {
-                scratch.clear();
                 let src = link.mac();
                 let ethertype = link.ethertype();
-                for (peer, payload) in frames {
+                for (peer, f) in frames.iter_mut() {
                     let PeerAddr::Mac(dst) = *peer else { continue };
-                    let mut f = Vec::with_capacity(HEADER_LEN + payload.len());
-                    f.extend_from_slice(
-                        &EthernetHeader {
-                            dst,
-                            src,
-                            ethertype,
-                        }
-                        .to_bytes(),
-                    );
-                    f.extend_from_slice(payload);
-                    scratch.push(f);
+                    if f.len() >= HEADER_LEN {
+                        f[..HEADER_LEN].copy_from_slice(
+                            &EthernetHeader {
+                                dst,
+                                src,
+                                ethertype,
+                            }
+                            .to_bytes(),
+                        );
+                    }
                 }
-                link.send_batch(scratch.iter())
-                    .await
-                    .map_err(std::io::Error::other)?;
+                link.send_batch(
+                    frames
+                        .iter()
+                        .filter(|(p, f)| matches!(p, PeerAddr::Mac(_)) && f.len() > HEADER_LEN)
+                        .map(|(_, f)| f),
+                )
+                .await
+                .map_err(std::io::Error::other)?;
                 Ok(())
             }
             Medium::Udp { socket, .. } => {
-                for (peer, payload) in frames {
+                for (peer, payload) in frames.iter() {
                     let PeerAddr::Udp(to) = *peer else { continue };
                     match socket.send_to(payload, to).await {
                         Ok(_) => {}
