@@ -199,6 +199,17 @@ impl Endpoint {
         dst: PeerAddr,
         wait: Duration,
     ) -> Result<Vec<(PeerAddr, Catalog)>, EndpointError> {
+        self.discover_until(dst, wait, |_| false).await
+    }
+
+    /// [`discover`](Self::discover) that stops early, as soon as an
+    /// answering server's catalog satisfies `enough`.
+    pub async fn discover_until(
+        &self,
+        dst: PeerAddr,
+        wait: Duration,
+        enough: impl Fn(&Catalog) -> bool,
+    ) -> Result<Vec<(PeerAddr, Catalog)>, EndpointError> {
         let nonce: [u8; 16] = std::array::from_fn(|_| fastrand::u8(..));
         let (parts, mut rx) = mpsc::unbounded_channel();
         self.tx
@@ -218,6 +229,9 @@ impl Endpoint {
                     }
                 }
                 None => found.push((peer, part.catalog, vec![part.index])),
+            }
+            if found.iter().any(|(_, c, _)| enough(c)) {
+                break;
             }
         }
         let _ = self.tx.send(Command::DiscoverDone { nonce });

@@ -104,9 +104,10 @@ pub async fn connect(
         Some(p) => p,
         None => {
             let found = ep
-                .discover(
+                .discover_until(
                     PeerAddr::Mac(MacAddr::BROADCAST),
                     DISCOVER_WAIT.min(timeout),
+                    |c| c.targets.iter().any(|t| t.name == url.target),
                 )
                 .await
                 .map_err(|e| Error::Native(e.to_string()))?;
