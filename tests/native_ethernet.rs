@@ -240,3 +240,193 @@ async fn over_a_veth_pair_at_mtu_1500() {
 async fn over_a_veth_pair_with_jumbo_frames() {
     over_veth("j", 9000).await;
 }
+
+/// `ethersan attach` over raw Ethernet with encryption (the default):
+/// the LUN found by group discovery, attached as a file, a loop device on
+/// it formatted ext4 and mounted, files written and checked, everything
+/// detached, attached again, `e2fsck -fn` clean and the files intact. The
+/// attach process joins the client's network namespace only (nsenter
+/// --net), so its FUSE mount is visible here.
+#[test]
+fn attach_format_and_mount_over_raw_ethernet_with_encryption() {
+    for tool in [
+        "nsenter",
+        "losetup",
+        "mkfs.ext4",
+        "e2fsck",
+        "mount",
+        "sha256sum",
+    ] {
+        require_tool(tool);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let veth = Veth::new("f", 9000);
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, SECRET).unwrap();
+    let img = dir.path().join("disk.img");
+    let args: Vec<String> = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--target",
+        IQN,
+        "--lun",
+        &format!("{}:96M", path_str(&img)),
+        "--eth",
+        &veth.ifname[0],
+        "--group",
+        GROUP,
+        "--group-secret-file",
+        &path_str(&secret),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let server = veth.serve(&args);
+    let url = format!("eth://{}/{IQN}/0", veth.ifname[1]);
+    let fuse_dir = dir.path().join("fuse");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir_all(&fuse_dir).unwrap();
+    std::fs::create_dir_all(&mnt).unwrap();
+    let netns = format!("--net=/run/netns/{}", veth.ns[1]);
+    let attach = || {
+        let mut child = std::process::Command::new("nsenter")
+            .args([&netns, env!("CARGO_BIN_EXE_ethersan"), "attach", &url])
+            .arg(&fuse_dir)
+            .args(["--group", GROUP, "--group-secret-file", &path_str(&secret)])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("attach says where the file is");
+        let file = line
+            .split("losetup --find --show ")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no losetup command in {line:?}"))
+            .trim()
+            .to_string();
+        Detach { child, file }
+    };
+    let must = |cmd: &str, args: &[&str]| -> String {
+        let o = run(cmd, args, Duration::from_secs(120));
+        assert!(
+            o.status.success(),
+            "{cmd} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let mut a = attach();
+    let dev = must("losetup", &["--find", "--show", "--direct-io=on", &a.file])
+        .trim()
+        .to_string();
+    let guard = LoopGuard {
+        dev: dev.clone(),
+        mnt: mnt.clone(),
+    };
+    must("mkfs.ext4", &["-q", &dev]);
+    must("mount", &[&dev, &path_str(&mnt)]);
+    for i in 0..4 {
+        std::fs::write(mnt.join(format!("f{i}")), pattern(3 << 20, 60 + i)).unwrap();
+    }
+    must("sync", &[]);
+    let sums = must(
+        "sh",
+        &["-c", &format!("cd {} && sha256sum f*", path_str(&mnt))],
+    );
+    must("umount", &[&path_str(&mnt)]);
+    must("losetup", &["-d", &dev]);
+    drop(guard);
+    a.stop();
+    let mut a = attach();
+    let dev = must("losetup", &["--find", "--show", "--direct-io=on", &a.file])
+        .trim()
+        .to_string();
+    let _guard = LoopGuard {
+        dev: dev.clone(),
+        mnt: mnt.clone(),
+    };
+    must("e2fsck", &["-fn", &dev]);
+    must("mount", &[&dev, &path_str(&mnt)]);
+    let again = must(
+        "sh",
+        &["-c", &format!("cd {} && sha256sum f*", path_str(&mnt))],
+    );
+    assert_eq!(sums, again, "files changed across detach and attach");
+    must("umount", &[&path_str(&mnt)]);
+    must("losetup", &["-d", &dev]);
+    a.stop();
+    let opened = server
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains("channel opened") && l.contains("level=encrypt"))
+        .count();
+    assert!(opened >= 2, "the attaches did not use encrypted channels");
+}
+
+/// A running `ethersan attach`, stopped with SIGTERM (it flushes and
+/// unmounts) by [`Detach::stop`] or on drop.
+struct Detach {
+    child: std::process::Child,
+    file: String,
+}
+
+impl Detach {
+    fn stop(&mut self) {
+        // SAFETY: kill(2) on a child we spawned and still own.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                assert!(st.success(), "attach exited with {st}");
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        panic!("attach did not stop on SIGTERM");
+    }
+}
+
+impl Drop for Detach {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Unmounts and detaches the loop device even when the test fails.
+struct LoopGuard {
+    dev: String,
+    mnt: std::path::PathBuf,
+}
+
+impl Drop for LoopGuard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(&self.mnt)
+            .stderr(std::process::Stdio::null())
+            .status();
+        let _ = std::process::Command::new("losetup")
+            .args(["-d", &self.dev])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
