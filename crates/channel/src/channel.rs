@@ -984,7 +984,12 @@ impl Channel {
     /// [`poll_transmit`](Self::poll_transmit) leaving `headroom` bytes
     /// before the frame in `out` (room for a link header the caller fills
     /// in, so that the frame is not copied again to add it).
-    pub fn poll_transmit_after(&mut self, now: Instant, out: &mut Vec<u8>, headroom: usize) -> bool {
+    pub fn poll_transmit_after(
+        &mut self,
+        now: Instant,
+        out: &mut Vec<u8>,
+        headroom: usize,
+    ) -> bool {
         out.clear();
         out.resize(headroom, 0);
         self.headroom = headroom;
