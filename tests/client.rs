@@ -178,7 +178,7 @@ fn cp_on(peer: Peer) {
     );
     fails_with(
         &ethersan(&["cp", src.to_str().unwrap(), back.to_str().unwrap()]),
-        "iscsi:// URL",
+        "one side of cp must be a LUN's URL: iscsi://",
     );
 }
 
