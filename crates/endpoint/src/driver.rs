@@ -449,9 +449,10 @@ impl Driver {
                 }
             }
             Command::Close { id } => {
+                let target = matches!(self.role, Role::Target { .. });
                 if let Some(c) = self.channels.get_mut(&id) {
                     if !c.closing {
-                        log_stats("channel closing", &c.info, &c.ch.stats());
+                        log_stats(target, "channel closing", &c.info, &c.ch.stats());
                     }
                     c.closing = true;
                     c.ch.close();
@@ -554,6 +555,7 @@ impl Driver {
     /// channels that have ended.
     fn pump(&mut self, now: Instant) {
         let mut ended = Vec::new();
+        let target = matches!(self.role, Role::Target { .. });
         let headroom = self.medium.headroom();
         self.busy = false;
         for (id, c) in self.channels.iter_mut() {
@@ -603,7 +605,7 @@ impl Driver {
                     }
                     None => debug!(peer = %c.info.peer, channel = id, "channel closed"),
                 }
-                log_stats("channel ended", &c.info, &c.ch.stats());
+                log_stats(target, "channel ended", &c.info, &c.ch.stats());
                 c.shared.end(why.map(|w| w.to_string()));
             }
         }
@@ -611,26 +613,37 @@ impl Driver {
 }
 
 /// One line with a channel's counters (window, RTT, retransmissions,
-/// rejected frames), for the log and the tests that read it.
-fn log_stats(what: &str, info: &ChannelInfo, s: &ChannelStats) {
-    info!(
-        peer = %info.peer,
-        channel = info.local_id,
-        level = %info.level,
-        max_frame = info.max_frame,
-        frames_sent = s.frames_sent,
-        frames_received = s.frames_received,
-        bytes_sent = s.bytes_sent,
-        bytes_received = s.bytes_received,
-        retransmits = s.retransmits,
-        fast_retransmits = s.fast_retransmits,
-        timeouts = s.timeouts,
-        duplicates = s.duplicates,
-        rejected = s.rejected,
-        cwnd = s.cwnd,
-        srtt_us = s.srtt.map_or(0, |d| d.as_micros() as u64),
-        "{what}"
-    );
+/// rejected frames): at info level on a target (its log keeps every
+/// channel), at debug level on a client (a command's stderr shows it only
+/// when asked, ETHERSAN_LOG=debug).
+fn log_stats(target: bool, what: &str, info: &ChannelInfo, s: &ChannelStats) {
+    macro_rules! stats_line {
+        ($level:ident) => {
+            $level!(
+                peer = %info.peer,
+                channel = info.local_id,
+                level = %info.level,
+                max_frame = info.max_frame,
+                frames_sent = s.frames_sent,
+                frames_received = s.frames_received,
+                bytes_sent = s.bytes_sent,
+                bytes_received = s.bytes_received,
+                retransmits = s.retransmits,
+                fast_retransmits = s.fast_retransmits,
+                timeouts = s.timeouts,
+                duplicates = s.duplicates,
+                rejected = s.rejected,
+                cwnd = s.cwnd,
+                srtt_us = s.srtt.map_or(0, |d| d.as_micros() as u64),
+                "{what}"
+            )
+        };
+    }
+    if target {
+        stats_line!(info);
+    } else {
+        stats_line!(debug);
+    }
 }
 
 async fn sleep_until(t: Option<Instant>) {
