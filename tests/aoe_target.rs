@@ -188,10 +188,6 @@ fn ok_all(rs: Vec<Result<Vec<u8>, CommandError>>) -> Vec<u8> {
         .collect()
 }
 
-fn path_str(p: &Path) -> String {
-    p.to_str().unwrap().to_string()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aoe_devices_answer_share_their_volume_with_iscsi_and_keep_their_config() {
     let dir = tempfile::tempdir().unwrap();

@@ -20,18 +20,33 @@ const GROUP: &str = "lab";
 const SECRET: &str = "correct horse battery staple";
 const ETHERTYPE: u16 = 0x88B5;
 
-fn path_str(p: &Path) -> String {
-    p.to_str().expect("utf-8 path").to_string()
-}
-
-fn ok_out(o: &std::process::Output, what: &str) -> String {
-    assert!(
-        o.status.success(),
-        "{what} failed: {}\n{}",
-        String::from_utf8_lossy(&o.stderr),
-        String::from_utf8_lossy(&o.stdout)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
+/// `ethersan serve` in the target's namespace: a file LUN of `size` at
+/// `img`, the native transport on its veth end for the group (its secret
+/// written to `secret`), and `extra` arguments.
+fn serve(veth: &Veth, img: &Path, size: &str, secret: &Path, extra: &[&str]) -> Server {
+    std::fs::write(secret, SECRET).unwrap();
+    let lun = format!("{}:{size}", path_str(img));
+    let secret = path_str(secret);
+    let mut args: Vec<String> = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--target",
+        IQN,
+        "--lun",
+        &lun,
+        "--eth",
+        &veth.ifname[0],
+        "--group",
+        GROUP,
+        "--group-secret-file",
+        &secret,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    veth.serve(&args)
 }
 
 fn now_ms() -> u64 {
@@ -70,29 +85,9 @@ async fn over_veth(tag: &str, mtu: usize) {
     let dir = tempfile::tempdir().unwrap();
     let veth = Veth::with_attacker(tag, mtu);
     let secret = dir.path().join("secret");
-    std::fs::write(&secret, SECRET).unwrap();
     let img = dir.path().join("disk.img");
-    let args: Vec<String> = [
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--target",
-        IQN,
-        "--lun",
-        &format!("{}:64M", path_str(&img)),
-        "--eth",
-        &veth.ifname[0],
-        "--udp",
-        &format!("{}:3262,mtu={mtu}", Veth::TARGET_IP),
-        "--group",
-        GROUP,
-        "--group-secret-file",
-        &path_str(&secret),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let server = veth.serve(&args);
+    let udp = format!("{}:3262,mtu={mtu}", Veth::TARGET_IP);
+    let server = serve(&veth, &img, "64M", &secret, &["--udp", &udp]);
     let secret_s = path_str(&secret);
     let client = |args: &[&str]| {
         let mut all = args.to_vec();
@@ -262,27 +257,8 @@ fn attach_format_and_mount_over_raw_ethernet_with_encryption() {
     let dir = tempfile::tempdir().unwrap();
     let veth = Veth::new("f", 9000);
     let secret = dir.path().join("secret");
-    std::fs::write(&secret, SECRET).unwrap();
     let img = dir.path().join("disk.img");
-    let args: Vec<String> = [
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--target",
-        IQN,
-        "--lun",
-        &format!("{}:96M", path_str(&img)),
-        "--eth",
-        &veth.ifname[0],
-        "--group",
-        GROUP,
-        "--group-secret-file",
-        &path_str(&secret),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let server = veth.serve(&args);
+    let server = serve(&veth, &img, "96M", &secret, &[]);
     let url = format!("eth://{}/{IQN}/0", veth.ifname[1]);
     let fuse_dir = dir.path().join("fuse");
     let mnt = dir.path().join("mnt");

@@ -17,10 +17,6 @@ use common::*;
 const GROUP: &str = "lab";
 const SECRET: &str = "correct horse battery staple";
 
-fn path_str(p: &Path) -> String {
-    p.to_str().expect("utf-8 path").to_string()
-}
-
 /// A free UDP port on loopback (bound, then released for the server).
 fn free_udp_port() -> u16 {
     UdpSocket::bind("127.0.0.1:0")
@@ -72,16 +68,6 @@ fn client(dir: &Path, secret: &str, args: &[&str]) -> std::process::Output {
         &all,
         Duration::from_secs(120),
     )
-}
-
-fn ok_out(o: &std::process::Output, what: &str) -> String {
-    assert!(
-        o.status.success(),
-        "{what} failed: {}\n{}",
-        String::from_utf8_lossy(&o.stderr),
-        String::from_utf8_lossy(&o.stdout)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 /// Every level over UDP on loopback: cp --verify through a channel of each

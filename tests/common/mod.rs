@@ -32,6 +32,22 @@ pub fn ok(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// [`ok`] naming what failed.
+pub fn ok_out(out: &Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A path as a `&str` argument.
+pub fn path_str(p: &Path) -> String {
+    p.to_str().expect("utf-8 path").to_string()
+}
+
 /// Bytes that are not all alike, so a misplaced chunk shows.
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;

@@ -44,11 +44,10 @@ use subtle::ConstantTimeEq;
 use crate::group::GroupKeys;
 use crate::Level;
 
-const MAGIC: u8 = 0xE5;
-const VERSION: u8 = 1;
-const PREFIX_LEN: usize = 8;
-const KIND_DISCOVER: u8 = 0x20;
-const KIND_DISCOVER_REPLY: u8 = 0x21;
+use crate::frame::{Kind, MAGIC, PREFIX_LEN, VERSION};
+
+const KIND_DISCOVER: u8 = Kind::Discover as u8;
+const KIND_DISCOVER_REPLY: u8 = Kind::DiscoverReply as u8;
 
 const NONCE_LEN: usize = 16;
 const REPLY_NONCE_LEN: usize = 12;

@@ -44,12 +44,11 @@ pub const PROLOGUE: &[u8] = b"ethersan/1";
 /// frame (40-byte header, 16-byte tag) would carry too little.
 pub const MIN_MAX_FRAME: u32 = 256;
 
-const MAGIC: u8 = 0xE5;
-const VERSION: u8 = 1;
-const PREFIX_LEN: usize = 8;
-const KIND_HELLO: u8 = 0x10;
-const KIND_HELLO_REPLY: u8 = 0x11;
-const KIND_HELLO_FINISH: u8 = 0x12;
+use crate::frame::{Kind, MAGIC, PREFIX_LEN, VERSION};
+
+const KIND_HELLO: u8 = Kind::Hello as u8;
+const KIND_HELLO_REPLY: u8 = Kind::HelloReply as u8;
+const KIND_HELLO_FINISH: u8 = Kind::HelloFinish as u8;
 
 const DH_LEN: usize = 32;
 const TAG: usize = 16;

@@ -143,16 +143,7 @@ impl Server {
         R: tokio::io::AsyncRead + Unpin + Send + 'static,
         W: tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        serve_stream(
-            rd,
-            wr,
-            peer.to_string(),
-            None,
-            self.registry.clone(),
-            self.options.clone(),
-            self.settings.load_full(),
-        )
-        .await
+        self.stream_server().serve(rd, wr, peer, None).await
     }
 
     /// A handle that serves byte streams as iSCSI connections while the
