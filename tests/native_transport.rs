@@ -504,3 +504,63 @@ impl Drop for Relay {
         }
     }
 }
+
+/// Mistakes in the native transport's configuration: one error line
+/// each, saying what to do.
+#[test]
+fn native_transport_mistakes_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = path_str(dir.path());
+    let serve = |extra: &[&str]| {
+        let mut args = vec!["serve", "--listen", "127.0.0.1:0", "--data-dir", &d];
+        args.extend_from_slice(extra);
+        run(
+            env!("CARGO_BIN_EXE_ethersan"),
+            &args,
+            Duration::from_secs(30),
+        )
+    };
+    let o = serve(&["--udp", "127.0.0.1:0"]);
+    let l = error_line(&o, "--udp without --group");
+    assert!(l.contains("need --group NAME"), "{l}");
+    said_once(&l);
+    let short = secret_file(dir.path(), "short");
+    let o = serve(&[
+        "--udp",
+        "127.0.0.1:0",
+        "--group",
+        GROUP,
+        "--group-secret-file",
+        &path_str(&short),
+    ]);
+    let l = error_line(&o, "a short secret");
+    assert!(l.contains("secret"), "{l}");
+    said_once(&l);
+    let good = secret_file(dir.path(), SECRET);
+    let o = serve(&[
+        "--eth",
+        "nosuchif0",
+        "--group",
+        GROUP,
+        "--group-secret-file",
+        &path_str(&good),
+    ]);
+    let l = error_line(&o, "--eth on a missing interface");
+    assert!(
+        l.contains("native transport link nosuchif0") && l.contains("ip link"),
+        "{l}"
+    );
+    said_once(&l);
+    let o = serve(&["--udp", "nonsense", "--group", GROUP]);
+    let l = error_line(&o, "a bad --udp");
+    assert!(l.contains("ADDR:PORT"), "{l}");
+    // A client URL without the group says how to give it.
+    let o = run(
+        env!("CARGO_BIN_EXE_ethersan"),
+        &["ls", "udp://127.0.0.1:9/iqn.2026-11.org.ethersan:x"],
+        Duration::from_secs(30),
+    );
+    let l = error_line(&o, "a udp:// URL without --group");
+    assert!(l.contains("--group NAME"), "{l}");
+    said_once(&l);
+}

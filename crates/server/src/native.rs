@@ -33,9 +33,17 @@ pub enum NativeError {
         /// What is wrong.
         cause: String,
     },
-    /// A link did not open.
+    /// A link did not open (the link's message says what to do).
+    #[error("native transport link {link}: {cause}")]
+    Link {
+        /// The link as configured.
+        link: String,
+        /// What went wrong.
+        cause: ethersan_link::LinkError,
+    },
+    /// A link did not open for another reason.
     #[error(transparent)]
-    Link(#[from] crate::aoe::AoeError),
+    Aoe(crate::aoe::AoeError),
     /// A UDP portal did not bind.
     #[error("cannot bind UDP portal {addr}: {cause}")]
     Udp {
@@ -125,7 +133,10 @@ pub async fn start(
     ecfg.catalog = Arc::new(move || catalog(&reg, &name));
     let mut media: Vec<(String, Medium)> = Vec::new();
     for l in &e.links {
-        let link = crate::aoe::open_link_for(l, e.ethertype)?;
+        let link = crate::aoe::open_link_for(l, e.ethertype).map_err(|e| match e {
+            crate::aoe::AoeError::Link { link, cause } => NativeError::Link { link, cause },
+            other => NativeError::Aoe(other),
+        })?;
         media.push((format!("ethernet {l}"), Medium::Ethernet(Arc::new(link))));
     }
     for u in &e.udp {
