@@ -150,8 +150,10 @@ pub struct ChannelConfig {
 
 impl Default for ChannelConfig {
     /// Values for a LAN: Ethernet MTU, a window of 1024 frames. The minimum
-    /// RTO of 5 ms sits above the delayed ACK (1 ms), the 1 ms granularity
-    /// of tokio's timers and the scheduling jitter of a loaded host; the
+    /// RTO of 40 ms sits well above the delayed ACK (1 ms), the 1 ms
+    /// granularity of tokio's timers and the scheduling stalls of a loaded
+    /// 2-core host (5 ms gave spurious timeouts there, each collapsing the
+    /// window); losses are mostly repaired earlier by fast retransmit. The
     /// estimator raises it on slower paths (emulated VMs).
     fn default() -> ChannelConfig {
         ChannelConfig {
