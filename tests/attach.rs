@@ -53,14 +53,7 @@ fn is_mounted(dir: &Path) -> bool {
 
 /// Run a tool (bounded) and insist that it succeeded; its stdout.
 fn must(cmd: &str, args: &[&str]) -> String {
-    let o = run(cmd, args, TOOL);
-    assert!(
-        o.status.success(),
-        "{cmd} {args:?} failed: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
+    must_run(cmd, args, TOOL)
 }
 
 /// Run a tool in a drop guard: bounded, never panics.

@@ -293,16 +293,7 @@ fn attach_format_and_mount_over_raw_ethernet_with_encryption() {
             .to_string();
         Detach { child, file }
     };
-    let must = |cmd: &str, args: &[&str]| -> String {
-        let o = run(cmd, args, Duration::from_secs(120));
-        assert!(
-            o.status.success(),
-            "{cmd} {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    };
+    let must = |cmd: &str, args: &[&str]| must_run(cmd, args, Duration::from_secs(120));
     let mut a = attach();
     let dev = must("losetup", &["--find", "--show", "--direct-io=on", &a.file])
         .trim()

@@ -43,6 +43,18 @@ pub fn ok_out(out: &Output, what: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Run a tool within `limit` and insist that it succeeded; its stdout.
+pub fn must_run(cmd: &str, args: &[&str], limit: Duration) -> String {
+    let o = run(cmd, args, limit);
+    assert!(
+        o.status.success(),
+        "{cmd} {args:?} failed: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
 /// A path as a `&str` argument.
 pub fn path_str(p: &Path) -> String {
     p.to_str().expect("utf-8 path").to_string()
