@@ -24,6 +24,9 @@ pub trait TargetAccess: std::fmt::Debug + Send + Sync {
     /// Whether `initiator`, connecting from `addr` (when the transport
     /// has IP addresses), may use the target.
     fn allows(&self, initiator: &str, addr: Option<IpAddr>) -> bool;
+    /// The rules as `Any`, so the front end that made them can reach its
+    /// own type (to change them while the target serves).
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// Everyone may use the target.
@@ -33,6 +36,9 @@ pub struct AllowAll;
 impl TargetAccess for AllowAll {
     fn allows(&self, _: &str, _: Option<IpAddr>) -> bool {
         true
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 

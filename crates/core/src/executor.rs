@@ -83,6 +83,8 @@ pub struct Counting {
     pub lun: Option<Arc<IoCounters>>,
     /// The initiator's counters.
     pub initiator: Option<Arc<IoCounters>>,
+    /// The session's own counters (what `ethersan ctl session ls` shows).
+    pub session: Option<Arc<IoCounters>>,
 }
 
 /// Runs commands against one target's logical units.
@@ -137,7 +139,11 @@ impl FinisherState {
             CommandKind::Other => 0,
         };
         let latency = self.started.elapsed();
-        for c in [&self.counting.lun, &self.counting.initiator]
+        for c in [
+            &self.counting.lun,
+            &self.counting.initiator,
+            &self.counting.session,
+        ]
             .into_iter()
             .flatten()
         {

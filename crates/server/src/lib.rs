@@ -285,7 +285,7 @@ fn build_target(
         t.name.clone(),
         t.alias.clone(),
         luns,
-        Arc::new(t.access.clone()),
+        Arc::new(registry::LiveAccess::new(t.access.clone())),
     ))
 }
 
@@ -515,7 +515,24 @@ async fn serve_stream<R, W>(
         &outcome.isid,
         outcome.target.as_ref().map(|t| t.name.as_str()),
     );
+    let counters = Arc::new(ethersan_core::counters::IoCounters::default());
+    registry.describe_session(
+        outcome.session_id,
+        registry::SessionDetails {
+            address: peer.clone(),
+            transport: if channel_level.is_some() {
+                "native"
+            } else {
+                "iscsi"
+            },
+            channel_level,
+            params: p.clone(),
+            counters: counters.clone(),
+            started: std::time::SystemTime::now(),
+        },
+    );
     let setup = SessionSetup {
+        counters,
         id: outcome.session_id,
         target: outcome.target.clone(),
         params: p.clone(),

@@ -35,6 +35,46 @@ impl ethersan_core::directory::TargetAccess for crate::config::Access {
     fn allows(&self, initiator: &str, addr: Option<std::net::IpAddr>) -> bool {
         crate::config::Access::allows(self, initiator, addr)
     }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// A target's access rules, replaced while it serves (a grant or a
+/// revoke through the management API or a reload): logins read the rules
+/// of the moment.
+#[derive(Debug)]
+pub struct LiveAccess(arc_swap::ArcSwap<crate::config::Access>);
+
+impl LiveAccess {
+    /// Rules starting as `access`.
+    pub fn new(access: crate::config::Access) -> Self {
+        LiveAccess(arc_swap::ArcSwap::from_pointee(access))
+    }
+
+    /// The rules now.
+    pub fn get(&self) -> Arc<crate::config::Access> {
+        self.0.load_full()
+    }
+
+    /// Replace the rules.
+    pub fn set(&self, access: crate::config::Access) {
+        self.0.store(Arc::new(access));
+    }
+
+    /// The live rules of a target built by this server, if they are.
+    pub fn of(target: &TargetEntry) -> Option<&LiveAccess> {
+        target.access.as_any().downcast_ref::<LiveAccess>()
+    }
+}
+
+impl ethersan_core::directory::TargetAccess for LiveAccess {
+    fn allows(&self, initiator: &str, addr: Option<std::net::IpAddr>) -> bool {
+        self.0.load().allows(initiator, addr)
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 /// How the registry reaches a session: delivers a control message to it
@@ -85,6 +125,42 @@ struct SessionHandle {
     isid: [u8; 6],
     tsih: u16,
     tx: Mailbox,
+    /// Filled in once the session has started (after its login).
+    details: Option<SessionDetails>,
+}
+
+/// What a running session shows the management plane.
+#[derive(Debug, Clone)]
+pub struct SessionDetails {
+    /// Where the initiator connected from (`IP:PORT`, a MAC address, …).
+    pub address: String,
+    /// The transport: `iscsi` (TCP) or `native` (ethersan's channels).
+    pub transport: &'static str,
+    /// The native channel's security level, when the transport is native.
+    pub channel_level: Option<u8>,
+    /// What login negotiated.
+    pub params: ethersan_proto::negotiate::SessionParams,
+    /// The session's own command counters.
+    pub counters: Arc<ethersan_core::counters::IoCounters>,
+    /// When the session started.
+    pub started: std::time::SystemTime,
+}
+
+/// One live session as [`Registry::sessions`] lists it.
+#[derive(Debug, Clone)]
+pub struct SessionView {
+    /// The registry's session id (what `ctl session logout ID` takes).
+    pub id: u64,
+    /// The target, or `None` for a discovery session.
+    pub target: Option<String>,
+    /// The initiator's name.
+    pub initiator: String,
+    /// The initiator's session id.
+    pub isid: [u8; 6],
+    /// The target's session handle.
+    pub tsih: u16,
+    /// The rest, once the session has started.
+    pub details: Option<SessionDetails>,
 }
 
 impl std::fmt::Debug for SessionHandle {
@@ -219,9 +295,81 @@ impl Registry {
                 isid,
                 tsih,
                 tx,
+                details: None,
             },
         );
         (id, tsih)
+    }
+
+    /// Record what a session that has just started looks like.
+    pub(crate) fn describe_session(&self, id: u64, details: SessionDetails) {
+        if let Some(h) = self.lock().get_mut(&id) {
+            h.details = Some(details);
+        }
+    }
+
+    /// Every live session, ordered by id.
+    pub fn sessions(&self) -> Vec<SessionView> {
+        let mut v: Vec<SessionView> = self
+            .lock()
+            .iter()
+            .map(|(id, h)| SessionView {
+                id: *id,
+                target: h.target.clone(),
+                initiator: h.initiator.clone(),
+                isid: h.isid,
+                tsih: h.tsih,
+                details: h.details.clone(),
+            })
+            .collect();
+        v.sort_by_key(|s| s.id);
+        v
+    }
+
+    /// End session `id` (its connection is closed; commands in flight
+    /// finish first). An initiator that recovers sessions logs in again.
+    /// Returns whether there was such a session.
+    pub fn end_session(&self, id: u64) -> bool {
+        match self.lock().get(&id) {
+            Some(h) => {
+                (h.tx)(SessionControl::Shutdown);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// End the sessions of `target` that `allowed` no longer admits
+    /// (after its access list changed); returns how many.
+    pub fn end_sessions_not_allowed(
+        &self,
+        target: &str,
+        allowed: &dyn Fn(&str, Option<std::net::IpAddr>) -> bool,
+    ) -> usize {
+        let mut n = 0;
+        for h in self.lock().values() {
+            if h.target.as_deref() != Some(target) {
+                continue;
+            }
+            let ip = h
+                .details
+                .as_ref()
+                .and_then(|d| d.address.parse::<SocketAddr>().ok())
+                .map(|a| a.ip());
+            if !allowed(&h.initiator, ip) {
+                (h.tx)(SessionControl::Shutdown);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// How many sessions are logged in to `target`.
+    pub fn sessions_of(&self, target: &str) -> usize {
+        self.lock()
+            .values()
+            .filter(|h| h.target.as_deref() == Some(target))
+            .count()
     }
 
     /// Whether a session with this TSIH exists (for logins adding a connection).

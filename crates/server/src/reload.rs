@@ -4,8 +4,9 @@
 //! Everything that can change without a restart does, and nothing else
 //! is touched: targets come and go (a removed target's sessions end),
 //! LUNs are added, removed or replaced live (initiators see REPORTED LUNS
-//! DATA HAS CHANGED), a target whose access rules or alias change is
-//! rebuilt (its sessions end and log in again under the new rules), and
+//! DATA HAS CHANGED), a target's initiator and network lists change live
+//! (sessions the new rules no longer admit end), a target whose alias
+//! changes is rebuilt (its sessions end and log in again), and
 //! CHAP and login negotiation settings apply to the logins after the
 //! reload. Portals, worker threads and the other `[options]` need a
 //! restart; a reload that changes them says so and leaves them.
@@ -55,6 +56,8 @@ enum TargetChange {
     Add(TargetEntry),
     Remove(String),
     Rebuild(TargetEntry),
+    /// New initiator or network lists, applied live.
+    Access(String, crate::config::Access),
     Luns(String, Vec<LunChange>),
 }
 
@@ -74,6 +77,34 @@ impl Reloader {
     /// Make the running server serve `new`. On an error nothing changed.
     pub fn apply(&self, new: Config) -> Result<ReloadReport, ServerError> {
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        self.apply_to(&mut current, new)
+    }
+
+    /// The configuration being served (as the last change left it).
+    pub fn current(&self) -> Config {
+        self.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Change the configuration being served with `edit` and apply the
+    /// result, as one step (no other change comes between): the
+    /// management API's way in. `edit` refusing leaves everything as it was.
+    pub fn update<E>(
+        &self,
+        edit: impl FnOnce(&mut Config) -> Result<(), E>,
+    ) -> Result<ReloadReport, E>
+    where
+        E: From<ServerError>,
+    {
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        let mut new = current.clone();
+        edit(&mut new)?;
+        Ok(self.apply_to(&mut current, new)?)
+    }
+
+    fn apply_to(&self, current: &mut Config, new: Config) -> Result<ReloadReport, ServerError> {
         let mut report = ReloadReport::default();
         if new.portals != current.portals {
             report.needs_restart.push("portals".into());
@@ -105,14 +136,15 @@ impl Reloader {
         for t in &new.targets {
             match old.get(t.name.as_str()) {
                 None => changes.push(TargetChange::Add(build_target(t, &data_dir)?)),
-                Some(o)
-                    if o.access.initiators != t.access.initiators
-                        || o.access.networks != t.access.networks
-                        || o.alias != t.alias =>
-                {
+                Some(o) if o.alias != t.alias => {
                     changes.push(TargetChange::Rebuild(build_target(t, &data_dir)?))
                 }
                 Some(o) => {
+                    if o.access.initiators != t.access.initiators
+                        || o.access.networks != t.access.networks
+                    {
+                        changes.push(TargetChange::Access(t.name.clone(), t.access.clone()));
+                    }
                     let mut luns = Vec::new();
                     for i in 0..o.luns.len().max(t.luns.len()) {
                         let n = i as u64;
@@ -151,9 +183,26 @@ impl Reloader {
                     report.changed.push(format!("removed target {name}"));
                     self.remove_target(&name);
                 }
+                TargetChange::Access(name, access) => {
+                    let Some(t) = self.registry.target(&name) else {
+                        continue;
+                    };
+                    let Some(live) = crate::registry::LiveAccess::of(&t) else {
+                        continue;
+                    };
+                    live.set(access.clone());
+                    let ended = self
+                        .registry
+                        .end_sessions_not_allowed(&name, &|i, ip| access.allows(i, ip));
+                    report.changed.push(if ended > 0 {
+                        format!("target {name}: access changed; {ended} session(s) no longer allowed were ended")
+                    } else {
+                        format!("target {name}: access changed")
+                    });
+                }
                 TargetChange::Rebuild(t) => {
                     report.changed.push(format!(
-                        "target {}: access or alias changed; its sessions were ended to apply it",
+                        "target {}: alias changed; its sessions were ended to apply it",
                         t.name
                     ));
                     self.remove_target(&t.name);

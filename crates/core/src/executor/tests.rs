@@ -130,6 +130,7 @@ fn a_ram_lun_completes_on_the_callers_thread_and_is_counted() {
     let counting = Counting {
         lun: Some(lun.clone()),
         initiator: Some(ini.clone()),
+        session: None,
     };
     let pool = Held::default();
     // The POWER ON unit attention first.
@@ -210,6 +211,7 @@ fn a_panic_in_emulation_becomes_internal_target_failure() {
     let counting = Counting {
         lun: Some(lun.clone()),
         initiator: None,
+        session: None,
     };
     run(exec, &t, cmd(&TUR, vec![], 0), counting.clone(), &Inline);
     let f = run(exec, &t, cmd(&read10(0, 1), vec![], 512), counting, &Inline);

@@ -297,6 +297,7 @@ impl Session {
         let counting = Counting {
             lun: target.lun_counters(lun),
             initiator: Some(self.initiator_counters.clone()),
+            session: Some(self.setup.counters.clone()),
         };
         self.outputs.push_back(Output::Execute {
             itt,

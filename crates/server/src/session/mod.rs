@@ -79,6 +79,8 @@ pub(crate) struct SessionSetup {
     pub(crate) peer_ip: Option<std::net::IpAddr>,
     /// The native transport channel's security level (`None`: TCP).
     pub(crate) channel_level: Option<u8>,
+    /// This session's counters (shared with the registry's listing).
+    pub(crate) counters: Arc<IoCounters>,
 }
 
 /// Events the session loop reacts to.

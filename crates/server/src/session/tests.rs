@@ -73,6 +73,7 @@ impl Harness {
             ..SessionParams::default()
         };
         let setup = SessionSetup {
+            counters: Arc::default(),
             channel_level: None,
             id: 1,
             target: Some(t),
