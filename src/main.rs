@@ -469,7 +469,8 @@ fn check(cfg: &Config) -> anyhow::Result<()> {
     let dir = &cfg.options.data_dir;
     for t in &cfg.targets {
         out.push_str(&format!("  target {}\n", t.name));
-        for (i, l) in t.luns.iter().enumerate() {
+        for (i, idx) in t.numbered() {
+            let l = &t.luns[idx];
             let what = match &l.backing {
                 // Its directory is made when serving.
                 Backing::File {
@@ -492,7 +493,8 @@ fn check(cfg: &Config) -> anyhow::Result<()> {
     }
     if !cfg.aoe.links.is_empty() {
         for (ti, t) in cfg.targets.iter().enumerate() {
-            for (i, l) in t.luns.iter().enumerate() {
+            for (n, idx) in t.numbered() {
+                let (i, l) = (usize::try_from(n).unwrap_or(usize::MAX), &t.luns[idx]);
                 if let Some(addr) = ethersan_server::aoe::address(&t.name, ti, i, l.aoe)? {
                     if l.block_size != 512 {
                         return Err(ethersan_server::aoe::AoeError::BlockSize {

@@ -203,7 +203,11 @@ pub fn exports(cfg: &Config, registry: &Registry) -> Result<Vec<Export>, AoeErro
         let Some(entry) = registry.target(&t.name) else {
             continue;
         };
-        for (i, l) in t.luns.iter().enumerate() {
+        for (n, idx) in t.numbered() {
+            let l = &t.luns[idx];
+            // The LUN number (an AoE slot is at most 254: larger numbers
+            // are refused by `address`).
+            let i = usize::try_from(n).unwrap_or(usize::MAX);
             // AoE has no authentication: a LUN that iSCSI guards (CHAP,
             // initiator or network lists, LUN masking, read-only for some)
             // is exported only when its address is given explicitly.
@@ -211,8 +215,8 @@ pub fn exports(cfg: &Config, registry: &Registry) -> Result<Vec<Export>, AoeErro
                 || t.chap.is_some()
                 || !t.access.initiators.is_empty()
                 || !t.access.networks.is_empty()
-                || t.access.luns.get(i).is_some_and(|v| !v.is_empty())
-                || t.access.read_only.get(i).is_some_and(|v| !v.is_empty());
+                || t.access.luns.get(idx).is_some_and(|v| !v.is_empty())
+                || t.access.read_only.get(idx).is_some_and(|v| !v.is_empty());
             if guarded && l.aoe == AoeAddress::Default {
                 warn!(target = %t.name, lun = i, "AoE: LUN {i} of {} is not exported over AoE: iSCSI guards it (CHAP or access lists) and AoE has no authentication; give it aoe=SHELF.SLOT (and [aoe] allowed_macs) to export it anyway", t.name);
                 continue;

@@ -278,8 +278,8 @@ fn build_target(
     data_dir: &std::path::Path,
 ) -> Result<TargetEntry, ServerError> {
     let mut luns = LunMap::new();
-    for (i, l) in t.luns.iter().enumerate() {
-        luns.insert(i as u64, open_lun(t, i, l, data_dir)?);
+    for (n, i) in t.numbered() {
+        luns.insert(n, open_lun(t, i, data_dir)?);
     }
     Ok(TargetEntry::new(
         t.name.clone(),
@@ -289,21 +289,26 @@ fn build_target(
     ))
 }
 
-/// LUN `i` of target `t`: its store opened, its identity resolved.
+/// The LUN at place `i` of target `t`: its store opened, its identity
+/// resolved.
 fn open_lun(
     t: &config::TargetConfig,
     i: usize,
-    l: &config::LunConfig,
     data_dir: &std::path::Path,
 ) -> Result<LunSlot, ServerError> {
+    let l = &t.luns[i];
+    let number = t
+        .numbered()
+        .get(i)
+        .map_or(i, |(n, _)| usize::try_from(*n).unwrap_or(usize::MAX));
     let dev = l.open().map_err(|source| ServerError::Backend {
         target: t.name.clone(),
-        lun: i,
+        lun: number,
         cause: source,
     })?;
     let (id, origin) = identity::resolve(l, data_dir).map_err(|source| ServerError::Identity {
         target: t.name.clone(),
-        lun: i,
+        lun: number,
         cause: source,
     })?;
     let (naa, serial) = (id.naa, id.serial);
@@ -329,7 +334,7 @@ fn open_lun(
             _ => None,
         },
     };
-    info!(target = %t.name, lun = i, backend = %dev.describe(), naa = %config::format_naa(&naa), serial = %cfg.serial, identity = %origin, "logical unit ready");
+    info!(target = %t.name, lun = number, backend = %dev.describe(), naa = %config::format_naa(&naa), serial = %cfg.serial, identity = %origin, "logical unit ready");
     let policy = LunPolicy {
         visible_to: t.access.luns.get(i).cloned().unwrap_or_default(),
         read_only_for: t.access.read_only.get(i).cloned().unwrap_or_default(),

@@ -49,6 +49,8 @@ enum LunChange {
     Add(u64, LunSlot),
     Remove(u64),
     Replace(u64, LunSlot),
+    /// Grow (or shrink) the store to this many bytes, live.
+    Resize(u64, u64),
 }
 
 /// One change to the targets, prepared.
@@ -146,17 +148,26 @@ impl Reloader {
                         changes.push(TargetChange::Access(t.name.clone(), t.access.clone()));
                     }
                     let mut luns = Vec::new();
-                    for i in 0..o.luns.len().max(t.luns.len()) {
-                        let n = i as u64;
-                        match (o.luns.get(i), t.luns.get(i)) {
+                    let before: BTreeMap<u64, usize> = o.numbered().into_iter().collect();
+                    let after: BTreeMap<u64, usize> = t.numbered().into_iter().collect();
+                    let numbers: std::collections::BTreeSet<u64> =
+                        before.keys().chain(after.keys()).copied().collect();
+                    for n in numbers {
+                        match (before.get(&n), after.get(&n)) {
                             (Some(_), None) => luns.push(LunChange::Remove(n)),
-                            (None, Some(l)) => {
-                                luns.push(LunChange::Add(n, open_lun(t, i, l, &data_dir)?))
+                            (None, Some(&i)) => {
+                                luns.push(LunChange::Add(n, open_lun(t, i, &data_dir)?))
                             }
-                            (Some(a), Some(b))
-                                if a != b || lun_policy(o, i) != lun_policy(t, i) =>
+                            (Some(&a), Some(&b))
+                                if !same_store(&o.luns[a], &t.luns[b])
+                                    || lun_policy(o, a) != lun_policy(t, b) =>
                             {
-                                luns.push(LunChange::Replace(n, open_lun(t, i, b, &data_dir)?))
+                                luns.push(LunChange::Replace(n, open_lun(t, b, &data_dir)?))
+                            }
+                            (Some(&a), Some(&b)) => {
+                                if let Some(bytes) = resized(&o.luns[a], &t.luns[b]) {
+                                    luns.push(LunChange::Resize(n, bytes));
+                                }
                             }
                             _ => {}
                         }
@@ -226,6 +237,13 @@ impl Reloader {
                                     .push(format!("target {name}: removed LUN {n}"));
                                 remove_lun(&t, n);
                             }
+                            LunChange::Resize(n, bytes) => match t.resize_lun(n, bytes) {
+                                Ok(Some(blocks)) => report.changed.push(format!(
+                                    "target {name}: LUN {n} resized to {bytes} bytes ({blocks} blocks)"
+                                )),
+                                Ok(None) => {}
+                                Err(e) => warn!("target {name}: cannot resize LUN {n}: {e}"),
+                            },
                             LunChange::Replace(n, slot) => {
                                 report
                                     .changed
@@ -279,6 +297,32 @@ impl Reloader {
             }
             Err(e) => warn!("cannot remove target {name}: {e}"),
         }
+    }
+}
+
+/// Whether two LUN configurations describe the same LUN (their number,
+/// given or implied, is compared by the caller) and a store resized live
+/// is not a different one.
+fn same_store(a: &crate::config::LunConfig, b: &crate::config::LunConfig) -> bool {
+    let strip = |l: &crate::config::LunConfig| {
+        let mut l = l.clone();
+        l.number = None;
+        if let crate::config::Backing::File { size, .. } = &mut l.backing {
+            *size = None;
+        }
+        l
+    };
+    strip(a) == strip(b)
+}
+
+/// The new size of a file LUN whose configured size changed.
+fn resized(a: &crate::config::LunConfig, b: &crate::config::LunConfig) -> Option<u64> {
+    use crate::config::Backing;
+    match (&a.backing, &b.backing) {
+        (Backing::File { size: x, .. }, Backing::File { size: Some(y), .. }) if *x != Some(*y) => {
+            Some(*y)
+        }
+        _ => None,
     }
 }
 

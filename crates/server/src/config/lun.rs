@@ -65,6 +65,9 @@ pub struct LunConfig {
     /// `--udp`) needs to address it (default: encrypt). iSCSI over TCP and
     /// AoE are not affected.
     pub security: ethersan_channel::Level,
+    /// Its LUN number when given (`number` in a `[[target.lun]]` table);
+    /// otherwise the one after the previous LUN's (the first: 0).
+    pub number: Option<u64>,
 }
 
 /// The I/O engine of a file LUN that names none: the faster one in the
@@ -122,6 +125,7 @@ impl LunConfig {
             sanitize_rate: None,
             aoe: super::AoeAddress::Default,
             security: ethersan_channel::Level::default(),
+            number: None,
         };
         for opt in parts {
             match opt {

@@ -97,13 +97,39 @@ pub struct TargetConfig {
     pub name: String,
     /// TargetAlias.
     pub alias: Option<String>,
-    /// LUNs, numbered from 0 in order.
+    /// LUNs, in order; see [`TargetConfig::numbered`] for their numbers.
     pub luns: Vec<LunConfig>,
     /// Who may log in to the target (and see it in SendTargets).
     pub access: Access,
     /// `[target.chap]`: this target's own CHAP credentials, overriding the
     /// global `[chap]` for logins to it.
     pub chap: Option<ChapConfig>,
+}
+
+impl TargetConfig {
+    /// Each LUN's number and its place in [`TargetConfig::luns`] (which
+    /// indexes the per-LUN lists of [`Access`]): its `number` when given,
+    /// else the one after the previous LUN's (the first: 0).
+    pub fn numbered(&self) -> Vec<(u64, usize)> {
+        let mut next = 0u64;
+        self.luns
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let n = l.number.unwrap_or(next);
+                next = n.saturating_add(1);
+                (n, i)
+            })
+            .collect()
+    }
+
+    /// The LUN numbered `n`: its place in [`TargetConfig::luns`].
+    pub fn lun_index(&self, n: u64) -> Option<usize> {
+        self.numbered()
+            .into_iter()
+            .find(|(m, _)| *m == n)
+            .map(|(_, i)| i)
+    }
 }
 
 impl Config {
@@ -139,6 +165,7 @@ impl Config {
                     sanitize_rate: None,
                     aoe: AoeAddress::Default,
                     security: ethersan_channel::Level::default(),
+                    number: None,
                 }],
             }],
             options,

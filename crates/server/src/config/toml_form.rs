@@ -167,8 +167,10 @@ impl RawChap {
 struct RawTarget {
     name: Spanned<String>,
     alias: Option<String>,
-    #[serde(default, rename = "lun")]
-    luns: Vec<Spanned<RawLun>>,
+    /// Absent is a mistake; an explicit `lun = []` is a target with no
+    /// LUNs yet (as `ethersan ctl save` writes one).
+    #[serde(rename = "lun")]
+    luns: Option<Vec<Spanned<RawLun>>>,
     #[serde(default)]
     allow_initiators: Vec<Spanned<String>>,
     #[serde(default)]
@@ -269,6 +271,8 @@ struct RawLunTable {
     /// Least native transport channel security: "none", "integrity",
     /// "encrypt".
     security: Option<String>,
+    /// The LUN number (default: the previous LUN's plus one, from 0).
+    number: Option<u64>,
 }
 
 fn raw_size(s: &RawSize) -> Result<u64, ConfigError> {
@@ -430,17 +434,21 @@ impl Config {
                     format!("duplicate target name {:?}", t.name.get_ref()),
                 ));
             }
-            if t.luns.is_empty() {
+            let Some(raw_luns) = t.luns else {
                 return Err(at(
                     Some(tspan),
-                    format!("target {:?} has no [[target.lun]]", t.name.get_ref()),
+                    format!(
+                        "target {:?} has no [[target.lun]] (write lun = [] for a target with no LUNs yet)",
+                        t.name.get_ref()
+                    ),
                 ));
-            }
+            };
             let mut luns = Vec::new();
             let mut lun_initiators: Vec<Vec<String>> = Vec::new();
             let mut lun_read_only: Vec<Vec<String>> = Vec::new();
-            lun_spans.push(t.luns.iter().map(|l| l.span()).collect());
-            for l in t.luns {
+            lun_spans.push(raw_luns.iter().map(|l| l.span()).collect());
+            let spans: Vec<Range<usize>> = raw_luns.iter().map(|l| l.span()).collect();
+            for l in raw_luns {
                 let span = l.span();
                 let mut seen_by = Vec::new();
                 let mut read_only_for = Vec::new();
@@ -482,6 +490,7 @@ impl Config {
                             }
                         };
                         let lun = LunConfig {
+                            number: tb.number,
                             backing,
                             read_only: tb.read_only,
                             removable: tb.removable,
@@ -540,6 +549,27 @@ impl Config {
                 luns.push(lun);
                 lun_initiators.push(seen_by);
                 lun_read_only.push(read_only_for);
+            }
+            {
+                let probe = TargetConfig {
+                    name: String::new(),
+                    alias: None,
+                    luns: luns.clone(),
+                    access: Access::default(),
+                    chap: None,
+                };
+                let numbered = probe.numbered();
+                for (k, (n, i)) in numbered.iter().enumerate() {
+                    if numbered[..k].iter().any(|(m, _)| m == n) {
+                        return Err(at(
+                            spans.get(*i).cloned(),
+                            format!(
+                                "target {:?}: two LUNs are numbered {n}; give each its own number",
+                                t.name.get_ref()
+                            ),
+                        ));
+                    }
+                }
             }
             let mut access = Access {
                 luns: lun_initiators,
