@@ -144,8 +144,8 @@ impl FinisherState {
             &self.counting.initiator,
             &self.counting.session,
         ]
-            .into_iter()
-            .flatten()
+        .into_iter()
+        .flatten()
         {
             c.record(self.kind, bytes, &response, latency);
         }

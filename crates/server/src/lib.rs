@@ -11,6 +11,7 @@
 
 pub mod aoe;
 pub mod config;
+pub mod control;
 pub mod identity;
 pub mod limits;
 mod login;

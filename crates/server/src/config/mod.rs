@@ -10,6 +10,7 @@ mod aoe;
 mod ethernet;
 mod lun;
 mod options;
+mod save;
 mod toml_form;
 mod values;
 

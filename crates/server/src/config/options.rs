@@ -2,10 +2,10 @@
 
 use std::path::PathBuf;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Protocol limits and runtime knobs, with measured or RFC-safe defaults.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Options {
     /// MaxRecvDataSegmentLength the target declares.
@@ -59,7 +59,7 @@ pub struct Options {
 }
 
 /// How connections are spread over worker threads (`placement` option).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Placement {
     /// tokio's work-stealing runtime: connections' tasks move between

@@ -390,3 +390,79 @@ fn sanitize_rate_key_and_spec_option() {
     let c = Config::from_toml_str(&format!("{base}sanitize_rate = \"64M\"\n"), "t").unwrap();
     assert_eq!(c.targets[0].luns[0].sanitize_rate, Some(64 << 20));
 }
+
+#[test]
+fn a_saved_configuration_reads_back_the_same() {
+    let text = r#"
+portals = ["127.0.0.1:3260", "[::1]:3261"]
+[options]
+queue_depth = 64
+[chap]
+user = "alice"
+secret = "a-secret-of-12+"
+mutual_user = "target"
+mutual_secret = "another-secret!"
+[[target]]
+name = "iqn.2026-11.org.ethersan:a"
+alias = "first"
+allow_initiators = ["iqn.2026-11.org.ethersan:i"]
+allow_networks = ["127.0.0.0/8"]
+lun = ["ram:1M", "/tmp/ethersan-save-test.img:1M,ro,bs=4096"]
+[[target]]
+name = "iqn.2026-11.org.ethersan:b"
+lun = []
+[[target]]
+name = "iqn.2026-11.org.ethersan:c"
+[target.chap]
+user = "bob"
+secret = "bobs-secret-123"
+[[target.lun]]
+number = 5
+ram = "2M"
+initiators = ["iqn.2026-11.org.ethersan:i"]
+[[target.lun]]
+ram = "3M"
+security = "none"
+aoe = "off"
+"#;
+    let a = Config::from_toml_str(text, "/etc/ethersan.toml").expect("parses");
+    let saved = a.to_toml();
+    let b = Config::from_toml_str(&saved, "/elsewhere/ethersan.toml")
+        .unwrap_or_else(|e| panic!("the saved file does not parse: {e}\n{saved}"));
+    assert_eq!(format!("{a:?}"), format!("{b:?}"), "{saved}");
+    // Debug hides secrets: compare them too.
+    let secrets = |c: &Config| {
+        let mut v = Vec::new();
+        for ch in [&c.chap, &c.discovery_chap]
+            .into_iter()
+            .chain(c.targets.iter().map(|t| &t.chap))
+            .flatten()
+        {
+            v.push(ch.initiator.secret.clone());
+            v.extend(ch.target.as_ref().map(|t| t.secret.clone()));
+        }
+        v
+    };
+    assert_eq!(secrets(&a), secrets(&b));
+    assert_eq!(b.targets[2].numbered(), vec![(5, 0), (6, 1)]);
+    assert!(b.targets[1].luns.is_empty());
+}
+
+#[test]
+fn two_luns_with_one_number_are_refused() {
+    let text = r#"
+portals = ["127.0.0.1:3260"]
+[[target]]
+name = "iqn.2026-11.org.ethersan:a"
+[[target.lun]]
+number = 1
+ram = "1M"
+[[target.lun]]
+number = 1
+ram = "1M"
+"#;
+    let e = Config::from_toml_str(text, "t.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("two LUNs are numbered 1"), "{e}");
+}

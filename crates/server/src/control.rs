@@ -1,0 +1,527 @@
+//! Changing a running server: what the management API (`ethersan ctl`)
+//! does, as operations on the configuration being served.
+//!
+//! Every change edits a copy of the running [`Config`] and applies it
+//! through the [`Reloader`], the path SIGHUP takes: stores are opened
+//! before anything changes, so a change that fails leaves the server as it
+//! was, and the running configuration is always one that `serve --config`
+//! reproduces ([`Control::save`] writes it).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::config::{ChapConfig, Config, LunConfig, TargetConfig};
+use crate::registry::{Registry, SessionView};
+use crate::reload::{ReloadReport, Reloader};
+use crate::ServerError;
+
+/// Why a change was refused. The message says what is wrong and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// The target, LUN, session, initiator or portal named does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// The change conflicts with what is there (exists already, in use).
+    #[error("{0}")]
+    Conflict(String),
+    /// The request itself is wrong (a bad name, spec or size).
+    #[error("{0}")]
+    Invalid(String),
+    /// Opening a store or applying the change failed; nothing changed.
+    #[error(transparent)]
+    Server(#[from] ServerError),
+    /// Writing the configuration file failed.
+    #[error("cannot write {path}: {cause}")]
+    Save {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        cause: std::io::Error,
+    },
+}
+
+/// The operations of the management plane on one running server.
+pub struct Control {
+    reloader: Reloader,
+    registry: Arc<Registry>,
+    /// The file `serve --config` read (where `save` writes by default).
+    config_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for Control {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Control")
+            .field("config_file", &self.config_file)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A LUN as the running configuration and the live directory describe it.
+#[derive(Debug, Clone)]
+pub struct LunView {
+    /// Its number.
+    pub lun: u64,
+    /// Its configuration.
+    pub config: LunConfig,
+    /// The live logical unit's capacity in bytes (`None`: not live).
+    pub size_bytes: Option<u64>,
+    /// Its logical block size.
+    pub block_size: u32,
+    /// What backs it (`file /path`, `ram`, …).
+    pub backend: String,
+    /// Its WWN (NAA designator), as hex.
+    pub naa: Option<String>,
+    /// Its serial number.
+    pub serial: Option<String>,
+}
+
+/// A target as the running configuration and the live directory describe it.
+#[derive(Debug, Clone)]
+pub struct TargetView {
+    /// Its configuration.
+    pub config: TargetConfig,
+    /// Its LUNs.
+    pub luns: Vec<LunView>,
+    /// Sessions logged in to it.
+    pub sessions: usize,
+}
+
+impl Control {
+    /// Operations on the server `reloader` applies changes to.
+    pub fn new(reloader: Reloader, registry: Arc<Registry>, config_file: Option<PathBuf>) -> Self {
+        Control {
+            reloader,
+            registry,
+            config_file,
+        }
+    }
+
+    /// The registry of targets and sessions.
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// The configuration being served.
+    pub fn config(&self) -> Config {
+        self.reloader.current()
+    }
+
+    /// Apply a changed configuration file (SIGHUP).
+    pub fn reload(&self, new: Config) -> Result<ReloadReport, ServerError> {
+        self.reloader.apply(new)
+    }
+
+    /// Every target with its LUNs.
+    pub fn targets(&self) -> Vec<TargetView> {
+        let cfg = self.config();
+        cfg.targets.iter().map(|t| self.view(t)).collect()
+    }
+
+    /// One target.
+    pub fn target(&self, name: &str) -> Result<TargetView, ControlError> {
+        let cfg = self.config();
+        let t = find(&cfg, name)?;
+        Ok(self.view(t))
+    }
+
+    fn view(&self, t: &TargetConfig) -> TargetView {
+        let live = self.registry.target(&t.name);
+        let luns = t
+            .numbered()
+            .into_iter()
+            .map(|(n, i)| {
+                let lu = live.as_ref().and_then(|e| e.scsi.lun(n));
+                LunView {
+                    lun: n,
+                    config: t.luns[i].clone(),
+                    size_bytes: lu.as_ref().map(|lu| {
+                        let v = lu.volume();
+                        v.num_blocks() * u64::from(v.block_size())
+                    }),
+                    block_size: lu
+                        .as_ref()
+                        .map_or(t.luns[i].block_size, |lu| lu.volume().block_size()),
+                    backend: lu
+                        .as_ref()
+                        .map(|lu| lu.device().describe())
+                        .unwrap_or_default(),
+                    naa: lu
+                        .as_ref()
+                        .map(|lu| crate::config::format_naa(&lu.config().naa)),
+                    serial: lu.as_ref().map(|lu| lu.config().serial.clone()),
+                }
+            })
+            .collect();
+        TargetView {
+            config: t.clone(),
+            luns,
+            sessions: self.registry.sessions_of(&t.name),
+        }
+    }
+
+    /// Export a new target with no LUNs yet.
+    pub fn add_target(&self, name: &str, alias: Option<String>) -> Result<(), ControlError> {
+        crate::config::validate_name(name).map_err(|e| ControlError::Invalid(e.to_string()))?;
+        self.edit(|cfg| {
+            if cfg.targets.iter().any(|t| t.name == name) {
+                return Err(ControlError::Conflict(format!(
+                    "target {name} exists already (ethersan ctl target ls lists the targets)"
+                )));
+            }
+            cfg.targets.push(TargetConfig {
+                name: name.to_string(),
+                alias,
+                luns: Vec::new(),
+                access: Default::default(),
+                chap: None,
+            });
+            Ok(())
+        })
+    }
+
+    /// Stop exporting a target. With sessions logged in, only with `force`
+    /// (they end).
+    pub fn remove_target(&self, name: &str, force: bool) -> Result<(), ControlError> {
+        let in_use = self.registry.sessions_of(name);
+        self.edit(|cfg| {
+            find(cfg, name)?;
+            if in_use > 0 && !force {
+                return Err(ControlError::Conflict(format!(
+                    "target {name} has {in_use} session(s) logged in; log them out first or add --force to end them"
+                )));
+            }
+            cfg.targets.retain(|t| t.name != name);
+            Ok(())
+        })
+    }
+
+    /// Add a LUN from a spec (`PATH[:SIZE][,opts]` or `ram:SIZE`, as
+    /// `--lun`), numbered `lun` or the lowest free number. Returns its
+    /// number. Logged-in initiators get REPORTED LUNS DATA HAS CHANGED.
+    pub fn add_lun(&self, target: &str, spec: &str, lun: Option<u64>) -> Result<u64, ControlError> {
+        let mut l = LunConfig::from_spec(spec).map_err(|e| ControlError::Invalid(e.to_string()))?;
+        let mut chosen = 0;
+        self.edit(|cfg| {
+            let t = find_mut(cfg, target)?;
+            pin_numbers(t);
+            let used: Vec<u64> = t.numbered().into_iter().map(|(n, _)| n).collect();
+            let n = match lun {
+                Some(n) if used.contains(&n) => {
+                    return Err(ControlError::Conflict(format!(
+                        "target {target} has a LUN {n} already; choose another number or remove it first"
+                    )))
+                }
+                Some(n) if n > 16383 => {
+                    return Err(ControlError::Invalid(format!(
+                        "LUN {n} is out of range: use 0 to 16383"
+                    )))
+                }
+                Some(n) => n,
+                None => (0..).find(|n| !used.contains(n)).unwrap_or(0),
+            };
+            l.number = Some(n);
+            t.luns.push(l);
+            chosen = n;
+            Ok(())
+        })?;
+        Ok(chosen)
+    }
+
+    /// Remove LUN `lun`. While sessions are logged in to the target, only
+    /// with `force`.
+    pub fn remove_lun(&self, target: &str, lun: u64, force: bool) -> Result<(), ControlError> {
+        let in_use = self.registry.sessions_of(target);
+        self.edit(|cfg| {
+            let t = find_mut(cfg, target)?;
+            let i = t.lun_index(lun).ok_or_else(|| no_lun(target, lun))?;
+            if in_use > 0 && !force {
+                return Err(ControlError::Conflict(format!(
+                    "LUN {lun} of {target} is in use: {in_use} session(s) are logged in to the target; add --force to remove it anyway (they get REPORTED LUNS DATA HAS CHANGED)"
+                )));
+            }
+            pin_numbers(t);
+            t.luns.remove(i);
+            for masks in [&mut t.access.luns, &mut t.access.read_only] {
+                if i < masks.len() {
+                    masks.remove(i);
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Grow or shrink a file LUN's store to `bytes` while it serves:
+    /// initiators get CAPACITY DATA HAS CHANGED. Returns the new number of
+    /// blocks.
+    pub fn resize_lun(&self, target: &str, lun: u64, bytes: u64) -> Result<u64, ControlError> {
+        let cfg = self.config();
+        let t = find(&cfg, target)?;
+        let i = t.lun_index(lun).ok_or_else(|| no_lun(target, lun))?;
+        let bs = u64::from(t.luns[i].block_size.max(1));
+        if bytes == 0 || bytes % bs != 0 {
+            return Err(ControlError::Invalid(format!(
+                "size {bytes} is not a positive multiple of the LUN's {bs}-byte blocks"
+            )));
+        }
+        if !matches!(t.luns[i].backing, crate::config::Backing::File { .. }) {
+            return Err(ControlError::Invalid(format!(
+                "LUN {lun} of {target} is not a file or block device; only those can be resized"
+            )));
+        }
+        let live = self
+            .registry
+            .target(target)
+            .ok_or_else(|| ControlError::NotFound(format!("target {target} is not live")))?;
+        live.resize_lun(lun, bytes).map_err(|e| {
+            ControlError::Invalid(format!("cannot resize LUN {lun} of {target}: {e}"))
+        })?;
+        self.edit(|cfg| {
+            let t = find_mut(cfg, target)?;
+            pin_numbers(t);
+            if let Some(i) = t.lun_index(lun) {
+                if let crate::config::Backing::File { size, .. } = &mut t.luns[i].backing {
+                    *size = Some(bytes);
+                }
+            }
+            Ok(())
+        })?;
+        Ok(bytes / bs)
+    }
+
+    /// Let an initiator (an iSCSI name) or a network (`ADDR/LEN`) log in
+    /// to `target`. A target with empty lists admits everyone: the first
+    /// grant makes it admit only what is granted.
+    pub fn grant(&self, target: &str, entry: &str) -> Result<(), ControlError> {
+        let e = AclEntry::parse(entry)?;
+        self.edit(|cfg| {
+            let t = find_mut(cfg, target)?;
+            match &e {
+                AclEntry::Initiator(n) if t.access.initiators.contains(n) => {
+                    return Err(ControlError::Conflict(format!("{n} is granted already")))
+                }
+                AclEntry::Network(n) if t.access.networks.contains(n) => {
+                    return Err(ControlError::Conflict(format!(
+                        "{entry} is granted already"
+                    )))
+                }
+                AclEntry::Initiator(n) => t.access.initiators.push(n.clone()),
+                AclEntry::Network(n) => t.access.networks.push(*n),
+            }
+            Ok(())
+        })
+    }
+
+    /// Take a grant back; the sessions it admitted and nothing else does
+    /// end.
+    pub fn revoke(&self, target: &str, entry: &str) -> Result<(), ControlError> {
+        let e = AclEntry::parse(entry)?;
+        self.edit(|cfg| {
+            let t = find_mut(cfg, target)?;
+            let before = t.access.initiators.len() + t.access.networks.len();
+            match &e {
+                AclEntry::Initiator(n) => t.access.initiators.retain(|i| i != n),
+                AclEntry::Network(n) => t.access.networks.retain(|i| i != n),
+            }
+            if t.access.initiators.len() + t.access.networks.len() == before {
+                return Err(ControlError::NotFound(format!(
+                    "{entry} is not granted on {target} (ethersan ctl acl ls {target} lists the grants)"
+                )));
+            }
+            Ok(())
+        })
+    }
+
+    /// Require CHAP with these credentials: of every target that has none
+    /// of its own (`target` = `None`) or of one target. Applies to logins
+    /// from now on.
+    pub fn set_chap(
+        &self,
+        target: Option<&str>,
+        user: &str,
+        secret: &[u8],
+    ) -> Result<(), ControlError> {
+        let cred =
+            ethersan_proto::chap::Credentials::new(user, secret).map_err(ControlError::Invalid)?;
+        self.edit(|cfg| {
+            let slot = match target {
+                None => &mut cfg.chap,
+                Some(name) => &mut find_mut(cfg, name)?.chap,
+            };
+            *slot = Some(match slot.take() {
+                Some(old) => ChapConfig {
+                    initiator: cred,
+                    ..old
+                },
+                None => ChapConfig {
+                    initiator: cred,
+                    target: None,
+                    discovery: target.is_none(),
+                },
+            });
+            Ok(())
+        })
+    }
+
+    /// Stop requiring CHAP (globally, or one target's own credentials).
+    pub fn clear_chap(&self, target: Option<&str>) -> Result<(), ControlError> {
+        self.edit(|cfg| {
+            let slot = match target {
+                None => &mut cfg.chap,
+                Some(name) => &mut find_mut(cfg, name)?.chap,
+            };
+            if slot.take().is_none() {
+                return Err(ControlError::NotFound(match target {
+                    None => "no global CHAP credentials are set".to_string(),
+                    Some(t) => format!("target {t} has no CHAP credentials of its own"),
+                }));
+            }
+            Ok(())
+        })
+    }
+
+    /// Every live session.
+    pub fn sessions(&self) -> Vec<SessionView> {
+        self.registry.sessions()
+    }
+
+    /// End session `id`.
+    pub fn logout(&self, id: u64) -> Result<(), ControlError> {
+        if self.registry.end_session(id) {
+            Ok(())
+        } else {
+            Err(ControlError::NotFound(format!(
+                "no session {id} (ethersan ctl session ls lists them)"
+            )))
+        }
+    }
+
+    /// Look at every LUN's backing store size again.
+    pub fn rescan(&self) {
+        self.registry.rescan_capacity();
+    }
+
+    /// Where [`Control::save`] writes without a path: the file the server
+    /// was started with, else `ethersan.toml` in the data directory.
+    pub fn default_save_path(&self) -> PathBuf {
+        match &self.config_file {
+            Some(p) => p.clone(),
+            None => self.config().options.data_dir.join("ethersan.toml"),
+        }
+    }
+
+    /// Write the running configuration to `path` (default
+    /// [`Control::default_save_path`]) atomically (a temporary file
+    /// renamed over it), mode 0600 (it holds CHAP secrets). Returns the
+    /// path written.
+    pub fn save(&self, path: Option<&Path>) -> Result<PathBuf, ControlError> {
+        let path = path.map_or_else(|| self.default_save_path(), Path::to_path_buf);
+        let text = self.config().to_toml();
+        write_atomically(&path, text.as_bytes()).map_err(|cause| ControlError::Save {
+            path: path.clone(),
+            cause,
+        })?;
+        Ok(path)
+    }
+
+    fn edit(
+        &self,
+        f: impl FnOnce(&mut Config) -> Result<(), ControlError>,
+    ) -> Result<(), ControlError> {
+        let report = self.reloader.update(f)?;
+        for c in &report.changed {
+            tracing::info!("management API: {c}");
+        }
+        Ok(())
+    }
+}
+
+/// A grant: an initiator name or a network.
+enum AclEntry {
+    Initiator(String),
+    Network((std::net::IpAddr, u8)),
+}
+
+impl AclEntry {
+    fn parse(s: &str) -> Result<AclEntry, ControlError> {
+        let s = s.trim();
+        if s.starts_with("iqn.") || s.starts_with("eui.") || s.starts_with("naa.") {
+            crate::config::validate_name(s).map_err(|e| ControlError::Invalid(e.to_string()))?;
+            return Ok(AclEntry::Initiator(s.to_string()));
+        }
+        crate::config::parse_network(s)
+            .map(AclEntry::Network)
+            .map_err(|e| {
+                ControlError::Invalid(format!(
+                    "{e}; give an initiator name (iqn.…, eui.…, naa.…) or a network ADDR/LEN"
+                ))
+            })
+    }
+}
+
+fn find<'a>(cfg: &'a Config, name: &str) -> Result<&'a TargetConfig, ControlError> {
+    cfg.targets
+        .iter()
+        .find(|t| t.name == name)
+        .ok_or_else(|| no_target(name))
+}
+
+fn find_mut<'a>(cfg: &'a mut Config, name: &str) -> Result<&'a mut TargetConfig, ControlError> {
+    cfg.targets
+        .iter_mut()
+        .find(|t| t.name == name)
+        .ok_or_else(|| no_target(name))
+}
+
+fn no_target(name: &str) -> ControlError {
+    ControlError::NotFound(format!(
+        "no target {name} (ethersan ctl target ls lists the targets)"
+    ))
+}
+
+fn no_lun(target: &str, lun: u64) -> ControlError {
+    ControlError::NotFound(format!(
+        "target {target} has no LUN {lun} (ethersan ctl lun ls {target} lists them)"
+    ))
+}
+
+/// Give every LUN its number explicitly, so removing or adding one does
+/// not renumber the LUNs after it.
+fn pin_numbers(t: &mut TargetConfig) {
+    for (n, i) in t.numbered() {
+        t.luns[i].number = Some(n);
+    }
+}
+
+/// Write `data` to `path` through a temporary file in the same directory,
+/// synced and renamed over it.
+fn write_atomically(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("the path names no file"))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".{}.tmp", std::process::id()));
+    let tmp = dir.join(tmp_name);
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(data)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
