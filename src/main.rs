@@ -53,6 +53,7 @@ mod bench;
 mod blockio;
 mod client;
 mod cp;
+mod ctl;
 mod native_client;
 mod remote;
 
@@ -142,6 +143,9 @@ enum Command {
     /// Show a LUN as one regular file in a FUSE mount at DIR (for losetup,
     /// qemu-img, dd…) until DIR is unmounted or the command is stopped.
     Attach(attach::AttachArgs),
+    /// Change a running server through its management API: targets,
+    /// LUNs, grants, CHAP, portals, sessions; save its configuration.
+    Ctl(ctl::CtlArgs),
     /// Print shell completions: ethersan completions bash > /etc/bash_completion.d/ethersan
     Completions {
         /// bash, zsh, fish, elvish or powershell.
@@ -244,6 +248,19 @@ struct ServeArgs {
     /// Most connections open at once from one source address (0: no limit; default 128); overrides the config file's max_connections_per_address.
     #[arg(long, value_name = "N")]
     max_connections_per_address: Option<usize>,
+    /// The management API's unix socket (mode 0600), for `ethersan ctl`
+    /// (default: ethersan.sock in the data directory).
+    #[arg(long, value_name = "PATH")]
+    api_socket: Option<PathBuf>,
+    /// Also serve the management API, /metrics and the dashboard on TCP
+    /// (every request but the dashboard's page needs the bearer token of
+    /// --api-token-file).
+    #[arg(long, value_name = "ADDR:PORT", requires = "api_token_file")]
+    api: Option<SocketAddr>,
+    /// A file holding the TCP API's bearer token (16 bytes or more; never
+    /// given on the command line).
+    #[arg(long, value_name = "FILE")]
+    api_token_file: Option<PathBuf>,
 }
 
 fn parse_ethertype_arg(s: &str) -> Result<u16, String> {
@@ -422,11 +439,7 @@ fn notify(state: &[sd_notify::NotifyState]) {
 
 /// SIGHUP: apply the configuration file again (with `--config`), then
 /// look at every LUN's size again.
-fn reload(
-    registry: &ethersan_server::registry::Registry,
-    reloader: &ethersan_server::reload::Reloader,
-    file: Option<&std::path::Path>,
-) {
+fn reload(control: &ethersan_server::control::Control, file: Option<&std::path::Path>) {
     let now = sd_notify::NotifyState::monotonic_usec_now().ok();
     let mut states = vec![sd_notify::NotifyState::Reloading];
     states.extend(now);
@@ -434,7 +447,7 @@ fn reload(
     if let Some(path) = file {
         match Config::from_toml_file(path)
             .map_err(anyhow::Error::from)
-            .and_then(|c| Ok(reloader.apply(c)?))
+            .and_then(|c| Ok(control.reload(c)?))
         {
             Ok(r) => {
                 for c in &r.changed {
@@ -456,7 +469,7 @@ fn reload(
             ),
         }
     }
-    registry.rescan_capacity();
+    control.rescan();
     notify(&[sd_notify::NotifyState::Ready]);
 }
 
@@ -564,7 +577,19 @@ fn say(args: std::fmt::Arguments) {
     let _ = writeln!(std::io::stderr(), "{args}");
 }
 
-async fn serve(cfg: Config, json_logs: bool, config_file: Option<PathBuf>) -> anyhow::Result<()> {
+/// Where `serve` offers its management API.
+struct ApiArgs {
+    socket: Option<PathBuf>,
+    tcp: Option<SocketAddr>,
+    token_file: Option<PathBuf>,
+}
+
+async fn serve(
+    cfg: Config,
+    json_logs: bool,
+    config_file: Option<PathBuf>,
+    api: ApiArgs,
+) -> anyhow::Result<()> {
     let data_dir = &cfg.options.data_dir;
     tracing::info!(
         "data directory {}",
@@ -598,6 +623,45 @@ async fn serve(cfg: Config, json_logs: bool, config_file: Option<PathBuf>) -> an
             cfg.ethernet.group.as_deref().unwrap_or("")
         ));
     }
+    // The management plane: every change goes through one Control (and
+    // its reloader), whether from the API or from SIGHUP.
+    let control = Arc::new(ethersan_server::control::Control::new(
+        server.reloader(),
+        server.registry().clone(),
+        config_file.clone(),
+    ));
+    let state = ethersan_admin::AdminState::new(control.clone());
+    let socket = api
+        .socket
+        .clone()
+        .unwrap_or_else(|| cfg.options.data_dir.join("ethersan.sock"));
+    let _api_unix = ethersan_admin::serve_unix(&socket, state.clone())?;
+    let socket_shown = std::path::absolute(&socket).unwrap_or_else(|_| socket.clone());
+    tracing::info!(socket = %socket_shown.display(), "management API");
+    if !json_logs {
+        say(format_args!(
+            "ethersan: management API on {} (ethersan ctl --socket {} …)",
+            socket_shown.display(),
+            socket_shown.display()
+        ));
+    }
+    let _api_tcp = match (api.tcp, &api.token_file) {
+        (Some(addr), Some(file)) => {
+            let token = ethersan_admin::Token::from_file(file)?;
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} for the API (--api)"))?;
+            let bound = l.local_addr().unwrap_or(addr);
+            if !json_logs {
+                say(format_args!(
+                    "ethersan: management API and dashboard on http://{bound}/"
+                ));
+            }
+            tracing::info!(%bound, "management API on TCP");
+            Some(ethersan_admin::serve_tcp(l, state.clone(), token))
+        }
+        _ => None,
+    };
     let addrs = server.local_addrs();
     if json_logs {
         // Log collectors get events, not a banner.
@@ -618,14 +682,12 @@ async fn serve(cfg: Config, json_logs: bool, config_file: Option<PathBuf>) -> an
     // and look at the LUNs' sizes again (after growing a backing file).
     #[cfg(unix)]
     {
-        let registry = server.registry().clone();
-        let reloader = Arc::new(server.reloader());
+        let control = control.clone();
         let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
         tokio::spawn(async move {
             while hup.recv().await.is_some() {
-                let (r, reloader, file) = (registry.clone(), reloader.clone(), config_file.clone());
-                let _ = tokio::task::spawn_blocking(move || reload(&r, &reloader, file.as_deref()))
-                    .await;
+                let (c, file) = (control.clone(), config_file.clone());
+                let _ = tokio::task::spawn_blocking(move || reload(&c, file.as_deref())).await;
             }
         });
     }
@@ -768,10 +830,16 @@ fn main() -> ExitCode {
     let result = rt.block_on(async {
         match cli.command {
             Command::Serve(a) => {
+                let api = ApiArgs {
+                    socket: a.api_socket,
+                    tcp: a.api,
+                    token_file: a.api_token_file,
+                };
                 serve(
                     serve_cfg.take().expect("parsed above"),
                     cli.log_format == LogFormat::Json,
                     a.config,
+                    api,
                 )
                 .await
             }
@@ -829,6 +897,7 @@ fn main() -> ExitCode {
             Command::Cp(a) => cp::cmd_cp(a).await,
             Command::Bench(a) => bench::cmd_bench(a).await,
             Command::Attach(a) => attach::cmd_attach(a).await,
+            Command::Ctl(a) => ctl::cmd_ctl(a).await,
             Command::Completions { .. } | Command::Man { .. } => {
                 unreachable!("handled before the runtime")
             }

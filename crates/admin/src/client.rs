@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
-use hyper::{Method, Request};
+pub use hyper::Method;
+use hyper::Request;
 use hyper_util::rt::TokioIo;
 
 /// Where the API is.

@@ -415,6 +415,7 @@ impl Control {
     /// path written.
     pub fn save(&self, path: Option<&Path>) -> Result<PathBuf, ControlError> {
         let path = path.map_or_else(|| self.default_save_path(), Path::to_path_buf);
+        let path = std::path::absolute(&path).unwrap_or(path);
         let text = self.config().to_toml();
         write_atomically(&path, text.as_bytes()).map_err(|cause| ControlError::Save {
             path: path.clone(),
