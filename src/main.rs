@@ -166,6 +166,11 @@ struct ServeArgs {
     /// Portal to listen on, ADDR:PORT (repeatable; IPv6 as [::1]:3260).
     #[arg(long, value_name = "ADDR:PORT")]
     listen: Vec<SocketAddr>,
+    /// Announce ADVERTISED instead of the --listen address LISTEN in
+    /// SendTargets answers (NAT, containers), as LISTEN=ADVERTISED, e.g.
+    /// 0.0.0.0:3260=203.0.113.5:3260 (repeatable).
+    #[arg(long, value_name = "LISTEN=ADVERTISED", value_parser = parse_advertise_arg, conflicts_with = "config")]
+    advertise: Vec<(SocketAddr, SocketAddr)>,
     /// Target name (IQN).
     #[arg(long, value_name = "IQN")]
     target: Option<String>,
@@ -246,6 +251,24 @@ struct ServeArgs {
     max_connections_per_address: Option<usize>,
 }
 
+fn parse_advertise_arg(s: &str) -> Result<(SocketAddr, SocketAddr), String> {
+    let (l, a) = s.split_once('=').ok_or_else(|| {
+        format!("{s:?} is not LISTEN=ADVERTISED (e.g. 0.0.0.0:3260=203.0.113.5:3260)")
+    })?;
+    let addr = |v: &str, what: &str| {
+        v.trim().parse::<SocketAddr>().map_err(|_| {
+            format!("{what} {v:?} is not ADDR:PORT (an IP address and a port, IPv6 as [::1]:3260)")
+        })
+    };
+    let (l, a) = (addr(l, "LISTEN")?, addr(a, "ADVERTISED")?);
+    if a.ip().is_unspecified() || a.port() == 0 {
+        return Err(format!(
+            "ADVERTISED {a} cannot be reached by initiators: give the address and port they connect to"
+        ));
+    }
+    Ok((l, a))
+}
+
 fn parse_ethertype_arg(s: &str) -> Result<u16, String> {
     ethersan_server::config::parse_ethertype(s)
 }
@@ -261,6 +284,14 @@ fn serve_config(a: &ServeArgs) -> anyhow::Result<Config> {
     let mut cfg = Config::embedded_default(&a.data_dir);
     if !a.listen.is_empty() {
         cfg.portals = a.listen.clone();
+    }
+    for (listen, advertised) in &a.advertise {
+        if !cfg.portals.contains(listen) {
+            bail!(
+                "--advertise {listen}={advertised}: {listen} is not a portal; give it with --listen {listen} too"
+            );
+        }
+        cfg.advertise.insert(*listen, *advertised);
     }
     let target: &mut TargetConfig = cfg
         .targets
@@ -394,7 +425,7 @@ fn connect_hint(
     global_chap: Option<&ethersan_server::config::ChapConfig>,
 ) -> String {
     let name = &t.name;
-    match t.chap.as_ref().or(global_chap) {
+    match t.chap.effective(global_chap) {
         None => format!(
             "ethersan: connect with\n  libiscsi/QEMU: iscsi://{addr}/{name}/0\n  ethersan:      ethersan ls iscsi://{addr}/{name}\n  open-iscsi:    iscsiadm -m discovery -t sendtargets -p {addr}\n                 iscsiadm -m node -T {name} -p {addr} --login"
         ),
@@ -464,7 +495,10 @@ fn reload(
 fn check(cfg: &Config) -> anyhow::Result<()> {
     let mut out = String::new();
     for p in &cfg.portals {
-        out.push_str(&format!("  portal {p}\n"));
+        match cfg.advertise.get(p) {
+            Some(a) => out.push_str(&format!("  portal {p} (advertised as {a})\n")),
+            None => out.push_str(&format!("  portal {p}\n")),
+        }
     }
     let dir = &cfg.options.data_dir;
     for t in &cfg.targets {
@@ -599,14 +633,23 @@ async fn serve(cfg: Config, json_logs: bool, config_file: Option<PathBuf>) -> an
     let addrs = server.local_addrs();
     if json_logs {
         // Log collectors get events, not a banner.
-        for addr in &addrs {
-            tracing::info!(portal = %addr, "listening");
+        for p in server.portals().list() {
+            tracing::info!(portal = %p.address, advertise = ?p.advertise, "listening");
         }
     }
-    for addr in addrs.iter().filter(|_| !json_logs) {
-        say(format_args!("ethersan: listening on {addr}"));
+    let portals = server.portals().list();
+    for p in portals.iter().filter(|_| !json_logs) {
+        say(format_args!("ethersan: listening on {}", p.address));
+        if let Some(a) = p.advertise {
+            say(format_args!(
+                "ethersan: portal {} is advertised as {a}",
+                p.address
+            ));
+        }
     }
-    if let (Some(addr), Some(t), false) = (addrs.first(), cfg.targets.first(), json_logs) {
+    if let (Some(p), Some(t), false) = (portals.first(), cfg.targets.first(), json_logs) {
+        // Initiators reach it at the address it is advertised as.
+        let addr = p.advertise.unwrap_or(p.address);
         say(format_args!(
             "{}",
             connect_hint(&addr.to_string(), t, cfg.chap.as_ref())

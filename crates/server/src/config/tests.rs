@@ -105,11 +105,25 @@ fn per_target_and_discovery_chap() {
         "t",
     )
     .unwrap();
-    let a = c.targets[0].chap.as_ref().unwrap();
+    let TargetChap::Chap(a) = &c.targets[0].chap else {
+        panic!("a has its own [target.chap]: {:?}", c.targets[0].chap);
+    };
     assert_eq!(a.initiator.user, "ua");
     assert_eq!(a.target.as_ref().unwrap().user, "ta");
-    assert!(c.targets[1].chap.is_none(), "b uses the global [chap]");
-    assert_eq!(c.targets[2].chap.as_ref().unwrap().initiator.user, "uc");
+    assert_eq!(
+        c.targets[1].chap,
+        TargetChap::Inherit,
+        "b uses the global [chap]"
+    );
+    assert_eq!(
+        c.targets[2]
+            .chap
+            .effective(c.chap.as_ref())
+            .unwrap()
+            .initiator
+            .user,
+        "uc"
+    );
     assert_eq!(c.chap.as_ref().unwrap().initiator.user, "g");
     assert_eq!(
         c.discovery_chap.as_ref().unwrap().initiator.secret,
@@ -389,4 +403,30 @@ fn sanitize_rate_key_and_spec_option() {
     let base = "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\n[[target.lun]]\npath = \"/tmp/x.img\"\n";
     let c = Config::from_toml_str(&format!("{base}sanitize_rate = \"64M\"\n"), "t").unwrap();
     assert_eq!(c.targets[0].luns[0].sanitize_rate, Some(64 << 20));
+}
+
+#[test]
+fn a_target_opts_out_of_chap() {
+    let text = "portals = [\"127.0.0.1:3260\"]\n[chap]\nuser = \"g\"\nsecret = \"global-secret-1\"\n[[target]]\nname = \"iqn.2026-11.org.x:open\"\nchap = \"none\"\nlun = [\"ram:1M\"]\n[[target]]\nname = \"iqn.2026-11.org.x:shut\"\nlun = [\"ram:1M\"]\n";
+    let c = Config::from_toml_str(text, "t").unwrap();
+    assert_eq!(c.targets[0].chap, TargetChap::None);
+    assert_eq!(c.targets[0].chap.effective(c.chap.as_ref()), None);
+    assert_eq!(c.targets[1].chap, TargetChap::Inherit);
+    assert_eq!(
+        c.targets[1]
+            .chap
+            .effective(c.chap.as_ref())
+            .map(|c| c.initiator.user.as_str()),
+        Some("g")
+    );
+    // Any other word is a mistake, reported at its line.
+    let bad = text.replace("chap = \"none\"", "chap = \"off\"");
+    let e = Config::from_toml_str(&bad, "t").unwrap_err().to_string();
+    assert!(
+        e.starts_with("t:7:") && e.contains("chap = \"none\""),
+        "{e}"
+    );
+    let bad = text.replace("chap = \"none\"", "chap = 3");
+    let e = Config::from_toml_str(&bad, "t").unwrap_err().to_string();
+    assert!(e.starts_with("t:7:") && e.contains("\"none\""), "{e}");
 }
