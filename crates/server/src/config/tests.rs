@@ -430,3 +430,38 @@ fn a_target_opts_out_of_chap() {
     let e = Config::from_toml_str(&bad, "t").unwrap_err().to_string();
     assert!(e.starts_with("t:7:") && e.contains("\"none\""), "{e}");
 }
+
+#[test]
+fn portals_with_advertised_addresses() {
+    let text = "portals = [\"127.0.0.1:3260\", { listen = \"0.0.0.0:3261\", advertise = \"10.0.0.5:3260\" }, { listen = \"[::1]:3262\" }]\n[[target]]\nname = \"iqn.2026-11.org.x:a\"\nlun = [\"ram:1M\"]\n";
+    let c = Config::from_toml_str(text, "t").unwrap();
+    let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+    assert_eq!(
+        c.portals,
+        [a("127.0.0.1:3260"), a("0.0.0.0:3261"), a("[::1]:3262")]
+    );
+    assert_eq!(c.advertise.len(), 1);
+    assert_eq!(c.advertise[&a("0.0.0.0:3261")], a("10.0.0.5:3260"));
+    for (bad, what) in [
+        ("\"127.0.0.1\"", "portal \"127.0.0.1\" is not ADDR:PORT"),
+        ("{ listen = \"x:1\" }", "portal \"x:1\" is not ADDR:PORT"),
+        (
+            "{ listen = \"127.0.0.1:1\", advertise = \"10.0.0.5\" }",
+            "advertise \"10.0.0.5\" is not ADDR:PORT",
+        ),
+        (
+            "{ listen = \"127.0.0.1:1\", advertise = \"0.0.0.0:3260\" }",
+            "cannot be reached",
+        ),
+        ("{ listen = \"127.0.0.1:1\", advert = \"10.0.0.5:1\" }", "advert"),
+        ("{ advertise = \"10.0.0.5:1\" }", "listen"),
+        ("\"127.0.0.1:5\", \"127.0.0.1:5\"", "listed twice"),
+        ("3260", "a portal"),
+    ] {
+        let text = format!(
+            "portals = [{bad}]\n[[target]]\nname = \"iqn.2026-11.org.x:a\"\nlun = [\"ram:1M\"]\n"
+        );
+        let e = Config::from_toml_str(&text, "t").unwrap_err().to_string();
+        assert!(e.starts_with("t:1:") && e.contains(what), "{bad}: {e}");
+    }
+}
