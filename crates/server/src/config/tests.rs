@@ -453,7 +453,10 @@ fn portals_with_advertised_addresses() {
             "{ listen = \"127.0.0.1:1\", advertise = \"0.0.0.0:3260\" }",
             "cannot be reached",
         ),
-        ("{ listen = \"127.0.0.1:1\", advert = \"10.0.0.5:1\" }", "advert"),
+        (
+            "{ listen = \"127.0.0.1:1\", advert = \"10.0.0.5:1\" }",
+            "advert",
+        ),
         ("{ advertise = \"10.0.0.5:1\" }", "listen"),
         ("\"127.0.0.1:5\", \"127.0.0.1:5\"", "listed twice"),
         ("3260", "a portal"),
