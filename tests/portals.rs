@@ -326,7 +326,7 @@ fn serve_advertise_on_the_command_line() {
     drop(server);
     // Mistakes are named.
     for (arg, what) in [
-        (format!("{listen}"), "LISTEN=ADVERTISED"),
+        (listen.clone(), "LISTEN=ADVERTISED"),
         (format!("{listen}=nowhere"), "ADVERTISED \"nowhere\""),
         (format!("{listen}=0.0.0.0:3260"), "cannot be reached"),
         (
