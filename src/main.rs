@@ -249,6 +249,9 @@ struct ServeArgs {
     /// Most connections open at once from one source address (0: no limit; default 128); overrides the config file's max_connections_per_address.
     #[arg(long, value_name = "N")]
     max_connections_per_address: Option<usize>,
+    /// Most connections in the login phase at once, over every portal (0: no limit; default 512); overrides the config file's max_logins_in_progress.
+    #[arg(long, value_name = "N")]
+    max_logins_in_progress: Option<usize>,
 }
 
 fn parse_advertise_arg(s: &str) -> Result<(SocketAddr, SocketAddr), String> {
@@ -765,6 +768,9 @@ fn main() -> ExitCode {
                 }
                 if let Some(p) = a.placement {
                     cfg.options.placement = p;
+                }
+                if let Some(n) = a.max_logins_in_progress {
+                    cfg.options.max_logins_in_progress = n;
                 }
                 if let Some(n) = a.max_connections_per_address {
                     cfg.options.max_connections_per_address = n;

@@ -4,13 +4,15 @@
 //! places come back when the flood closes or its logins time out, and a
 //! normal login then succeeds. The native transport's streams count too.
 
+mod common;
+
 use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use ethersan_server::config::Config;
 
-const IQN: &str = "iqn.2026-11.org.ethersan:test";
+use common::IQN;
 const CAP: usize = 16;
 const FLOOD: usize = 200;
 const LOGIN_TIMEOUT_SECS: u64 = 5;
@@ -178,4 +180,37 @@ async fn a_flood_from_many_addresses_holds_at_most_the_login_cap() {
         .await
         .expect("the server stops")
         .unwrap();
+}
+
+/// `serve --max-logins-in-progress N`, and the refusals logged as
+/// warnings at most once a second, naming the limit.
+#[test]
+fn serve_caps_logins_on_the_command_line_and_says_so_once_a_second() {
+    let server = common::Server::start_with("ram:4M", &["--max-logins-in-progress", "2"]);
+    let addr: SocketAddr = server.addr.parse().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut socks: Vec<TcpStream> = (0..40)
+        .map(|n| rt.block_on(connect_from(n, addr)))
+        .collect();
+    for s in &socks {
+        s.set_nonblocking(true).unwrap();
+    }
+    let closed = closed_by_server(&mut socks, Duration::from_secs(3), 38);
+    assert_eq!(closed.iter().filter(|c| **c).count(), 38, "{closed:?}");
+    let log = server.log.lock().unwrap().clone();
+    let warnings: Vec<&String> = log
+        .iter()
+        .filter(|l| l.contains("too many connections in login"))
+        .collect();
+    assert!(
+        !warnings.is_empty()
+            && warnings.len() <= 4
+            && warnings
+                .iter()
+                .all(|l| l.contains("limit=2") && l.contains("WARN")),
+        "{log:?}"
+    );
+    assert!(!log
+        .iter()
+        .any(|l| l.contains("too many connections from one address")));
 }

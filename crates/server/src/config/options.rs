@@ -94,11 +94,13 @@ impl std::str::FromStr for Placement {
 pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 128;
 
 /// Default `max_logins_in_progress`: far more than initiators logging in
-/// at once need (a login takes milliseconds), few enough that connections
-/// which never finish their login (a flood from many addresses, each under
-/// `max_connections_per_address`) cannot hold more than a bounded amount
-/// of the server until `login_timeout_secs` ends them.
-pub const DEFAULT_MAX_LOGINS_IN_PROGRESS: usize = 64;
+/// at once need (a login takes milliseconds), so that hundreds of idle
+/// half-open connections do not lock good initiators out, while bounding
+/// what connections that never finish their login (a flood from many
+/// addresses, each under `max_connections_per_address`) can hold until
+/// `login_timeout_secs` ends them: at most a few tens of MiB of login
+/// buffers.
+pub const DEFAULT_MAX_LOGINS_IN_PROGRESS: usize = 512;
 
 /// Default `max_key_text_bytes` (64 KiB): eight full login PDUs at the
 /// login phase's 8192-byte MaxRecvDataSegmentLength, far more than any
