@@ -170,6 +170,11 @@ struct ServeArgs {
     /// Portal to listen on, ADDR:PORT (repeatable; IPv6 as [::1]:3260).
     #[arg(long, value_name = "ADDR:PORT")]
     listen: Vec<SocketAddr>,
+    /// Announce ADVERTISED instead of the --listen address LISTEN in
+    /// SendTargets answers (NAT, containers), as LISTEN=ADVERTISED, e.g.
+    /// 0.0.0.0:3260=203.0.113.5:3260 (repeatable).
+    #[arg(long, value_name = "LISTEN=ADVERTISED", value_parser = parse_advertise_arg, conflicts_with = "config")]
+    advertise: Vec<(SocketAddr, SocketAddr)>,
     /// Target name (IQN).
     #[arg(long, value_name = "IQN")]
     target: Option<String>,
@@ -261,6 +266,27 @@ struct ServeArgs {
     /// given on the command line).
     #[arg(long, value_name = "FILE")]
     api_token_file: Option<PathBuf>,
+    /// Most connections in the login phase at once, over every portal (0: no limit; default 512); overrides the config file's max_logins_in_progress.
+    #[arg(long, value_name = "N")]
+    max_logins_in_progress: Option<usize>,
+}
+
+fn parse_advertise_arg(s: &str) -> Result<(SocketAddr, SocketAddr), String> {
+    let (l, a) = s.split_once('=').ok_or_else(|| {
+        format!("{s:?} is not LISTEN=ADVERTISED (e.g. 0.0.0.0:3260=203.0.113.5:3260)")
+    })?;
+    let addr = |v: &str, what: &str| {
+        v.trim().parse::<SocketAddr>().map_err(|_| {
+            format!("{what} {v:?} is not ADDR:PORT (an IP address and a port, IPv6 as [::1]:3260)")
+        })
+    };
+    let (l, a) = (addr(l, "LISTEN")?, addr(a, "ADVERTISED")?);
+    if a.ip().is_unspecified() || a.port() == 0 {
+        return Err(format!(
+            "ADVERTISED {a} cannot be reached by initiators: give the address and port they connect to"
+        ));
+    }
+    Ok((l, a))
 }
 
 fn parse_ethertype_arg(s: &str) -> Result<u16, String> {
@@ -278,6 +304,14 @@ fn serve_config(a: &ServeArgs) -> anyhow::Result<Config> {
     let mut cfg = Config::embedded_default(&a.data_dir);
     if !a.listen.is_empty() {
         cfg.portals = a.listen.clone();
+    }
+    for (listen, advertised) in &a.advertise {
+        if !cfg.portals.contains(listen) {
+            bail!(
+                "--advertise {listen}={advertised}: {listen} is not a portal; give it with --listen {listen} too"
+            );
+        }
+        cfg.advertise.insert(*listen, *advertised);
     }
     let target: &mut TargetConfig = cfg
         .targets
@@ -411,7 +445,7 @@ fn connect_hint(
     global_chap: Option<&ethersan_server::config::ChapConfig>,
 ) -> String {
     let name = &t.name;
-    match t.chap.as_ref().or(global_chap) {
+    match t.chap.effective(global_chap) {
         None => format!(
             "ethersan: connect with\n  libiscsi/QEMU: iscsi://{addr}/{name}/0\n  ethersan:      ethersan ls iscsi://{addr}/{name}\n  open-iscsi:    iscsiadm -m discovery -t sendtargets -p {addr}\n                 iscsiadm -m node -T {name} -p {addr} --login"
         ),
@@ -477,7 +511,10 @@ fn reload(control: &ethersan_server::control::Control, file: Option<&std::path::
 fn check(cfg: &Config) -> anyhow::Result<()> {
     let mut out = String::new();
     for p in &cfg.portals {
-        out.push_str(&format!("  portal {p}\n"));
+        match cfg.advertise.get(p) {
+            Some(a) => out.push_str(&format!("  portal {p} (advertised as {a})\n")),
+            None => out.push_str(&format!("  portal {p}\n")),
+        }
     }
     let dir = &cfg.options.data_dir;
     for t in &cfg.targets {
@@ -635,16 +672,30 @@ async fn serve(
         .socket
         .clone()
         .unwrap_or_else(|| cfg.options.data_dir.join("ethersan.sock"));
-    let _api_unix = ethersan_admin::serve_unix(&socket, state.clone())?;
     let socket_shown = std::path::absolute(&socket).unwrap_or_else(|_| socket.clone());
-    tracing::info!(socket = %socket_shown.display(), "management API");
-    if !json_logs {
-        say(format_args!(
-            "ethersan: management API on {} (ethersan ctl --socket {} …)",
-            socket_shown.display(),
-            socket_shown.display()
-        ));
-    }
+    let _api_unix = match ethersan_admin::serve_unix(&socket, state.clone()) {
+        Ok(task) => {
+            tracing::info!(socket = %socket_shown.display(), "management API");
+            if !json_logs {
+                say(format_args!(
+                    "ethersan: management API on {} (ethersan ctl --socket {} …)",
+                    socket_shown.display(),
+                    socket_shown.display()
+                ));
+            }
+            Some(task)
+        }
+        // The default socket belongs to another server sharing this data
+        // directory: this one serves without a socket (an explicit
+        // --api-socket that cannot be made is an error).
+        Err(e) if api.socket.is_none() => {
+            tracing::warn!(
+                "{e}; this server has no API socket (another ethersan serve uses the data directory's)"
+            );
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
     let _api_tcp = match (api.tcp, &api.token_file) {
         (Some(addr), Some(file)) => {
             let token = ethersan_admin::Token::from_file(file)?;
@@ -662,22 +713,6 @@ async fn serve(
         }
         _ => None,
     };
-    let addrs = server.local_addrs();
-    if json_logs {
-        // Log collectors get events, not a banner.
-        for addr in &addrs {
-            tracing::info!(portal = %addr, "listening");
-        }
-    }
-    for addr in addrs.iter().filter(|_| !json_logs) {
-        say(format_args!("ethersan: listening on {addr}"));
-    }
-    if let (Some(addr), Some(t), false) = (addrs.first(), cfg.targets.first(), json_logs) {
-        say(format_args!(
-            "{}",
-            connect_hint(&addr.to_string(), t, cfg.chap.as_ref())
-        ));
-    }
     // SIGHUP: read the configuration file again and apply what changed,
     // and look at the LUNs' sizes again (after growing a backing file).
     #[cfg(unix)]
@@ -690,6 +725,31 @@ async fn serve(
                 let _ = tokio::task::spawn_blocking(move || reload(&c, file.as_deref())).await;
             }
         });
+    }
+    let addrs = server.local_addrs();
+    if json_logs {
+        // Log collectors get events, not a banner.
+        for p in server.portals().list() {
+            tracing::info!(portal = %p.address, advertise = ?p.advertise, "listening");
+        }
+    }
+    let portals = server.portals().list();
+    for p in portals.iter().filter(|_| !json_logs) {
+        say(format_args!("ethersan: listening on {}", p.address));
+        if let Some(a) = p.advertise {
+            say(format_args!(
+                "ethersan: portal {} is advertised as {a}",
+                p.address
+            ));
+        }
+    }
+    if let (Some(p), Some(t), false) = (portals.first(), cfg.targets.first(), json_logs) {
+        // Initiators reach it at the address it is advertised as.
+        let addr = p.advertise.unwrap_or(p.address);
+        say(format_args!(
+            "{}",
+            connect_hint(&addr.to_string(), t, cfg.chap.as_ref())
+        ));
     }
     // The service manager learns that every portal listens (Type=notify).
     notify(&[
@@ -786,6 +846,9 @@ fn main() -> ExitCode {
                 }
                 if let Some(p) = a.placement {
                     cfg.options.placement = p;
+                }
+                if let Some(n) = a.max_logins_in_progress {
+                    cfg.options.max_logins_in_progress = n;
                 }
                 if let Some(n) = a.max_connections_per_address {
                     cfg.options.max_connections_per_address = n;

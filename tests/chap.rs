@@ -533,3 +533,85 @@ fn discovery_chap_on_the_command_line() {
         "discovery credentials opened the target"
     );
 }
+
+/// `chap = "none"` in a target's table: logins to it need no CHAP while a
+/// global `[chap]` still guards the other target and discovery.
+#[test]
+fn a_target_that_opts_out_of_chap() {
+    require_tool("iscsi-inq");
+    require_tool("iscsi-ls");
+    const OPEN: &str = "iqn.2026-11.org.test:open";
+    const SHUT: &str = "iqn.2026-11.org.test:shut";
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("optout.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "portals = [\"127.0.0.1:0\"]\n\
+             [chap]\nuser = \"{USER}\"\nsecret = \"{SECRET}\"\n\
+             [[target]]\nname = \"{OPEN}\"\nchap = \"none\"\nlun = [\"ram:4M\"]\n\
+             [[target]]\nname = \"{SHUT}\"\nlun = [\"ram:4M\"]\n"
+        ),
+    )
+    .unwrap();
+    let server =
+        Server::start_args(&["serve".into(), "--config".into(), cfg.display().to_string()]);
+    let limit = Duration::from_secs(30);
+    let lun_url = |t: &str, chap: bool| {
+        if chap {
+            format!("iscsi://{USER}%{SECRET}@{}/{t}/0", server.addr)
+        } else {
+            format!("iscsi://{}/{t}/0", server.addr)
+        }
+    };
+    let inq = |name: &str, url: &str| run("iscsi-inq", &["-i", name, url], limit);
+    let open = inq("iqn.2026-11.org.test:o1", &lun_url(OPEN, false));
+    assert!(
+        open.status.success(),
+        "open target without CHAP: {}",
+        text(&open)
+    );
+    let shut = inq("iqn.2026-11.org.test:s1", &lun_url(SHUT, false));
+    assert!(
+        !shut.status.success() && text(&shut).contains("Authentication failure"),
+        "the other target let a login without CHAP in: {}",
+        text(&shut)
+    );
+    let shut = inq("iqn.2026-11.org.test:s2", &lun_url(SHUT, true));
+    assert!(
+        shut.status.success(),
+        "the other target with CHAP: {}",
+        text(&shut)
+    );
+    // ethersan's own client, without credentials, to the open target.
+    let o = ethersan(&["inquiry", &lun_url(OPEN, false)], None);
+    assert!(o.status.success(), "{}", text(&o));
+    // Discovery follows the global [chap] (discovery = true by default):
+    // without CHAP nothing is listed; with it, both targets are.
+    let portal = format!("iscsi://{}", server.addr);
+    let o = run(
+        "iscsi-ls",
+        &["-i", "iqn.2026-11.org.test:d1", &portal],
+        limit,
+    );
+    assert!(
+        !o.status.success() && !text(&o).contains(OPEN),
+        "discovery without CHAP: {}",
+        text(&o)
+    );
+    let with = format!("iscsi://{USER}%{SECRET}@{}", server.addr);
+    let o = run("iscsi-ls", &["-i", "iqn.2026-11.org.test:d2", &with], limit);
+    assert!(
+        o.status.success() && text(&o).contains(OPEN) && text(&o).contains(SHUT),
+        "discovery with CHAP: {}",
+        text(&o)
+    );
+    // The start says which targets are open, and only those.
+    let log = server.log.lock().unwrap().join("\n");
+    let line = log
+        .lines()
+        .find(|l| l.contains("CHAP opt-out"))
+        .unwrap_or_else(|| panic!("no line naming the open targets: {log}"));
+    assert!(line.contains(OPEN) && !line.contains(SHUT), "{line}");
+    assert!(!line.contains("WARN"), "{line}");
+}

@@ -123,7 +123,10 @@ fn target(t: &TargetView) -> Target {
             .iter()
             .map(|(a, l)| format!("{a}/{l}"))
             .collect(),
-        chap_user: t.config.chap.as_ref().map(|c| c.initiator.user.clone()),
+        chap_user: match &t.config.chap {
+            ethersan_server::config::TargetChap::Chap(c) => Some(c.initiator.user.clone()),
+            _ => None,
+        },
         sessions: t.sessions,
     }
 }

@@ -211,8 +211,7 @@ pub fn exports(cfg: &Config, registry: &Registry) -> Result<Vec<Export>, AoeErro
             // AoE has no authentication: a LUN that iSCSI guards (CHAP,
             // initiator or network lists, LUN masking, read-only for some)
             // is exported only when its address is given explicitly.
-            let guarded = cfg.chap.is_some()
-                || t.chap.is_some()
+            let guarded = t.chap.effective(cfg.chap.as_ref()).is_some()
                 || !t.access.initiators.is_empty()
                 || !t.access.networks.is_empty()
                 || t.access.luns.get(idx).is_some_and(|v| !v.is_empty())

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::config::{ChapConfig, Config, LunConfig, TargetConfig};
+use crate::config::{ChapConfig, Config, LunConfig, TargetChap, TargetConfig};
 use crate::registry::{Registry, SessionView};
 use crate::reload::{ReloadReport, Reloader};
 use crate::ServerError;
@@ -173,7 +173,7 @@ impl Control {
                 alias,
                 luns: Vec::new(),
                 access: Default::default(),
-                chap: None,
+                chap: TargetChap::Inherit,
             });
             Ok(())
         })
@@ -343,11 +343,14 @@ impl Control {
         let cred =
             ethersan_proto::chap::Credentials::new(user, secret).map_err(ControlError::Invalid)?;
         self.edit(|cfg| {
-            let slot = match target {
-                None => &mut cfg.chap,
-                Some(name) => &mut find_mut(cfg, name)?.chap,
+            let old = match target {
+                None => cfg.chap.take(),
+                Some(name) => match std::mem::take(&mut find_mut(cfg, name)?.chap) {
+                    TargetChap::Chap(c) => Some(c),
+                    TargetChap::Inherit | TargetChap::None => None,
+                },
             };
-            *slot = Some(match slot.take() {
+            let new = match old {
                 Some(old) => ChapConfig {
                     initiator: cred,
                     ..old
@@ -357,22 +360,30 @@ impl Control {
                     target: None,
                     discovery: target.is_none(),
                 },
-            });
+            };
+            match target {
+                None => cfg.chap = Some(new),
+                Some(name) => find_mut(cfg, name)?.chap = TargetChap::Chap(new),
+            }
             Ok(())
         })
     }
 
-    /// Stop requiring CHAP (globally, or one target's own credentials).
+    /// Stop requiring CHAP globally, or make a target follow the global
+    /// setting again (dropping its own credentials or its opt-out).
     pub fn clear_chap(&self, target: Option<&str>) -> Result<(), ControlError> {
         self.edit(|cfg| {
-            let slot = match target {
-                None => &mut cfg.chap,
-                Some(name) => &mut find_mut(cfg, name)?.chap,
+            let had = match target {
+                None => cfg.chap.take().is_some(),
+                Some(name) => !matches!(
+                    std::mem::take(&mut find_mut(cfg, name)?.chap),
+                    TargetChap::Inherit
+                ),
             };
-            if slot.take().is_none() {
+            if !had {
                 return Err(ControlError::NotFound(match target {
                     None => "no global CHAP credentials are set".to_string(),
-                    Some(t) => format!("target {t} has no CHAP credentials of its own"),
+                    Some(t) => format!("target {t} has no CHAP setting of its own"),
                 }));
             }
             Ok(())

@@ -17,6 +17,7 @@ pub mod limits;
 mod login;
 pub mod native;
 mod placement;
+pub mod portals;
 pub mod registry;
 pub mod reload;
 mod session;
@@ -63,6 +64,9 @@ pub enum ServerError {
         /// What went wrong.
         cause: identity::IdentityError,
     },
+    /// A portal could not be added (the same address twice).
+    #[error(transparent)]
+    Portal(portals::PortalError),
     /// A portal could not be bound.
     #[error("cannot listen on {addr}: {cause}{}", bind_hint(.cause, addr))]
     Bind {
@@ -76,7 +80,7 @@ pub enum ServerError {
 /// A configured, bound target server.
 pub struct Server {
     registry: Arc<Registry>,
-    listeners: Vec<TcpListener>,
+    portals: portals::Portals,
     options: Options,
     /// Login settings (CHAP, digests, limits): swapped by a reload, read
     /// once per connection.
@@ -91,23 +95,29 @@ impl Server {
         for t in &config.targets {
             targets.push(Arc::new(build_target(t, &config.options.data_dir)?));
         }
-        let mut listeners = Vec::new();
-        let mut addrs = Vec::new();
+        let registry = Arc::new(Registry::with_login_limit(
+            targets,
+            Vec::new(),
+            config.options.max_logins_in_progress,
+        ));
+        let portals = portals::Portals::new(registry.clone(), tokio::runtime::Handle::current());
         for p in &config.portals {
-            let l = TcpListener::bind(p)
+            portals
+                .add(*p, config.advertise.get(p).copied())
                 .await
-                .map_err(|source| ServerError::Bind {
-                    addr: *p,
-                    cause: source,
+                .map_err(|e| match e {
+                    portals::PortalError::Bind { address, cause } => ServerError::Bind {
+                        addr: address,
+                        cause,
+                    },
+                    other => ServerError::Portal(other),
                 })?;
-            addrs.push(l.local_addr().unwrap_or(*p));
-            listeners.push(l);
         }
-        let registry = Arc::new(Registry::new(targets, addrs));
+        log_open_targets(config);
         let settings = Arc::new(ArcSwap::from_pointee(target_settings(config)));
         Ok(Server {
             registry,
-            listeners,
+            portals,
             options: config.options.clone(),
             settings,
             config: config.clone(),
@@ -120,16 +130,20 @@ impl Server {
         reload::Reloader::new(
             self.registry.clone(),
             self.settings.clone(),
+            self.portals.clone(),
             self.config.clone(),
         )
     }
 
     /// The bound portal addresses (with the real port when 0 was asked for).
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
-        self.listeners
-            .iter()
-            .filter_map(|l| l.local_addr().ok())
-            .collect()
+        self.portals.list().into_iter().map(|p| p.address).collect()
+    }
+
+    /// A live handle on the TCP portals: list, add and remove them, before
+    /// and while the server runs (see [`portals`]).
+    pub fn portals(&self) -> portals::Portals {
+        self.portals.clone()
     }
 
     /// The registry of targets and sessions.
@@ -174,88 +188,21 @@ impl Server {
             }
         };
         // Shared by every portal: the limit is per address, not per portal.
-        let limiter = limits::ConnectionLimiter::new(self.options.max_connections_per_address);
-        let refusals = Arc::new(Refusals {
-            per_address: limits::LogThrottle::new(Duration::from_secs(1)),
-            sessions: limits::LogThrottle::new(Duration::from_secs(1)),
+        let ctx = Arc::new(AcceptContext {
+            registry: self.registry.clone(),
+            options: self.options.clone(),
+            settings,
+            limiter: limits::ConnectionLimiter::new(self.options.max_connections_per_address),
+            refusals: Refusals {
+                per_address: limits::LogThrottle::new(Duration::from_secs(1)),
+                sessions: limits::LogThrottle::new(Duration::from_secs(1)),
+            },
+            placement,
         });
-        let mut accepts = Vec::new();
-        for l in self.listeners {
-            let placement = placement.clone();
-            let registry = self.registry.clone();
-            let options = self.options.clone();
-            let settings = settings.clone();
-            let limiter = limiter.clone();
-            let refusals = refusals.clone();
-            accepts.push(tokio::spawn(async move {
-                loop {
-                    match l.accept().await {
-                        Ok((sock, peer)) => {
-                            // Over the address's limit: closed before any
-                            // PDU is read. The log says so at most once a
-                            // second, with how many it did not mention.
-                            let Some(guard) = limiter.try_acquire(peer.ip()) else {
-                                if let Some(more) = refusals.per_address.allow() {
-                                    warn!(
-                                        peer = %peer.ip(),
-                                        limit = options.max_connections_per_address,
-                                        refused_since_last_warning = more,
-                                        "too many connections from one address; refusing connection"
-                                    );
-                                }
-                                drop(sock);
-                                continue;
-                            };
-                            if registry.session_count() >= options.max_sessions {
-                                if let Some(more) = refusals.sessions.allow() {
-                                    warn!(%peer, refused_since_last_warning = more, "session limit reached; refusing connection");
-                                }
-                                drop(sock);
-                                continue;
-                            }
-                            let registry = registry.clone();
-                            let options = options.clone();
-                            // The settings of the moment: a reload applies
-                            // to the connections after it.
-                            let settings = settings.load_full();
-                            match &placement {
-                                // The socket moves to the worker's own reactor.
-                                Some(p) => match sock.into_std() {
-                                    Ok(std_sock) => p.spawn(async move {
-                                        // Held until the connection ends, however.
-                                        let _guard = guard;
-                                        match TcpStream::from_std(std_sock) {
-                                            Ok(sock) => {
-                                                handle_connection(sock, peer, registry, options, settings)
-                                                    .await
-                                            }
-                                            Err(e) => warn!(%peer, %e, "cannot move connection to its worker"),
-                                        }
-                                    }),
-                                    Err(e) => warn!(%peer, %e, "cannot move connection to its worker"),
-                                },
-                                None => {
-                                    tokio::spawn(async move {
-                                        // Held until the connection ends, however.
-                                        let _guard = guard;
-                                        handle_connection(sock, peer, registry, options, settings).await;
-                                    });
-                                }
-                            }
-                        }
-                        Err(e) => {
-                            warn!(%e, "accept failed");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                    }
-                }
-            }));
-        }
+        self.portals.start(ctx);
         shutdown.await;
         info!("shutting down: no new connections; ending sessions");
-        for a in &accepts {
-            a.abort();
-        }
+        self.portals.stop();
         self.registry.shutdown_all();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while self.registry.session_count() > 0 && tokio::time::Instant::now() < deadline {
@@ -271,6 +218,106 @@ impl Server {
         }
         info!("stopped");
     }
+}
+
+/// What every accept loop shares: the limits, the settings and where
+/// connections run.
+pub(crate) struct AcceptContext {
+    registry: Arc<Registry>,
+    options: Options,
+    settings: Arc<ArcSwap<TargetSettings>>,
+    /// Connections per source address, over every portal.
+    limiter: Arc<limits::ConnectionLimiter>,
+    refusals: Refusals,
+    placement: Option<Arc<placement::Placement>>,
+}
+
+/// Accept connections on one portal until the task is aborted (the
+/// portal removed, the server stopping).
+pub(crate) async fn accept_loop(l: Arc<TcpListener>, ctx: Arc<AcceptContext>) {
+    loop {
+        match l.accept().await {
+            Ok((sock, peer)) => admit(sock, peer, &ctx),
+            Err(e) => {
+                warn!(%e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Admit an accepted connection, or close it before any PDU is read when
+/// a limit says so (the log says so at most once a second, with how many
+/// it did not mention).
+fn admit(sock: TcpStream, peer: SocketAddr, ctx: &AcceptContext) {
+    let options = &ctx.options;
+    let Some(guard) = ctx.limiter.try_acquire(peer.ip()) else {
+        if let Some(more) = ctx.refusals.per_address.allow() {
+            warn!(
+                peer = %peer.ip(),
+                limit = options.max_connections_per_address,
+                refused_since_last_warning = more,
+                "too many connections from one address; refusing connection"
+            );
+        }
+        return;
+    };
+    if ctx.registry.session_count() >= options.max_sessions {
+        if let Some(more) = ctx.refusals.sessions.allow() {
+            warn!(%peer, refused_since_last_warning = more, "session limit reached; refusing connection");
+        }
+        return;
+    }
+    let Some(slot) = login_slot(&ctx.registry, &peer.to_string()) else {
+        return;
+    };
+    let registry = ctx.registry.clone();
+    let options = options.clone();
+    // The settings of the moment: a reload applies to the connections
+    // after it.
+    let settings = ctx.settings.load_full();
+    match &ctx.placement {
+        // The socket moves to the worker's own reactor.
+        Some(p) => match sock.into_std() {
+            Ok(std_sock) => p.spawn(async move {
+                // Held until the connection ends, however.
+                let _guard = guard;
+                match TcpStream::from_std(std_sock) {
+                    Ok(sock) => {
+                        handle_connection(sock, peer, registry, options, settings, slot).await
+                    }
+                    Err(e) => warn!(%peer, %e, "cannot move connection to its worker"),
+                }
+            }),
+            Err(e) => warn!(%peer, %e, "cannot move connection to its worker"),
+        },
+        None => {
+            tokio::spawn(async move {
+                // Held until the connection ends, however.
+                let _guard = guard;
+                handle_connection(sock, peer, registry, options, settings, slot).await;
+            });
+        }
+    }
+}
+
+/// A place among the connections in login for one from `peer`, or `None`
+/// (with a warning at most once a second) when `max_logins_in_progress`
+/// are logging in already.
+fn login_slot(registry: &Registry, peer: &str) -> Option<limits::LoginSlot> {
+    let logins = registry.logins();
+    let slot = logins.try_acquire();
+    if slot.is_none() {
+        if let Some(more) = logins.warning_allowed() {
+            warn!(
+                %peer,
+                limit = logins.limit(),
+                refused_since_last_warning = more,
+                "too many connections in login (max_logins_in_progress); refusing connection"
+            );
+        }
+    }
+    slot
 }
 
 /// A target with its LUNs opened, as `t` configures it.
@@ -376,6 +423,26 @@ fn chap_policy(c: &config::ChapConfig) -> ethersan_proto::negotiate::AuthPolicy 
     }
 }
 
+/// Say (info) which targets need no CHAP although a global `[chap]` is
+/// set: those that opted out with `chap = "none"`.
+fn log_open_targets(config: &Config) {
+    if config.chap.is_none() {
+        return;
+    }
+    let open: Vec<&str> = config
+        .targets
+        .iter()
+        .filter(|t| t.chap == config::TargetChap::None)
+        .map(|t| t.name.as_str())
+        .collect();
+    if !open.is_empty() {
+        info!(
+            targets = %open.join(", "),
+            "CHAP opt-out: these targets accept logins without CHAP (chap = \"none\"); the others need CHAP"
+        );
+    }
+}
+
 fn target_settings(config: &Config) -> TargetSettings {
     let o = &config.options;
     let (auth, auth_discovery) = match &config.chap {
@@ -389,7 +456,14 @@ fn target_settings(config: &Config) -> TargetSettings {
         target_auth: config
             .targets
             .iter()
-            .filter_map(|t| t.chap.as_ref().map(|c| (t.name.clone(), chap_policy(c))))
+            .filter_map(|t| match &t.chap {
+                config::TargetChap::Inherit => None,
+                // Opted out: no CHAP for this target whatever `auth` says.
+                config::TargetChap::None => {
+                    Some((t.name.clone(), ethersan_proto::negotiate::AuthPolicy::None))
+                }
+                config::TargetChap::Chap(c) => Some((t.name.clone(), chap_policy(c))),
+            })
             .collect(),
         header_digests: digests(&o.header_digest),
         data_digests: digests(&o.data_digest),
@@ -409,10 +483,26 @@ async fn handle_connection(
     registry: Arc<Registry>,
     options: Options,
     settings: Arc<TargetSettings>,
+    slot: limits::LoginSlot,
 ) {
     let _ = sock.set_nodelay(true);
     let (rd, wr) = sock.into_split();
-    serve_stream(rd, wr, peer.to_string(), None, registry, options, settings).await;
+    let conn = Connection {
+        peer: peer.to_string(),
+        channel_level: None,
+        login_slot: Some(slot),
+    };
+    serve_stream(rd, wr, conn, registry, options, settings).await;
+}
+
+/// Where a connection comes from, and its place among those in login.
+struct Connection {
+    peer: String,
+    /// The security level of the native transport channel under the
+    /// stream (`None`: TCP or a test pipe).
+    channel_level: Option<u8>,
+    /// Given back as soon as the login ends.
+    login_slot: Option<limits::LoginSlot>,
 }
 
 /// Serves byte streams as iSCSI connections of a running [`Server`]
@@ -433,16 +523,27 @@ impl std::fmt::Debug for StreamServer {
 impl StreamServer {
     /// Serve one connection until its session ends; `channel_level` is
     /// the security level of the native transport channel it came over.
+    ///
+    /// The stream counts among the connections in login
+    /// (`max_logins_in_progress`) until its login ends; beyond the cap it
+    /// is closed before anything is read.
     pub async fn serve<R, W>(&self, rd: R, wr: W, peer: &str, channel_level: Option<u8>)
     where
         R: tokio::io::AsyncRead + Unpin + Send + 'static,
         W: tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
+        let Some(slot) = login_slot(&self.registry, peer) else {
+            return;
+        };
+        let conn = Connection {
+            peer: peer.to_string(),
+            channel_level,
+            login_slot: Some(slot),
+        };
         serve_stream(
             rd,
             wr,
-            peer.to_string(),
-            channel_level,
+            conn,
             self.registry.clone(),
             self.options.clone(),
             self.settings.load_full(),
@@ -452,13 +553,11 @@ impl StreamServer {
 }
 
 /// Serve one connection over any byte stream: login, then the session
-/// until it ends. `channel_level`: the security level of the native
-/// transport channel under the stream (`None`: TCP or a test pipe).
+/// until it ends.
 async fn serve_stream<R, W>(
     rd: R,
     wr: W,
-    peer: String,
-    channel_level: Option<u8>,
+    conn: Connection,
     registry: Arc<Registry>,
     options: Options,
     settings: Arc<TargetSettings>,
@@ -466,6 +565,11 @@ async fn serve_stream<R, W>(
     R: tokio::io::AsyncRead + Unpin + Send + 'static,
     W: tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    let Connection {
+        peer,
+        channel_level,
+        login_slot,
+    } = conn;
     let peer_ip = peer.parse::<std::net::SocketAddr>().ok().map(|a| a.ip());
     let mut reader = PduReader::new(rd, 8192);
     let (out, writer) = spawn_writer(wr);
@@ -488,6 +592,8 @@ async fn serve_stream<R, W>(
         ),
     )
     .await;
+    // The login phase is over, however it ended.
+    drop(login_slot);
     let outcome = match login {
         Ok(Ok(o)) => o,
         Ok(Err(e)) => {

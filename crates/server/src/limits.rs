@@ -92,6 +92,92 @@ impl Drop for ConnectionGuard {
     }
 }
 
+/// Counts connections in the login phase (over every portal and the
+/// native transport) and refuses those beyond a limit.
+#[derive(Debug)]
+pub struct LoginLimiter {
+    limit: usize,
+    in_login: std::sync::atomic::AtomicUsize,
+    peak: std::sync::atomic::AtomicUsize,
+    refused: AtomicU64,
+    /// Refusal warnings, at most once a second.
+    log: LogThrottle,
+}
+
+/// One connection's place in the login phase; dropping it (when the login
+/// ends, however) gives the place back.
+#[derive(Debug)]
+pub struct LoginSlot {
+    limiter: Arc<LoginLimiter>,
+}
+
+impl LoginLimiter {
+    /// A limiter allowing `limit` connections in login at once (0: unlimited).
+    pub fn new(limit: usize) -> Arc<Self> {
+        Arc::new(LoginLimiter {
+            limit,
+            in_login: std::sync::atomic::AtomicUsize::new(0),
+            peak: std::sync::atomic::AtomicUsize::new(0),
+            refused: AtomicU64::new(0),
+            log: LogThrottle::new(Duration::from_secs(1)),
+        })
+    }
+
+    /// A place for one more connection in login, or `None` (counted as a
+    /// refusal) when `limit` are already logging in.
+    pub fn try_acquire(self: &Arc<Self>) -> Option<LoginSlot> {
+        let admitted = self
+            .in_login
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (self.limit == 0 || n < self.limit).then_some(n + 1)
+            });
+        match admitted {
+            Ok(before) => {
+                self.peak.fetch_max(before + 1, Ordering::AcqRel);
+            }
+            Err(_) => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+        }
+        Some(LoginSlot {
+            limiter: self.clone(),
+        })
+    }
+
+    /// Connections in the login phase now.
+    pub fn in_progress(&self) -> usize {
+        self.in_login.load(Ordering::Acquire)
+    }
+
+    /// The most connections that were in the login phase at once.
+    pub fn peak(&self) -> usize {
+        self.peak.load(Ordering::Acquire)
+    }
+
+    /// Whether a refusal may be logged now: `Some(n)` with the number of
+    /// refusals not logged since the last warning.
+    pub fn warning_allowed(&self) -> Option<u64> {
+        self.log.allow()
+    }
+
+    /// Connections refused so far because the limit was reached.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// The limit (0: none).
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+}
+
+impl Drop for LoginSlot {
+    fn drop(&mut self) {
+        self.limiter.in_login.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Lets a warning through at most once per interval and counts the ones
 /// it held back, so a flood cannot flood the log.
 #[derive(Debug)]
@@ -319,6 +405,26 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn logins_in_progress_are_capped_and_released() {
+        let l = LoginLimiter::new(2);
+        let a = l.try_acquire().unwrap();
+        let b = l.try_acquire().unwrap();
+        assert!(l.try_acquire().is_none());
+        assert_eq!((l.in_progress(), l.refused(), l.peak()), (2, 1, 2));
+        drop(a);
+        let c = l.try_acquire().expect("a place was given back");
+        drop((b, c));
+        assert_eq!(l.in_progress(), 0);
+        let unlimited = LoginLimiter::new(0);
+        let all: Vec<_> = (0..1000)
+            .map(|_| unlimited.try_acquire().unwrap())
+            .collect();
+        assert_eq!(unlimited.in_progress(), 1000);
+        drop(all);
+        assert_eq!(unlimited.in_progress(), 0);
     }
 
     #[test]

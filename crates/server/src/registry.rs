@@ -5,9 +5,11 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use ethersan_core::directory::Directory;
+
+use crate::portals::PortalInfo;
 
 /// The I_T nexus identifier of a session: a stable hash of (initiator
 /// name, ISID, target), so a reinstated session maps to the same nexus.
@@ -178,7 +180,11 @@ impl std::fmt::Debug for SessionHandle {
 #[derive(Debug)]
 pub struct Registry {
     directory: Arc<Directory>,
-    portals: Vec<SocketAddr>,
+    /// The live portals (see [`crate::portals`]).
+    portals: RwLock<Vec<PortalInfo>>,
+    /// Connections in the login phase, over every portal and the native
+    /// transport.
+    logins: Arc<crate::limits::LoginLimiter>,
     portal_group_tag: u16,
     sessions: Mutex<HashMap<u64, SessionHandle>>,
     next_id: AtomicU64,
@@ -190,11 +196,31 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// A registry for these targets, reachable through these portals.
+    /// A registry for these targets, reachable through these portals
+    /// (none advertising another address), with no cap on connections in
+    /// login.
     pub fn new(targets: Vec<Arc<TargetEntry>>, portals: Vec<SocketAddr>) -> Self {
+        Registry::with_login_limit(targets, portals, 0)
+    }
+
+    /// [`Registry::new`] with at most `max_logins` connections in the
+    /// login phase at once (0: no limit).
+    pub fn with_login_limit(
+        targets: Vec<Arc<TargetEntry>>,
+        portals: Vec<SocketAddr>,
+        max_logins: usize,
+    ) -> Self {
+        let portals = portals
+            .into_iter()
+            .map(|address| PortalInfo {
+                address,
+                advertise: None,
+            })
+            .collect();
         Registry {
             directory: Arc::new(Directory::new(targets)),
-            portals,
+            portals: RwLock::new(portals),
+            logins: crate::limits::LoginLimiter::new(max_logins),
             portal_group_tag: 1,
             sessions: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
@@ -465,13 +491,43 @@ impl Registry {
         }
     }
 
-    /// `TargetAddress` values for every portal, `addr:port,tpgt` with IPv6
-    /// addresses in brackets (§13.8).
+    /// `TargetAddress` values for every live portal, `addr:port,tpgt` with
+    /// IPv6 addresses in brackets (§13.8): a portal's advertised address
+    /// when it has one, else the address it listens on.
     pub fn target_addresses(&self) -> Vec<String> {
         self.portals
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
             .iter()
-            .map(|p| format!("{},{}", p, self.portal_group_tag))
+            .map(|p| {
+                format!(
+                    "{},{}",
+                    p.advertise.unwrap_or(p.address),
+                    self.portal_group_tag
+                )
+            })
             .collect()
+    }
+
+    /// The addresses the live portals listen on (bound, with their real
+    /// ports), in the order they were added.
+    pub fn portal_addrs(&self) -> Vec<SocketAddr> {
+        self.portals
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|p| p.address)
+            .collect()
+    }
+
+    /// The live portals as [`crate::portals::Portals`] last set them.
+    pub(crate) fn set_portals(&self, portals: Vec<PortalInfo>) {
+        *self.portals.write().unwrap_or_else(|e| e.into_inner()) = portals;
+    }
+
+    /// The cap on connections in the login phase, and their count.
+    pub fn logins(&self) -> &Arc<crate::limits::LoginLimiter> {
+        &self.logins
     }
 
     /// Answer a SendTargets text request (RFC 7143 Appendix C): `All` lists

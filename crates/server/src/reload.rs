@@ -8,8 +8,10 @@
 //! (sessions the new rules no longer admit end), a target whose alias
 //! changes is rebuilt (its sessions end and log in again), and
 //! CHAP and login negotiation settings apply to the logins after the
-//! reload. Portals, worker threads and the other `[options]` need a
-//! restart; a reload that changes them says so and leaves them.
+//! reload. Portals (and their advertised addresses) change live: new
+//! ones listen, removed ones stop accepting (their sessions go on). Worker
+//! threads and the other `[options]` need a restart; a reload that
+//! changes them says so and leaves them.
 //!
 //! A reload is all or nothing: every backing store it needs is opened
 //! before anything changes, so a bad file or a missing disk leaves the
@@ -24,6 +26,7 @@ use ethersan_scsi::LunSlot;
 use tracing::warn;
 
 use crate::config::{Config, TargetConfig};
+use crate::portals::Portals;
 use crate::registry::{Registry, TargetEntry};
 use crate::{build_target, open_lun, target_settings, ServerError};
 
@@ -31,6 +34,7 @@ use crate::{build_target, open_lun, target_settings, ServerError};
 pub struct Reloader {
     registry: Arc<Registry>,
     settings: Arc<ArcSwap<TargetSettings>>,
+    portals: Portals,
     /// The configuration being served.
     current: Mutex<Config>,
 }
@@ -67,11 +71,13 @@ impl Reloader {
     pub(crate) fn new(
         registry: Arc<Registry>,
         settings: Arc<ArcSwap<TargetSettings>>,
+        portals: Portals,
         current: Config,
     ) -> Reloader {
         Reloader {
             registry,
             settings,
+            portals,
             current: Mutex::new(current),
         }
     }
@@ -108,9 +114,6 @@ impl Reloader {
 
     fn apply_to(&self, current: &mut Config, new: Config) -> Result<ReloadReport, ServerError> {
         let mut report = ReloadReport::default();
-        if new.portals != current.portals {
-            report.needs_restart.push("portals".into());
-        }
         // Options other than the login settings are read when the server
         // starts (threads, limits, timeouts, the data directory).
         if format!("{:?}", new.options) != format!("{:?}", current.options) {
@@ -183,6 +186,9 @@ impl Reloader {
                 changes.push(TargetChange::Remove(o.name.clone()));
             }
         }
+        // The new portals listen before anything else changes (one that
+        // cannot leaves the server as it was); the old ones close after.
+        let removed_portals = self.add_portals(&current, &new, &mut report)?;
         // Commit.
         for c in changes {
             match c {
@@ -269,16 +275,90 @@ impl Reloader {
                 .changed
                 .push("CHAP settings (for logins from now on)".into());
         }
+        self.finish_portals(&new, removed_portals, &mut report);
         // Login settings for the next connections: built from the new
         // file, with the options the server started with.
         let effective = Config {
-            portals: current.portals.clone(),
             options: current.options.clone(),
             ..new
         };
         self.settings.store(Arc::new(target_settings(&effective)));
         *current = effective;
         Ok(report)
+    }
+
+    /// Listen on the portals `new` adds; returns those it removes. On an
+    /// error the portals are as they were.
+    fn add_portals(
+        &self,
+        current: &Config,
+        new: &Config,
+        report: &mut ReloadReport,
+    ) -> Result<Vec<std::net::SocketAddr>, ServerError> {
+        let mut added = Vec::new();
+        for p in new.portals.iter().filter(|p| !current.portals.contains(p)) {
+            match self.portals.add_now(*p, new.advertise.get(p).copied()) {
+                Ok(bound) => added.push((*p, bound)),
+                Err(e) => {
+                    for (_, bound) in added {
+                        let _ = self.portals.remove(bound);
+                    }
+                    return Err(match e {
+                        crate::portals::PortalError::Bind { address, cause } => ServerError::Bind {
+                            addr: address,
+                            cause,
+                        },
+                        other => ServerError::Portal(other),
+                    });
+                }
+            }
+        }
+        for (p, bound) in added {
+            report.changed.push(match new.advertise.get(&p) {
+                Some(a) => format!("added portal {bound} (advertised as {a})"),
+                None => format!("added portal {bound}"),
+            });
+        }
+        Ok(current
+            .portals
+            .iter()
+            .filter(|p| !new.portals.contains(p))
+            .copied()
+            .collect())
+    }
+
+    /// Close the portals `new` removed and apply its advertised addresses
+    /// to those it keeps.
+    fn finish_portals(
+        &self,
+        new: &Config,
+        removed: Vec<std::net::SocketAddr>,
+        report: &mut ReloadReport,
+    ) {
+        for p in removed {
+            match self.portals.remove(p) {
+                Ok(()) => report.changed.push(format!(
+                    "removed portal {p} (sessions connected through it go on)"
+                )),
+                Err(e) => warn!("cannot remove portal {p}: {e}"),
+            }
+        }
+        let listed = self.portals.list();
+        for p in &new.portals {
+            let want = new.advertise.get(p).copied();
+            let Some(now) = listed.iter().find(|i| i.address == *p) else {
+                continue;
+            };
+            if now.advertise != want {
+                match self.portals.set_advertise(*p, want) {
+                    Ok(()) => report.changed.push(match want {
+                        Some(a) => format!("portal {p} is advertised as {a}"),
+                        None => format!("portal {p} is advertised as itself"),
+                    }),
+                    Err(e) => warn!("cannot change portal {p}: {e}"),
+                }
+            }
+        }
     }
 
     fn add_target(&self, t: TargetEntry) {

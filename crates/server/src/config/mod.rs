@@ -26,7 +26,7 @@ pub use ethernet::{parse_ethertype, EthernetConfig, UdpPortal};
 pub use lun::{Backing, LunConfig, DEFAULT_ENGINE};
 pub use options::{
     Options, Placement, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS, DEFAULT_MAX_KEY_TEXT_BYTES,
-    MIN_KEY_TEXT_BYTES,
+    DEFAULT_MAX_LOGINS_IN_PROGRESS, MIN_KEY_TEXT_BYTES,
 };
 pub use values::{format_naa, parse_naa, parse_size, validate_name};
 
@@ -63,6 +63,10 @@ pub enum ConfigError {
 pub struct Config {
     /// Portals (one portal group, tag 1); every target is reachable on each.
     pub portals: Vec<SocketAddr>,
+    /// The address SendTargets announces for a portal instead of the one
+    /// it listens on (NAT, containers): listen address → announced
+    /// address. Portals not in the map announce their own address.
+    pub advertise: std::collections::BTreeMap<SocketAddr, SocketAddr>,
     /// Exported targets.
     pub targets: Vec<TargetConfig>,
     /// Protocol and runtime options.
@@ -102,9 +106,35 @@ pub struct TargetConfig {
     pub luns: Vec<LunConfig>,
     /// Who may log in to the target (and see it in SendTargets).
     pub access: Access,
-    /// `[target.chap]`: this target's own CHAP credentials, overriding the
+    /// CHAP for logins to this target: the global `[chap]` (inherit),
+    /// none at all (`chap = "none"`), or its own `[target.chap]`.
+    pub chap: TargetChap,
+}
+
+/// How logins to one target authenticate (`chap` of a `[[target]]`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum TargetChap {
+    /// As the global `[chap]` says (no `chap` key in the target's table).
+    #[default]
+    Inherit,
+    /// No CHAP for this target even when a global `[chap]` is set
+    /// (`chap = "none"`): anyone its access lists admit logs in.
+    None,
+    /// This target's own credentials (`[target.chap]`), overriding the
     /// global `[chap]` for logins to it.
-    pub chap: Option<ChapConfig>,
+    Chap(ChapConfig),
+}
+
+impl TargetChap {
+    /// The CHAP settings logins to this target must satisfy, given the
+    /// global `[chap]`; `None` when they need no CHAP.
+    pub fn effective<'a>(&'a self, global: Option<&'a ChapConfig>) -> Option<&'a ChapConfig> {
+        match self {
+            TargetChap::Inherit => global,
+            TargetChap::None => None,
+            TargetChap::Chap(c) => Some(c),
+        }
+    }
 }
 
 impl TargetConfig {
@@ -143,11 +173,12 @@ impl Config {
         };
         Config {
             portals: vec![SocketAddr::from(([127, 0, 0, 1], 3260))],
+            advertise: Default::default(),
             targets: vec![TargetConfig {
                 name: "iqn.2026-11.org.ethersan:default".into(),
                 alias: Some("ethersan default".into()),
                 access: Access::default(),
-                chap: None,
+                chap: TargetChap::Inherit,
                 luns: vec![LunConfig {
                     backing: Backing::File {
                         path: data_dir.join("default-lun0.img"),

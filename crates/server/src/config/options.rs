@@ -37,6 +37,11 @@ pub struct Options {
     /// Most connections open at once from one source address (0: no
     /// limit); more are closed before any PDU is read.
     pub max_connections_per_address: usize,
+    /// Most connections in the login phase at once, over every portal and
+    /// the native transport together (0: no limit); more are closed
+    /// before any PDU is read. A connection's place is given back as soon
+    /// as its login ends (success, failure, timeout or disconnect).
+    pub max_logins_in_progress: usize,
     /// Most bytes of key text a login (all its Continue PDUs together) or
     /// a text negotiation may send; at least 8192, the login phase's
     /// MaxRecvDataSegmentLength.
@@ -88,6 +93,15 @@ impl std::str::FromStr for Placement {
 /// exhaust the server.
 pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 128;
 
+/// Default `max_logins_in_progress`: far more than initiators logging in
+/// at once need (a login takes milliseconds), so that hundreds of idle
+/// half-open connections do not lock good initiators out, while bounding
+/// what connections that never finish their login (a flood from many
+/// addresses, each under `max_connections_per_address`) can hold until
+/// `login_timeout_secs` ends them: at most a few tens of MiB of login
+/// buffers.
+pub const DEFAULT_MAX_LOGINS_IN_PROGRESS: usize = 512;
+
 /// Default `max_key_text_bytes` (64 KiB): eight full login PDUs at the
 /// login phase's 8192-byte MaxRecvDataSegmentLength, far more than any
 /// standard negotiation needs (key names are at most 63 bytes, values at
@@ -116,6 +130,7 @@ impl Default for Options {
             login_timeout_secs: 15,
             max_sessions: 1024,
             max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+            max_logins_in_progress: DEFAULT_MAX_LOGINS_IN_PROGRESS,
             max_key_text_bytes: DEFAULT_MAX_KEY_TEXT_BYTES,
             session_memory_budget: ethersan_core::budget::DEFAULT_SESSION_BUDGET,
             data_dir: PathBuf::from("./ethersan-data"),

@@ -6,7 +6,9 @@
 
 use toml::{Table, Value};
 
-use super::{AoeAddress, AoeLink, Backing, ChapConfig, Config, LunConfig, TargetConfig};
+use super::{
+    AoeAddress, AoeLink, Backing, ChapConfig, Config, LunConfig, TargetChap, TargetConfig,
+};
 
 impl Config {
     /// This configuration as a TOML document.
@@ -140,8 +142,14 @@ fn target(t: &TargetConfig) -> Table {
         "allow_networks".into(),
         strings(t.access.networks.iter().map(|(a, l)| format!("{a}/{l}"))),
     );
-    if let Some(c) = &t.chap {
-        out.insert("chap".into(), Value::Table(chap(c, false)));
+    match &t.chap {
+        TargetChap::Inherit => {}
+        TargetChap::None => {
+            out.insert("chap".into(), Value::String("none".into()));
+        }
+        TargetChap::Chap(c) => {
+            out.insert("chap".into(), Value::Table(chap(c, false)));
+        }
     }
     out.insert(
         "lun".into(),

@@ -105,11 +105,25 @@ fn per_target_and_discovery_chap() {
         "t",
     )
     .unwrap();
-    let a = c.targets[0].chap.as_ref().unwrap();
+    let TargetChap::Chap(a) = &c.targets[0].chap else {
+        panic!("a has its own [target.chap]: {:?}", c.targets[0].chap);
+    };
     assert_eq!(a.initiator.user, "ua");
     assert_eq!(a.target.as_ref().unwrap().user, "ta");
-    assert!(c.targets[1].chap.is_none(), "b uses the global [chap]");
-    assert_eq!(c.targets[2].chap.as_ref().unwrap().initiator.user, "uc");
+    assert_eq!(
+        c.targets[1].chap,
+        TargetChap::Inherit,
+        "b uses the global [chap]"
+    );
+    assert_eq!(
+        c.targets[2]
+            .chap
+            .effective(c.chap.as_ref())
+            .unwrap()
+            .initiator
+            .user,
+        "uc"
+    );
     assert_eq!(c.chap.as_ref().unwrap().initiator.user, "g");
     assert_eq!(
         c.discovery_chap.as_ref().unwrap().initiator.secret,
@@ -431,18 +445,20 @@ aoe = "off"
         .unwrap_or_else(|e| panic!("the saved file does not parse: {e}\n{saved}"));
     assert_eq!(format!("{a:?}"), format!("{b:?}"), "{saved}");
     // Debug hides secrets: compare them too.
-    let secrets = |c: &Config| {
-        let mut v = Vec::new();
-        for ch in [&c.chap, &c.discovery_chap]
-            .into_iter()
-            .chain(c.targets.iter().map(|t| &t.chap))
-            .flatten()
-        {
-            v.push(ch.initiator.secret.clone());
-            v.extend(ch.target.as_ref().map(|t| t.secret.clone()));
-        }
-        v
-    };
+    let secrets =
+        |c: &Config| {
+            let mut v = Vec::new();
+            for ch in [&c.chap, &c.discovery_chap].into_iter().flatten().chain(
+                c.targets.iter().filter_map(|t| match &t.chap {
+                    TargetChap::Chap(c) => Some(c),
+                    _ => None,
+                }),
+            ) {
+                v.push(ch.initiator.secret.clone());
+                v.extend(ch.target.as_ref().map(|t| t.secret.clone()));
+            }
+            v
+        };
     assert_eq!(secrets(&a), secrets(&b));
     assert_eq!(b.targets[2].numbered(), vec![(5, 0), (6, 1)]);
     assert!(b.targets[1].luns.is_empty());
@@ -465,4 +481,68 @@ ram = "1M"
         .unwrap_err()
         .to_string();
     assert!(e.contains("two LUNs are numbered 1"), "{e}");
+}
+
+#[test]
+fn a_target_opts_out_of_chap() {
+    let text = "portals = [\"127.0.0.1:3260\"]\n[chap]\nuser = \"g\"\nsecret = \"global-secret-1\"\n[[target]]\nname = \"iqn.2026-11.org.x:open\"\nchap = \"none\"\nlun = [\"ram:1M\"]\n[[target]]\nname = \"iqn.2026-11.org.x:shut\"\nlun = [\"ram:1M\"]\n";
+    let c = Config::from_toml_str(text, "t").unwrap();
+    assert_eq!(c.targets[0].chap, TargetChap::None);
+    assert_eq!(c.targets[0].chap.effective(c.chap.as_ref()), None);
+    assert_eq!(c.targets[1].chap, TargetChap::Inherit);
+    assert_eq!(
+        c.targets[1]
+            .chap
+            .effective(c.chap.as_ref())
+            .map(|c| c.initiator.user.as_str()),
+        Some("g")
+    );
+    // Any other word is a mistake, reported at its line.
+    let bad = text.replace("chap = \"none\"", "chap = \"off\"");
+    let e = Config::from_toml_str(&bad, "t").unwrap_err().to_string();
+    assert!(
+        e.starts_with("t:7:") && e.contains("chap = \"none\""),
+        "{e}"
+    );
+    let bad = text.replace("chap = \"none\"", "chap = 3");
+    let e = Config::from_toml_str(&bad, "t").unwrap_err().to_string();
+    assert!(e.starts_with("t:7:") && e.contains("\"none\""), "{e}");
+}
+
+#[test]
+fn portals_with_advertised_addresses() {
+    let text = "portals = [\"127.0.0.1:3260\", { listen = \"0.0.0.0:3261\", advertise = \"10.0.0.5:3260\" }, { listen = \"[::1]:3262\" }]\n[[target]]\nname = \"iqn.2026-11.org.x:a\"\nlun = [\"ram:1M\"]\n";
+    let c = Config::from_toml_str(text, "t").unwrap();
+    let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+    assert_eq!(
+        c.portals,
+        [a("127.0.0.1:3260"), a("0.0.0.0:3261"), a("[::1]:3262")]
+    );
+    assert_eq!(c.advertise.len(), 1);
+    assert_eq!(c.advertise[&a("0.0.0.0:3261")], a("10.0.0.5:3260"));
+    for (bad, what) in [
+        ("\"127.0.0.1\"", "portal \"127.0.0.1\" is not ADDR:PORT"),
+        ("{ listen = \"x:1\" }", "portal \"x:1\" is not ADDR:PORT"),
+        (
+            "{ listen = \"127.0.0.1:1\", advertise = \"10.0.0.5\" }",
+            "advertise \"10.0.0.5\" is not ADDR:PORT",
+        ),
+        (
+            "{ listen = \"127.0.0.1:1\", advertise = \"0.0.0.0:3260\" }",
+            "cannot be reached",
+        ),
+        (
+            "{ listen = \"127.0.0.1:1\", advert = \"10.0.0.5:1\" }",
+            "advert",
+        ),
+        ("{ advertise = \"10.0.0.5:1\" }", "listen"),
+        ("\"127.0.0.1:5\", \"127.0.0.1:5\"", "listed twice"),
+        ("3260", "a portal"),
+    ] {
+        let text = format!(
+            "portals = [{bad}]\n[[target]]\nname = \"iqn.2026-11.org.x:a\"\nlun = [\"ram:1M\"]\n"
+        );
+        let e = Config::from_toml_str(&text, "t").unwrap_err().to_string();
+        assert!(e.starts_with("t:1:") && e.contains(what), "{bad}: {e}");
+    }
 }

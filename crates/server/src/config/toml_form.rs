@@ -10,14 +10,14 @@ use toml::Spanned;
 
 use super::{
     parse_naa, parse_network, parse_size, shared_backing_file, validate_name, Access, Backing,
-    ChapConfig, Config, ConfigError, LunConfig, Options, TargetConfig, DEFAULT_ENGINE,
+    ChapConfig, Config, ConfigError, LunConfig, Options, TargetChap, TargetConfig, DEFAULT_ENGINE,
 };
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     #[serde(default)]
-    portals: Vec<Spanned<String>>,
+    portals: Vec<Spanned<RawPortal>>,
     #[serde(default, rename = "target")]
     targets: Vec<Spanned<RawTarget>>,
     #[serde(default)]
@@ -26,6 +26,50 @@ struct RawConfig {
     discovery: Option<RawDiscovery>,
     aoe: Option<Spanned<RawAoe>>,
     ethernet: Option<Spanned<RawEthernet>>,
+}
+
+/// An element of `portals`: `"ADDR:PORT"`, or a table
+/// `{ listen = "ADDR:PORT", advertise = "ADDR:PORT" }`. Deserialized by
+/// hand so that a mistake in the table is reported with its key.
+enum RawPortal {
+    Addr(String),
+    Table(RawPortalTable),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPortalTable {
+    /// The address to listen on.
+    listen: String,
+    /// The address SendTargets announces instead.
+    advertise: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for RawPortal {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = RawPortal;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a portal: \"ADDR:PORT\" or { listen = \"ADDR:PORT\", advertise = \"ADDR:PORT\" }")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawPortal, E> {
+                Ok(RawPortal::Addr(v.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, m: A) -> Result<RawPortal, A::Error> {
+                RawPortalTable::deserialize(serde::de::value::MapAccessDeserializer::new(m))
+                    .map(RawPortal::Table)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `ADDR:PORT` of `what` (`portal`, `advertise`), or what is wrong with it.
+fn socket_addr(text: &str, what: &str) -> Result<SocketAddr, String> {
+    text.trim().parse().map_err(|_| {
+        format!("{what} {text:?} is not ADDR:PORT (an IP address and a port, IPv6 as [::1]:3260)")
+    })
 }
 
 /// `[ethernet]`: the native transport.
@@ -175,7 +219,38 @@ struct RawTarget {
     allow_initiators: Vec<Spanned<String>>,
     #[serde(default)]
     allow_networks: Vec<Spanned<String>>,
-    chap: Option<Spanned<RawChap>>,
+    chap: Option<Spanned<RawTargetChap>>,
+}
+
+/// A target's `chap`: the word `"none"` (opt out of the global `[chap]`)
+/// or a `[target.chap]` table. Deserialized by hand so that a mistake in
+/// the table is reported with its key.
+enum RawTargetChap {
+    Word(String),
+    Table(Box<RawChap>),
+}
+
+impl<'de> Deserialize<'de> for RawTargetChap {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = RawTargetChap;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("chap = \"none\" (no CHAP for this target) or a [target.chap] table (user = ..., secret = ...)")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawTargetChap, E> {
+                Ok(RawTargetChap::Word(v.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                m: A,
+            ) -> Result<RawTargetChap, A::Error> {
+                RawChap::deserialize(serde::de::value::MapAccessDeserializer::new(m))
+                    .map(|t| RawTargetChap::Table(Box::new(t)))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// A size: a number of bytes or a string with a unit ("64M").
@@ -401,16 +476,31 @@ impl Config {
             ..options
         };
         let mut portals = Vec::new();
-        for p in &raw.portals {
-            let addr: SocketAddr = p.get_ref().parse().map_err(|_| {
-                at(
-                    Some(p.span()),
-                    format!(
-                        "portal {:?} is not ADDR:PORT (IPv6 as [::1]:3260)",
-                        p.get_ref()
-                    ),
-                )
-            })?;
+        let mut advertise = std::collections::BTreeMap::new();
+        for p in raw.portals {
+            let span = p.span();
+            let (listen, adv) = match p.into_inner() {
+                RawPortal::Addr(a) => (a, None),
+                RawPortal::Table(t) => (t.listen, t.advertise),
+            };
+            let addr = socket_addr(&listen, "portal").map_err(|m| at(Some(span.clone()), m))?;
+            if portals.contains(&addr) && addr.port() != 0 {
+                return Err(at(
+                    Some(span),
+                    format!("portal {addr} is listed twice: list each address once"),
+                ));
+            }
+            if let Some(a) = adv {
+                let a = socket_addr(&a, "advertise")
+                    .map_err(|m| at(Some(span.clone()), format!("portal {addr}: {m}")))?;
+                if a.ip().is_unspecified() || a.port() == 0 {
+                    return Err(at(
+                        Some(span),
+                        format!("portal {addr}: advertise {a} cannot be reached by initiators: give the address and port they connect to"),
+                    ));
+                }
+                advertise.insert(addr, a);
+            }
             portals.push(addr);
         }
         if portals.is_empty() {
@@ -556,7 +646,7 @@ impl Config {
                     alias: None,
                     luns: luns.clone(),
                     access: Access::default(),
-                    chap: None,
+                    chap: TargetChap::Inherit,
                 };
                 let numbered = probe.numbered();
                 for (k, (n, i)) in numbered.iter().enumerate() {
@@ -588,16 +678,30 @@ impl Config {
                 );
             }
             let chap = match t.chap {
+                None => TargetChap::Inherit,
                 Some(c) => {
                     let span = c.span();
-                    Some(c.into_inner().resolve(false, base).map_err(|m| {
-                        at(
-                            Some(span),
-                            format!("[target.chap] of {:?}: {m}", t.name.get_ref()),
-                        )
-                    })?)
+                    match c.into_inner() {
+                        RawTargetChap::Word(w) if w == "none" => TargetChap::None,
+                        RawTargetChap::Word(w) => {
+                            return Err(at(
+                                Some(span),
+                                format!(
+                                    "chap = {w:?} in target {:?}: use chap = \"none\" (no CHAP for this target) or a [target.chap] table with user and secret",
+                                    t.name.get_ref()
+                                ),
+                            ))
+                        }
+                        RawTargetChap::Table(c) => {
+                            TargetChap::Chap(c.resolve(false, base).map_err(|m| {
+                                at(
+                                    Some(span),
+                                    format!("[target.chap] of {:?}: {m}", t.name.get_ref()),
+                                )
+                            })?)
+                        }
+                    }
                 }
-                None => None,
             };
             targets.push(TargetConfig {
                 name: t.name.into_inner(),
@@ -719,6 +823,7 @@ impl Config {
         };
         Ok(Config {
             portals,
+            advertise,
             targets,
             options,
             chap,
