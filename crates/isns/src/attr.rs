@@ -80,7 +80,7 @@ impl Attribute {
     pub fn string(tag: u32, s: &str) -> Attribute {
         let mut value = s.as_bytes().to_vec();
         value.push(0);
-        while value.len() % 4 != 0 {
+        while !value.len().is_multiple_of(4) {
             value.push(0);
         }
         Attribute { tag, value }
@@ -191,7 +191,7 @@ pub fn decode_all(bytes: &[u8]) -> Result<Vec<Attribute>, IsnsError> {
         };
         let tag = u32::from_be_bytes([head[0], head[1], head[2], head[3]]);
         let len = u32::from_be_bytes([head[4], head[5], head[6], head[7]]) as usize;
-        if len % 4 != 0 {
+        if !len.is_multiple_of(4) {
             return Err(IsnsError::UnalignedAttribute { tag, len });
         }
         let start = off + 8;
@@ -219,7 +219,7 @@ mod tests {
         let a = Attribute::string(tag::ISCSI_NAME, "abcd");
         assert_eq!(a.value, b"abcd\0\0\0\0");
         assert_eq!(a.as_str(), Some("abcd"));
-        let enc = encode_all(&[a.clone()]);
+        let enc = encode_all(std::slice::from_ref(&a));
         assert_eq!(&enc[..8], &[0, 0, 0, 32, 0, 0, 0, 8]);
         assert_eq!(decode_all(&enc).unwrap(), vec![a]);
     }

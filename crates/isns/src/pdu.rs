@@ -152,7 +152,7 @@ impl Header {
             sequence_id: word(10),
         };
         let len = usize::from(h.length);
-        if len % 4 != 0 {
+        if !len.is_multiple_of(4) {
             return Err(IsnsError::UnalignedPdu(len));
         }
         Ok((h, len))
