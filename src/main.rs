@@ -244,6 +244,34 @@ struct ServeArgs {
     /// Most connections open at once from one source address (0: no limit; default 128); overrides the config file's max_connections_per_address.
     #[arg(long, value_name = "N")]
     max_connections_per_address: Option<usize>,
+    /// Register the targets, portals and discovery domains with this iSNS
+    /// server, HOST[:PORT] (port 3205 by default), and deregister them at
+    /// shutdown; overrides the config file's [isns] server. See docs/isns.md.
+    #[arg(long, value_name = "HOST[:PORT]")]
+    isns: Option<String>,
+    /// The portal address to register with iSNS instead of the listening
+    /// ones, ADDR:PORT (repeatable), for initiators that reach this server
+    /// through NAT; overrides [isns] portals.
+    #[arg(long, value_name = "ADDR:PORT", requires = "isns")]
+    isns_portal: Vec<SocketAddr>,
+}
+
+/// Apply `serve --isns` and `--isns-portal` to the configuration.
+fn apply_isns_args(a: &ServeArgs, cfg: &mut Config) -> anyhow::Result<()> {
+    let Some(server) = &a.isns else {
+        return Ok(());
+    };
+    let mut isns = ethersan_server::config::IsnsConfig::parse_server(server)
+        .map_err(|e| anyhow::anyhow!("--isns: {e}"))?;
+    if let Some(old) = cfg.isns.take() {
+        isns.portals = old.portals;
+        isns.entity = old.entity;
+    }
+    if !a.isns_portal.is_empty() {
+        isns.portals = a.isns_portal.clone();
+    }
+    cfg.isns = Some(isns);
+    Ok(())
 }
 
 fn parse_ethertype_arg(s: &str) -> Result<u16, String> {
@@ -256,6 +284,7 @@ fn serve_config(a: &ServeArgs) -> anyhow::Result<Config> {
         if let Some(f) = &a.group_secret_file {
             cfg.ethernet.secret_file = Some(f.clone());
         }
+        apply_isns_args(a, &mut cfg)?;
         return Ok(cfg);
     }
     let mut cfg = Config::embedded_default(&a.data_dir);
@@ -312,6 +341,7 @@ fn serve_config(a: &ServeArgs) -> anyhow::Result<Config> {
     if cfg.portals.is_empty() {
         bail!("no portal to listen on");
     }
+    apply_isns_args(a, &mut cfg)?;
     if let Some(spec) = &a.chap {
         let initiator = Credentials::parse(spec).map_err(|e| anyhow::anyhow!("--chap: {e}"))?;
         let target = match &a.mutual_chap {
@@ -522,6 +552,21 @@ fn check(cfg: &Config) -> anyhow::Result<()> {
             ));
         }
     }
+    if let Some(i) = &cfg.isns {
+        let what = if i.portals.is_empty() {
+            "the portals above".to_string()
+        } else {
+            i.portals
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        out.push_str(&format!(
+            "  iSNS server {} (registers the targets and {what})\n",
+            i.server()
+        ));
+    }
     say(format_args!("ethersan: configuration is good\n{out}"));
     Ok(())
 }
@@ -596,6 +641,14 @@ async fn serve(cfg: Config, json_logs: bool, config_file: Option<PathBuf>) -> an
             cfg.ethernet.group.as_deref().unwrap_or("")
         ));
     }
+    // iSNS: register the targets, portals and discovery domains.
+    let isns = cfg.isns.clone().map(|i| {
+        say(format_args!(
+            "ethersan: registering with iSNS server {}",
+            i.server()
+        ));
+        ethersan_server::isns::start(i, server.registry().clone())
+    });
     let addrs = server.local_addrs();
     if json_logs {
         // Log collectors get events, not a banner.
@@ -646,6 +699,9 @@ async fn serve(cfg: Config, json_logs: bool, config_file: Option<PathBuf>) -> an
             notify(&[sd_notify::NotifyState::Stopping]);
         })
         .await;
+    if let Some(t) = isns {
+        t.shutdown().await;
+    }
     Ok(())
 }
 

@@ -24,6 +24,13 @@ pub trait TargetAccess: std::fmt::Debug + Send + Sync {
     /// Whether `initiator`, connecting from `addr` (when the transport
     /// has IP addresses), may use the target.
     fn allows(&self, initiator: &str, addr: Option<IpAddr>) -> bool;
+
+    /// The initiator names the access list allows by name; empty: any
+    /// name (the list, if any, restricts by address only). Discovery
+    /// services (iSNS discovery domains) publish these.
+    fn initiator_names(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Everyone may use the target.

@@ -12,6 +12,7 @@
 pub mod aoe;
 pub mod config;
 pub mod identity;
+pub mod isns;
 pub mod limits;
 mod login;
 pub mod native;

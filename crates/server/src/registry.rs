@@ -35,6 +35,10 @@ impl ethersan_core::directory::TargetAccess for crate::config::Access {
     fn allows(&self, initiator: &str, addr: Option<std::net::IpAddr>) -> bool {
         crate::config::Access::allows(self, initiator, addr)
     }
+
+    fn initiator_names(&self) -> Vec<String> {
+        self.initiators.clone()
+    }
 }
 
 /// How the registry reaches a session: delivers a control message to it
@@ -135,6 +139,12 @@ impl Registry {
     /// A snapshot of the exported targets.
     pub fn targets(&self) -> Arc<Vec<Arc<TargetEntry>>> {
         self.directory.targets()
+    }
+
+    /// The addresses of the portals (as configured: an unspecified
+    /// address such as `0.0.0.0` means every local address).
+    pub fn portal_addrs(&self) -> Vec<SocketAddr> {
+        self.portals.clone()
     }
 
     /// The portal group tag of every portal.

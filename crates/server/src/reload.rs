@@ -78,6 +78,12 @@ impl Reloader {
         if new.portals != current.portals {
             report.needs_restart.push("portals".into());
         }
+        // The iSNS task starts with the server; it follows the targets
+        // and ACLs live, not its own settings. (A file without [isns] is
+        // not a change: `serve --isns` may have given it.)
+        if new.isns.is_some() && new.isns != current.isns {
+            report.needs_restart.push("[isns]".into());
+        }
         // Options other than the login settings are read when the server
         // starts (threads, limits, timeouts, the data directory).
         if format!("{:?}", new.options) != format!("{:?}", current.options) {
@@ -207,6 +213,7 @@ impl Reloader {
         let effective = Config {
             portals: current.portals.clone(),
             options: current.options.clone(),
+            isns: current.isns.clone(),
             ..new
         };
         self.settings.store(Arc::new(target_settings(&effective)));
