@@ -85,7 +85,7 @@ enum LogFormat {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the iSCSI target (no arguments: the embedded default).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// List the targets and portals a portal offers (SendTargets), or with
     /// --aoe the AoE devices on a link.
     Discover {
