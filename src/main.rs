@@ -86,7 +86,7 @@ enum LogFormat {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the iSCSI target (no arguments: the embedded default).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// List the targets and portals a portal offers (SendTargets), or with
     /// --aoe the AoE devices on a link.
     Discover {
@@ -269,6 +269,16 @@ struct ServeArgs {
     /// Most connections in the login phase at once, over every portal (0: no limit; default 512); overrides the config file's max_logins_in_progress.
     #[arg(long, value_name = "N")]
     max_logins_in_progress: Option<usize>,
+    /// Register the targets, portals and discovery domains with this iSNS
+    /// server, HOST[:PORT] (port 3205 by default), and deregister them at
+    /// shutdown; overrides the config file's [isns] server. See docs/isns.md.
+    #[arg(long, value_name = "HOST[:PORT]")]
+    isns: Option<String>,
+    /// The portal address to register with iSNS instead of the listening
+    /// ones, ADDR:PORT (repeatable), for initiators that reach this server
+    /// through NAT; overrides [isns] portals.
+    #[arg(long, value_name = "ADDR:PORT", requires = "isns")]
+    isns_portal: Vec<SocketAddr>,
 }
 
 fn parse_advertise_arg(s: &str) -> Result<(SocketAddr, SocketAddr), String> {
@@ -289,6 +299,24 @@ fn parse_advertise_arg(s: &str) -> Result<(SocketAddr, SocketAddr), String> {
     Ok((l, a))
 }
 
+/// Apply `serve --isns` and `--isns-portal` to the configuration.
+fn apply_isns_args(a: &ServeArgs, cfg: &mut Config) -> anyhow::Result<()> {
+    let Some(server) = &a.isns else {
+        return Ok(());
+    };
+    let mut isns = ethersan_server::config::IsnsConfig::parse_server(server)
+        .map_err(|e| anyhow::anyhow!("--isns: {e}"))?;
+    if let Some(old) = cfg.isns.take() {
+        isns.portals = old.portals;
+        isns.entity = old.entity;
+    }
+    if !a.isns_portal.is_empty() {
+        isns.portals = a.isns_portal.clone();
+    }
+    cfg.isns = Some(isns);
+    Ok(())
+}
+
 fn parse_ethertype_arg(s: &str) -> Result<u16, String> {
     ethersan_server::config::parse_ethertype(s)
 }
@@ -299,6 +327,7 @@ fn serve_config(a: &ServeArgs) -> anyhow::Result<Config> {
         if let Some(f) = &a.group_secret_file {
             cfg.ethernet.secret_file = Some(f.clone());
         }
+        apply_isns_args(a, &mut cfg)?;
         return Ok(cfg);
     }
     let mut cfg = Config::embedded_default(&a.data_dir);
@@ -363,6 +392,7 @@ fn serve_config(a: &ServeArgs) -> anyhow::Result<Config> {
     if cfg.portals.is_empty() {
         bail!("no portal to listen on");
     }
+    apply_isns_args(a, &mut cfg)?;
     if let Some(spec) = &a.chap {
         let initiator = Credentials::parse(spec).map_err(|e| anyhow::anyhow!("--chap: {e}"))?;
         let target = match &a.mutual_chap {
@@ -574,6 +604,21 @@ fn check(cfg: &Config) -> anyhow::Result<()> {
             ));
         }
     }
+    if let Some(i) = &cfg.isns {
+        let what = if i.portals.is_empty() {
+            "the portals above".to_string()
+        } else {
+            i.portals
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        out.push_str(&format!(
+            "  iSNS server {} (registers the targets and {what})\n",
+            i.server()
+        ));
+    }
     say(format_args!("ethersan: configuration is good\n{out}"));
     Ok(())
 }
@@ -660,6 +705,14 @@ async fn serve(
             cfg.ethernet.group.as_deref().unwrap_or("")
         ));
     }
+    // iSNS: register the targets, portals and discovery domains.
+    let isns = cfg.isns.clone().map(|i| {
+        say(format_args!(
+            "ethersan: registering with iSNS server {}",
+            i.server()
+        ));
+        ethersan_server::isns::start(i, server.registry().clone())
+    });
     // The management plane: every change goes through one Control (and
     // its reloader), whether from the API or from SIGHUP.
     let control = Arc::new(ethersan_server::control::Control::new(
@@ -770,6 +823,9 @@ async fn serve(
             notify(&[sd_notify::NotifyState::Stopping]);
         })
         .await;
+    if let Some(t) = isns {
+        t.shutdown().await;
+    }
     Ok(())
 }
 

@@ -399,7 +399,8 @@ fn the_tcp_api_needs_the_token_and_says_so() {
     let get = |auth: Option<&str>| -> (u16, String) {
         use std::io::{Read, Write};
         let mut c = std::net::TcpStream::connect(&api).unwrap();
-        let mut req = format!("GET /api/v1/targets HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
+        let mut req =
+            String::from("GET /api/v1/targets HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
         if let Some(a) = auth {
             req.push_str(&format!("Authorization: {a}\r\n"));
         }

@@ -56,7 +56,12 @@ fn linux_kernel_initiator_workloads() {
         "kernel-initiator-test failed ({status}):\n{tail}"
     );
     // Exit 0 means every workload reported PASS; check the table anyway.
-    for w in ["iscsistart_ext4", "discovery_fio", "recovery"] {
+    for w in [
+        "iscsistart_ext4",
+        "discovery_fio",
+        "isns_discovery",
+        "recovery",
+    ] {
         assert!(
             out.iter().any(|l| {
                 let mut words = l.split_whitespace();

@@ -27,6 +27,13 @@ pub trait TargetAccess: std::fmt::Debug + Send + Sync {
     /// The rules as `Any`, so the front end that made them can reach its
     /// own type (to change them while the target serves).
     fn as_any(&self) -> &dyn std::any::Any;
+
+    /// The initiator names the access list allows by name; empty: any
+    /// name (the list, if any, restricts by address only). Discovery
+    /// services (iSNS discovery domains) publish these.
+    fn initiator_names(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Everyone may use the target.

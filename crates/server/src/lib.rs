@@ -13,6 +13,7 @@ pub mod aoe;
 pub mod config;
 pub mod control;
 pub mod identity;
+pub mod isns;
 pub mod limits;
 mod login;
 pub mod native;

@@ -77,6 +77,10 @@ impl ethersan_core::directory::TargetAccess for LiveAccess {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+
+    fn initiator_names(&self) -> Vec<String> {
+        self.0.load().initiators.clone()
+    }
 }
 
 /// How the registry reaches a session: delivers a control message to it

@@ -114,6 +114,12 @@ impl Reloader {
 
     fn apply_to(&self, current: &mut Config, new: Config) -> Result<ReloadReport, ServerError> {
         let mut report = ReloadReport::default();
+        // The iSNS task starts with the server; it follows the targets
+        // and ACLs live, not its own settings. (A file without [isns] is
+        // not a change: `serve --isns` may have given it.)
+        if new.isns.is_some() && new.isns != current.isns {
+            report.needs_restart.push("[isns]".into());
+        }
         // Options other than the login settings are read when the server
         // starts (threads, limits, timeouts, the data directory).
         if format!("{:?}", new.options) != format!("{:?}", current.options) {
@@ -188,7 +194,7 @@ impl Reloader {
         }
         // The new portals listen before anything else changes (one that
         // cannot leaves the server as it was); the old ones close after.
-        let removed_portals = self.add_portals(&current, &new, &mut report)?;
+        let removed_portals = self.add_portals(current, &new, &mut report)?;
         // Commit.
         for c in changes {
             match c {
@@ -280,6 +286,7 @@ impl Reloader {
         // file, with the options the server started with.
         let effective = Config {
             options: current.options.clone(),
+            isns: current.isns.clone(),
             ..new
         };
         self.settings.store(Arc::new(target_settings(&effective)));

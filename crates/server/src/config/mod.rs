@@ -81,6 +81,68 @@ pub struct Config {
     pub aoe: AoeConfig,
     /// `[ethernet]`: the native transport's links, UDP portals and group.
     pub ethernet: EthernetConfig,
+    /// `[isns]` (or `serve --isns`): register with an iSNS server.
+    pub isns: Option<IsnsConfig>,
+}
+
+/// `[isns]`: where to register the targets, portals and discovery domains
+/// (RFC 4171); see `docs/isns.md`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IsnsConfig {
+    /// The iSNS server's host name or address.
+    pub host: String,
+    /// Its TCP port (3205 by default).
+    pub port: u16,
+    /// Portal addresses to register instead of the listening ones (for
+    /// initiators behind NAT, e.g. QEMU's user networking); empty: the
+    /// portals, an unspecified address (`0.0.0.0`, `[::]`) replaced by
+    /// the local address of the connection to the iSNS server.
+    pub portals: Vec<SocketAddr>,
+    /// The network entity's identifier (default: `HOSTNAME.ethersan`).
+    pub entity: Option<String>,
+}
+
+impl IsnsConfig {
+    /// Parse `HOST[:PORT]` (IPv6 addresses in brackets: `[::1]:3205`).
+    pub fn parse_server(s: &str) -> Result<IsnsConfig, String> {
+        let bad = || format!("iSNS server {s:?} is not HOST[:PORT] (IPv6 as [::1]:3205)");
+        let s = s.trim();
+        let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+            let (h, after) = rest.split_once(']').ok_or_else(bad)?;
+            match after {
+                "" => (h, None),
+                p => (h, Some(p.strip_prefix(':').ok_or_else(bad)?)),
+            }
+        } else {
+            match s.split_once(':') {
+                Some((h, p)) if !p.contains(':') => (h, Some(p)),
+                Some(_) => return Err(bad()),
+                None => (s, None),
+            }
+        };
+        if host.is_empty() || host.contains(char::is_whitespace) {
+            return Err(bad());
+        }
+        let port = match port {
+            None => ethersan_isns::DEFAULT_PORT,
+            Some(p) => p.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(bad)?,
+        };
+        Ok(IsnsConfig {
+            host: host.to_string(),
+            port,
+            portals: Vec::new(),
+            entity: None,
+        })
+    }
+
+    /// `HOST:PORT` to connect to (IPv6 in brackets).
+    pub fn server(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
 }
 
 /// CHAP settings (`[chap]`, or `serve --chap` / `--mutual-chap`).
@@ -205,6 +267,7 @@ impl Config {
             discovery_chap: None,
             aoe: AoeConfig::default(),
             ethernet: EthernetConfig::default(),
+            isns: None,
         }
     }
 }

@@ -546,3 +546,57 @@ fn portals_with_advertised_addresses() {
         assert!(e.starts_with("t:1:") && e.contains(what), "{bad}: {e}");
     }
 }
+
+#[test]
+fn isns_server_addresses() {
+    let c = IsnsConfig::parse_server("isns.example.net").unwrap();
+    assert_eq!((c.host.as_str(), c.port), ("isns.example.net", 3205));
+    assert_eq!(c.server(), "isns.example.net:3205");
+    let c = IsnsConfig::parse_server("127.0.0.1:43205").unwrap();
+    assert_eq!((c.host.as_str(), c.port), ("127.0.0.1", 43205));
+    let c = IsnsConfig::parse_server("[::1]:3206").unwrap();
+    assert_eq!(
+        (c.host.as_str(), c.port, c.server()),
+        ("::1", 3206, "[::1]:3206".into())
+    );
+    assert_eq!(IsnsConfig::parse_server("[fe80::1]").unwrap().port, 3205);
+    for bad in [
+        "", ":3205", "h:0", "h:x", "h:70000", "::1", "[::1", "[::1]x", "a b",
+    ] {
+        let e = IsnsConfig::parse_server(bad).unwrap_err();
+        assert!(e.contains("HOST[:PORT]"), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn isns_table() {
+    let base = "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\nlun = [\"ram:1M\"]\n";
+    let c = Config::from_toml_str(base, "t.toml").unwrap();
+    assert_eq!(c.isns, None);
+    let c = Config::from_toml_str(
+        &format!(
+            "{base}[isns]\nserver = \"isns.lan\"\nportals = [\"10.0.2.2:3260\"]\nentity = \"e1\"\n"
+        ),
+        "t.toml",
+    )
+    .unwrap();
+    let i = c.isns.unwrap();
+    assert_eq!((i.host.as_str(), i.port), ("isns.lan", 3205));
+    assert_eq!(i.portals, vec!["10.0.2.2:3260".parse().unwrap()]);
+    assert_eq!(i.entity.as_deref(), Some("e1"));
+    for (bad, want) in [
+        ("[isns]\nserver = \"h:x\"\n", "[isns] server"),
+        (
+            "[isns]\nserver = \"h\"\nportals = [\"nope\"]\n",
+            "[isns] portals",
+        ),
+        ("[isns]\nserver = \"h\"\nentity = \"\"\n", "[isns] entity"),
+        ("[isns]\nportals = []\n", "server"),
+        ("[isns]\nserver = \"h\"\nbogus = 1\n", "bogus"),
+    ] {
+        let e = Config::from_toml_str(&format!("{base}{bad}"), "t.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("t.toml:") && e.contains(want), "{bad}: {e}");
+    }
+}

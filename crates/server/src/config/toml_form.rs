@@ -26,6 +26,20 @@ struct RawConfig {
     discovery: Option<RawDiscovery>,
     aoe: Option<Spanned<RawAoe>>,
     ethernet: Option<Spanned<RawEthernet>>,
+    isns: Option<Spanned<RawIsns>>,
+}
+
+/// `[isns]`: registration with an iSNS server.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawIsns {
+    /// `HOST[:PORT]`.
+    server: String,
+    /// Portal addresses to register instead of the listening ones.
+    #[serde(default)]
+    portals: Vec<String>,
+    /// The network entity's identifier.
+    entity: Option<String>,
 }
 
 /// An element of `portals`: `"ADDR:PORT"`, or a table
@@ -821,6 +835,33 @@ impl Config {
                 }
             }
         };
+        let isns = match raw.isns {
+            None => None,
+            Some(i) => {
+                let span = i.span();
+                let i = i.into_inner();
+                let mut c = super::IsnsConfig::parse_server(&i.server)
+                    .map_err(|m| at(Some(span.clone()), format!("[isns] server: {m}")))?;
+                for p in &i.portals {
+                    c.portals.push(p.parse().map_err(|_| {
+                        at(
+                            Some(span.clone()),
+                            format!("[isns] portals: {p:?} is not ADDR:PORT (IPv6 as [::1]:3260)"),
+                        )
+                    })?);
+                }
+                if let Some(e) = &i.entity {
+                    if e.is_empty() || e.len() > 255 {
+                        return Err(at(
+                            Some(span),
+                            "[isns] entity: give 1 to 255 characters".into(),
+                        ));
+                    }
+                }
+                c.entity = i.entity;
+                Some(c)
+            }
+        };
         Ok(Config {
             portals,
             advertise,
@@ -830,6 +871,7 @@ impl Config {
             discovery_chap,
             aoe,
             ethernet,
+            isns,
         })
     }
 }
