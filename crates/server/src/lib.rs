@@ -20,6 +20,7 @@ mod placement;
 pub mod registry;
 pub mod reload;
 mod session;
+pub mod stats;
 mod wire;
 
 use std::future::Future;
@@ -195,6 +196,7 @@ impl Server {
                             // PDU is read. The log says so at most once a
                             // second, with how many it did not mention.
                             let Some(guard) = limiter.try_acquire(peer.ip()) else {
+                                registry.login_stats().failed(stats::LoginFailure::RefusedLimit);
                                 if let Some(more) = refusals.per_address.allow() {
                                     warn!(
                                         peer = %peer.ip(),
@@ -207,6 +209,7 @@ impl Server {
                                 continue;
                             };
                             if registry.session_count() >= options.max_sessions {
+                                registry.login_stats().failed(stats::LoginFailure::RefusedLimit);
                                 if let Some(more) = refusals.sessions.allow() {
                                     warn!(%peer, refused_since_last_warning = more, "session limit reached; refusing connection");
                                 }
@@ -467,6 +470,8 @@ async fn serve_stream<R, W>(
     W: tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let peer_ip = peer.parse::<std::net::SocketAddr>().ok().map(|a| a.ip());
+    // Counted open until this function returns (the session's end).
+    let _open = registry.login_stats().connection();
     let mut reader = PduReader::new(rd, 8192);
     let (out, writer) = spawn_writer(wr);
     let (ev_tx, ev_rx) = mpsc::unbounded_channel::<Event>();
@@ -497,6 +502,7 @@ async fn serve_stream<R, W>(
             return;
         }
         Err(_) => {
+            registry.login_stats().failed(stats::LoginFailure::Timeout);
             debug!(%peer, "login timed out");
             return;
         }
