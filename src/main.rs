@@ -244,6 +244,10 @@ struct ServeArgs {
     /// Most connections open at once from one source address (0: no limit; default 128); overrides the config file's max_connections_per_address.
     #[arg(long, value_name = "N")]
     max_connections_per_address: Option<usize>,
+    /// Serve GET /metrics (Prometheus/OpenMetrics text, no authentication:
+    /// a trusted network only) on ADDR:PORT, e.g. 127.0.0.1:9368.
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics: Option<SocketAddr>,
 }
 
 fn parse_ethertype_arg(s: &str) -> Result<u16, String> {
@@ -564,7 +568,12 @@ fn say(args: std::fmt::Arguments) {
     let _ = writeln!(std::io::stderr(), "{args}");
 }
 
-async fn serve(cfg: Config, json_logs: bool, config_file: Option<PathBuf>) -> anyhow::Result<()> {
+async fn serve(
+    cfg: Config,
+    json_logs: bool,
+    config_file: Option<PathBuf>,
+    metrics: Option<SocketAddr>,
+) -> anyhow::Result<()> {
     let data_dir = &cfg.options.data_dir;
     tracing::info!(
         "data directory {}",
@@ -598,6 +607,27 @@ async fn serve(cfg: Config, json_logs: bool, config_file: Option<PathBuf>) -> an
             cfg.ethernet.group.as_deref().unwrap_or("")
         ));
     }
+    // GET /metrics without authentication on its own listener.
+    let _metrics = match metrics {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen for metrics on {addr}: {e}"))?;
+            let bound = listener.local_addr().unwrap_or(addr);
+            let control = ethersan_server::control::Control::new(
+                server.reloader(),
+                server.registry().clone(),
+                config_file.clone(),
+            );
+            let state = ethersan_admin::AdminState::new(Arc::new(control));
+            tracing::info!(address = %bound, "metrics");
+            if !json_logs {
+                say(format_args!("ethersan: metrics on http://{bound}/metrics"));
+            }
+            Some(ethersan_admin::serve_metrics(listener, state))
+        }
+        None => None,
+    };
     let addrs = server.local_addrs();
     if json_logs {
         // Log collectors get events, not a banner.
@@ -772,6 +802,7 @@ fn main() -> ExitCode {
                     serve_cfg.take().expect("parsed above"),
                     cli.log_format == LogFormat::Json,
                     a.config,
+                    a.metrics,
                 )
                 .await
             }
