@@ -92,6 +92,9 @@ fn gauge(v: u64) -> ConstGauge<i64> {
     ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX))
 }
 
+/// Reads one counter of a snapshot.
+type Field = fn(&Snapshot) -> u64;
+
 /// The command counters of many label sets (LUNs or initiators), as the
 /// families `ethersan_{what}_…`.
 fn io_families(
@@ -100,7 +103,7 @@ fn io_families(
     of: &str,
     rows: &[(Labels, Snapshot)],
 ) -> Result<(), std::fmt::Error> {
-    let simple: [(&str, &str, fn(&Snapshot) -> u64); 6] = [
+    let simple: [(&str, &str, Field); 6] = [
         ("reads", "Read commands", |s| s.reads),
         ("writes", "Write commands", |s| s.writes),
         (
@@ -559,6 +562,45 @@ mod tests {
         assert!(out.starts_with("HTTP/1.1 200"), "{out}");
         assert!(out.contains(CONTENT_TYPE), "{out}");
         assert!(out.contains("ethersan_lun_reads_total{"), "{out}");
+        task.abort();
+    }
+
+    async fn get(addr: std::net::SocketAddr, auth: Option<&str>) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let auth = auth
+            .map(|t| format!("Authorization: Bearer {t}\r\n"))
+            .unwrap_or_default();
+        s.write_all(
+            format!("GET /metrics HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn metrics_on_the_api_listener_need_the_token() {
+        let (state, _server) = state().await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let token = "metrics-token-0123456789abcdef";
+        let task = crate::serve_tcp(
+            listener,
+            state,
+            crate::Token::new(token.as_bytes().to_vec()).unwrap(),
+        );
+        let denied = get(addr, None).await;
+        assert!(denied.starts_with("HTTP/1.1 401"), "{denied}");
+        assert!(!denied.contains("ethersan_lun_reads_total"));
+        let wrong = get(addr, Some("metrics-token-0123456789abcdeX")).await;
+        assert!(wrong.starts_with("HTTP/1.1 401"), "{wrong}");
+        let ok = get(addr, Some(token)).await;
+        assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+        assert!(ok.contains("ethersan_lun_reads_total{"), "{ok}");
         task.abort();
     }
 
