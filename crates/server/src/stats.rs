@@ -25,7 +25,7 @@ pub enum LoginFailure {
 }
 
 impl LoginFailure {
-    /// Every reason, in [`LoginStats::failures`] order.
+    /// Every reason, in [`LoginSnapshot::failures`] order.
     pub const ALL: [LoginFailure; 7] = [
         LoginFailure::Authentication,
         LoginFailure::NotAuthorized,
