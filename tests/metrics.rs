@@ -174,5 +174,27 @@ fn prometheus_rate_matches_bench_iops() {
         (bytes / rate - 4096.0).abs() < 1.0,
         "{bytes} B/s for {rate} reads/s"
     );
+    // A login to a target that does not exist is counted by reason.
+    let wrong = server
+        .url(0)
+        .replace(IQN, "iqn.2026-11.org.ethersan:nothing-here");
+    let out = run(
+        bin,
+        &["bench", &wrong, "--time", "1s"],
+        Duration::from_secs(20),
+    );
+    assert!(!out.status.success());
+    let (_, body) = http_get(&metrics_addr, "/metrics").expect("GET /metrics");
+    let sample = |series: &str| -> f64 {
+        body.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{body}"))
+    };
+    assert!(sample("ethersan_login_failures_total{reason=\"not_found\"}") >= 1.0);
+    assert!(sample("ethersan_logins_total") >= 1.0);
+    assert_eq!(
+        sample("ethersan_login_failures_total{reason=\"authentication\"}"),
+        0.0
+    );
     assert!(started.elapsed() < Duration::from_secs(60));
 }
