@@ -279,6 +279,10 @@ struct ServeArgs {
     /// through NAT; overrides [isns] portals.
     #[arg(long, value_name = "ADDR:PORT", requires = "isns")]
     isns_portal: Vec<SocketAddr>,
+    /// Serve GET /metrics (Prometheus/OpenMetrics text, no authentication:
+    /// a trusted network only) on ADDR:PORT, e.g. 127.0.0.1:9368.
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics: Option<SocketAddr>,
 }
 
 fn parse_advertise_arg(s: &str) -> Result<(SocketAddr, SocketAddr), String> {
@@ -664,6 +668,8 @@ struct ApiArgs {
     socket: Option<PathBuf>,
     tcp: Option<SocketAddr>,
     token_file: Option<PathBuf>,
+    /// `--metrics ADDR:PORT`: /metrics without authentication.
+    metrics: Option<SocketAddr>,
 }
 
 async fn serve(
@@ -765,6 +771,21 @@ async fn serve(
             Some(ethersan_admin::serve_tcp(l, state.clone(), token))
         }
         _ => None,
+    };
+    // GET /metrics without authentication on its own listener.
+    let _metrics = match api.metrics {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen for metrics on {addr} (--metrics)"))?;
+            let bound = listener.local_addr().unwrap_or(addr);
+            tracing::info!(address = %bound, "metrics");
+            if !json_logs {
+                say(format_args!("ethersan: metrics on http://{bound}/metrics"));
+            }
+            Some(ethersan_admin::serve_metrics(listener, state.clone()))
+        }
+        None => None,
     };
     // SIGHUP: read the configuration file again and apply what changed,
     // and look at the LUNs' sizes again (after growing a backing file).
@@ -953,6 +974,7 @@ fn main() -> ExitCode {
                     socket: a.api_socket,
                     tcp: a.api,
                     token_file: a.api_token_file,
+                    metrics: a.metrics,
                 };
                 serve(
                     serve_cfg.take().expect("parsed above"),

@@ -12,7 +12,9 @@
 pub mod api;
 mod auth;
 pub mod client;
+pub mod metrics;
 pub mod openapi;
+mod procfs;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,6 +25,7 @@ use ethersan_server::control::Control;
 use tokio::net::{TcpListener, UnixListener};
 
 pub use auth::Token;
+pub use metrics::{render, serve_metrics};
 
 /// What every handler shares: the server's control.
 #[derive(Clone, Debug)]
@@ -83,6 +86,7 @@ pub fn api_router() -> Router<AdminState> {
         .route("/api/v1/rescan", post(rescan))
         .route("/api/v1/save", post(save))
         .route("/api/openapi.json", get(openapi::serve))
+        .route("/metrics", get(metrics::handler))
 }
 
 /// Everything the API listeners serve, with the state.

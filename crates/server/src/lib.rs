@@ -22,6 +22,7 @@ pub mod portals;
 pub mod registry;
 pub mod reload;
 mod session;
+pub mod stats;
 mod wire;
 
 use std::future::Future;
@@ -253,6 +254,9 @@ pub(crate) async fn accept_loop(l: Arc<TcpListener>, ctx: Arc<AcceptContext>) {
 fn admit(sock: TcpStream, peer: SocketAddr, ctx: &AcceptContext) {
     let options = &ctx.options;
     let Some(guard) = ctx.limiter.try_acquire(peer.ip()) else {
+        ctx.registry
+            .login_stats()
+            .failed(stats::LoginFailure::RefusedLimit);
         if let Some(more) = ctx.refusals.per_address.allow() {
             warn!(
                 peer = %peer.ip(),
@@ -264,6 +268,9 @@ fn admit(sock: TcpStream, peer: SocketAddr, ctx: &AcceptContext) {
         return;
     };
     if ctx.registry.session_count() >= options.max_sessions {
+        ctx.registry
+            .login_stats()
+            .failed(stats::LoginFailure::RefusedLimit);
         if let Some(more) = ctx.refusals.sessions.allow() {
             warn!(%peer, refused_since_last_warning = more, "session limit reached; refusing connection");
         }
@@ -309,6 +316,9 @@ fn login_slot(registry: &Registry, peer: &str) -> Option<limits::LoginSlot> {
     let logins = registry.logins();
     let slot = logins.try_acquire();
     if slot.is_none() {
+        registry
+            .login_stats()
+            .failed(stats::LoginFailure::RefusedLimit);
         if let Some(more) = logins.warning_allowed() {
             warn!(
                 %peer,
@@ -572,6 +582,8 @@ async fn serve_stream<R, W>(
         login_slot,
     } = conn;
     let peer_ip = peer.parse::<std::net::SocketAddr>().ok().map(|a| a.ip());
+    // Counted open until this function returns (the session's end).
+    let _open = registry.login_stats().connection();
     let mut reader = PduReader::new(rd, 8192);
     let (out, writer) = spawn_writer(wr);
     let (ev_tx, ev_rx) = mpsc::unbounded_channel::<Event>();
@@ -604,6 +616,7 @@ async fn serve_stream<R, W>(
             return;
         }
         Err(_) => {
+            registry.login_stats().failed(stats::LoginFailure::Timeout);
             debug!(%peer, "login timed out");
             return;
         }

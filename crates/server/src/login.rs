@@ -111,6 +111,19 @@ pub(crate) async fn login<R: AsyncRead + Unpin>(
         &mut deadline,
     )
     .await;
+    {
+        use crate::stats::LoginFailure as F;
+        let stats = registry.login_stats();
+        match &r {
+            Ok(_) => stats.login(),
+            Err(LoginError::Rejected(2, 1)) => stats.failed(F::Authentication),
+            Err(LoginError::Rejected(2, 2)) => stats.failed(F::NotAuthorized),
+            Err(LoginError::Rejected(2, 3)) => stats.failed(F::NotFound),
+            Err(LoginError::Rejected(..)) => stats.failed(F::Negotiation),
+            Err(LoginError::TimedOut) => stats.failed(F::Timeout),
+            Err(LoginError::Read(_)) => stats.failed(F::Connection),
+        }
+    }
     match (&r, peer_ip) {
         (Err(LoginError::Rejected(2, 1)), Some(ip)) => {
             let name = who.as_deref().unwrap_or("");
@@ -250,6 +263,7 @@ async fn login_inner<R: AsyncRead + Unpin>(
                 if let Some(ip) = peer_ip {
                     let wait = registry.auth_throttle().delay(name, ip);
                     if !wait.is_zero() {
+                        registry.login_stats().delayed(wait);
                         debug!(peer = %ip, ?wait, "delaying a login after repeated authentication failures");
                         tokio::time::sleep(wait).await;
                         *deadline += wait;

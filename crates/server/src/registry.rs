@@ -197,6 +197,8 @@ pub struct Registry {
     /// Authentication-failure warnings: at most five a second, so a
     /// password-guessing flood cannot flood the log.
     auth_log: crate::limits::LogThrottle,
+    /// Logins, their failures by reason, open connections.
+    login_stats: Arc<crate::stats::LoginStats>,
 }
 
 impl Registry {
@@ -230,6 +232,7 @@ impl Registry {
             next_id: AtomicU64::new(1),
             auth: crate::limits::AuthThrottle::default(),
             auth_log: crate::limits::LogThrottle::new(std::time::Duration::from_millis(200)),
+            login_stats: Arc::default(),
         }
     }
 
@@ -279,6 +282,18 @@ impl Registry {
     /// The back-off after failed authentications.
     pub(crate) fn auth_throttle(&self) -> &crate::limits::AuthThrottle {
         &self.auth
+    }
+
+    /// Logins, login failures by reason and open connections since the
+    /// server started.
+    pub fn login_stats(&self) -> &Arc<crate::stats::LoginStats> {
+        &self.login_stats
+    }
+
+    /// How many (initiator name, address) pairs the authentication
+    /// back-off remembers failures of now.
+    pub fn auth_throttled(&self) -> usize {
+        self.auth.len()
     }
 
     /// Whether an authentication failure may be logged now: `Some(n)` with
