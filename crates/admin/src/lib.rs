@@ -12,6 +12,7 @@
 pub mod api;
 mod auth;
 pub mod client;
+pub mod dashboard;
 pub mod openapi;
 
 use std::path::{Path, PathBuf};
@@ -83,6 +84,9 @@ pub fn api_router() -> Router<AdminState> {
         .route("/api/v1/rescan", post(rescan))
         .route("/api/v1/save", post(save))
         .route("/api/openapi.json", get(openapi::serve))
+        .route("/api/v1/stats/stream", get(dashboard::stream))
+        .route("/", get(dashboard::index))
+        .route("/assets/{file}", get(dashboard::asset))
 }
 
 /// Everything the API listeners serve, with the state.
