@@ -244,6 +244,13 @@ struct ServeArgs {
     /// Most connections open at once from one source address (0: no limit; default 128); overrides the config file's max_connections_per_address.
     #[arg(long, value_name = "N")]
     max_connections_per_address: Option<usize>,
+    /// Serve the management API and the web dashboard on TCP at ADDR:PORT
+    /// (e.g. 127.0.0.1:9260), behind the bearer token of --api-token-file.
+    #[arg(long, value_name = "ADDR:PORT", requires = "api_token_file")]
+    api: Option<SocketAddr>,
+    /// The file holding the API's bearer token (at least 16 printable bytes).
+    #[arg(long, value_name = "FILE")]
+    api_token_file: Option<PathBuf>,
 }
 
 fn parse_ethertype_arg(s: &str) -> Result<u16, String> {
@@ -564,7 +571,12 @@ fn say(args: std::fmt::Arguments) {
     let _ = writeln!(std::io::stderr(), "{args}");
 }
 
-async fn serve(cfg: Config, json_logs: bool, config_file: Option<PathBuf>) -> anyhow::Result<()> {
+async fn serve(
+    cfg: Config,
+    json_logs: bool,
+    config_file: Option<PathBuf>,
+    api: Option<(SocketAddr, PathBuf)>,
+) -> anyhow::Result<()> {
     let data_dir = &cfg.options.data_dir;
     tracing::info!(
         "data directory {}",
@@ -598,6 +610,27 @@ async fn serve(cfg: Config, json_logs: bool, config_file: Option<PathBuf>) -> an
             cfg.ethernet.group.as_deref().unwrap_or("")
         ));
     }
+    // The management API and the dashboard on TCP.
+    let _api = match api {
+        Some((addr, token_file)) => {
+            let token = ethersan_admin::Token::from_file(&token_file)?;
+            let control = ethersan_server::control::Control::new(
+                server.reloader(),
+                server.registry().clone(),
+                config_file.clone(),
+            );
+            let state = ethersan_admin::AdminState::new(Arc::new(control));
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen for the API on {addr}: {e}"))?;
+            say(format_args!(
+                "ethersan: API and dashboard on http://{}/",
+                listener.local_addr()?
+            ));
+            Some(ethersan_admin::serve_tcp(listener, state, token))
+        }
+        None => None,
+    };
     let addrs = server.local_addrs();
     if json_logs {
         // Log collectors get events, not a banner.
@@ -772,6 +805,7 @@ fn main() -> ExitCode {
                     serve_cfg.take().expect("parsed above"),
                     cli.log_format == LogFormat::Json,
                     a.config,
+                    a.api.zip(a.api_token_file),
                 )
                 .await
             }
