@@ -77,11 +77,34 @@ fn browser_log(port: u16, session: &str) -> Vec<Value> {
         body.len()
     )
     .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let json_start = out.find("\r\n\r\n").map(|i| i + 4).unwrap_or(0);
-    let v: Value = serde_json::from_str(out[json_start..].trim()).unwrap_or_else(|e| {
-        panic!("chromedriver's log answer is not JSON ({e}): {out}");
+    // Read the headers, then Content-Length bytes (chromedriver may keep
+    // the connection open).
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    let body_len = loop {
+        let n = s.read(&mut chunk).expect("chromedriver's log answer");
+        assert!(n > 0, "chromedriver closed: {}", String::from_utf8_lossy(&buf));
+        buf.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buf).to_string();
+        if let Some(h) = text.find("\r\n\r\n") {
+            let len = text[..h]
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse::<usize>().ok())?
+                })
+                .expect("a Content-Length");
+            if buf.len() >= h + 4 + len {
+                break buf[h + 4..h + 4 + len].to_vec();
+            }
+        }
+    };
+    let v: Value = serde_json::from_slice(&body_len).unwrap_or_else(|e| {
+        panic!(
+            "chromedriver's log answer is not JSON ({e}): {}",
+            String::from_utf8_lossy(&body_len)
+        );
     });
     v["value"].as_array().cloned().unwrap_or_default()
 }
@@ -234,7 +257,7 @@ async fn run() {
     // Load: the IOPS figure moves above zero, a session shows.
     let bench_url = format!("iscsi://{}/{IQN}/0", srv.addr);
     let bench = Command::new(env!("CARGO_BIN_EXE_ethersan"))
-        .args(["bench", &bench_url, "--time", "6s", "--rw", "mixed", "--qd", "4"])
+        .args(["bench", &bench_url, "--time", "8s", "--rw", "mixed", "--qd", "4"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -251,7 +274,7 @@ async fn run() {
     })
     .await;
     // A few seconds of history for the picture.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let card_iops = text(&c, &format!("{card} .iops")).await;
     let p50 = text(&c, &format!("{card} .p50")).await;
     let p99 = text(&c, &format!("{card} .p99")).await;
@@ -362,7 +385,7 @@ async fn run() {
     })
     .await;
     assert!(
-        shown.contains("POST /api/v1/targets/") && shown.contains("400"),
+        shown.contains("POST /api/v1/targets/") && shown.contains(" 422 "),
         "error shown: {shown}"
     );
     c.close().await.unwrap();
