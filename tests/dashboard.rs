@@ -83,7 +83,11 @@ fn browser_log(port: u16, session: &str) -> Vec<Value> {
     let mut chunk = [0u8; 8192];
     let body_len = loop {
         let n = s.read(&mut chunk).expect("chromedriver's log answer");
-        assert!(n > 0, "chromedriver closed: {}", String::from_utf8_lossy(&buf));
+        assert!(
+            n > 0,
+            "chromedriver closed: {}",
+            String::from_utf8_lossy(&buf)
+        );
         buf.extend_from_slice(&chunk[..n]);
         let text = String::from_utf8_lossy(&buf).to_string();
         if let Some(h) = text.find("\r\n\r\n") {
@@ -199,7 +203,11 @@ async fn run() {
         .lock()
         .unwrap()
         .iter()
-        .find_map(|l| l.split("dashboard on ").nth(1).map(|u| u.trim().to_string()))
+        .find_map(|l| {
+            l.split("dashboard on ")
+                .nth(1)
+                .map(|u| u.trim().to_string())
+        })
         .expect("serve did not say where the dashboard is");
 
     let driver = Driver::start();
@@ -242,14 +250,23 @@ async fn run() {
         .await
         .unwrap();
     assert_eq!(kept, json!(TOKEN));
-    until(Duration::from_secs(10), "the target in the tree", || async {
-        let t = text(&c, "#tree").await;
-        (t.contains(IQN) && t.contains("LUN 0") && t.contains("64.0 MiB")).then_some(())
-    })
+    until(
+        Duration::from_secs(10),
+        "the target in the tree",
+        || async {
+            let t = text(&c, "#tree").await;
+            (t.contains(IQN) && t.contains("LUN 0") && t.contains("64.0 MiB")).then_some(())
+        },
+    )
     .await;
     assert_eq!(text(&c, "#status").await, "live");
     assert!(
-        !c.find(Locator::Css("#error")).await.unwrap().is_displayed().await.unwrap(),
+        !c.find(Locator::Css("#error"))
+            .await
+            .unwrap()
+            .is_displayed()
+            .await
+            .unwrap(),
         "the page shows an error: {}",
         text(&c, "#error").await
     );
@@ -257,7 +274,9 @@ async fn run() {
     // Load: the IOPS figure moves above zero, a session shows.
     let bench_url = format!("iscsi://{}/{IQN}/0", srv.addr);
     let bench = Command::new(env!("CARGO_BIN_EXE_ethersan"))
-        .args(["bench", &bench_url, "--time", "8s", "--rw", "mixed", "--qd", "4"])
+        .args([
+            "bench", &bench_url, "--time", "8s", "--rw", "mixed", "--qd", "4",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -268,10 +287,14 @@ async fn run() {
     })
     .await;
     let card = format!(".lun-card[data-key=\"{key}\"]");
-    until(Duration::from_secs(10), "a session in the table", || async {
-        let t = text(&c, "#sessions-table").await;
-        t.contains("iscsi").then_some(())
-    })
+    until(
+        Duration::from_secs(10),
+        "a session in the table",
+        || async {
+            let t = text(&c, "#sessions-table").await;
+            t.contains("iscsi").then_some(())
+        },
+    )
     .await;
     // A few seconds of history for the picture.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -327,13 +350,17 @@ async fn run() {
     .await
     .unwrap();
     assert!(ls.contains("Lun:1"), "iscsi-ls does not list LUN 1:\n{ls}");
-    until(Duration::from_secs(10), "a chart card for LUN 1", || async {
-        let found = c
-            .find_all(Locator::Css(&format!(".lun-card[data-key=\"{IQN}/1\"]")))
-            .await
-            .unwrap();
-        (!found.is_empty()).then_some(())
-    })
+    until(
+        Duration::from_secs(10),
+        "a chart card for LUN 1",
+        || async {
+            let found = c
+                .find_all(Locator::Css(&format!(".lun-card[data-key=\"{IQN}/1\"]")))
+                .await
+                .unwrap();
+            (!found.is_empty()).then_some(())
+        },
+    )
     .await;
 
     // The grant form: the target's access list names the initiator.
@@ -376,13 +403,17 @@ async fn run() {
         .click()
         .await
         .unwrap();
-    let shown = until(Duration::from_secs(10), "the API error on the page", || async {
-        let e = c.find(Locator::Css("#error")).await.unwrap();
-        if !e.is_displayed().await.unwrap() {
-            return None;
-        }
-        Some(e.text().await.unwrap())
-    })
+    let shown = until(
+        Duration::from_secs(10),
+        "the API error on the page",
+        || async {
+            let e = c.find(Locator::Css("#error")).await.unwrap();
+            if !e.is_displayed().await.unwrap() {
+                return None;
+            }
+            Some(e.text().await.unwrap())
+        },
+    )
     .await;
     assert!(
         shown.contains("POST /api/v1/targets/") && shown.contains(" 422 "),
