@@ -323,7 +323,7 @@ function draw(canvas, lines, fmt) {
   g.fillStyle = '#667085';
   g.font = '10px system-ui, sans-serif';
   g.textBaseline = 'middle';
-  g.fillText(fmt(max), 2, Math.max(y(max), 8));
+  if (max > 0) g.fillText(fmt(max), 2, Math.max(y(max), 8));
   g.fillText('0', 2, y(0) - 4);
   for (const [vals, color] of lines) {
     const off = HISTORY - vals.length;
