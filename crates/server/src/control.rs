@@ -258,7 +258,7 @@ impl Control {
         let t = find(&cfg, target)?;
         let i = t.lun_index(lun).ok_or_else(|| no_lun(target, lun))?;
         let bs = u64::from(t.luns[i].block_size.max(1));
-        if bytes == 0 || bytes % bs != 0 {
+        if bytes == 0 || !bytes.is_multiple_of(bs) {
             return Err(ControlError::Invalid(format!(
                 "size {bytes} is not a positive multiple of the LUN's {bs}-byte blocks"
             )));
