@@ -120,13 +120,21 @@ fn severe(log: &[Value]) -> Vec<String> {
         .collect()
 }
 
+/// The visible text of the first element matching `css`, read in one
+/// script (the page re-renders its tree: a found element may go stale
+/// before its text is asked for).
 async fn text(c: &Client, css: &str) -> String {
-    c.find(Locator::Css(css))
+    let v = c
+        .execute(
+            "const e = document.querySelector(arguments[0]); return e ? e.innerText : null;",
+            vec![json!(css)],
+        )
         .await
-        .unwrap_or_else(|e| panic!("no {css} on the page: {e}"))
-        .text()
-        .await
-        .unwrap()
+        .unwrap();
+    match v {
+        Value::String(s) => s.trim().to_string(),
+        _ => panic!("no {css} on the page"),
+    }
 }
 
 /// Poll `f` every 200 ms until it gives `Some`, for at most `limit`.
