@@ -12,6 +12,7 @@
 pub mod api;
 mod auth;
 pub mod client;
+pub mod dashboard;
 pub mod metrics;
 pub mod openapi;
 mod procfs;
@@ -87,6 +88,9 @@ pub fn api_router() -> Router<AdminState> {
         .route("/api/v1/save", post(save))
         .route("/api/openapi.json", get(openapi::serve))
         .route("/metrics", get(metrics::handler))
+        .route("/api/v1/stats/stream", get(dashboard::stream))
+        .route("/", get(dashboard::index))
+        .route("/assets/{file}", get(dashboard::asset))
 }
 
 /// Everything the API listeners serve, with the state.
