@@ -4,8 +4,9 @@
 //! error; `ethersan bench` makes its IOPS figure move; a LUN added with
 //! its form is seen by libiscsi's `iscsi-ls` and in the tree; a grant made
 //! with its form shows in the target's access list; an API error shows on
-//! the page. Screenshots go to docs/dashboard.png and
-//! docs/dashboard-lun.png. Loopback only, bounded at 90 s.
+//! the page. Screenshots go to the temporary directory, or to
+//! docs/dashboard.png and docs/dashboard-lun.png with
+//! ETHERSAN_UPDATE_SCREENSHOTS=1. Loopback only, bounded at 90 s.
 
 mod common;
 
@@ -156,10 +157,15 @@ where
 async fn screenshot(c: &Client, name: &str) {
     let png = c.screenshot().await.unwrap();
     assert!(png.len() > 10_000, "{name}: a blank screenshot?");
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("docs")
-        .join(name);
-    std::fs::write(&path, png).unwrap();
+    // The committed pictures in docs/ are renewed only when asked
+    // (ETHERSAN_UPDATE_SCREENSHOTS=1); otherwise a test run leaves the
+    // tree as it was and writes beside its build.
+    let dir = if std::env::var_os("ETHERSAN_UPDATE_SCREENSHOTS").is_some() {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs")
+    } else {
+        std::env::temp_dir()
+    };
+    std::fs::write(dir.join(name), png).unwrap();
 }
 
 /// Pixels drawn on the first chart canvas of a LUN's card.
