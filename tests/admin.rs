@@ -272,6 +272,61 @@ async fn every_ctl_operation_applies_live_while_a_session_is_logged_in() {
     let e = ctl_err(&sock, &["target", "rm", IQN]);
     assert!(e.contains("--force"), "{e}");
 
+    // portal add/rm: a new portal listens at once (logins through it
+    // work, SendTargets announces its advertised address), and removed it
+    // refuses connections while the sessions elsewhere go on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let new_portal = format!("127.0.0.1:{port}");
+    ctl_ok(
+        &sock,
+        &[
+            "portal",
+            "add",
+            &new_portal,
+            "--advertise",
+            "127.0.0.2:3999",
+        ],
+    );
+    let portals = ctl_json(&sock, &["portal", "ls"]);
+    assert!(
+        portals
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["address"] == new_portal.as_str() && p["advertise"] == "127.0.0.2:3999"),
+        "{portals}"
+    );
+    let mut via = login_opts(ME);
+    via.isid = [0x80, 0, 0, 0, 0, 11];
+    let s3 = connect(&new_portal, &via)
+        .await
+        .expect("login through the new portal");
+    drain_attentions(&s3, 0).await;
+    let found = ethersan_initiator::discover_with(&new_portal, &LoginOptions::default())
+        .await
+        .expect("SendTargets");
+    assert!(
+        format!("{found:?}").contains("127.0.0.2:3999"),
+        "SendTargets does not announce the advertised address: {found:?}"
+    );
+    let e = ctl_err(&sock, &["portal", "add", &new_portal]);
+    assert!(e.contains("already listening"), "{e}");
+    ctl_ok(&sock, &["portal", "rm", &new_portal]);
+    assert!(
+        std::net::TcpStream::connect(&new_portal).is_err(),
+        "a removed portal still accepts"
+    );
+    assert_eq!(sense(&s3, 0).await, None, "a session through it goes on");
+    s3.logout().await.unwrap();
+    let e = ctl_err(&sock, &["portal", "rm", &new_portal]);
+    assert!(e.contains("no portal"), "{e}");
+    let e = ctl_err(&sock, &["portal", "rm", &addr]);
+    assert!(e.contains("last portal"), "{e}");
+
     // save: the running configuration, which a new server serves the same.
     let saved = dir.path().join("saved.toml");
     ctl_ok(&sock, &["save", &common::path_str(&saved)]);

@@ -543,3 +543,71 @@ pub async fn save(State(s): State<AdminState>, Json(req): Json<Save>) -> ApiResu
         path: path.display().to_string(),
     }))
 }
+
+/// A portal.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Portal {
+    /// The address it listens on, `ADDR:PORT`.
+    pub address: String,
+    /// The address SendTargets announces for it, if another.
+    pub advertise: Option<String>,
+}
+
+/// The portals listening now.
+#[utoipa::path(get, path = "/api/v1/portals", responses((status = 200, body = Vec<Portal>)))]
+pub async fn list_portals(State(s): State<AdminState>) -> Json<Vec<Portal>> {
+    Json(
+        s.control
+            .portals()
+            .into_iter()
+            .map(|p| Portal {
+                address: p.address.to_string(),
+                advertise: p.advertise.map(|a| a.to_string()),
+            })
+            .collect(),
+    )
+}
+
+fn socket_addr(what: &str, s: &str) -> ApiResult<std::net::SocketAddr> {
+    s.trim().parse().map_err(|_| {
+        Failure(
+            StatusCode::BAD_REQUEST,
+            format!("{what} {s:?} is not ADDR:PORT (an IP address and a port, IPv6 as [::1]:3260)"),
+        )
+    })
+}
+
+/// Listen on a new portal now.
+#[utoipa::path(post, path = "/api/v1/portals", request_body = Portal,
+    responses((status = 201, body = Portal), (status = 400, body = ApiError), (status = 409, body = ApiError), (status = 422, body = ApiError)))]
+pub async fn add_portal(
+    State(s): State<AdminState>,
+    Json(req): Json<Portal>,
+) -> ApiResult<(StatusCode, Json<Portal>)> {
+    let address = socket_addr("address", &req.address)?;
+    let advertise = req
+        .advertise
+        .as_deref()
+        .map(|a| socket_addr("advertise", a))
+        .transpose()?;
+    let bound = blocking(&s, move |c| c.add_portal(address, advertise)).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(Portal {
+            address: bound.to_string(),
+            advertise: advertise.map(|a| a.to_string()),
+        }),
+    ))
+}
+
+/// Stop listening on a portal (sessions through it go on).
+#[utoipa::path(delete, path = "/api/v1/portals/{address}", params(("address" = String, Path)),
+    responses((status = 204), (status = 400, body = ApiError), (status = 404, body = ApiError), (status = 409, body = ApiError)))]
+pub async fn remove_portal(
+    State(s): State<AdminState>,
+    Path(address): Path<String>,
+) -> ApiResult<StatusCode> {
+    let address = socket_addr("address", &address)?;
+    blocking(&s, move |c| c.remove_portal(address)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -82,6 +82,8 @@ pub fn api_router() -> Router<AdminState> {
             get(list_acl).post(grant).delete(revoke),
         )
         .route("/api/v1/chap", put(set_chap).delete(clear_chap))
+        .route("/api/v1/portals", get(list_portals).post(add_portal))
+        .route("/api/v1/portals/{address}", delete(remove_portal))
         .route("/api/v1/sessions", get(list_sessions))
         .route("/api/v1/sessions/{id}", delete(logout))
         .route("/api/v1/rescan", post(rescan))

@@ -25,6 +25,9 @@ use utoipa::OpenApi;
         crate::api::revoke,
         crate::api::set_chap,
         crate::api::clear_chap,
+        crate::api::list_portals,
+        crate::api::add_portal,
+        crate::api::remove_portal,
         crate::api::list_sessions,
         crate::api::logout,
         crate::api::rescan,
@@ -42,6 +45,7 @@ use utoipa::OpenApi;
         crate::api::Chap,
         crate::api::Counters,
         crate::api::Session,
+        crate::api::Portal,
         crate::api::Save,
         crate::api::Saved,
     ))

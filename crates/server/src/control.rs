@@ -390,6 +390,75 @@ impl Control {
         })
     }
 
+    /// The portals listening now.
+    pub fn portals(&self) -> Vec<crate::portals::PortalInfo> {
+        self.reloader.portals().list()
+    }
+
+    /// Listen on a new portal now (`advertise`: the address SendTargets
+    /// announces for it). Returns the bound address.
+    pub fn add_portal(
+        &self,
+        address: std::net::SocketAddr,
+        advertise: Option<std::net::SocketAddr>,
+    ) -> Result<std::net::SocketAddr, ControlError> {
+        if address.port() == 0 {
+            return Err(ControlError::Invalid(format!(
+                "{address}: give the port to listen on (port 0 would pick a different one at every start)"
+            )));
+        }
+        if let Some(a) = advertise {
+            if a.ip().is_unspecified() || a.port() == 0 {
+                return Err(ControlError::Invalid(format!(
+                    "advertise {a} cannot be reached by initiators: give the address and port they connect to"
+                )));
+            }
+        }
+        self.edit(|cfg| {
+            if cfg.portals.contains(&address) {
+                return Err(ControlError::Conflict(format!(
+                    "already listening on {address} (ethersan ctl portal ls lists the portals)"
+                )));
+            }
+            cfg.portals.push(address);
+            match advertise {
+                Some(a) => cfg.advertise.insert(address, a),
+                None => cfg.advertise.remove(&address),
+            };
+            Ok(())
+        })?;
+        Ok(address)
+    }
+
+    /// Stop listening on a portal (sessions through it go on).
+    pub fn remove_portal(&self, address: std::net::SocketAddr) -> Result<(), ControlError> {
+        let live = self.portals();
+        self.edit(|cfg| {
+            // The configured address, or the one a port-0 portal got.
+            let configured = if cfg.portals.contains(&address) {
+                address
+            } else {
+                let pos = live.iter().position(|p| p.address == address);
+                match pos.and_then(|i| cfg.portals.get(i)).copied() {
+                    Some(c) if c.ip() == address.ip() && c.port() == 0 => c,
+                    _ => {
+                        return Err(ControlError::NotFound(format!(
+                            "no portal {address} (ethersan ctl portal ls lists the portals)"
+                        )))
+                    }
+                }
+            };
+            if cfg.portals.len() == 1 {
+                return Err(ControlError::Conflict(format!(
+                    "{address} is the last portal; add another first (ethersan ctl portal add ADDR:PORT)"
+                )));
+            }
+            cfg.portals.retain(|p| *p != configured);
+            cfg.advertise.remove(&configured);
+            Ok(())
+        })
+    }
+
     /// Every live session.
     pub fn sessions(&self) -> Vec<SessionView> {
         self.registry.sessions()

@@ -88,6 +88,11 @@ impl Reloader {
         self.apply_to(&mut current, new)
     }
 
+    /// The server's live portals.
+    pub fn portals(&self) -> &Portals {
+        &self.portals
+    }
+
     /// The configuration being served (as the last change left it).
     pub fn current(&self) -> Config {
         self.current
