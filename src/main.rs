@@ -726,7 +726,7 @@ async fn serve(
         server.registry().clone(),
         config_file.clone(),
     ));
-    let state = ethersan_admin::AdminState::new(control.clone());
+    let state = ethersan_admin::AdminState::new(control.clone()).with_native(_native.clone());
     let socket = api
         .socket
         .clone()

@@ -33,12 +33,24 @@ pub use metrics::{render, serve_metrics};
 pub struct AdminState {
     /// The operations on the running server.
     pub control: Arc<Control>,
+    /// The native transport's endpoints (their channels' counters are
+    /// metrics).
+    pub native: Arc<Vec<ethersan_endpoint::Endpoint>>,
 }
 
 impl AdminState {
     /// The state for a server's control.
     pub fn new(control: Arc<Control>) -> Self {
-        AdminState { control }
+        AdminState {
+            control,
+            native: Arc::default(),
+        }
+    }
+
+    /// The same, with the native transport's endpoints.
+    pub fn with_native(mut self, endpoints: Vec<ethersan_endpoint::Endpoint>) -> Self {
+        self.native = Arc::new(endpoints);
+        self
     }
 }
 

@@ -13,6 +13,7 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
+use ethersan_channel::channel::ChannelStats;
 use ethersan_core::counters::{Snapshot, LATENCY_BUCKETS};
 use ethersan_server::control::Control;
 use ethersan_server::stats::LoginFailure;
@@ -62,6 +63,9 @@ fn always_reported(key: usize) -> bool {
 #[derive(Debug)]
 struct ServerCollector {
     control: Arc<Control>,
+    /// The native transport's open channels and their counters, read
+    /// before the scrape encodes.
+    channels: Vec<(ethersan_endpoint::ChannelInfo, ChannelStats)>,
 }
 
 /// Encode one family of samples of one type.
@@ -190,8 +194,134 @@ fn latency_buckets(latency: &[u64; LATENCY_BUCKETS]) -> (Vec<(f64, u64)>, u64) {
     (out, total)
 }
 
+impl ServerCollector {
+    /// The native transport's open channels: how many by security level,
+    /// and each channel's window, round trip and loss counters (labels
+    /// peer and channel, the target's channel id).
+    fn encode_native(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut by_level: std::collections::BTreeMap<String, u64> =
+            ["none", "integrity", "encrypt"]
+                .iter()
+                .map(|l| (l.to_string(), 0))
+                .collect();
+        for (info, _) in &self.channels {
+            *by_level.entry(info.level.to_string()).or_default() += 1;
+        }
+        let open: Vec<(Labels, ConstGauge<i64>)> = by_level
+            .into_iter()
+            .map(|(l, n)| (vec![("level", Cow::Owned(l))], gauge(n)))
+            .collect();
+        family(
+            encoder,
+            "native_channels",
+            "Open channels of the native transport, by security level",
+            &open,
+        )?;
+        let labels = |info: &ethersan_endpoint::ChannelInfo| -> Labels {
+            vec![
+                ("peer", Cow::Owned(info.peer.to_string())),
+                ("channel", Cow::Owned(info.local_id.to_string())),
+            ]
+        };
+        type Pick = fn(&ChannelStats) -> u64;
+        let counters: [(&str, &str, Pick); 9] = [
+            ("native_frames_sent", "Frames sent on the channel", |s| {
+                s.frames_sent
+            }),
+            (
+                "native_frames_received",
+                "Frames received on the channel",
+                |s| s.frames_received,
+            ),
+            (
+                "native_bytes_sent",
+                "Payload bytes sent on the channel",
+                |s| s.bytes_sent,
+            ),
+            (
+                "native_bytes_received",
+                "Payload bytes received on the channel",
+                |s| s.bytes_received,
+            ),
+            (
+                "native_retransmits",
+                "Frames sent again (timeouts and fast retransmits)",
+                |s| s.retransmits,
+            ),
+            (
+                "native_fast_retransmits",
+                "Frames sent again before their timeout (selective acknowledgements)",
+                |s| s.fast_retransmits,
+            ),
+            ("native_timeouts", "Retransmission timeouts", |s| s.timeouts),
+            ("native_duplicates", "Duplicate frames received", |s| {
+                s.duplicates
+            }),
+            (
+                "native_rejected",
+                "Frames rejected (bad check value or tag, replays)",
+                |s| s.rejected,
+            ),
+        ];
+        for (name, help, pick) in counters {
+            let v: Vec<(Labels, ConstCounter<u64>)> = self
+                .channels
+                .iter()
+                .map(|(i, s)| (labels(i), counter(pick(s))))
+                .collect();
+            family(encoder, name, help, &v)?;
+        }
+        let gauges: [(&str, &str, Pick); 3] = [
+            ("native_window_frames", "Congestion window, frames", |s| {
+                u64::from(s.cwnd)
+            }),
+            (
+                "native_in_flight_frames",
+                "Frames sent and not yet acknowledged",
+                |s| u64::from(s.in_flight),
+            ),
+            (
+                "native_peer_credit_frames",
+                "Frames the peer's receive window allows",
+                |s| u64::from(s.peer_credit),
+            ),
+        ];
+        for (name, help, pick) in gauges {
+            let v: Vec<(Labels, ConstGauge<i64>)> = self
+                .channels
+                .iter()
+                .map(|(i, s)| (labels(i), gauge(pick(s))))
+                .collect();
+            family(encoder, name, help, &v)?;
+        }
+        let rtt: Vec<(Labels, ConstGauge<f64>)> = self
+            .channels
+            .iter()
+            .filter_map(|(i, s)| Some((labels(i), ConstGauge::new(s.srtt?.as_secs_f64()))))
+            .collect();
+        family(
+            encoder,
+            "native_srtt_seconds",
+            "Smoothed round-trip time of the channel",
+            &rtt,
+        )?;
+        let rto: Vec<(Labels, ConstGauge<f64>)> = self
+            .channels
+            .iter()
+            .map(|(i, s)| (labels(i), ConstGauge::new(s.rto.as_secs_f64())))
+            .collect();
+        family(
+            encoder,
+            "native_rto_seconds",
+            "Retransmission timeout of the channel",
+            &rto,
+        )
+    }
+}
+
 impl Collector for ServerCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        self.encode_native(&mut encoder)?;
         let registry = self.control.registry();
         // Per LUN.
         let targets = registry.targets();
@@ -345,9 +475,18 @@ impl Collector for ServerCollector {
 /// The metrics of the server behind `state`, in the OpenMetrics text
 /// format ([`CONTENT_TYPE`]), ending with `# EOF`.
 pub fn render(state: &AdminState) -> String {
+    render_with(state, Vec::new())
+}
+
+/// [`render`] with the native transport's channels' counters.
+fn render_with(
+    state: &AdminState,
+    channels: Vec<(ethersan_endpoint::ChannelInfo, ChannelStats)>,
+) -> String {
     let mut registry = prometheus_client::registry::Registry::with_prefix("ethersan");
     registry.register_collector(Box::new(ServerCollector {
         control: state.control.clone(),
+        channels,
     }));
     let mut out = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &registry) {
@@ -360,8 +499,18 @@ pub fn render(state: &AdminState) -> String {
 
 /// `GET /metrics`.
 pub(crate) async fn handler(State(state): State<AdminState>) -> impl IntoResponse {
+    // The native endpoints' tasks report their channels (bounded: a busy
+    // endpoint does not hold up the scrape).
+    let mut channels = Vec::new();
+    for e in state.native.iter() {
+        if let Ok(Ok(v)) =
+            tokio::time::timeout(std::time::Duration::from_millis(500), e.stats()).await
+        {
+            channels.extend(v);
+        }
+    }
     // Reading /proc and locking the registry's maps: off the reactor.
-    let body = tokio::task::spawn_blocking(move || render(&state))
+    let body = tokio::task::spawn_blocking(move || render_with(&state, channels))
         .await
         .unwrap_or_default();
     ([(header::CONTENT_TYPE, CONTENT_TYPE)], body)
