@@ -1,7 +1,8 @@
 //! Interop with the Linux kernel's iSCSI initiator (iscsi_tcp + open-iscsi):
 //! `scripts/kernel-initiator-test` boots a throwaway VM under qemu (TCG)
 //! whose kernel logs in to `ethersan serve` on this host, runs ext4 and fio
-//! workloads, and survives a kill -9 + restart of the server mid-write.
+//! workloads, survives a kill -9 + restart of the server mid-write, and sees
+//! LUNs added and grown and its session ended through `ethersan ctl`.
 //! See docs/kernel-initiator.md.
 //!
 //! The script installs what it needs (qemu, the guest's Debian packages);
@@ -61,6 +62,7 @@ fn linux_kernel_initiator_workloads() {
         "discovery_fio",
         "isns_discovery",
         "recovery",
+        "ctl_live",
     ] {
         assert!(
             out.iter().any(|l| {
