@@ -203,3 +203,103 @@ fn prometheus_rate_matches_bench_iops() {
     );
     assert!(started.elapsed() < Duration::from_secs(60));
 }
+
+/// The native transport's channels are metrics while they are open: how
+/// many by security level, and each one's frames and window.
+#[test]
+fn native_transport_channels_are_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "correct horse battery staple\n").unwrap();
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let args: Vec<String> = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--target",
+        IQN,
+        "--lun",
+        "ram:32M",
+        "--udp",
+        &format!("127.0.0.1:{udp}"),
+        "--group",
+        "lab",
+        "--group-secret-file",
+        &secret.display().to_string(),
+        "--metrics",
+        "127.0.0.1:0",
+        "--data-dir",
+        &dir.path().display().to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let server = Server::start_args(&args);
+    let metrics_addr = server
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .find_map(|l| l.split("metrics on http://").nth(1).map(|r| r.to_string()))
+        .expect("serve printed its metrics address")
+        .trim_end_matches("/metrics")
+        .to_string();
+    let sample = |body: &str, prefix: &str| -> Vec<f64> {
+        body.lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+            .collect()
+    };
+    let (_, idle) = http_get(&metrics_addr, "/metrics").expect("GET /metrics");
+    assert_eq!(
+        sample(&idle, "ethersan_native_channels{level=\"encrypt\"}"),
+        vec![0.0],
+        "{idle}"
+    );
+    let mut bench = Command::new(env!("CARGO_BIN_EXE_ethersan"))
+        .args([
+            "bench",
+            &format!("udp://127.0.0.1:{udp}/{IQN}/0"),
+            "--group",
+            "lab",
+            "--group-secret-file",
+        ])
+        .arg(&secret)
+        .args(["--time", "4s", "--rw", "randread", "--bs", "4k"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run ethersan bench");
+    // While the bench runs, its channel is listed with its counters.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let body = loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let (_, body) = http_get(&metrics_addr, "/metrics").expect("GET /metrics");
+        if sample(&body, "ethersan_native_channels{level=\"encrypt\"}") == vec![1.0]
+            && sample(&body, "ethersan_native_frames_sent_total{")
+                .first()
+                .is_some_and(|v| *v > 100.0)
+        {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "no native channel in\n{body}");
+    };
+    for family in [
+        "ethersan_native_frames_received_total{",
+        "ethersan_native_retransmits_total{",
+        "ethersan_native_window_frames{",
+        "ethersan_native_rto_seconds{",
+    ] {
+        assert_eq!(sample(&body, family).len(), 1, "{family} in\n{body}");
+    }
+    let out = bench.wait_with_output().expect("bench");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
