@@ -190,6 +190,19 @@ async fn every_ctl_operation_applies_live_while_a_session_is_logged_in() {
     );
     assert_eq!(s.read_capacity(1).await.unwrap(), (12 << 20 >> 9, 512));
     assert_eq!(std::fs::metadata(&img).unwrap().len(), 12 << 20);
+    // rescan: a file grown by hand is seen after `ctl rescan`.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&img)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    ctl_ok(&sock, &["rescan"]);
+    assert!(
+        drain_attentions(&s, 1).await.contains(&(0x2a, 0x09)),
+        "no CAPACITY DATA HAS CHANGED after rescan"
+    );
+    assert_eq!(s.read_capacity(1).await.unwrap(), (16 << 20 >> 9, 512));
 
     // lun rm: refused while in use, done with --force.
     let e = ctl_err(&sock, &["lun", "rm", IQN, "7"]);

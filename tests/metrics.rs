@@ -260,7 +260,7 @@ fn native_transport_channels_are_metrics() {
         vec![0.0],
         "{idle}"
     );
-    let mut bench = Command::new(env!("CARGO_BIN_EXE_ethersan"))
+    let bench = Command::new(env!("CARGO_BIN_EXE_ethersan"))
         .args([
             "bench",
             &format!("udp://127.0.0.1:{udp}/{IQN}/0"),

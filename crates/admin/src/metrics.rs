@@ -350,6 +350,16 @@ impl Collector for ServerCollector {
             &[(Labels::new(), gauge(luns.len() as u64))],
         )?;
         io_families(&mut encoder, "lun", "LUN", &luns)?;
+        let in_flight: Vec<(Labels, ConstGauge<i64>)> = luns
+            .iter()
+            .map(|(l, s)| (l.clone(), gauge(s.in_flight)))
+            .collect();
+        family(
+            &mut encoder,
+            "lun_commands_in_flight",
+            "Commands of the LUN being executed now",
+            &in_flight,
+        )?;
         // Per initiator.
         let initiators: Vec<(Labels, Snapshot)> = registry
             .directory()

@@ -64,6 +64,11 @@ struct Shard {
     other_failures: AtomicU64,
     latency: [AtomicU64; LATENCY_BUCKETS],
     latency_sum_us: AtomicU64,
+    /// Commands handed to the executor, and those whose execution state
+    /// is gone (finished, or abandoned by an ended session): the
+    /// difference is the commands in flight.
+    begun: AtomicU64,
+    ended: AtomicU64,
 }
 
 impl Default for Shard {
@@ -78,6 +83,8 @@ impl Default for Shard {
             other_failures: AtomicU64::new(0),
             latency: std::array::from_fn(|_| AtomicU64::new(0)),
             latency_sum_us: AtomicU64::new(0),
+            begun: AtomicU64::new(0),
+            ended: AtomicU64::new(0),
         }
     }
 }
@@ -128,6 +135,8 @@ pub struct Snapshot {
     pub latency: [u64; LATENCY_BUCKETS],
     /// Sum of latencies, µs.
     pub latency_sum_us: u64,
+    /// Commands being executed now.
+    pub in_flight: u64,
 }
 
 impl IoCounters {
@@ -178,9 +187,24 @@ impl IoCounters {
         );
     }
 
+    /// A command starts executing (see [`IoCounters::end`]).
+    pub fn begin(&self) {
+        self.shards[shard_index()]
+            .begun
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A command begun has finished or been abandoned.
+    pub fn end(&self) {
+        self.shards[shard_index()]
+            .ended
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The counters now (the sum of every thread's shard).
     pub fn snapshot(&self) -> Snapshot {
         let mut s = Snapshot::default();
+        let (mut begun, mut ended) = (0u64, 0u64);
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         for sh in self.shards.iter() {
             s.reads += l(&sh.reads);
@@ -196,7 +220,12 @@ impl IoCounters {
                 *t += l(a);
             }
             s.latency_sum_us += l(&sh.latency_sum_us);
+            begun += l(&sh.begun);
+            ended += l(&sh.ended);
         }
+        // Shards are read one by one: an end may be seen without its
+        // begin for a moment.
+        s.in_flight = begun.saturating_sub(ended);
         s
     }
 }
@@ -214,6 +243,18 @@ fn sense_key(sense: &[u8]) -> Option<u8> {
 mod tests {
     use super::*;
     use ethersan_scsi::{ScsiResponse, ScsiStatus};
+
+    #[test]
+    fn commands_in_flight_are_begun_less_ended_over_threads() {
+        let c = std::sync::Arc::new(IoCounters::default());
+        c.begin();
+        c.begin();
+        let other = c.clone();
+        std::thread::spawn(move || other.end()).join().unwrap();
+        assert_eq!(c.snapshot().in_flight, 1);
+        c.end();
+        assert_eq!(c.snapshot().in_flight, 0);
+    }
 
     fn resp(status: ScsiStatus, sense: Vec<u8>) -> ScsiResponse {
         ScsiResponse {

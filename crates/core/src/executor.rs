@@ -119,6 +119,15 @@ struct FinisherState {
     fired: AtomicBool,
 }
 
+impl Drop for FinisherState {
+    fn drop(&mut self) {
+        // Finished, or abandoned with its session: no longer in flight.
+        if let Some(c) = &self.counting.lun {
+            c.end();
+        }
+    }
+}
+
 impl FinisherState {
     /// Hand the outcome to `done` (the first call only).
     fn finish(&self, response: ScsiResponse) {
@@ -188,6 +197,9 @@ impl Executor {
         done: &Done,
     ) -> Option<Finished> {
         let op = lookup(&cmd.cdb).map(|d| d.op);
+        if let Some(c) = &counting.lun {
+            c.begin();
+        }
         let fin = Arc::new(FinisherState {
             started: cmd.started,
             kind: CommandKind::of_op(op),

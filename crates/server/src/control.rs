@@ -475,9 +475,44 @@ impl Control {
         }
     }
 
-    /// Look at every LUN's backing store size again.
+    /// Look at every LUN's backing store size again; a file LUN whose
+    /// configured size no longer matches its store takes the store's (so
+    /// that a saved configuration does not refuse the grown file).
     pub fn rescan(&self) {
         self.registry.rescan_capacity();
+        let live: Vec<(String, u64, u64)> = self
+            .targets()
+            .iter()
+            .flat_map(|t| {
+                t.luns
+                    .iter()
+                    .filter_map(|l| match (&l.config.backing, l.size_bytes) {
+                        (crate::config::Backing::File { size: Some(s), .. }, Some(b))
+                            if *s != b =>
+                        {
+                            Some((t.config.name.clone(), l.lun, b))
+                        }
+                        _ => None,
+                    })
+            })
+            .collect();
+        if live.is_empty() {
+            return;
+        }
+        let r = self.edit(|cfg| {
+            for (target, lun, bytes) in &live {
+                let t = find_mut(cfg, target)?;
+                if let Some(i) = t.lun_index(*lun) {
+                    if let crate::config::Backing::File { size, .. } = &mut t.luns[i].backing {
+                        *size = Some(*bytes);
+                    }
+                }
+            }
+            Ok(())
+        });
+        if let Err(e) = r {
+            tracing::warn!("rescan: cannot record the new sizes: {e}");
+        }
     }
 
     /// Where [`Control::save`] writes without a path: the file the server

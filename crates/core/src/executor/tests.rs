@@ -227,3 +227,26 @@ fn a_panic_in_emulation_becomes_internal_target_failure() {
         ScsiStatus::Good
     );
 }
+
+#[test]
+fn a_command_is_in_flight_until_it_finishes_or_is_dropped() {
+    let t = target(ram());
+    let exec = Executor { inline_io: false };
+    let lun = Arc::new(IoCounters::default());
+    let counting = Counting {
+        lun: Some(lun.clone()),
+        ..Counting::default()
+    };
+    let pool = Held::default();
+    let f = run(exec, &t, cmd(&TUR, vec![], 0), counting.clone(), &pool);
+    assert_eq!(lun.snapshot().in_flight, 1, "waiting in the pool");
+    pool.run_all();
+    assert!(f.lock().unwrap().is_some());
+    assert_eq!(lun.snapshot().in_flight, 0, "finished");
+    // A job that never runs (its session ended) stops counting when it
+    // is dropped.
+    let _f = run(exec, &t, cmd(&TUR, vec![], 0), counting, &pool);
+    assert_eq!(lun.snapshot().in_flight, 1);
+    drop(std::mem::take(&mut *pool.0.lock().unwrap()));
+    assert_eq!(lun.snapshot().in_flight, 0, "abandoned");
+}
