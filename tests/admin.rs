@@ -288,11 +288,7 @@ async fn every_ctl_operation_applies_live_while_a_session_is_logged_in() {
     // portal add/rm: a new portal listens at once (logins through it
     // work, SendTargets announces its advertised address), and removed it
     // refuses connections while the sessions elsewhere go on.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let new_portal = format!("127.0.0.1:{port}");
     ctl_ok(
         &sock,

@@ -11,25 +11,17 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{require_tool, Server, IQN};
+use common::{free_port, require_tool, Server, IQN};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
 
 const TOKEN: &str = "dashboard-test-token-0123456789";
 const GRANTED: &str = "iqn.2026-11.org.example:dashboard-host";
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// chromedriver on a free loopback port, killed on drop.
 struct Driver {

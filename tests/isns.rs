@@ -12,20 +12,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{must_run, require_tool, Server};
+use common::{free_port, must_run, require_tool, Server};
 
 const OPEN: &str = "iqn.2026-11.org.ethersan.test:open";
 const ACL: &str = "iqn.2026-11.org.ethersan.test:acl";
 const INIT1: &str = "iqn.2026-11.org.example:init1";
 const OTHER: &str = "iqn.2026-11.org.example:other";
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// `isnsd -f` on 127.0.0.1, in-memory database, no security, a default
 /// discovery domain; killed when dropped.

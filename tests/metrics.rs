@@ -10,7 +10,7 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{require_tool, run, Server, IQN};
+use common::{free_port, require_tool, run, Server, IQN};
 
 /// A Prometheus killed (and reaped) when dropped, whatever the test did.
 struct Prometheus(Child);
@@ -20,14 +20,6 @@ impl Drop for Prometheus {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// A loopback port nothing listens on now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 /// `GET path` over HTTP/1.0: the status code and the body.

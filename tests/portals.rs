@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{Server, IQN};
+use common::{free_port, Server, IQN};
 use ethersan_server::config::Config;
 use ethersan_server::portals::{PortalError, PortalInfo};
 
@@ -184,15 +184,6 @@ async fn a_portal_added_and_removed_while_sessions_run() {
         .unwrap();
     let e = portals.add(addr("127.0.0.1:0"), None).await.unwrap_err();
     assert!(matches!(e, PortalError::Stopped), "{e}");
-}
-
-/// A free loopback port (bound and released; the test binds it soon after).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn config_text(portals: &str) -> String {

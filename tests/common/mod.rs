@@ -56,6 +56,14 @@ pub fn must_run(cmd: &str, args: &[&str], limit: Duration) -> String {
 }
 
 /// A path as a `&str` argument.
+/// A free TCP port on 127.0.0.1 (bound, then released for a server).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
 pub fn path_str(p: &Path) -> String {
     p.to_str().expect("utf-8 path").to_string()
 }

@@ -131,6 +131,15 @@ fn target(t: &TargetView) -> Target {
     }
 }
 
+/// LUN `n` of `target` as it is now.
+fn lun_view(c: &Control, target: &str, n: u64) -> Result<LunView, ControlError> {
+    c.target(target)?
+        .luns
+        .into_iter()
+        .find(|l| l.lun == n)
+        .ok_or_else(|| ControlError::NotFound(format!("target {target} has no LUN {n}")))
+}
+
 /// Every target.
 #[utoipa::path(get, path = "/api/v1/targets", responses((status = 200, body = Vec<Target>)))]
 pub async fn list_targets(State(s): State<AdminState>) -> ApiResult<Json<Vec<Target>>> {
@@ -214,11 +223,7 @@ pub async fn add_lun(
 ) -> ApiResult<(StatusCode, Json<Lun>)> {
     let l = blocking(&s, move |c| {
         let n = c.add_lun(&name, &req.spec, req.lun)?;
-        let t = c.target(&name)?;
-        t.luns
-            .into_iter()
-            .find(|l| l.lun == n)
-            .ok_or_else(|| ControlError::NotFound(format!("LUN {n} vanished")))
+        lun_view(c, &name, n)
     })
     .await?;
     Ok((StatusCode::CREATED, Json(lun(&l))))
@@ -255,11 +260,7 @@ pub async fn resize_lun(
         let bytes = ethersan_server::config::parse_size(&req.size)
             .map_err(|e| ControlError::Invalid(e.to_string()))?;
         c.resize_lun(&name, n, bytes)?;
-        let t = c.target(&name)?;
-        t.luns
-            .into_iter()
-            .find(|l| l.lun == n)
-            .ok_or_else(|| ControlError::NotFound(format!("LUN {n} vanished")))
+        lun_view(c, &name, n)
     })
     .await?;
     Ok(Json(lun(&l)))
