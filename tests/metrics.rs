@@ -272,6 +272,7 @@ fn native_transport_channels_are_metrics() {
         std::thread::sleep(Duration::from_millis(500));
         let (_, body) = http_get(&metrics_addr, "/metrics").expect("GET /metrics");
         if sample(&body, "ethersan_native_channels{level=\"encrypt\"}") == vec![1.0]
+            && sample(&body, "ethersan_connections{transport=\"native\"}") == vec![1.0]
             && sample(&body, "ethersan_native_frames_sent_total{")
                 .first()
                 .is_some_and(|v| *v > 100.0)

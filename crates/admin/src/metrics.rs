@@ -398,8 +398,17 @@ impl Collector for ServerCollector {
         family(
             &mut encoder,
             "connections",
-            "Open connections (TCP and native streams, logged in or not)",
-            &[(Labels::new(), gauge(stats.connections))],
+            "Open connections (logged in or not) by transport",
+            &[
+                (
+                    vec![("transport", Cow::Borrowed("iscsi"))],
+                    gauge(stats.connections.saturating_sub(stats.native_connections)),
+                ),
+                (
+                    vec![("transport", Cow::Borrowed("native"))],
+                    gauge(stats.native_connections),
+                ),
+            ],
         )?;
         family(
             &mut encoder,
@@ -694,7 +703,8 @@ mod tests {
             0.0
         );
         assert_eq!(m["ethersan_sessions{transport=\"iscsi\"}"], 0.0);
-        assert_eq!(m["ethersan_connections"], 0.0);
+        assert_eq!(m["ethersan_connections{transport=\"iscsi\"}"], 0.0);
+        assert_eq!(m["ethersan_connections{transport=\"native\"}"], 0.0);
         assert_eq!(m["ethersan_targets"], 1.0);
         assert_eq!(m["ethersan_luns"], 2.0);
         assert_eq!(m["ethersan_auth_throttled"], 0.0);

@@ -583,7 +583,7 @@ async fn serve_stream<R, W>(
     } = conn;
     let peer_ip = peer.parse::<std::net::SocketAddr>().ok().map(|a| a.ip());
     // Counted open until this function returns (the session's end).
-    let _open = registry.login_stats().connection();
+    let _open = registry.login_stats().connection(channel_level.is_some());
     let mut reader = PduReader::new(rd, 8192);
     let (out, writer) = spawn_writer(wr);
     let (ev_tx, ev_rx) = mpsc::unbounded_channel::<Event>();

@@ -60,7 +60,8 @@ impl LoginFailure {
 pub struct LoginStats {
     logins: AtomicU64,
     failures: [AtomicU64; 7],
-    connections: AtomicU64,
+    /// Open connections: TCP (iSCSI) and native transport streams.
+    connections: [AtomicU64; 2],
     auth_delays: AtomicU64,
     auth_delay_us: AtomicU64,
 }
@@ -74,6 +75,8 @@ pub struct LoginSnapshot {
     pub failures: [u64; 7],
     /// Connections open now (TCP and native streams, logged in or not).
     pub connections: u64,
+    /// Of those, native transport streams.
+    pub native_connections: u64,
     /// Logins delayed by the back-off after failed authentications.
     pub auth_delays: u64,
     /// The sum of those delays, µs.
@@ -98,10 +101,12 @@ impl LoginStats {
         self.auth_delay_us.fetch_add(us, Ordering::Relaxed);
     }
 
-    /// Count a connection open until the guard is dropped.
-    pub fn connection(self: &std::sync::Arc<Self>) -> ConnectionCount {
-        self.connections.fetch_add(1, Ordering::Relaxed);
-        ConnectionCount(self.clone())
+    /// Count a connection (a native transport stream when `native`)
+    /// open until the guard is dropped.
+    pub fn connection(self: &std::sync::Arc<Self>, native: bool) -> ConnectionCount {
+        let i = usize::from(native);
+        self.connections[i].fetch_add(1, Ordering::Relaxed);
+        ConnectionCount(self.clone(), i)
     }
 
     /// The counts now.
@@ -110,7 +115,8 @@ impl LoginStats {
         LoginSnapshot {
             logins: l(&self.logins),
             failures: std::array::from_fn(|i| l(&self.failures[i])),
-            connections: l(&self.connections),
+            connections: l(&self.connections[0]) + l(&self.connections[1]),
+            native_connections: l(&self.connections[1]),
             auth_delays: l(&self.auth_delays),
             auth_delay_us: l(&self.auth_delay_us),
         }
@@ -119,11 +125,11 @@ impl LoginStats {
 
 /// One open connection in [`LoginStats`]; uncounted when dropped.
 #[derive(Debug)]
-pub struct ConnectionCount(std::sync::Arc<LoginStats>);
+pub struct ConnectionCount(std::sync::Arc<LoginStats>, usize);
 
 impl Drop for ConnectionCount {
     fn drop(&mut self) {
-        self.0.connections.fetch_sub(1, Ordering::Relaxed);
+        self.0.connections[self.1].fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -139,14 +145,19 @@ mod tests {
         s.failed(LoginFailure::RefusedLimit);
         s.failed(LoginFailure::RefusedLimit);
         s.delayed(std::time::Duration::from_millis(2));
-        let c = s.connection();
+        let c = s.connection(true);
         let snap = s.snapshot();
         assert_eq!(snap.logins, 1);
         assert_eq!(snap.failures[0], 1);
         assert_eq!(snap.failures[6], 2);
         assert_eq!(
-            (snap.connections, snap.auth_delays, snap.auth_delay_us),
-            (1, 1, 2000)
+            (
+                snap.connections,
+                snap.native_connections,
+                snap.auth_delays,
+                snap.auth_delay_us
+            ),
+            (1, 1, 1, 2000)
         );
         drop(c);
         assert_eq!(s.snapshot().connections, 0);
