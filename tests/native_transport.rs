@@ -321,9 +321,11 @@ fn a_lossy_relay_loses_and_corrupts_nothing() {
         dropped > 0 && reordered > 0 && corrupted > 0,
         "the relay did its work: {dropped} {reordered} {duplicated} {corrupted}"
     );
-    // The target logs each channel's counters when it ends.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let (retransmits, rejected) = loop {
+    // The target logs each channel's counters when it ends: at the
+    // client's CLOSE, or, when the relay lost that frame, when dead-peer
+    // detection (15 s without a frame) ends it; wait past that.
+    let deadline = Instant::now() + Duration::from_secs(25);
+    let (retransmits, rejected, opened, ended) = loop {
         let log = server.log.lock().unwrap().clone();
         // Every channel the copy opened (cp --verify may use more than
         // one session) must have ended before its counters are summed.
@@ -331,10 +333,11 @@ fn a_lossy_relay_loses_and_corrupts_nothing() {
         let ended: Vec<&String> = log.iter().filter(|l| l.contains("channel ended")).collect();
         let sum = |k: &str| ended.iter().filter_map(|l| field(l, k)).sum::<u64>();
         if (opened > 0 && ended.len() >= opened) || Instant::now() > deadline {
-            break (sum("retransmits"), sum("rejected"));
+            break (sum("retransmits"), sum("rejected"), opened, ended.len());
         }
         std::thread::sleep(Duration::from_millis(100));
     };
+    assert_eq!(opened, ended, "channels opened and ended by the copy");
     assert!(retransmits > 0, "the target counted no retransmission");
     assert!(rejected > 0, "the target rejected no corrupt frame");
 }
