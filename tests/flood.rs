@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -63,31 +63,6 @@ async fn good_client_from(from: &str, addr: &str, rounds: u64) {
         assert!(r.status == 0 && r.data == data[..]);
     }
     let _ = s.logout().await;
-}
-
-/// Which of `socks` the server has closed within `wait` (EOF or reset).
-fn closed_by_server(socks: &mut [TcpStream], wait: Duration) -> Vec<bool> {
-    for s in socks.iter() {
-        s.set_nonblocking(true).unwrap();
-    }
-    let mut closed = vec![false; socks.len()];
-    let deadline = Instant::now() + wait;
-    while Instant::now() < deadline {
-        for (i, s) in socks.iter_mut().enumerate() {
-            if closed[i] {
-                continue;
-            }
-            let mut b = [0u8; 64];
-            match s.read(&mut b) {
-                Ok(0) => closed[i] = true,
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(_) => closed[i] = true,
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    closed
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -163,7 +138,7 @@ fn one_address_over_its_connection_limit_does_not_lock_out_another() {
     rt.block_on(good_client_from("127.0.0.2", &server.addr, 16));
     // The excess was closed at once (no PDU was ever sent); the first
     // LIMIT stay open, waiting for a login.
-    let closed = closed_by_server(&mut flood, Duration::from_secs(3));
+    let closed = common::closed_by_server(&mut flood, Duration::from_secs(3), None);
     let n_closed = closed.iter().filter(|c| **c).count();
     assert_eq!(
         n_closed,
@@ -177,7 +152,10 @@ fn one_address_over_its_connection_limit_does_not_lock_out_another() {
     );
     // 127.0.0.1 still cannot open another one while its LIMIT are open …
     let mut extra = vec![connect_from(&rt, "127.0.0.1", &server.addr)];
-    assert_eq!(closed_by_server(&mut extra, Duration::from_secs(2)), [true]);
+    assert_eq!(
+        common::closed_by_server(&mut extra, Duration::from_secs(2), None),
+        [true]
+    );
     // … until they close: every place is given back.
     drop(flood);
     drop(extra);

@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -28,32 +27,6 @@ async fn connect_from(n: usize, to: SocketAddr) -> TcpStream {
         .expect("connect took more than 5 s")
         .unwrap_or_else(|e| panic!("connect from {from}: {e}"));
     s.into_std().unwrap()
-}
-
-/// Which of `socks` the server closed (EOF or reset) within `wait`, or
-/// once `enough` are closed and 200 ms more have passed.
-fn closed_by_server(socks: &mut [TcpStream], wait: Duration, enough: usize) -> Vec<bool> {
-    let mut closed = vec![false; socks.len()];
-    let mut deadline = Instant::now() + wait;
-    while Instant::now() < deadline {
-        for (i, s) in socks.iter_mut().enumerate() {
-            if closed[i] {
-                continue;
-            }
-            let mut b = [0u8; 64];
-            match s.read(&mut b) {
-                Ok(0) => closed[i] = true,
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(_) => closed[i] = true,
-            }
-        }
-        if closed.iter().filter(|c| **c).count() >= enough {
-            deadline = deadline.min(Instant::now() + Duration::from_millis(200));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    closed
 }
 
 async fn login(addr: SocketAddr) -> Result<ethersan_initiator::Session, ethersan_initiator::Error> {
@@ -113,7 +86,7 @@ async fn a_flood_from_many_addresses_holds_at_most_the_login_cap() {
     }
     // Every connection beyond the cap is closed promptly, well before the
     // login timeout; exactly CAP are held.
-    let closed = closed_by_server(&mut flood, Duration::from_secs(2), FLOOD - CAP);
+    let closed = common::closed_by_server(&mut flood, Duration::from_secs(2), Some(FLOOD - CAP));
     let n_closed = closed.iter().filter(|c| **c).count();
     assert!(
         started.elapsed() < Duration::from_secs(LOGIN_TIMEOUT_SECS),
@@ -195,7 +168,7 @@ fn serve_caps_logins_on_the_command_line_and_says_so_once_a_second() {
     for s in &socks {
         s.set_nonblocking(true).unwrap();
     }
-    let closed = closed_by_server(&mut socks, Duration::from_secs(3), 38);
+    let closed = common::closed_by_server(&mut socks, Duration::from_secs(3), Some(38));
     assert_eq!(closed.iter().filter(|c| **c).count(), 38, "{closed:?}");
     let log = server.log.lock().unwrap().clone();
     let warnings: Vec<&String> = log

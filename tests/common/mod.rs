@@ -64,6 +64,41 @@ pub fn free_port() -> u16 {
         .expect("a free port")
 }
 
+/// Which of `socks` the server closed (EOF or reset) within `wait`; with
+/// `enough`, stop 200 ms after that many are closed. The sockets are made
+/// non-blocking.
+pub fn closed_by_server(
+    socks: &mut [std::net::TcpStream],
+    wait: Duration,
+    enough: Option<usize>,
+) -> Vec<bool> {
+    use std::io::Read;
+    for s in socks.iter() {
+        s.set_nonblocking(true).unwrap();
+    }
+    let mut closed = vec![false; socks.len()];
+    let mut deadline = Instant::now() + wait;
+    while Instant::now() < deadline {
+        for (i, s) in socks.iter_mut().enumerate() {
+            if closed[i] {
+                continue;
+            }
+            let mut b = [0u8; 64];
+            match s.read(&mut b) {
+                Ok(0) => closed[i] = true,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => closed[i] = true,
+            }
+        }
+        if enough.is_some_and(|n| closed.iter().filter(|c| **c).count() >= n) {
+            deadline = deadline.min(Instant::now() + Duration::from_millis(200));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    closed
+}
+
 pub fn path_str(p: &Path) -> String {
     p.to_str().expect("utf-8 path").to_string()
 }
