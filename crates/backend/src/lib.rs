@@ -29,7 +29,10 @@ pub mod aligned;
 pub mod file;
 mod fill;
 pub mod ram;
+pub mod shared;
 pub mod uring;
+
+pub use shared::{MemoryShared, SharedState, Versioned};
 
 /// One data-path request ([`BlockDevice::submit`]); buffers are owned, so
 /// they stay alive until the kernel is done with them.
@@ -282,6 +285,49 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     /// Default: the size never changes.
     fn refresh_size(&self) -> Result<Option<u64>, BackendError> {
         Ok(None)
+    }
+    /// COMPARE AND WRITE done by the store itself, atomically for every
+    /// server that shares it: if the `compare.len()` bytes at `offset`
+    /// equal `compare`, write `write` (same length) there, durable with
+    /// `fua`. `Ok(None)`: compared equal and written; `Ok(Some(i))`: byte
+    /// `i` of the range differed and nothing was written. Blocking.
+    /// Default: not supported, and the SCSI layer compares and writes under
+    /// its own range lock (atomic within this process only).
+    fn compare_and_write(
+        &self,
+        _offset: u64,
+        _compare: &[u8],
+        _write: &[u8],
+        _fua: bool,
+    ) -> Result<Option<u64>, BackendError> {
+        Err(BackendError::Unsupported)
+    }
+    /// WRITE SAME done by the store: `block` (one logical block) repeated
+    /// over `len` bytes at `offset`, durable with `fua`. Blocking.
+    /// Default: not supported, and the SCSI layer writes the repeated
+    /// blocks itself.
+    fn write_same(
+        &self,
+        _offset: u64,
+        _len: u64,
+        _block: &[u8],
+        _fua: bool,
+    ) -> Result<(), BackendError> {
+        Err(BackendError::Unsupported)
+    }
+    /// Ask to be told when the store's size may have changed outside this
+    /// process (an image resized in its cluster): `changed` is then called
+    /// from a thread of the engine, and the caller looks with
+    /// [`refresh_size`](Self::refresh_size). Returns whether the engine
+    /// can tell. Default: it cannot.
+    fn watch_size(&self, _changed: std::sync::Arc<dyn Fn() + Send + Sync>) -> bool {
+        false
+    }
+    /// The state this store shares with every other server exporting it
+    /// (reservations, target port groups, identity); `None` for a store
+    /// only this process exports.
+    fn shared(&self) -> Option<std::sync::Arc<dyn SharedState>> {
+        None
     }
     /// Whether writes to the store persist (false for RAM).
     fn is_persistent(&self) -> bool {
