@@ -15,6 +15,7 @@
 //!   attentions and reservations.
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod alua;
 mod be;
 mod cdb;
 pub mod commands;
@@ -236,6 +237,9 @@ pub struct LuConfig {
     /// or an erase that writes zeros), so that it leaves bandwidth to the
     /// units sharing the storage; `None`: as fast as the device goes.
     pub sanitize_rate: Option<u64>,
+    /// This gateway's target port group, relative target port and initial
+    /// ALUA access state (SPC-4 §5.16); see [`alua`].
+    pub alua: alua::Alua,
 }
 
 impl Default for LuConfig {
@@ -253,9 +257,11 @@ impl Default for LuConfig {
             pr_state_file: None,
             physical_block_size: 0,
             sanitize_rate: None,
+            alua: alua::Alua::default(),
         }
     }
 }
 
-pub use disk::LogicalUnit;
+pub use alua::{Alua, AluaState, TargetPortGroup};
+pub use disk::{LogicalUnit, SharedStateError};
 pub use target::{LunMap, LunMapError, LunPolicy, LunSlot, Requester, ScsiTarget, MAX_LUN};
