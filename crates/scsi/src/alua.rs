@@ -248,9 +248,11 @@ pub(crate) fn parse_set(param: &[u8]) -> Result<Vec<(u16, AluaState)>, Sense> {
     for (i, d) in param[4..].chunks_exact(4).enumerate() {
         let at = 4 + 4 * i;
         let state = match AluaState::from_code(d[0] & 0x0f) {
-            Some(s @ (AluaState::ActiveOptimized
-            | AluaState::ActiveNonOptimized
-            | AluaState::Standby)) => s,
+            Some(
+                s @ (AluaState::ActiveOptimized
+                | AluaState::ActiveNonOptimized
+                | AluaState::Standby),
+            ) => s,
             _ => return Err(Sense::invalid_param_field(at as u16)),
         };
         out.push((u16::from_be_bytes([d[2], d[3]]), state));
@@ -330,7 +332,10 @@ pub(crate) fn decode_groups(data: &[u8]) -> Result<Vec<TargetPortGroup>, BlobErr
     }
     let text = std::str::from_utf8(data).map_err(|_| BlobError::Header("alua"))?;
     let mut lines = text.lines();
-    match lines.next().map(|l| l.split_whitespace().collect::<Vec<_>>()) {
+    match lines
+        .next()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+    {
         Some(h) if h.len() == 2 && h[0] == "ethersan-alua" && h[1].parse::<u32>().is_ok() => {}
         _ => return Err(BlobError::Header("alua")),
     }
@@ -424,7 +429,10 @@ mod tests {
             let e = parse_set(&[0, 0, 0, 0, bad, 0, 0, 1]).unwrap_err();
             assert_eq!((e.key, e.asc), (key::ILLEGAL_REQUEST, 0x26));
         }
-        assert_eq!(parse_set(&[0, 0, 0, 0, 0, 0]), Err(codes::PARAM_LIST_LENGTH));
+        assert_eq!(
+            parse_set(&[0, 0, 0, 0, 0, 0]),
+            Err(codes::PARAM_LIST_LENGTH)
+        );
         assert_eq!(parse_set(&[]), Ok(Vec::new()));
     }
 
@@ -443,7 +451,10 @@ mod tests {
 
     #[test]
     fn states_serve_what_spc4_lists() {
-        assert_eq!(AluaState::Standby.refusal(Op::Read), Some(codes::ALUA_STANDBY));
+        assert_eq!(
+            AluaState::Standby.refusal(Op::Read),
+            Some(codes::ALUA_STANDBY)
+        );
         assert_eq!(
             AluaState::Standby.refusal(Op::TestUnitReady),
             Some(codes::ALUA_STANDBY)

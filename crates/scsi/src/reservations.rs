@@ -290,8 +290,12 @@ impl Reservations {
         if !data.is_empty() {
             let text = std::str::from_utf8(data).map_err(|_| BlobError::Header("pr"))?;
             let mut lines = text.lines();
-            match lines.next().map(|l| l.split_whitespace().collect::<Vec<_>>()) {
-                Some(h) if h.len() == 2 && h[0] == "ethersan-pr" && h[1].parse::<u32>().is_ok() => {}
+            match lines
+                .next()
+                .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            {
+                Some(h) if h.len() == 2 && h[0] == "ethersan-pr" && h[1].parse::<u32>().is_ok() => {
+                }
                 _ => return Err(BlobError::Header("pr")),
             }
             for (i, line) in lines.enumerate() {
@@ -667,7 +671,10 @@ impl Reservations {
         }
         let mut text = format!("generation {}\n", self.generation);
         for (it, r) in &self.keys {
-            text.push_str(&format!("key {:016x} {:016x} {}\n", it.nexus.0, r.key, r.name));
+            text.push_str(&format!(
+                "key {:016x} {:016x} {}\n",
+                it.nexus.0, r.key, r.name
+            ));
         }
         if let Some(h) = self.holder {
             text.push_str(&format!("holder {:016x} {}\n", h.it.nexus.0, h.kind));

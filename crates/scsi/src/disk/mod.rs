@@ -519,7 +519,8 @@ impl LogicalUnit {
             }
             Op::PrIn => {
                 let alloc = usize::from(be16(&cdb[7..9]));
-                self.refresh_pr().and_then(|()| self.res().pr_in(cdb[1] & 0x1f))
+                self.refresh_pr()
+                    .and_then(|()| self.res().pr_in(cdb[1] & 0x1f))
                     .map(|d| Reply { data: d })
                     .and_then(|r| Reply::data(r.data, alloc))
             }

@@ -71,7 +71,9 @@ impl SharedStateError {
     pub(crate) fn sense(&self) -> Sense {
         tracing::error!(error = %self, "shared logical unit state");
         match self {
-            SharedStateError::Backend(e) if MediumError::of(e, false) == MediumError::Unavailable => {
+            SharedStateError::Backend(e)
+                if MediumError::of(e, false) == MediumError::Unavailable =>
+            {
                 codes::LU_COMMUNICATION_TIMEOUT
             }
             SharedStateError::Contention(_) => codes::LU_COMMUNICATION_TIMEOUT,
@@ -157,7 +159,10 @@ impl Follower {
     /// Raise the unit attentions of `notices` that are for this gateway's
     /// target port, and remember PREEMPT AND ABORT victims.
     pub(crate) fn raise(&self, notices: &[Notice]) {
-        for n in notices.iter().filter(|n| n.for_port(self.alua_cfg.rel_port)) {
+        for n in notices
+            .iter()
+            .filter(|n| n.for_port(self.alua_cfg.rel_port))
+        {
             if n.abort {
                 self.preempted
                     .lock()
@@ -175,17 +180,19 @@ impl Follower {
     }
 
     /// Take the groups of blob `"alua"` at `version` in (unless the cache
-    /// is newer). If a state changed, every nexus but `except` gets
-    /// ASYMMETRIC ACCESS STATE CHANGED.
+    /// is newer). If the state of a known group changed, every nexus but
+    /// `except` gets ASYMMETRIC ACCESS STATE CHANGED.
     fn absorb_groups(&self, groups: Vec<TargetPortGroup>, version: u64, except: Option<Nexus>) {
         let mut g = self.alua.lock();
         if version != 0 && version <= g.1 {
             return;
         }
-        let states = |gs: &[TargetPortGroup]| -> Vec<(u16, AluaState)> {
-            gs.iter().map(|x| (x.id, x.state)).collect()
-        };
-        let changed = states(&g.0) != states(&groups);
+        // A group that appears (a gateway joining) changes no one's state.
+        let changed = g.0.iter().any(|old| {
+            groups
+                .iter()
+                .any(|new| new.id == old.id && new.state != old.state)
+        });
         if let Some(own) = groups.iter().find(|x| x.id == self.alua_cfg.group) {
             self.alua.state.store(own.state.code(), Ordering::Release);
         }
@@ -281,7 +288,8 @@ impl LogicalUnit {
         }
         let own = self.cfg.alua;
         let registered = update(&*shared, ALUA_BLOB, |v| {
-            let mut groups = alua::decode_groups(&v.data).map_err(|e| Err(corrupt(ALUA_BLOB, e)))?;
+            let mut groups =
+                alua::decode_groups(&v.data).map_err(|e| Err(corrupt(ALUA_BLOB, e)))?;
             alua::upsert(&mut groups, &own);
             Ok::<_, Result<(), _>>((alua::encode_groups(&groups), groups))
         });
@@ -293,7 +301,9 @@ impl LogicalUnit {
                 }
             }
             Ok(Err(())) => {}
-            Err(e) => tracing::error!(%e, shared = %where_, "cannot register the target port group"),
+            Err(e) => {
+                tracing::error!(%e, shared = %where_, "cannot register the target port group")
+            }
         }
     }
 
@@ -391,7 +401,8 @@ impl LogicalUnit {
             return Ok(());
         };
         let outcome = update(&**shared, ALUA_BLOB, |v| {
-            let mut groups = alua::decode_groups(&v.data).map_err(|e| Err(corrupt(ALUA_BLOB, e)))?;
+            let mut groups =
+                alua::decode_groups(&v.data).map_err(|e| Err(corrupt(ALUA_BLOB, e)))?;
             match alua::apply_set(&mut groups, changes) {
                 Ok(_) => Ok((alua::encode_groups(&groups), groups)),
                 Err(s) => Err(Ok(s)),
@@ -433,7 +444,8 @@ impl LogicalUnit {
         };
         let own = self.cfg.alua;
         let outcome = update(&**shared, ALUA_BLOB, |v| {
-            let mut groups = alua::decode_groups(&v.data).map_err(|e| Err(corrupt(ALUA_BLOB, e)))?;
+            let mut groups =
+                alua::decode_groups(&v.data).map_err(|e| Err(corrupt(ALUA_BLOB, e)))?;
             if !groups.iter().any(|g| g.id == group) {
                 alua::upsert(&mut groups, &own);
             }
@@ -451,5 +463,451 @@ impl LogicalUnit {
     /// shared state, as of the last change notice).
     pub fn target_port_groups(&self) -> Vec<TargetPortGroup> {
         self.alua.lock().0.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use ethersan_backend::ram::RamDevice;
+    use ethersan_backend::{BlockDevice, IoCompletion, IoRequest, MemoryShared, Submission};
+
+    use super::super::testing::*;
+    use super::*;
+    use crate::sense::key;
+    use crate::{LuConfig, ScsiResponse, ScsiStatus, ScsiTarget};
+
+    /// One store (RAM) as a cluster image: every gateway's device shares
+    /// the blocks and hands out its own handle on one shared state.
+    #[derive(Debug)]
+    struct ClusterImage {
+        ram: Arc<RamDevice>,
+        shared: Arc<dyn SharedState>,
+    }
+
+    impl BlockDevice for ClusterImage {
+        fn block_size(&self) -> u32 {
+            self.ram.block_size()
+        }
+        fn num_blocks(&self) -> u64 {
+            self.ram.num_blocks()
+        }
+        fn submit(&self, req: IoRequest, done: IoCompletion) -> Submission {
+            self.ram.submit(req, done)
+        }
+        fn shared(&self) -> Option<Arc<dyn SharedState>> {
+            Some(self.shared.clone())
+        }
+        fn describe(&self) -> String {
+            "cluster image (ram)".into()
+        }
+    }
+
+    /// A shared state whose first `fail` stores of `"pr"` lose their
+    /// compare-and-swap to `meanwhile` (another gateway's change).
+    struct Racy {
+        inner: MemoryShared,
+        fail: AtomicUsize,
+        meanwhile: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    }
+
+    impl std::fmt::Debug for Racy {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("Racy")
+        }
+    }
+
+    impl SharedState for Racy {
+        fn load(&self, name: &str) -> Result<Versioned, BackendError> {
+            self.inner.load(name)
+        }
+        fn store(
+            &self,
+            name: &str,
+            data: &[u8],
+            expected: u64,
+        ) -> Result<Option<u64>, BackendError> {
+            if name == PR_BLOB && self.fail.load(Ordering::SeqCst) > 0 {
+                self.fail.fetch_sub(1, Ordering::SeqCst);
+                if let Some(f) = self.meanwhile.lock().unwrap().take() {
+                    f();
+                }
+                return Ok(None);
+            }
+            self.inner.store(name, data, expected)
+        }
+        fn subscribe(
+            &self,
+            name: &str,
+            h: ethersan_backend::shared::ChangeHandler,
+        ) -> Result<(), BackendError> {
+            self.inner.subscribe(name, h)
+        }
+        fn publish(&self, name: &str) -> Result<(), BackendError> {
+            self.inner.publish(name)
+        }
+        fn describe(&self) -> String {
+            "racy".into()
+        }
+    }
+
+    const C: Nexus = Nexus(3);
+
+    struct Gateway {
+        t: ScsiTarget,
+        lu: Arc<LogicalUnit>,
+    }
+
+    fn gateway(
+        ram: &Arc<RamDevice>,
+        shared: Arc<dyn SharedState>,
+        group: u16,
+        state: AluaState,
+    ) -> Gateway {
+        let dev = Arc::new(ClusterImage {
+            ram: ram.clone(),
+            shared,
+        });
+        let cfg = LuConfig {
+            alua: Alua {
+                group,
+                rel_port: group,
+                state,
+                preferred: false,
+            },
+            ..config(false, false)
+        };
+        let lu = Arc::new(LogicalUnit::new(dev, cfg));
+        let t = ScsiTarget::new(vec![lu.clone()]);
+        for n in [A, B, C] {
+            t.nexus_added(n);
+            settle(&t, n);
+        }
+        Gateway { t, lu }
+    }
+
+    /// Consume the unit attentions queued for `n`.
+    fn settle(t: &ScsiTarget, n: Nexus) {
+        for _ in 0..8 {
+            if exec(t, n, &rtpg(false, 1024), &[]).status == ScsiStatus::Good {
+                return;
+            }
+        }
+        panic!("unit attentions do not end");
+    }
+
+    fn ram() -> Arc<RamDevice> {
+        Arc::new(RamDevice::new(DEV_BYTES, 512).unwrap())
+    }
+
+    fn pr_out(action: u8, kind: u8, rkey: u64, sakey: u64, flags: u8) -> (Vec<u8>, Vec<u8>) {
+        let cdb = vec![0x5f, action, kind, 0, 0, 0, 0, 0, 24, 0];
+        let mut p = vec![0u8; 24];
+        p[0..8].copy_from_slice(&rkey.to_be_bytes());
+        p[8..16].copy_from_slice(&sakey.to_be_bytes());
+        p[20] = flags;
+        (cdb, p)
+    }
+
+    fn pro(
+        g: &Gateway,
+        n: Nexus,
+        action: u8,
+        kind: u8,
+        rkey: u64,
+        sakey: u64,
+        flags: u8,
+    ) -> ScsiResponse {
+        let (cdb, p) = pr_out(action, kind, rkey, sakey, flags);
+        exec(&g.t, n, &cdb, &p)
+    }
+
+    fn pri(g: &Gateway, n: Nexus, action: u8) -> Vec<u8> {
+        good(exec(
+            &g.t,
+            n,
+            &[0x5e, action, 0, 0, 0, 0, 0, 0x10, 0, 0],
+            &[],
+        ))
+    }
+
+    fn rtpg(extended: bool, alloc: u32) -> Vec<u8> {
+        let mut c = vec![
+            0xa3,
+            0x0a | if extended { 0x20 } else { 0 },
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+        ];
+        c[6..10].copy_from_slice(&alloc.to_be_bytes());
+        c
+    }
+
+    fn stpg(group: u16, state: u8) -> (Vec<u8>, Vec<u8>) {
+        let cdb = vec![0xa4, 0x0a, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0];
+        let [g0, g1] = group.to_be_bytes();
+        (cdb, vec![0, 0, 0, 0, state, 0, g0, g1])
+    }
+
+    /// (group, state) of each descriptor of RTPG length-only data.
+    fn groups_of(d: &[u8]) -> Vec<(u16, u8)> {
+        let mut out = Vec::new();
+        let mut at = 4;
+        while at + 8 <= d.len() {
+            out.push((u16::from_be_bytes([d[at + 2], d[at + 3]]), d[at] & 0x0f));
+            at += 8 + 4 * usize::from(d[at + 7]);
+        }
+        out
+    }
+
+    fn write(g: &Gateway, n: Nexus) -> ScsiResponse {
+        exec(&g.t, n, &cdb10(0x2a, 0, 8, 1), &[7u8; 512])
+    }
+
+    const WE: u8 = 1;
+
+    #[test]
+    fn a_reservation_through_one_gateway_holds_at_the_other() {
+        let shared = MemoryShared::new();
+        let ram = ram();
+        let g1 = gateway(
+            &ram,
+            Arc::new(shared.handle()),
+            1,
+            AluaState::ActiveOptimized,
+        );
+        let g2 = gateway(
+            &ram,
+            Arc::new(shared.handle()),
+            2,
+            AluaState::ActiveOptimized,
+        );
+        good(pro(&g1, A, 0, 0, 0, 0xa, 0));
+        good(pro(&g1, A, 1, WE, 0xa, 0, 0));
+        assert_eq!(write(&g2, B).status, ScsiStatus::ReservationConflict);
+        // The same initiator through the other gateway is another I_T
+        // nexus: not registered there, not the holder.
+        assert_eq!(write(&g2, A).status, ScsiStatus::ReservationConflict);
+        assert_eq!(
+            pro(&g2, A, 1, WE, 0xa, 0, 0).status,
+            ScsiStatus::ReservationConflict
+        );
+        good(write(&g1, A));
+        // PR IN through the other gateway sees the reservation.
+        let r = pri(&g2, B, 1);
+        assert_eq!(&r[8..16], &0xau64.to_be_bytes());
+        assert_eq!(r[21] & 0x0f, WE);
+        // ALL_TG_PT: C registered through gateway 1 is registered through 2.
+        good(pro(&g1, C, 0, 0, 0, 0xc, 0x04));
+        good(pro(&g2, C, 0, 0, 0xc, 0xcc, 0));
+        let keys = pri(&g2, C, 0);
+        assert_eq!(u32::from_be_bytes(keys[4..8].try_into().unwrap()), 16);
+        assert_eq!(
+            pro(&g2, A, 0, 0, 0xa, 0xaa, 0).status,
+            ScsiStatus::ReservationConflict
+        );
+        good(pro(&g1, A, 2, WE, 0xa, 0, 0));
+        good(write(&g2, B));
+    }
+
+    #[test]
+    fn preempt_through_the_other_gateway_reaches_the_victim() {
+        let shared = MemoryShared::new();
+        let ram = ram();
+        let g1 = gateway(
+            &ram,
+            Arc::new(shared.handle()),
+            1,
+            AluaState::ActiveOptimized,
+        );
+        let g2 = gateway(
+            &ram,
+            Arc::new(shared.handle()),
+            2,
+            AluaState::ActiveOptimized,
+        );
+        good(pro(&g1, A, 0, 0, 0, 0xa, 0));
+        good(pro(&g2, B, 0, 0, 0, 0xb, 0));
+        good(pro(&g1, A, 1, WE, 0xa, 0, 0));
+        // READ FULL STATUS shows each registration at its own port.
+        let fs = pri(&g1, A, 3);
+        let mut ports: Vec<(u64, u16, u8)> = Vec::new();
+        let mut d = &fs[8..];
+        while d.len() >= 24 {
+            ports.push((
+                u64::from_be_bytes(d[0..8].try_into().unwrap()),
+                u16::from_be_bytes([d[18], d[19]]),
+                d[12],
+            ));
+            let len = u32::from_be_bytes(d[20..24].try_into().unwrap()) as usize;
+            d = &d[24 + len..];
+        }
+        assert!(ports.contains(&(0xa, 1, 1)), "{ports:x?}");
+        assert!(ports.contains(&(0xb, 2, 0)), "{ports:x?}");
+        // PREEMPT AND ABORT through gateway 2.
+        good(pro(&g2, B, 5, WE, 0xb, 0xa, 0));
+        check(&write(&g1, A), key::UNIT_ATTENTION, 0x2a, 0x05);
+        assert_eq!(g1.lu.take_preempted(), vec![A]);
+        assert_eq!(write(&g1, A).status, ScsiStatus::ReservationConflict);
+        good(write(&g2, B));
+        // Nobody on gateway 2 was told anything.
+        good(write(&g2, B));
+        let r = pri(&g1, C, 1);
+        assert_eq!(&r[8..16], &0xbu64.to_be_bytes());
+    }
+
+    #[test]
+    fn a_lost_compare_and_swap_reapplies_on_the_new_state() {
+        let shared = MemoryShared::new();
+        let ram = ram();
+        let g2 = Arc::new(gateway(
+            &ram,
+            Arc::new(shared.handle()),
+            2,
+            AluaState::ActiveOptimized,
+        ));
+        let racy = Arc::new(Racy {
+            inner: shared.handle(),
+            fail: AtomicUsize::new(1),
+            meanwhile: Mutex::new(None),
+        });
+        let g1 = gateway(&ram, racy.clone(), 1, AluaState::ActiveOptimized);
+        let other = g2.clone();
+        *racy.meanwhile.lock().unwrap() = Some(Box::new(move || {
+            good(pro(&other, B, 0, 0, 0, 0xb, 0));
+        }));
+        good(pro(&g1, A, 0, 0, 0, 0xa, 0));
+        assert_eq!(racy.fail.load(Ordering::SeqCst), 0);
+        let keys = pri(&g1, A, 0);
+        assert_eq!(
+            &keys[8..],
+            &[0, 0, 0, 0, 0, 0, 0, 0xa, 0, 0, 0, 0, 0, 0, 0, 0xb]
+        );
+        assert_eq!(pri(&g2, B, 0), keys);
+    }
+
+    #[test]
+    fn a_restarted_gateway_finds_the_reservation() {
+        let shared = MemoryShared::new();
+        let ram = ram();
+        let g1 = gateway(
+            &ram,
+            Arc::new(shared.handle()),
+            1,
+            AluaState::ActiveOptimized,
+        );
+        good(pro(&g1, A, 0, 0, 0, 0xa, 0));
+        good(pro(&g1, A, 1, 3, 0xa, 0, 0)); // EXCLUSIVE ACCESS
+        drop(g1);
+        let g1 = gateway(
+            &ram,
+            Arc::new(shared.handle()),
+            1,
+            AluaState::ActiveOptimized,
+        );
+        assert!(g1.lu.reserved.load(Ordering::Acquire));
+        assert_eq!(
+            exec(&g1.t, B, &cdb10(0x28, 0, 0, 1), &[]).status,
+            ScsiStatus::ReservationConflict
+        );
+        good(exec(&g1.t, A, &cdb10(0x28, 0, 0, 1), &[]));
+    }
+
+    #[test]
+    fn target_port_groups_across_gateways() {
+        let shared = MemoryShared::new();
+        let ram = ram();
+        let g1 = gateway(
+            &ram,
+            Arc::new(shared.handle()),
+            1,
+            AluaState::ActiveOptimized,
+        );
+        let g2 = gateway(&ram, Arc::new(shared.handle()), 2, AluaState::Standby);
+        settle(&g1.t, A);
+        let d = good(exec(&g1.t, A, &rtpg(false, 1024), &[]));
+        assert_eq!(groups_of(&d), vec![(1, 0), (2, 2)]);
+        // Extended header, and the allocation length.
+        let x = good(exec(&g1.t, A, &rtpg(true, 1024), &[]));
+        assert_eq!((x[4], x.len()), (0x10, d.len() + 4));
+        assert_eq!(good(exec(&g1.t, A, &rtpg(true, 6), &[])), x[..6]);
+        // Standby gateway: no media access, management commands served.
+        check(&write(&g2, A), key::NOT_READY, 0x04, 0x0b);
+        check(
+            &exec(&g2.t, A, &cdb10(0x28, 0, 0, 1), &[]),
+            key::NOT_READY,
+            0x04,
+            0x0b,
+        );
+        check(&exec(&g2.t, A, &[0; 6], &[]), key::NOT_READY, 0x04, 0x0b);
+        good(exec(&g2.t, A, &[0x12, 0, 0, 0, 96, 0], &[]));
+        good(exec(&g2.t, A, &rtpg(false, 1024), &[]));
+        // STPG through gateway 2: group 2 optimized, group 1 demoted.
+        let (cdb, p) = stpg(2, 0);
+        good(exec(&g2.t, B, &cdb, &p));
+        assert_eq!(g2.lu.alua_state(), AluaState::ActiveOptimized);
+        assert_eq!(g1.lu.alua_state(), AluaState::ActiveNonOptimized);
+        check(&write(&g1, A), key::UNIT_ATTENTION, 0x2a, 0x06);
+        check(&write(&g2, A), key::UNIT_ATTENTION, 0x2a, 0x06);
+        good(write(&g2, B)); // the nexus that asked is not told
+        let d = good(exec(&g1.t, A, &rtpg(false, 1024), &[]));
+        assert_eq!(groups_of(&d), vec![(1, 1), (2, 0)]);
+        good(write(&g1, A));
+        // Unknown group, unsupported state: nothing changes.
+        for (cdb, p) in [stpg(9, 0), stpg(1, 3), stpg(1, 0x0f)] {
+            check(&exec(&g1.t, A, &cdb, &p), key::ILLEGAL_REQUEST, 0x26, 0);
+        }
+        assert_eq!(g1.lu.alua_state(), AluaState::ActiveNonOptimized);
+    }
+
+    #[test]
+    fn a_corrupt_blob_is_a_sense_not_a_panic() {
+        let shared = MemoryShared::new();
+        let ram = ram();
+        let g1 = gateway(
+            &ram,
+            Arc::new(shared.handle()),
+            1,
+            AluaState::ActiveOptimized,
+        );
+        let raw = shared.handle();
+        raw.store(PR_BLOB, b"ethersan-pr 1\nreg zz 1 0 a -\n", 0)
+            .unwrap()
+            .unwrap();
+        raw.publish(PR_BLOB).unwrap();
+        let r = exec(&g1.t, A, &[0x5e, 0, 0, 0, 0, 0, 0, 0x10, 0, 0], &[]);
+        check(&r, key::HARDWARE_ERROR, 0x44, 0);
+        check(&pro(&g1, A, 0, 0, 0, 0xa, 0), key::HARDWARE_ERROR, 0x44, 0);
+        let v = raw.load(ALUA_BLOB).unwrap().version;
+        raw.store(ALUA_BLOB, b"\xff\xfe", v).unwrap().unwrap();
+        let (cdb, p) = stpg(1, 1);
+        check(&exec(&g1.t, A, &cdb, &p), key::HARDWARE_ERROR, 0x44, 0);
+        // RTPG answers from what the gateway last knew.
+        good(exec(&g1.t, A, &rtpg(false, 1024), &[]));
+        good(write(&g1, A));
+    }
+
+    #[test]
+    fn a_local_store_has_one_group() {
+        let (t, _) = target(512);
+        let d = good(exec(&t, A, &rtpg(false, 1024), &[]));
+        assert_eq!(d, vec![0, 0, 0, 12, 0, 0x0f, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1]);
+        let (cdb, p) = stpg(1, 2);
+        good(exec(&t, A, &cdb, &p));
+        check(&exec(&t, B, &[0; 6], &[]), key::UNIT_ATTENTION, 0x2a, 0x06);
+        check(&exec(&t, B, &[0; 6], &[]), key::NOT_READY, 0x04, 0x0b);
+        let (cdb, p) = stpg(1, 0);
+        good(exec(&t, A, &cdb, &p));
+        good(exec(&t, A, &[0; 6], &[]));
+        // A short parameter list.
+        check(&exec(&t, A, &cdb, &p[..4]), key::ILLEGAL_REQUEST, 0x1a, 0);
     }
 }
