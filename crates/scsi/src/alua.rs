@@ -6,7 +6,8 @@
 //! Every gateway that exports a unit is one target port group with one
 //! relative target port (its [`Alua`] configuration). With a shared store
 //! the groups of every gateway live in the shared blob `"alua"`
-//! ([`encode_groups`]/[`decode_groups`]); a local store has only its own.
+//! (a small line-based text format, see `encode_groups`); a local store
+//! has only its own.
 //!
 //! Policy of SET TARGET PORT GROUPS (explicit ALUA): a group may be set to
 //! active/optimized, active/non-optimized or standby. Setting a group to
