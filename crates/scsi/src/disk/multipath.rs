@@ -910,4 +910,110 @@ mod tests {
         // A short parameter list.
         check(&exec(&t, A, &cdb, &p[..4]), key::ILLEGAL_REQUEST, 0x1a, 0);
     }
+
+    /// A store that compares-and-writes and writes-same itself, and can
+    /// time out.
+    #[derive(Debug)]
+    struct Offloading {
+        ram: RamDevice,
+        calls: Mutex<Vec<&'static str>>,
+        timing_out: std::sync::atomic::AtomicBool,
+    }
+
+    impl BlockDevice for Offloading {
+        fn block_size(&self) -> u32 {
+            self.ram.block_size()
+        }
+        fn num_blocks(&self) -> u64 {
+            self.ram.num_blocks()
+        }
+        fn submit(&self, req: IoRequest, done: IoCompletion) -> Submission {
+            if self.timing_out.load(Ordering::SeqCst) {
+                let e = std::io::Error::from_raw_os_error(110);
+                return Submission::Done(Err(req.error(e)));
+            }
+            self.ram.submit(req, done)
+        }
+        fn compare_and_write(
+            &self,
+            offset: u64,
+            compare: &[u8],
+            write: &[u8],
+            fua: bool,
+        ) -> Result<Option<u64>, BackendError> {
+            use ethersan_backend::BlockDeviceExt;
+            self.calls.lock().unwrap().push("caw");
+            let mut now = vec![0u8; compare.len()];
+            self.ram.read_at(offset, &mut now)?;
+            if let Some(i) = now.iter().zip(compare).position(|(a, b)| a != b) {
+                return Ok(Some(i as u64));
+            }
+            self.ram.write_at(offset, write, fua).map(|()| None)
+        }
+        fn write_same(
+            &self,
+            offset: u64,
+            len: u64,
+            block: &[u8],
+            fua: bool,
+        ) -> Result<(), BackendError> {
+            use ethersan_backend::BlockDeviceExt;
+            self.calls.lock().unwrap().push("ws");
+            let data: Vec<u8> = block.iter().copied().cycle().take(len as usize).collect();
+            self.ram.write_at(offset, &data, fua)
+        }
+        fn describe(&self) -> String {
+            "offloading".into()
+        }
+    }
+
+    #[test]
+    fn the_store_compares_and_writes_and_timeouts_are_retryable() {
+        let dev = Arc::new(Offloading {
+            ram: RamDevice::new(DEV_BYTES, 512).unwrap(),
+            calls: Mutex::new(Vec::new()),
+            timing_out: std::sync::atomic::AtomicBool::new(false),
+        });
+        let t = target_over_dev(dev.clone());
+        // WRITE SAME(10) of one block pattern over 4 blocks.
+        let mut ws = cdb10(0x41, 0, 4, 4);
+        ws[1] = 0;
+        good(exec(&t, A, &ws, &[9u8; 512]));
+        assert_eq!(
+            good(exec(&t, A, &cdb10(0x28, 0, 4, 4), &[])),
+            vec![9u8; 2048]
+        );
+        // COMPARE AND WRITE: equal, then a miscompare at byte 3.
+        let mut caw = cdb16(0x89, 0, 4, 0);
+        caw[13] = 1;
+        let mut data = vec![9u8; 512];
+        data.extend_from_slice(&[5u8; 512]);
+        good(exec(&t, A, &caw, &data));
+        let mut wrong = vec![5u8; 512];
+        wrong[3] = 0;
+        wrong.extend_from_slice(&[6u8; 512]);
+        let r = exec(&t, A, &caw, &wrong);
+        check(&r, key::MISCOMPARE, 0x1d, 0);
+        assert_eq!(
+            &r.sense[3..7],
+            &[0, 0, 0, 3],
+            "INFORMATION: the first differing byte"
+        );
+        assert_eq!(*dev.calls.lock().unwrap(), ["ws", "caw", "caw"]);
+        // A store that does not answer: ABORTED COMMAND, retryable.
+        dev.timing_out.store(true, Ordering::SeqCst);
+        check(
+            &exec(&t, A, &cdb10(0x28, 0, 0, 1), &[]),
+            key::ABORTED_COMMAND,
+            0x08,
+            0x01,
+        );
+    }
+
+    fn target_over_dev(dev: Arc<dyn BlockDevice>) -> ScsiTarget {
+        let t = ScsiTarget::new(vec![Arc::new(LogicalUnit::new(dev, config(false, false)))]);
+        t.nexus_added(A);
+        settle(&t, A);
+        t
+    }
 }
