@@ -33,6 +33,13 @@ pub use ethersan_backend::BlockDevice;
 /// Identifies an I_T nexus: the server gives each session a unique value
 /// derived from (initiator name, ISID, target, portal group tag), so a
 /// reconnecting session with the same ISID maps to the same nexus.
+///
+/// When several gateways export one store, persistent reservations pair
+/// it with the gateway's relative target port ([`alua::Alua::rel_port`]):
+/// the same initiator port through two gateways is two I_T nexuses, and a
+/// REGISTER with ALL_TG_PT covers every one of them. Gateways must
+/// therefore give the same initiator port the same value (the server
+/// hashes the initiator name, ISID and target name, not the portal).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Nexus(pub u64);
 

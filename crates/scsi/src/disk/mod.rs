@@ -108,6 +108,9 @@ pub struct LogicalUnit {
     shared: Option<Arc<dyn SharedState>>,
     /// The target port groups and this gateway's access state.
     alua: Arc<AluaView>,
+    /// The parts above that the shared state's change handlers update
+    /// (they hold it weakly: a dropped unit stops following).
+    follower: Arc<multipath::Follower>,
     failures: FailureLog,
 }
 
@@ -212,6 +215,14 @@ impl LogicalUnit {
             None => cfg.pr_state_file.clone(),
         };
         let reservations = Reservations::with_state_file(state_file, cfg.alua.rel_port);
+        let follower = Arc::new(multipath::Follower {
+            alua_cfg: cfg.alua,
+            ua: Arc::new(UnitAttentions::default()),
+            reserved: Arc::new(AtomicBool::new(reservations.active())),
+            reservations: Arc::new(Mutex::new(reservations)),
+            preempted: Arc::new(Mutex::new(Vec::new())),
+            alua: Arc::new(AluaView::new(&cfg.alua)),
+        });
         let lu = LogicalUnit {
             state: Mutex::new(LuState {
                 mode,
@@ -219,20 +230,21 @@ impl LogicalUnit {
                 medium_present: true,
                 prevent: HashSet::new(),
             }),
-            ua: Arc::new(UnitAttentions::default()),
+            ua: follower.ua.clone(),
             vol,
             d_sense: AtomicBool::new(false),
             swp: AtomicBool::new(false),
             ejected: AtomicBool::new(false),
-            reserved: Arc::new(AtomicBool::new(reservations.active())),
+            reserved: follower.reserved.clone(),
             sanitize: Arc::new(SanitizeState::default()),
-            preempted: Arc::new(Mutex::new(Vec::new())),
+            preempted: follower.preempted.clone(),
             failures: FailureLog {
                 last: Mutex::new((None, 0)),
             },
-            reservations: Arc::new(Mutex::new(reservations)),
+            reservations: follower.reservations.clone(),
             shared,
-            alua: Arc::new(AluaView::new(&cfg.alua)),
+            alua: follower.alua.clone(),
+            follower,
             dev,
             cfg,
         };

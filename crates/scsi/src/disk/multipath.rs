@@ -112,7 +112,7 @@ impl AluaView {
 
 /// What the change handlers of the shared blobs update: the parts of a
 /// [`LogicalUnit`] that other gateways' changes reach.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct Follower {
     pub(crate) alua_cfg: Alua,
     pub(crate) ua: Arc<UnitAttentions>,
@@ -236,15 +236,8 @@ fn update<T, A>(
 
 impl LogicalUnit {
     /// The parts of the unit the change handlers update.
-    pub(crate) fn follower(&self) -> Follower {
-        Follower {
-            alua_cfg: self.cfg.alua,
-            ua: self.ua.clone(),
-            reservations: self.reservations.clone(),
-            reserved: self.reserved.clone(),
-            preempted: self.preempted.clone(),
-            alua: self.alua.clone(),
-        }
+    pub(crate) fn follower(&self) -> &Follower {
+        &self.follower
     }
 
     /// With shared state: load the reservations, add or update this
@@ -258,6 +251,9 @@ impl LogicalUnit {
         };
         let f = self.follower();
         let where_ = shared.describe();
+        // The handlers hold the unit's state weakly: once the unit is
+        // dropped (a LUN removed, a restart in tests) they do nothing.
+        let weak = Arc::downgrade(&self.follower);
         match shared.load(PR_BLOB) {
             Ok(v) => {
                 if let Err(e) = f.absorb_pr(&v, false) {
@@ -268,8 +264,11 @@ impl LogicalUnit {
                 tracing::error!(%e, shared = %where_, "cannot load persistent reservations")
             }
         }
-        let (h, s) = (f.clone(), shared.clone());
+        let (h, s) = (weak.clone(), Arc::downgrade(&shared));
         let on_pr = Arc::new(move || {
+            let (Some(h), Some(s)) = (h.upgrade(), s.upgrade()) else {
+                return;
+            };
             if let Err(e) = h.reload_pr(&*s) {
                 tracing::error!(%e, "cannot reload persistent reservations");
             }
@@ -277,8 +276,11 @@ impl LogicalUnit {
         if let Err(e) = shared.subscribe(PR_BLOB, on_pr) {
             tracing::error!(%e, shared = %where_, "cannot follow persistent reservation changes");
         }
-        let (h, s) = (f.clone(), shared.clone());
+        let (h, s) = (weak, Arc::downgrade(&shared));
         let on_alua = Arc::new(move || {
+            let (Some(h), Some(s)) = (h.upgrade(), s.upgrade()) else {
+                return;
+            };
             if let Err(e) = h.reload_alua(&*s) {
                 tracing::error!(%e, "cannot reload target port groups");
             }
