@@ -55,12 +55,34 @@ pub(crate) struct Notice {
     pub(crate) sense: Sense,
     /// A PREEMPT AND ABORT victim: its tasks are aborted too.
     pub(crate) abort: bool,
+    /// An event of the whole unit (a LOGICAL UNIT RESET through the
+    /// gateway at `it.port`): for every I_T nexus of every other gateway.
+    pub(crate) to_all: bool,
 }
 
 impl Notice {
     /// Whether the notice is for an I_T nexus through target port `port`.
     pub(crate) fn for_port(&self, port: u16) -> bool {
+        if self.to_all {
+            return self.it.port != port;
+        }
         self.all_ports || self.it.port == port
+    }
+
+    /// A unit attention for every I_T nexus of the gateways other than
+    /// the one at `origin`.
+    pub(crate) fn to_all(origin: u16, sense: Sense) -> Notice {
+        Notice {
+            seq: 0,
+            it: ItNexus {
+                nexus: Nexus(0),
+                port: origin,
+            },
+            all_ports: false,
+            sense,
+            abort: false,
+            to_all: true,
+        }
     }
 }
 
@@ -207,6 +229,7 @@ impl Reservations {
             all_ports: self.keys.get(&it).is_some_and(|r| r.all_ports),
             sense,
             abort: false,
+            to_all: false,
         }
     }
 
@@ -235,8 +258,10 @@ impl Reservations {
     /// The shared blob `"pr"`: a header line `ethersan-pr 1`, then lines
     /// `generation <n>`, `aptpl <0|1>`, `seq <last notice>`,
     /// `reg <nexus hex> <port> <all_tg_pt 0|1> <key hex> <name|->`,
-    /// `holder <nexus hex> <port> <type>` and
-    /// `notice <seq> <nexus hex> <port> <all 0|1> <key> <asc> <ascq> <abort 0|1>`.
+    /// `holder <nexus hex> <port> <type>`,
+    /// `notice <seq> <nexus hex> <port> <all 0|1> <key> <asc> <ascq> <abort 0|1>`
+    /// and `event <seq> <origin port> <key> <asc> <ascq>` (a unit
+    /// attention for every nexus of the other gateways).
     /// Readers skip line kinds they do not know (forward compatible).
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut t = format!(
@@ -267,6 +292,13 @@ impl Reservations {
             ));
         }
         for n in &self.log {
+            if n.to_all {
+                t.push_str(&format!(
+                    "event {} {} {} {} {}\n",
+                    n.seq, n.it.port, n.sense.key, n.sense.asc, n.sense.ascq
+                ));
+                continue;
+            }
             t.push_str(&format!(
                 "notice {} {:x} {} {} {} {} {} {}\n",
                 n.seq,
@@ -776,12 +808,19 @@ fn parse_line(r: &mut Reservations, line: &str) -> Option<()> {
                 all_ports: *all == "1",
                 sense: Sense::new(k.parse().ok()?, asc.parse().ok()?, ascq.parse().ok()?),
                 abort: *abort == "1",
+                to_all: false,
             });
+        }
+        ["event", seq, port, k, asc, ascq] => {
+            let sense = Sense::new(k.parse().ok()?, asc.parse().ok()?, ascq.parse().ok()?);
+            let mut n = Notice::to_all(port.parse().ok()?, sense);
+            n.seq = seq.parse().ok()?;
+            r.log.push_back(n);
         }
         [kind, ..]
             if matches!(
                 *kind,
-                "generation" | "aptpl" | "seq" | "reg" | "holder" | "notice"
+                "generation" | "aptpl" | "seq" | "reg" | "holder" | "notice" | "event"
             ) =>
         {
             return None
@@ -805,4 +844,66 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()>
         std::fs::File::open(dir)?.sync_all()?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn param(rkey: u64, sakey: u64, flags: u8) -> Vec<u8> {
+        let mut p = vec![0u8; 24];
+        p[0..8].copy_from_slice(&rkey.to_be_bytes());
+        p[8..16].copy_from_slice(&sakey.to_be_bytes());
+        p[20] = flags;
+        p
+    }
+
+    #[test]
+    fn the_shared_blob_round_trips_and_rejects_corruption() {
+        let mut a = Reservations::with_state_file(None, 1);
+        a.set_name(Nexus(7), "iqn.2026-11.org.example:a");
+        a.pr_out(Nexus(7), 0, 0, &param(0, 0xa, 0x04)).ok().unwrap();
+        a.pr_out(Nexus(7), 1, pr_type::WE_REGISTRANTS_ONLY, &param(0xa, 0, 0))
+            .ok()
+            .unwrap();
+        let mut b = Reservations::with_state_file(None, 2);
+        b.decode_shared(&a.encode()).unwrap();
+        b.pr_out(Nexus(8), 0, 0, &param(0, 0xb, 0)).ok().unwrap();
+        let mut notices = b
+            .pr_out(Nexus(8), 4, pr_type::WRITE_EXCLUSIVE, &param(0xb, 0xa, 0))
+            .ok()
+            .unwrap();
+        assert_eq!(notices.len(), 1);
+        assert!(notices[0].all_ports, "the victim registered with ALL_TG_PT");
+        b.log_notices(&mut notices);
+        b.log_notices(&mut [Notice::to_all(2, codes::LUN_RESET)]);
+        let blob = b.encode();
+        let mut c = Reservations::with_state_file(None, 1);
+        c.decode_shared(&blob).unwrap();
+        assert_eq!(c.encode(), blob);
+        assert_eq!(c.last_seq(), 2);
+        let seen: Vec<_> = c.notices_after(0).filter(|n| n.for_port(1)).collect();
+        assert_eq!(seen.len(), 2, "the preempted registrant and the reset");
+        assert_eq!(c.notices_after(1).count(), 1);
+        // Gateway 1's nexus 8 is not gateway 2's.
+        assert!(c.check(Nexus(8), Access::Write).is_err());
+        // Unknown kinds of line are skipped; broken known ones are errors.
+        let mut future = blob.clone();
+        future.extend_from_slice(b"lease 5 2026\n");
+        c.decode_shared(&future).unwrap();
+        for bad in [
+            &b"ethersan-pr\n"[..],
+            b"ethersan-pr 1\nreg 1 2 0 zz -\n",
+            b"ethersan-pr 1\nholder 1 1 9\n",
+            b"ethersan-pr 1\nnotice 1 2\n",
+            b"\xff",
+        ] {
+            assert!(c.decode_shared(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            c.encode(),
+            future[..blob.len()],
+            "unchanged by a failed decode"
+        );
+    }
 }

@@ -341,6 +341,11 @@ impl LogicalUnit {
             ResetKind::TargetCold => codes::POWER_ON_RESET,
         };
         self.ua.raise_all(s, None);
+        // A logical unit reset is an event of the unit, which the other
+        // gateways export too; a target reset is of this gateway's target.
+        if kind == ResetKind::LogicalUnit {
+            self.announce_reset(s);
+        }
     }
 
     /// Re-read the backing store's size; if it changed, every I_T nexus

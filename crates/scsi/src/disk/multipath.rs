@@ -163,6 +163,10 @@ impl Follower {
             .iter()
             .filter(|n| n.for_port(self.alua_cfg.rel_port))
         {
+            if n.to_all {
+                self.ua.raise_all(n.sense, None);
+                continue;
+            }
             if n.abort {
                 self.preempted
                     .lock()
@@ -346,6 +350,47 @@ impl LogicalUnit {
             tracing::error!(%e, "cannot announce a persistent reservation change");
         }
         Ok(Vec::new())
+    }
+
+    /// Tell the other gateways that a LOGICAL UNIT RESET reached the unit
+    /// here: their nexuses get `sense` too (SAM-5 §6.3: a logical unit
+    /// reset is an event of the unit, seen by every I_T nexus). It goes
+    /// through the notice log of blob `"pr"`, from a thread of its own:
+    /// the task management path must not wait for the cluster, so the
+    /// others learn of it shortly after the TMF response.
+    pub(super) fn announce_reset(&self, sense: Sense) {
+        let Some(shared) = self.shared.clone() else {
+            return;
+        };
+        let follower = Arc::downgrade(&self.follower);
+        let origin = self.cfg.alua.rel_port;
+        let spawned = std::thread::Builder::new()
+            .name("lu-reset-notice".into())
+            .spawn(move || {
+                let Some(f) = follower.upgrade() else { return };
+                let outcome = update(&*shared, PR_BLOB, |current| {
+                    f.absorb_pr(current, true).map_err(Err)?;
+                    let mut next = f.res().clone();
+                    next.log_notices(&mut [Notice::to_all(origin, sense)]);
+                    let data = next.encode();
+                    Ok::<_, Result<(), _>>((data.clone(), data))
+                });
+                match outcome {
+                    Ok(Ok((version, data))) => {
+                        if let Err(e) = f.absorb_pr(&Versioned { data, version }, true) {
+                            tracing::error!(%e, "logical unit reset notice");
+                        }
+                        if let Err(e) = shared.publish(PR_BLOB) {
+                            tracing::error!(%e, "cannot announce a logical unit reset");
+                        }
+                    }
+                    Ok(Err(())) => {}
+                    Err(e) => tracing::error!(%e, "cannot announce a logical unit reset"),
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!(%e, "cannot start the logical unit reset notice");
+        }
     }
 
     /// Reload the shared reservations before PERSISTENT RESERVE IN.
@@ -1017,5 +1062,46 @@ mod tests {
         t.nexus_added(A);
         settle(&t, A);
         t
+    }
+
+    #[test]
+    fn a_logical_unit_reset_reaches_every_gateway() {
+        let shared = MemoryShared::new();
+        let ram = ram();
+        let g1 = gateway(
+            &ram,
+            Arc::new(shared.handle()),
+            1,
+            AluaState::ActiveOptimized,
+        );
+        let g2 = gateway(
+            &ram,
+            Arc::new(shared.handle()),
+            2,
+            AluaState::ActiveOptimized,
+        );
+        g1.t.reset(crate::ResetKind::LogicalUnit, Some(0), A);
+        check(
+            &exec(&g1.t, B, &[0; 6], &[]),
+            key::UNIT_ATTENTION,
+            0x29,
+            0x03,
+        );
+        // Gateway 2 learns of it shortly after (the notice has a thread).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        for n in [A, B] {
+            loop {
+                let r = exec(&g2.t, n, &[0; 6], &[]);
+                if r.status != ScsiStatus::Good {
+                    check(&r, key::UNIT_ATTENTION, 0x29, 0x03);
+                    break;
+                }
+                assert!(std::time::Instant::now() < deadline, "no reset notice");
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+        // Only once, and not back at gateway 1.
+        good(exec(&g2.t, A, &[0; 6], &[]));
+        good(exec(&g1.t, B, &[0; 6], &[]));
     }
 }
