@@ -270,5 +270,5 @@ impl Default for LuConfig {
 }
 
 pub use alua::{Alua, AluaState, TargetPortGroup};
-pub use disk::{LogicalUnit, SharedStateError};
+pub use disk::{LogicalUnit, PreemptListener, SharedStateError};
 pub use target::{LunMap, LunMapError, LunPolicy, LunSlot, Requester, ScsiTarget, MAX_LUN};

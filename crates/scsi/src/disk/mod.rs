@@ -42,7 +42,7 @@ use crate::unit_attention::UnitAttentions;
 use crate::{LuConfig, Nexus, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus};
 use mode::ModeState;
 use multipath::AluaView;
-pub use multipath::SharedStateError;
+pub use multipath::{PreemptListener, SharedStateError};
 use sanitize::SanitizeState;
 
 /// Largest transfer one command may ask for, in bytes (VPD 0xB0).
@@ -222,6 +222,7 @@ impl LogicalUnit {
             reservations: Arc::new(Mutex::new(reservations)),
             preempted: Arc::new(Mutex::new(Vec::new())),
             alua: Arc::new(AluaView::new(&cfg.alua)),
+            listener: Default::default(),
         });
         let lu = LogicalUnit {
             state: Mutex::new(LuState {
@@ -527,7 +528,7 @@ impl LogicalUnit {
                 };
                 match outcome {
                     Ok(notices) => {
-                        self.follower().raise(&notices);
+                        self.follower().raise(&notices, false);
                         Reply::none()
                     }
                     Err(PrError::Conflict) => return conflict(),

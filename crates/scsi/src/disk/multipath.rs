@@ -120,7 +120,35 @@ pub(crate) struct Follower {
     pub(crate) reserved: Arc<AtomicBool>,
     pub(crate) preempted: Arc<Mutex<Vec<Nexus>>>,
     pub(crate) alua: Arc<AluaView>,
+    /// Told of PREEMPT AND ABORT victims that a change through another
+    /// gateway preempted ([`LogicalUnit::set_preempt_listener`]).
+    pub(crate) listener: ListenerSlot,
 }
+
+/// Where the preempt listener is kept.
+#[derive(Default)]
+pub(crate) struct ListenerSlot(Mutex<Option<PreemptListener>>);
+
+impl ListenerSlot {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<PreemptListener>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl std::fmt::Debug for ListenerSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.lock().is_some() {
+            "Some(..)"
+        } else {
+            "None"
+        })
+    }
+}
+
+/// Called with the I_T nexuses of this gateway whose tasks a PREEMPT AND
+/// ABORT through another gateway asked to abort (from the shared state's
+/// notice thread: it should hand the work off quickly).
+pub type PreemptListener = Arc<dyn Fn(Vec<Nexus>) + Send + Sync>;
 
 fn corrupt(blob: &'static str, e: alua::BlobError) -> SharedStateError {
     SharedStateError::Corrupt {
@@ -137,7 +165,9 @@ impl Follower {
     /// Take blob `"pr"` at `v` into the cache (unless the cache is newer)
     /// and raise the notices for this gateway's I_T nexuses not seen yet
     /// (`replay` false: only remember where the log is).
-    fn absorb_pr(&self, v: &Versioned, replay: bool) -> Result<(), SharedStateError> {
+    /// `remote`: not within a PERSISTENT RESERVE OUT of this gateway, whose
+    /// transport takes the PREEMPT AND ABORT victims itself.
+    fn absorb_pr(&self, v: &Versioned, replay: bool, remote: bool) -> Result<(), SharedStateError> {
         let mut r = self.res();
         if v.version != 0 && v.version <= r.version {
             return Ok(());
@@ -152,13 +182,16 @@ impl Follower {
         r.seen = r.last_seq();
         self.reserved.store(r.active(), Ordering::Release);
         drop(r);
-        self.raise(&notices);
+        self.raise(&notices, remote);
         Ok(())
     }
 
     /// Raise the unit attentions of `notices` that are for this gateway's
-    /// target port, and remember PREEMPT AND ABORT victims.
-    pub(crate) fn raise(&self, notices: &[Notice]) {
+    /// target port, and remember PREEMPT AND ABORT victims (for
+    /// [`LogicalUnit::take_preempted`]; `remote` ones go to the preempt
+    /// listener instead, if one is set).
+    pub(crate) fn raise(&self, notices: &[Notice], remote: bool) {
+        let mut victims = Vec::new();
         for n in notices
             .iter()
             .filter(|n| n.for_port(self.alua_cfg.rel_port))
@@ -168,19 +201,28 @@ impl Follower {
                 continue;
             }
             if n.abort {
-                self.preempted
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(n.it.nexus);
+                victims.push(n.it.nexus);
             }
             self.ua.raise(n.it.nexus, n.sense);
+        }
+        if victims.is_empty() {
+            return;
+        }
+        let listener = self.listener.lock().clone();
+        match listener {
+            Some(l) if remote => l(victims),
+            _ => self
+                .preempted
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(victims),
         }
     }
 
     /// Load blob `"pr"` and take it in.
     fn reload_pr(&self, shared: &dyn SharedState) -> Result<(), SharedStateError> {
         let v = shared.load(PR_BLOB)?;
-        self.absorb_pr(&v, true)
+        self.absorb_pr(&v, true, true)
     }
 
     /// Take the groups of blob `"alua"` at `version` in (unless the cache
@@ -260,7 +302,7 @@ impl LogicalUnit {
         let weak = Arc::downgrade(&self.follower);
         match shared.load(PR_BLOB) {
             Ok(v) => {
-                if let Err(e) = f.absorb_pr(&v, false) {
+                if let Err(e) = f.absorb_pr(&v, false, true) {
                     tracing::error!(%e, shared = %where_, "cannot load persistent reservations");
                 }
             }
@@ -325,7 +367,7 @@ impl LogicalUnit {
     ) -> Result<Notices, PrError> {
         let f = self.follower();
         let outcome = update(shared, PR_BLOB, |current| {
-            f.absorb_pr(current, true).map_err(Err)?;
+            f.absorb_pr(current, true, false).map_err(Err)?;
             let mut next = self.res().clone();
             match next.pr_out(nexus, action, scope_type, param) {
                 Ok(mut notices) => {
@@ -343,7 +385,7 @@ impl LogicalUnit {
         };
         // Our own change: take it in as a handler would (raising the
         // notices for this gateway's nexuses), then tell the others.
-        if let Err(e) = f.absorb_pr(&Versioned { data, version }, true) {
+        if let Err(e) = f.absorb_pr(&Versioned { data, version }, true, false) {
             return Err(PrError::Sense(e.sense()));
         }
         if let Err(e) = shared.publish(PR_BLOB) {
@@ -369,7 +411,7 @@ impl LogicalUnit {
             .spawn(move || {
                 let Some(f) = follower.upgrade() else { return };
                 let outcome = update(&*shared, PR_BLOB, |current| {
-                    f.absorb_pr(current, true).map_err(Err)?;
+                    f.absorb_pr(current, true, true).map_err(Err)?;
                     let mut next = f.res().clone();
                     next.log_notices(&mut [Notice::to_all(origin, sense)]);
                     let data = next.encode();
@@ -377,7 +419,7 @@ impl LogicalUnit {
                 });
                 match outcome {
                     Ok(Ok((version, data))) => {
-                        if let Err(e) = f.absorb_pr(&Versioned { data, version }, true) {
+                        if let Err(e) = f.absorb_pr(&Versioned { data, version }, true, true) {
                             tracing::error!(%e, "logical unit reset notice");
                         }
                         if let Err(e) = shared.publish(PR_BLOB) {
@@ -466,6 +508,14 @@ impl LogicalUnit {
             Ok(Err(s)) => Err(s),
             Err(e) => Err(e.sense()),
         }
+    }
+
+    /// Who aborts the tasks of nexuses preempted by a PREEMPT AND ABORT
+    /// through another gateway. Without a listener they wait in the list
+    /// [`take_preempted`](Self::take_preempted) returns, which the
+    /// transport reads after each PERSISTENT RESERVE OUT it runs here.
+    pub fn set_preempt_listener(&self, listener: PreemptListener) {
+        *self.follower.listener.lock() = Some(listener);
     }
 
     /// The access state of this gateway's target port group.
@@ -800,9 +850,15 @@ mod tests {
         assert!(ports.contains(&(0xa, 1, 1)), "{ports:x?}");
         assert!(ports.contains(&(0xb, 2, 0)), "{ports:x?}");
         // PREEMPT AND ABORT through gateway 2.
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let t2 = told.clone();
+        g1.lu
+            .set_preempt_listener(Arc::new(move |v| t2.lock().unwrap().extend(v)));
         good(pro(&g2, B, 5, WE, 0xb, 0xa, 0));
         check(&write(&g1, A), key::UNIT_ATTENTION, 0x2a, 0x05);
-        assert_eq!(g1.lu.take_preempted(), vec![A]);
+        assert_eq!(*told.lock().unwrap(), vec![A]);
+        assert_eq!(g1.lu.take_preempted(), vec![], "the listener had them");
+        assert_eq!(g2.lu.take_preempted(), vec![], "no victim at gateway 2");
         assert_eq!(write(&g1, A).status, ScsiStatus::ReservationConflict);
         good(write(&g2, B));
         // Nobody on gateway 2 was told anything.
