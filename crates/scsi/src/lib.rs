@@ -236,6 +236,9 @@ pub struct LuConfig {
     pub write_cache: bool,
     /// Where persistent reservations are kept when an initiator asks for
     /// APTPL (persist through power loss); `None`: they do not persist.
+    /// Unused for a store with shared state ([`BlockDevice::shared`]):
+    /// the reservations then live in the cluster and survive every
+    /// gateway restarting, whatever APTPL says.
     pub pr_state_file: Option<std::path::PathBuf>,
     /// Physical block size reported in READ CAPACITY(16) (logical blocks
     /// per physical block); 0 or the logical size: one block per block.

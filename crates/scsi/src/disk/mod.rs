@@ -13,7 +13,9 @@
 //! live in submodules: [`io`] (READ, WRITE, VERIFY, COMPARE AND WRITE, capacity, cache), [`provisioning`] (WRITE
 //! SAME, UNMAP, GET LBA STATUS), [`inquiry`] (standard data and VPD pages),
 //! [`mode`] (MODE SENSE/SELECT), [`medium`] (START STOP UNIT, PREVENT ALLOW
-//! MEDIUM REMOVAL, REQUEST SENSE) and [`sanitize`].
+//! MEDIUM REMOVAL, REQUEST SENSE), [`sanitize`], and [`multipath`]
+//! (reservations and target port groups shared with the other gateways
+//! that export the same store; REPORT/SET TARGET PORT GROUPS).
 
 mod inquiry;
 mod io;

@@ -1160,4 +1160,35 @@ mod tests {
         good(exec(&g2.t, A, &[0; 6], &[]));
         good(exec(&g1.t, B, &[0; 6], &[]));
     }
+
+    #[test]
+    fn vpd_0x83_names_this_gateways_port_and_group() {
+        let shared = MemoryShared::new();
+        let g = gateway(
+            &ram(),
+            Arc::new(shared.handle()),
+            7,
+            AluaState::ActiveOptimized,
+        );
+        let d = good(exec(&g.t, A, &[0x12, 1, 0x83, 1, 0, 0], &[]));
+        let mut found = Vec::new();
+        let mut at = 4;
+        while at + 4 <= d.len() {
+            let len = usize::from(d[at + 3]);
+            found.push((d[at], d[at + 1], d[at + 4..at + 4 + len].to_vec()));
+            at += 4 + len;
+        }
+        assert!(
+            found.contains(&(0x51, 0x94, vec![0, 0, 0, 7])),
+            "{found:x?}"
+        );
+        assert!(
+            found.contains(&(0x51, 0x95, vec![0, 0, 0, 7])),
+            "{found:x?}"
+        );
+        assert_eq!(found.len(), 5, "NAA, T10, port, group, SCSI name");
+        // TPGS = 11b in the standard data.
+        let std = good(exec(&g.t, A, &[0x12, 0, 0, 0, 96, 0], &[]));
+        assert_eq!(std[5] & 0x30, 0x30);
+    }
 }
