@@ -540,10 +540,11 @@ impl Reservations {
                     }
                     None if sakey == 0 => {}
                     None => {
-                        if all_ports {
-                            // One registration for the initiator port
-                            // through every target port.
-                            self.keys.retain(|it, _| it.nexus != n);
+                        if all_ports && self.keys.keys().any(|it| it.nexus == n) {
+                            // The initiator port is registered through
+                            // another target port already: one of the
+                            // I_T nexuses ALL_TG_PT names is registered.
+                            return Err(PrError::Conflict);
                         }
                         let name = self.names.get(&n).cloned().unwrap_or_default();
                         let it = ItNexus {
