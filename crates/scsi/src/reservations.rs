@@ -907,4 +907,26 @@ mod tests {
             "unchanged by a failed decode"
         );
     }
+
+    #[test]
+    fn all_tg_pt_over_a_registration_through_another_port_conflicts() {
+        let mut p1 = Reservations::with_state_file(None, 1);
+        p1.pr_out(Nexus(7), 0, 0, &param(0, 0xa, 0)).ok().unwrap();
+        p1.pr_out(Nexus(7), 1, pr_type::WRITE_EXCLUSIVE, &param(0xa, 0, 0))
+            .ok()
+            .unwrap();
+        let mut p2 = Reservations::with_state_file(None, 2);
+        p2.decode_shared(&p1.encode()).unwrap();
+        assert!(matches!(
+            p2.pr_out(Nexus(7), 0, 0, &param(0, 0xb, 0x04)),
+            Err(PrError::Conflict)
+        ));
+        // Without ALL_TG_PT it is a second I_T nexus, registered apart.
+        p2.pr_out(Nexus(7), 0, 0, &param(0, 0xb, 0)).ok().unwrap();
+        assert!(
+            p2.check(Nexus(7), Access::Write).is_err(),
+            "not the holder here"
+        );
+        assert!(p1.check(Nexus(7), Access::Write).is_ok());
+    }
 }
