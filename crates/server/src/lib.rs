@@ -383,6 +383,7 @@ fn open_lun(
         write_cache: l.write_cache,
         physical_block_size: l.physical_block_size,
         sanitize_rate: l.sanitize_rate,
+        alua: Default::default(),
         // APTPL state lives beside a regular file LUN's backing file.
         pr_state_file: match &l.backing {
             config::Backing::File { path, .. } if path.is_file() => {
