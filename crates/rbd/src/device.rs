@@ -750,16 +750,28 @@ impl BlockDevice for RbdDevice {
             })
             .map_err(write_err)?;
         if r == -i64::from(libc::EILSEQ) {
-            // librbd reports the image offset of the first differing byte.
-            let at = mismatch
-                .checked_sub(offset)
-                .filter(|&i| i < len as u64)
-                .unwrap_or(0);
+            // The first differing byte. Later releases report its image
+            // offset. Pacific (16.2.15, measured) reports the image offset
+            // of the object's start plus the byte's index in the request:
+            // since Pacific takes only requests within one 512-byte sector
+            // of one object (object starts are sector multiples), that
+            // index is the value modulo 512.
+            let len64 = len as u64;
+            let at = match mismatch.checked_sub(offset) {
+                Some(i) if i < len64 => i,
+                _ => mismatch % 512,
+            };
+            if at >= len64 {
+                return Err(write_err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("librbd reported a miscompare at byte {mismatch}, outside the {len} bytes compared at {offset}"),
+                )));
+            }
             return Ok(Some(at));
         }
         if r == -i64::from(libc::EINVAL) {
             return Err(BackendError::Config(format!(
-                "{}: librbd refused COMPARE AND WRITE of {len} bytes at byte {offset} (EINVAL): it can compare and write atomically only within one RADOS object; use a range that does not cross an object boundary",
+                "{}: librbd refused COMPARE AND WRITE of {len} bytes at byte {offset} (EINVAL): librbd 16 (Pacific) compares and writes atomically only within one 512-byte sector of one object, so export the image with 512-byte blocks and compare one block at a time",
                 self.name
             )));
         }

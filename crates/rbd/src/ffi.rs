@@ -41,8 +41,6 @@ pub(crate) type WatchErrCallback = unsafe extern "C" fn(*mut c_void, u64, c_int)
 
 /// `LIBRADOS_CREATE_EXCLUSIVE`.
 pub(crate) const CREATE_EXCLUSIVE: c_int = 1;
-/// `LIBRADOS_CREATE_IDEMPOTENT`.
-pub(crate) const CREATE_IDEMPOTENT: c_int = 0;
 
 /// `RBD_FEATURE_*` bits of the Pacific default feature set.
 pub(crate) const FEATURE_LAYERING: u64 = 1 << 0;

@@ -28,7 +28,7 @@
 //! | `unmap` | `rbd_aio_discard`, waited for (partial-object discards zero the range: `rbd_skip_partial_discard = false`) |
 //! | `lba_status` | `rbd_diff_iterate2` from no snapshot (allocated extents of the head, parent included) |
 //! | `write_same` | `rbd_aio_writesame` (in chunks of at most 1 GiB) |
-//! | `compare_and_write` | `rbd_aio_compare_and_write`; `-EILSEQ` and `mismatch_off` give the first differing byte |
+//! | `compare_and_write` | `rbd_aio_compare_and_write`; `-EILSEQ` and `mismatch_off` give the first differing byte. Pacific refuses (EINVAL) any range beyond one 512-byte sector: that is an error, never a non-atomic fallback |
 //! | `num_blocks` / `refresh_size` / `resize` | an atomic / `rbd_get_size` / `rbd_resize` (grow only) |
 //! | `watch_size` | `rbd_update_watch` (unwatched when the device is dropped) |
 //! | `shared` | [`RadosShared`]: RADOS objects `ethersan.<image id>.<name>`, compare-and-swap with object versions, `rados_watch2` / `rados_notify2` |

@@ -6,8 +6,8 @@
 //! - `store`: one write op, `create(EXCLUSIVE)` when the expected version
 //!   is 0, `assert_version(expected)` otherwise, then `write_full`; a lost
 //!   race (EEXIST, ERANGE, EOVERFLOW, ENOENT) is `Ok(None)`;
-//! - `subscribe`: `rados_watch2` on the object (created empty, without
-//!   exclusivity, when missing); the callback runs the handler unless the
+//! - `subscribe`: `rados_watch2` on the object (created empty when
+//!   missing; an existing one is left as it is, version included); the callback runs the handler unless the
 //!   notice came from this client, then acknowledges it; a watch error
 //!   (an OSD restarted, the session was reset) re-establishes the watch
 //!   from a thread of its own;
@@ -113,22 +113,24 @@ impl RadosShared {
         &self.cluster.lib
     }
 
-    /// Create the object empty if it does not exist (never touching an
-    /// existing one's data).
+    /// Create the object empty if it does not exist. An exclusive create
+    /// fails on an existing object without touching it; a non-exclusive
+    /// one would be a write and bump the version, failing the next
+    /// compare-and-swap of whoever loaded it.
     fn ensure_exists(&self, oid: &str, c_oid: &CString) -> Result<(), BackendError> {
         let lib = self.lib();
         let io = self.ops.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: a fresh write op, released below.
         let op = unsafe { (lib.rados_create_write_op)() };
         // SAFETY: `op` is live; a NULL category is the documented default.
-        unsafe { (lib.rados_write_op_create)(op, ffi::CREATE_IDEMPOTENT, ptr::null()) };
+        unsafe { (lib.rados_write_op_create)(op, ffi::CREATE_EXCLUSIVE, ptr::null()) };
         // SAFETY: `op` and the ioctx are live, the oid NUL-terminated.
         let r = unsafe {
             (lib.rados_write_op_operate)(op, io.raw(), c_oid.as_ptr(), ptr::null_mut(), 0)
         };
         // SAFETY: `op` is not used again.
         unsafe { (lib.rados_release_write_op)(op) };
-        if r < 0 {
+        if r < 0 && r != -libc::EEXIST {
             return Err(shared_error(true, "creating", oid, errno(r.into())));
         }
         Ok(())
