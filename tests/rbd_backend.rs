@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use common::ceph::Ceph;
 use common::pattern;
-use ethersan_backend::{BackendError, BlockDevice, BlockDeviceExt, IoRequest, Submission};
+use ethersan_backend::{
+    BackendError, BlockDevice, BlockDeviceExt, IoRequest, Submission, Versioned,
+};
 use ethersan_rbd::{RbdDevice, RbdError, RbdSpec};
 
 const MIB: u64 = 1 << 20;
@@ -394,7 +396,7 @@ fn shared_state_between_two_gateways() {
 
     // B's handler loads the blob from inside the watch callback; A is not
     // told of its own change.
-    let seen_b: Arc<Mutex<Vec<(Vec<u8>, u64)>>> = Arc::default();
+    let seen_b: Arc<Mutex<Vec<Versioned>>> = Arc::default();
     let weak_b = Arc::downgrade(&sb);
     let seen = seen_b.clone();
     sb.subscribe(
@@ -402,7 +404,7 @@ fn shared_state_between_two_gateways() {
         Arc::new(move || {
             if let Some(s) = weak_b.upgrade() {
                 let v = s.load("pr").expect("load inside the handler");
-                seen.lock().unwrap().push((v.data, v.version));
+                seen.lock().unwrap().push(v);
             }
         }),
     )
@@ -426,7 +428,10 @@ fn shared_state_between_two_gateways() {
     .expect("publish");
     assert_eq!(
         seen_b.lock().unwrap().as_slice(),
-        &[(b"four".to_vec(), v3)],
+        &[Versioned {
+            data: b"four".to_vec(),
+            version: v3
+        }],
         "B's handler had not run (with the new state) when publish returned"
     );
     assert_eq!(
