@@ -490,6 +490,17 @@ fn osd_down_times_out_and_recovers() {
     let dev = RbdDevice::open(&s, BS).expect("open");
     let data = pattern(4096, 3);
     dev.write_at(0, &data, false).expect("write while up");
+    let notices = Arc::new(AtomicUsize::new(0));
+    let n = notices.clone();
+    dev.shared()
+        .unwrap()
+        .subscribe(
+            "pr",
+            Arc::new(move || {
+                n.fetch_add(1, Ordering::SeqCst);
+            }),
+        )
+        .unwrap();
 
     ceph.stop_osd();
     let t = Instant::now();
@@ -536,6 +547,32 @@ fn osd_down_times_out_and_recovers() {
     let mut back = vec![0u8; 4096];
     dev.read_at(8192, &mut back).unwrap();
     assert!(back == pattern(4096, 4));
+    // The watch lost with the OSD is back: another gateway's notice
+    // reaches the handler.
+    let t = Instant::now();
+    let other = RbdDevice::open(&s, BS).expect("open a second client");
+    let shared = other.shared().unwrap();
+    let seen = notices.clone();
+    within(
+        Duration::from_secs(60),
+        "a notice after the restart",
+        move || {
+            while seen.load(Ordering::SeqCst) == 0 {
+                if let Err(e) = shared.publish("pr") {
+                    eprintln!("publish after the restart: {e}");
+                }
+                if seen.load(Ordering::SeqCst) == 0 {
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+            }
+        },
+    );
+    eprintln!("the watch works again {:?} after I/O did", t.elapsed());
+    within(
+        Duration::from_secs(60),
+        "closing the second client",
+        move || drop(other),
+    );
 
     // Down again: dropping the device returns within a bound.
     ceph.stop_osd();

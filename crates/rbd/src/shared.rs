@@ -14,6 +14,11 @@
 //! - `publish`: `rados_notify2`, which returns once every watcher
 //!   acknowledged (each after running its handler) or after 10 s.
 //!
+//! Handlers run on a librados thread and may call [`SharedState::load`]
+//! and `store` (tested: no deadlock); they should hold the state through a
+//! `Weak`, as dropping its last handle inside a handler would wait for that
+//! same handler to finish.
+//!
 //! An object that `subscribe` created empty loads as empty data with a
 //! non-zero version (store against that version), so version 0 means
 //! "never written nor watched".
