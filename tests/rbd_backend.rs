@@ -688,7 +688,7 @@ fn watch_survives_a_frozen_osd() {
         },
     );
     eprintln!(
-        "notices arrive again {:?} after the OSD thawed",
+        "a notice arrived {:?} after publishing began",
         t.elapsed()
     );
     drop(shared);
