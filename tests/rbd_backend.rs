@@ -687,10 +687,7 @@ fn watch_survives_a_frozen_osd() {
             }
         },
     );
-    eprintln!(
-        "a notice arrived {:?} after publishing began",
-        t.elapsed()
-    );
+    eprintln!("a notice arrived {:?} after publishing began", t.elapsed());
     drop(shared);
     within(Duration::from_secs(60), "closing", move || {
         drop((dev, other))
