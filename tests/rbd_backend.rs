@@ -642,3 +642,54 @@ fn unreachable_cluster_and_bad_sizes() {
         "took {took:?} with a 2 s timeout"
     );
 }
+
+/// An OSD frozen past the 30 s watch timeout drops the watch on its side;
+/// librados then reports ENOTCONN to the watch-error callback, which
+/// watches again, and notices reach the handler. Slow (about 70 s).
+#[test]
+#[ignore = "slow: freezes the OSD past the 30 s watch timeout"]
+fn watch_survives_a_frozen_osd() {
+    let ceph = Ceph::start();
+    let s = spec(&ceph, "frozen", Some(16 * MIB));
+    let dev = RbdDevice::open(&s, BS).expect("open");
+    let notices = Arc::new(AtomicUsize::new(0));
+    let n = notices.clone();
+    let shared = dev.shared().unwrap();
+    shared
+        .subscribe(
+            "pr",
+            Arc::new(move || {
+                n.fetch_add(1, Ordering::SeqCst);
+            }),
+        )
+        .unwrap();
+    let pid = std::fs::read_to_string(ceph.dir().join("run/osd.0.pid")).expect("osd pid");
+    let signal = |sig: &str| common::must_run("kill", &[sig, pid.trim()], Duration::from_secs(5));
+    signal("-STOP");
+    std::thread::sleep(Duration::from_secs(40));
+    signal("-CONT");
+    // Thawed, the OSD expires the watch and the client watches again;
+    // notices sent meanwhile may reach the old watch, so wait a little.
+    std::thread::sleep(Duration::from_secs(10));
+    let other = RbdDevice::open(&s, BS).expect("open a second client");
+    let theirs = other.shared().unwrap();
+    let seen = notices.clone();
+    let t = Instant::now();
+    within(
+        Duration::from_secs(60),
+        "a notice after the freeze",
+        move || {
+            while seen.load(Ordering::SeqCst) == 0 {
+                let _ = theirs.publish("pr");
+                if seen.load(Ordering::SeqCst) == 0 {
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+            }
+        },
+    );
+    eprintln!("a notice arrived {:?} after publishing began", t.elapsed());
+    drop(shared);
+    within(Duration::from_secs(60), "closing", move || {
+        drop((dev, other))
+    });
+}
