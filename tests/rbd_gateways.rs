@@ -298,6 +298,19 @@ async fn reservations_and_port_groups_are_shared_between_gateways() {
     drop(ga);
 }
 
+/// 64 KiB chunks of `data`: the even ones (`parity` 0) or the odd ones.
+const CHUNK: usize = 64 << 10;
+
+async fn write_chunks(s: &Session, data: &[u8], parity: usize) {
+    for i in (parity..data.len() / CHUNK).step_by(2) {
+        let at = i * CHUNK;
+        let cdb = rw16(0x8a, (at / 512) as u64, (CHUNK / 512) as u32);
+        let (st, sense, _) =
+            status(s, &cdb, Bytes::copy_from_slice(&data[at..at + CHUNK]), 0).await;
+        assert_eq!(st, 0, "write of chunk {i}: {sense:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_through_both_interleave_and_one_gateway_survives_the_other() {
     let _one = serial();
@@ -308,26 +321,9 @@ async fn writes_through_both_interleave_and_one_gateway_survives_the_other() {
     let b = session(&gb.addr, "iqn.2026-11.org.ethersan:b").await;
     // 64 KiB chunks over 16 MiB: even ones through A, odd ones through B,
     // at the same time (the image's exclusive lock moves back and forth).
-    const CHUNK: usize = 64 << 10;
     let data = pattern(16 << 20, 21);
-    let write = |s: &Session, parity: usize| {
-        let data = &data;
-        async move {
-            for i in (parity..(16 << 20) / CHUNK).step_by(2) {
-                let at = i * CHUNK;
-                let (st, sense, _) = status(
-                    s,
-                    &rw16(0x8a, (at / 512) as u64, (CHUNK / 512) as u32),
-                    Bytes::copy_from_slice(&data[at..at + CHUNK]),
-                    0,
-                )
-                .await;
-                assert_eq!(st, 0, "write of chunk {i}: {sense:?}");
-            }
-        }
-    };
     let t = std::time::Instant::now();
-    tokio::join!(write(&a, 0), write(&b, 1));
+    tokio::join!(write_chunks(&a, &data, 0), write_chunks(&b, &data, 1));
     println!(
         "16 MiB written through two gateways at once in {:?}",
         t.elapsed()

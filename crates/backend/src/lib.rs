@@ -302,6 +302,15 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     ) -> Result<Option<u64>, BackendError> {
         Err(BackendError::Unsupported)
     }
+    /// The largest COMPARE AND WRITE, in bytes, that
+    /// [`compare_and_write`](Self::compare_and_write) does atomically in
+    /// the store; `None`: no limit of the store's own. A larger one is
+    /// answered `Unsupported` (and the SCSI layer does it itself, atomic
+    /// within this process only), so the SCSI layer reports this limit in
+    /// its Block Limits page when it is at least one block.
+    fn max_compare_and_write_bytes(&self) -> Option<u64> {
+        None
+    }
     /// WRITE SAME done by the store: `block` (one logical block) repeated
     /// over `len` bytes at `offset`, durable with `fua`. Blocking.
     /// Default: not supported, and the SCSI layer writes the repeated

@@ -4,8 +4,8 @@
 //! (block device characteristics) and 0xB2 (logical block provisioning).
 
 use super::{
-    CmdResult, LogicalUnit, Reply, MAX_ATOMIC_BYTES, MAX_COMPARE_AND_WRITE, MAX_TRANSFER_BYTES,
-    MAX_UNMAP_BLOCKS, MAX_UNMAP_DESCRIPTORS,
+    CmdResult, LogicalUnit, Reply, MAX_ATOMIC_BYTES, MAX_TRANSFER_BYTES, MAX_UNMAP_BLOCKS,
+    MAX_UNMAP_DESCRIPTORS,
 };
 use crate::be::be16;
 use crate::sense::Sense;
@@ -116,7 +116,7 @@ impl LogicalUnit {
         let mut p = vec![0u8; 0x3c];
         let bs = self.bs();
         let max_blocks = (MAX_TRANSFER_BYTES / bs) as u32;
-        p[1] = MAX_COMPARE_AND_WRITE as u8;
+        p[1] = self.max_compare_and_write() as u8;
         if self.dev.thin_provisioned() {
             p[16..20].copy_from_slice(&(MAX_UNMAP_BLOCKS as u32).to_be_bytes());
             p[20..24].copy_from_slice(&(MAX_UNMAP_DESCRIPTORS as u32).to_be_bytes());

@@ -11,9 +11,7 @@
 
 use ethersan_backend::{BackendError, BlockDeviceExt};
 
-use super::{
-    CmdResult, LogicalUnit, Reply, ATOMIC_UNIT_BYTES, MAX_ATOMIC_BYTES, MAX_COMPARE_AND_WRITE,
-};
+use super::{CmdResult, LogicalUnit, Reply, ATOMIC_UNIT_BYTES, MAX_ATOMIC_BYTES};
 use crate::be::{be16, be32, be64};
 use crate::cdb::BlockCdb;
 use crate::sense::{codes, Sense};
@@ -119,7 +117,7 @@ impl LogicalUnit {
     pub(super) fn compare_and_write(&self, cdb: &[u8], data: &[u8]) -> CmdResult {
         let c = BlockCdb::parse(cdb);
         Self::no_protection(&c)?;
-        if c.blocks > MAX_COMPARE_AND_WRITE {
+        if c.blocks > self.max_compare_and_write() {
             return Err(Sense::invalid_cdb_field(13, None));
         }
         let (off, len) = self.range(&c)?;

@@ -270,6 +270,20 @@ impl LogicalUnit {
         &self.cfg
     }
 
+    /// The largest COMPARE AND WRITE in blocks: 255, or fewer when the
+    /// store does it atomically for every gateway only up to a smaller
+    /// size (librbd: one 512-byte sector), so that initiators send what
+    /// stays atomic across gateways.
+    pub(crate) fn max_compare_and_write(&self) -> u32 {
+        let bs = u64::from(self.dev.block_size().max(1));
+        match self.dev.max_compare_and_write_bytes() {
+            Some(bytes) if bytes >= bs => {
+                MAX_COMPARE_AND_WRITE.min(u32::try_from(bytes / bs).unwrap_or(u32::MAX))
+            }
+            _ => MAX_COMPARE_AND_WRITE,
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, LuState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }

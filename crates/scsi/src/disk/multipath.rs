@@ -38,6 +38,9 @@ use crate::sense::{codes, Sense};
 use crate::unit_attention::UnitAttentions;
 use crate::Nexus;
 
+/// How long a LOGICAL UNIT RESET waits for the other gateways to be told.
+const RESET_NOTICE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Compare-and-swap attempts before a change gives up (ABORTED COMMAND,
 /// which initiators retry).
 pub(crate) const CAS_RETRIES: usize = 16;
@@ -397,18 +400,23 @@ impl LogicalUnit {
     /// Tell the other gateways that a LOGICAL UNIT RESET reached the unit
     /// here: their nexuses get `sense` too (SAM-5 §6.3: a logical unit
     /// reset is an event of the unit, seen by every I_T nexus). It goes
-    /// through the notice log of blob `"pr"`, from a thread of its own:
-    /// the task management path must not wait for the cluster, so the
-    /// others learn of it shortly after the TMF response.
+    /// through the notice log of blob `"pr"`, from a thread of its own
+    /// that the task management path waits for at most
+    /// [`RESET_NOTICE_WAIT`]: normally the other gateways have raised their
+    /// unit attentions before the TMF response goes out (libiscsi's
+    /// MultipathIO.Reset looks at once), and a cluster that does not answer
+    /// delays the response by that bound, never more.
     pub(super) fn announce_reset(&self, sense: Sense) {
         let Some(shared) = self.shared.clone() else {
             return;
         };
         let follower = Arc::downgrade(&self.follower);
         let origin = self.cfg.alua.rel_port;
+        let (told, announced) = std::sync::mpsc::sync_channel::<()>(1);
         let spawned = std::thread::Builder::new()
             .name("lu-reset-notice".into())
             .spawn(move || {
+                let _told = told;
                 let Some(f) = follower.upgrade() else { return };
                 let outcome = update(&*shared, PR_BLOB, |current| {
                     f.absorb_pr(current, true, true).map_err(Err)?;
@@ -430,8 +438,19 @@ impl LogicalUnit {
                     Err(e) => tracing::error!(%e, "cannot announce a logical unit reset"),
                 }
             });
-        if let Err(e) = spawned {
-            tracing::error!(%e, "cannot start the logical unit reset notice");
+        match spawned {
+            // The sender drops when the thread is done.
+            Ok(_) => {
+                if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    announced.recv_timeout(RESET_NOTICE_WAIT)
+                {
+                    tracing::warn!(
+                        "the other gateways were not told of a logical unit reset within {:?}; they will be when the cluster answers",
+                        RESET_NOTICE_WAIT
+                    );
+                }
+            }
+            Err(e) => tracing::error!(%e, "cannot start the logical unit reset notice"),
         }
     }
 
