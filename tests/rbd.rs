@@ -68,7 +68,12 @@ fn read16(lba: u64, blocks: u32) -> Vec<u8> {
 /// and EXTENDED COPY, which test the SCSI layer the same way whatever the
 /// store; CompareAndWrite, WriteSame, Unmap and GetLBAStatus use the
 /// cluster's own operations here).
+///
+/// MultipathIO runs first: its COMPARE AND WRITE test expects the block
+/// after the 256 it fills to read zeros, as on a fresh image (each suite in
+/// tests/libiscsi.rs gets a fresh LUN; here one image serves them all).
 const SUITES: &[&str] = &[
+    "MultipathIO",
     "TestUnitReady",
     "Inquiry",
     "Mandatory",
@@ -91,7 +96,6 @@ const SUITES: &[&str] = &[
     "ProutReserve",
     "ProutClear",
     "ProutPreempt",
-    "MultipathIO",
 ];
 
 #[test]

@@ -101,6 +101,9 @@ impl Server {
             Registry::with_login_limit(targets, Vec::new(), config.options.max_logins_in_progress)
                 .with_portal_group_tag(config.options.target_port_group),
         );
+        for t in &config.targets {
+            registry.follow_preempts(&t.name);
+        }
         let portals = portals::Portals::new(registry.clone(), tokio::runtime::Handle::current());
         for p in &config.portals {
             portals

@@ -209,6 +209,35 @@ impl Registry {
         Registry::with_login_limit(targets, portals, 0)
     }
 
+    /// PREEMPT AND ABORT through another gateway (a store several gateways
+    /// export): the preempted nexuses' tasks on `target`'s LUNs are
+    /// aborted here at once, in their sessions, which also get COMMANDS
+    /// CLEARED BY ANOTHER INITIATOR (a preemption through this gateway
+    /// does the same from the session that ran it). Call again after LUNs
+    /// are added.
+    pub fn follow_preempts(self: &Arc<Self>, target_name: &str) {
+        let Some(target) = self.target(target_name) else {
+            return;
+        };
+        for (lun, slot) in target.scsi.luns().iter() {
+            let registry = Arc::downgrade(self);
+            let scsi = Arc::downgrade(&target.scsi);
+            let (name, lun) = (target.name.clone(), *lun);
+            slot.lu.set_preempt_listener(Arc::new(move |victims: Vec<ethersan_scsi::Nexus>| {
+                let (Some(registry), Some(scsi)) = (registry.upgrade(), scsi.upgrade()) else {
+                    return;
+                };
+                for victim in victims {
+                    // No session of this gateway asked (0 is no session id).
+                    let asked = registry.abort_nexus_lun(0, Some(&name), victim.0, lun);
+                    // The preempting nexus is on another gateway: none here.
+                    scsi.tasks_cleared(lun, victim, ethersan_scsi::Nexus(u64::MAX));
+                    tracing::debug!(target = %name, lun, sessions = asked, "PREEMPT AND ABORT through another gateway: tasks aborted");
+                }
+            }));
+        }
+    }
+
     /// The portal group tag every portal announces (the gateway's ALUA
     /// target port group id; default 1).
     pub fn with_portal_group_tag(mut self, tag: u16) -> Self {

@@ -272,6 +272,7 @@ impl Reloader {
                             }
                         }
                     }
+                    self.registry.follow_preempts(&name);
                 }
             }
         }
@@ -378,6 +379,7 @@ impl Reloader {
         if let Err(e) = self.registry.directory().add_target(t) {
             warn!("cannot add target {name}: {e}");
         }
+        self.registry.follow_preempts(&name);
     }
 
     fn remove_target(&self, name: &str) {
