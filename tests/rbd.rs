@@ -10,7 +10,6 @@
 
 mod common;
 
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -18,13 +17,9 @@ use common::ceph::Ceph;
 use common::{parse_cunit, pattern, require_tool, run, Server, IQN};
 use ethersan_initiator::{connect, LoginOptions, Session};
 
-static ONE_CLUSTER_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    ONE_CLUSTER_AT_A_TIME
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-}
+/// Held by each test for its whole run (a tokio mutex: the async tests
+/// hold it across their awaits, each on its own runtime).
+static ONE_CLUSTER_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The `--lun` spec of image `rbd/NAME` on `ceph`, created with `size`.
 fn spec(ceph: &Ceph, name: &str, size: &str, extra: &str) -> String {
@@ -100,7 +95,7 @@ const SUITES: &[&str] = &[
 
 #[test]
 fn libiscsi_qemu_and_cp_on_an_rbd_lun() {
-    let _one = serial();
+    let _one = ONE_CLUSTER_AT_A_TIME.blocking_lock();
     require_tool("iscsi-test-cu");
     require_tool("qemu-img");
     let ceph = Ceph::start();
@@ -222,7 +217,7 @@ fn rbd_diff(ceph: &Ceph, name: &str) -> Vec<(u64, u64)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compare_and_write_unmap_and_lba_status_match_the_cluster() {
-    let _one = serial();
+    let _one = ONE_CLUSTER_AT_A_TIME.lock().await;
     let ceph = Ceph::start();
     const MIB: u64 = 1 << 20;
     // 16 MiB: four 4 MiB objects.
@@ -344,7 +339,7 @@ async fn compare_and_write_unmap_and_lba_status_match_the_cluster() {
 
 #[test]
 fn an_osd_killed_mid_write_loses_nothing_acknowledged() {
-    let _one = serial();
+    let _one = ONE_CLUSTER_AT_A_TIME.blocking_lock();
     let ceph = Ceph::start();
     let server = Server::start(&[&spec(&ceph, "crash", "64M", ",timeout=30")]);
     let dir = tempfile::tempdir().unwrap();
@@ -382,7 +377,7 @@ fn an_osd_killed_mid_write_loses_nothing_acknowledged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_cluster_fails_commands_within_the_bound() {
-    let _one = serial();
+    let _one = ONE_CLUSTER_AT_A_TIME.lock().await;
     let ceph = Ceph::start();
     // timeout=4: the cluster has 4 s to answer each operation.
     let mut server = Server::start(&[&spec(&ceph, "stopped", "16M", ",timeout=4")]);
@@ -438,7 +433,7 @@ async fn a_stopped_cluster_fails_commands_within_the_bound() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_image_resized_in_the_cluster_is_seen_by_the_initiator() {
-    let _one = serial();
+    let _one = ONE_CLUSTER_AT_A_TIME.lock().await;
     let ceph = Ceph::start();
     let server = Server::start(&[&spec(&ceph, "grow", "32M", "")]);
     let s = session(&server.addr).await;

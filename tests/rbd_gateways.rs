@@ -9,7 +9,6 @@
 
 mod common;
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -17,13 +16,9 @@ use common::ceph::Ceph;
 use common::{parse_cunit, pattern, require_tool, run, Server, IQN};
 use ethersan_initiator::{connect, LoginOptions, Session};
 
-static ONE_CLUSTER_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    ONE_CLUSTER_AT_A_TIME
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-}
+/// Held by each test for its whole run (a tokio mutex: the async tests
+/// hold it across their awaits, each on its own runtime).
+static ONE_CLUSTER_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Gateway `tpg` (1 or 2) over image `rbd/NAME`.
 fn gateway(ceph: &Ceph, name: &str, tpg: u16) -> Server {
@@ -97,7 +92,7 @@ async fn rtpg(s: &Session) -> Vec<(u16, u8, Vec<u16>)> {
 
 #[test]
 fn libiscsi_multipath_and_reservation_suites_across_two_gateways() {
-    let _one = serial();
+    let _one = ONE_CLUSTER_AT_A_TIME.blocking_lock();
     require_tool("iscsi-test-cu");
     let ceph = Ceph::start();
     let a = gateway(&ceph, "suites", 1);
@@ -138,7 +133,7 @@ fn libiscsi_multipath_and_reservation_suites_across_two_gateways() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reservations_and_port_groups_are_shared_between_gateways() {
-    let _one = serial();
+    let _one = ONE_CLUSTER_AT_A_TIME.lock().await;
     let ceph = Ceph::start();
     let mut ga = gateway(&ceph, "pr", 1);
     let mut gb = gateway(&ceph, "pr", 2);
@@ -313,7 +308,7 @@ async fn write_chunks(s: &Session, data: &[u8], parity: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_through_both_interleave_and_one_gateway_survives_the_other() {
-    let _one = serial();
+    let _one = ONE_CLUSTER_AT_A_TIME.lock().await;
     let ceph = Ceph::start();
     let mut ga = gateway(&ceph, "mp", 1);
     let gb = gateway(&ceph, "mp", 2);

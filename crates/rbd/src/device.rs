@@ -734,7 +734,7 @@ impl BlockDevice for RbdDevice {
                      // Beyond one sector librbd 16 refuses (EINVAL, below): the SCSI
                      // layer then compares and writes under its own lock.
         if compare.len() as u64 > PACIFIC_MAX_COMPARE_AND_WRITE
-            || offset % PACIFIC_MAX_COMPARE_AND_WRITE != 0
+            || !offset.is_multiple_of(PACIFIC_MAX_COMPARE_AND_WRITE)
         {
             return Err(BackendError::Unsupported);
         }

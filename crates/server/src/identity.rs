@@ -679,7 +679,7 @@ mod tests {
         std::fs::create_dir(&ro).unwrap();
         std::fs::write(ro.join("disk.img"), vec![0u8; 4096]).unwrap();
         std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
-        let (_, origin) = resolve(&file_lun(&ro.join("disk.img")), &d).unwrap();
+        let (_, origin) = resolve(&file_lun(&ro.join("disk.img")), &d, &any_dev()).unwrap();
         assert!(matches!(origin, Origin::Derived(_)), "{origin:?}");
         std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o755)).unwrap();
         let _ = std::fs::remove_dir_all(&d);
