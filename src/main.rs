@@ -266,6 +266,17 @@ struct ServeArgs {
     /// given on the command line).
     #[arg(long, value_name = "FILE")]
     api_token_file: Option<PathBuf>,
+    /// This gateway's ALUA target port group id (also its relative target
+    /// port and portal group tag), 1..=65535; gateways exporting one RBD
+    /// image need different ones (see docs/rbd.md). Overrides the config
+    /// file's target_port_group.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    tpg: Option<u16>,
+    /// The ALUA state this gateway starts in: active-optimized (default),
+    /// active-non-optimized or standby. Overrides the config file's
+    /// alua_state.
+    #[arg(long, value_name = "STATE")]
+    alua_state: Option<ethersan_server::config::GatewayState>,
     /// Most connections in the login phase at once, over every portal (0: no limit; default 512); overrides the config file's max_logins_in_progress.
     #[arg(long, value_name = "N")]
     max_logins_in_progress: Option<usize>,
@@ -926,6 +937,12 @@ fn main() -> ExitCode {
                 }
                 if let Some(n) = a.max_logins_in_progress {
                     cfg.options.max_logins_in_progress = n;
+                }
+                if let Some(n) = a.tpg {
+                    cfg.options.target_port_group = n;
+                }
+                if let Some(s) = a.alua_state {
+                    cfg.options.alua_state = s;
                 }
                 if let Some(n) = a.max_connections_per_address {
                     cfg.options.max_connections_per_address = n;

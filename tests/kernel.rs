@@ -1,8 +1,9 @@
 //! Interop with the Linux kernel's iSCSI initiator (iscsi_tcp + open-iscsi):
 //! `scripts/kernel-initiator-test` boots a throwaway VM under qemu (TCG)
 //! whose kernel logs in to `ethersan serve` on this host, runs ext4 and fio
-//! workloads, survives a kill -9 + restart of the server mid-write, and sees
-//! LUNs added and grown and its session ended through `ethersan ctl`.
+//! workloads, survives a kill -9 + restart of the server mid-write, sees
+//! LUNs added and grown and its session ended through `ethersan ctl`, and
+//! keeps writing through dm-multipath when one of two gateways is killed.
 //! See docs/kernel-initiator.md.
 //!
 //! The script installs what it needs (qemu, the guest's Debian packages);
@@ -63,6 +64,7 @@ fn linux_kernel_initiator_workloads() {
         "isns_discovery",
         "recovery",
         "ctl_live",
+        "multipath",
     ] {
         assert!(
             out.iter().any(|l| {

@@ -108,6 +108,9 @@ impl Ceph {
 
 impl Drop for Ceph {
     fn drop(&mut self) {
-        let _ = Command::new(script()).arg("stop").arg(self.dir.path()).output();
+        let _ = Command::new(script())
+            .arg("stop")
+            .arg(self.dir.path())
+            .output();
     }
 }

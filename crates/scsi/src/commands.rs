@@ -31,6 +31,10 @@ pub enum Op {
     ReportLuns,
     ReportOpcodes,
     ReportTmfs,
+    /// REPORT TARGET PORT GROUPS (MAINTENANCE IN / 0Ah).
+    ReportTpg,
+    /// SET TARGET PORT GROUPS (MAINTENANCE OUT / 0Ah).
+    SetTpg,
     WriteSame,
     Unmap,
     GetLbaStatus,
@@ -470,6 +474,21 @@ pub const COMMANDS: &[CommandDef] = &[
         "REPORT LUNS",
         &[0xa0, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0],
         Op::ReportLuns,
+    ),
+    sa(
+        0xa3,
+        0x0a,
+        "REPORT TARGET PORT GROUPS",
+        // PARAMETER DATA FORMAT 000b or 001b: bit 5 only.
+        &[0xa3, 0x3f, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0],
+        Op::ReportTpg,
+    ),
+    sa(
+        0xa4,
+        0x0a,
+        "SET TARGET PORT GROUPS",
+        &[0xa4, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0],
+        Op::SetTpg,
     ),
     sa(
         0xa3,

@@ -15,6 +15,7 @@
 //!   attentions and reservations.
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod alua;
 mod be;
 mod cdb;
 pub mod commands;
@@ -32,6 +33,13 @@ pub use ethersan_backend::BlockDevice;
 /// Identifies an I_T nexus: the server gives each session a unique value
 /// derived from (initiator name, ISID, target, portal group tag), so a
 /// reconnecting session with the same ISID maps to the same nexus.
+///
+/// When several gateways export one store, persistent reservations pair
+/// it with the gateway's relative target port ([`alua::Alua::rel_port`]):
+/// the same initiator port through two gateways is two I_T nexuses, and a
+/// REGISTER with ALL_TG_PT covers every one of them. Gateways must
+/// therefore give the same initiator port the same value (the server
+/// hashes the initiator name, ISID and target name, not the portal).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Nexus(pub u64);
 
@@ -228,6 +236,9 @@ pub struct LuConfig {
     pub write_cache: bool,
     /// Where persistent reservations are kept when an initiator asks for
     /// APTPL (persist through power loss); `None`: they do not persist.
+    /// Unused for a store with shared state ([`BlockDevice::shared`]):
+    /// the reservations then live in the cluster and survive every
+    /// gateway restarting, whatever APTPL says.
     pub pr_state_file: Option<std::path::PathBuf>,
     /// Physical block size reported in READ CAPACITY(16) (logical blocks
     /// per physical block); 0 or the logical size: one block per block.
@@ -236,6 +247,9 @@ pub struct LuConfig {
     /// or an erase that writes zeros), so that it leaves bandwidth to the
     /// units sharing the storage; `None`: as fast as the device goes.
     pub sanitize_rate: Option<u64>,
+    /// This gateway's target port group, relative target port and initial
+    /// ALUA access state (SPC-4 §5.16); see [`alua`].
+    pub alua: alua::Alua,
 }
 
 impl Default for LuConfig {
@@ -253,9 +267,11 @@ impl Default for LuConfig {
             pr_state_file: None,
             physical_block_size: 0,
             sanitize_rate: None,
+            alua: alua::Alua::default(),
         }
     }
 }
 
-pub use disk::LogicalUnit;
+pub use alua::{Alua, AluaState, TargetPortGroup};
+pub use disk::{LogicalUnit, PreemptListener, SharedStateError};
 pub use target::{LunMap, LunMapError, LunPolicy, LunSlot, Requester, ScsiTarget, MAX_LUN};

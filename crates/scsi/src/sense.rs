@@ -194,6 +194,27 @@ pub mod codes {
     pub const COMMANDS_CLEARED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2f, 0x00);
     /// INTERNAL TARGET FAILURE
     pub const INTERNAL_FAILURE: Sense = Sense::new(key::HARDWARE_ERROR, 0x44, 0x00);
+    /// LOGICAL UNIT COMMUNICATION TIME-OUT, as ABORTED COMMAND: the store
+    /// (a cluster) did not answer in time. SPC-4 §4.5.6 lists ABORTED
+    /// COMMAND as "the application client may be able to recover by trying
+    /// the command again"; Linux's SCSI midlayer retries it, and
+    /// dm-multipath (`scsi_dh`/`blk_path_error`) treats it as a path
+    /// error, so the command goes again, possibly through another gateway.
+    /// MEDIUM ERROR would be final, NOT READY would make Linux wait for the
+    /// unit to "become ready" on this path only.
+    pub const LU_COMMUNICATION_TIMEOUT: Sense = Sense::new(key::ABORTED_COMMAND, 0x08, 0x01);
+    /// LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN STANDBY STATE
+    pub const ALUA_STANDBY: Sense = Sense::new(key::NOT_READY, 0x04, 0x0b);
+    /// LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN UNAVAILABLE STATE
+    pub const ALUA_UNAVAILABLE: Sense = Sense::new(key::NOT_READY, 0x04, 0x0c);
+    /// ASYMMETRIC ACCESS STATE CHANGED
+    pub const ALUA_STATE_CHANGED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x06);
+    /// RESERVATIONS PREEMPTED
+    pub const RESERVATIONS_PREEMPTED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x03);
+    /// RESERVATIONS RELEASED
+    pub const RESERVATIONS_RELEASED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x04);
+    /// REGISTRATIONS PREEMPTED
+    pub const REGISTRATIONS_PREEMPTED: Sense = Sense::new(key::UNIT_ATTENTION, 0x2a, 0x05);
 }
 
 #[cfg(test)]

@@ -25,6 +25,7 @@ fn cfg(removable: bool, read_only: bool) -> LuConfig {
         pr_state_file: None,
         physical_block_size: 0,
         sanitize_rate: None,
+        alua: Default::default(),
     }
 }
 

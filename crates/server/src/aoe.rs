@@ -145,7 +145,9 @@ pub fn address(
 /// Where a LUN's AoE state (the config string) is kept.
 fn state_file(backing: &Backing, data_dir: &Path) -> Option<PathBuf> {
     match backing {
-        Backing::Ram { .. } => None,
+        // An RBD image has no file beside it: its AoE configuration string
+        // lasts as long as the process.
+        Backing::Ram { .. } | Backing::Rbd { .. } => None,
         Backing::File { path, .. } if path.is_file() => {
             let mut p = path.clone().into_os_string();
             p.push(".aoe");

@@ -263,9 +263,9 @@ impl Control {
                 "size {bytes} is not a positive multiple of the LUN's {bs}-byte blocks"
             )));
         }
-        if !matches!(t.luns[i].backing, crate::config::Backing::File { .. }) {
+        if matches!(t.luns[i].backing, crate::config::Backing::Ram { .. }) {
             return Err(ControlError::Invalid(format!(
-                "LUN {lun} of {target} is not a file or block device; only those can be resized"
+                "LUN {lun} of {target} is a RAM LUN; only files, block devices and RBD images can be resized"
             )));
         }
         let live = self

@@ -61,6 +61,14 @@ pub enum Origin {
     Derived(PathBuf),
     /// Random for this run (a RAM LUN).
     Random,
+    /// Kept in the store's shared state (an RBD image's RADOS object and
+    /// image metadata), so every gateway exporting it reports the same.
+    Shared {
+        /// Where (`rbd:pool/image`).
+        store: String,
+        /// Whether this server made it now.
+        created: bool,
+    },
 }
 
 impl fmt::Display for Origin {
@@ -75,6 +83,11 @@ impl fmt::Display for Origin {
                 p.display()
             ),
             Origin::Random => f.write_str("random for this run (RAM LUN)"),
+            Origin::Shared { store, created } => write!(
+                f,
+                "{} in the shared state of {store}",
+                if *created { "new, stored" } else { "stored" }
+            ),
         }
     }
 }
@@ -90,6 +103,14 @@ pub enum IdentityError {
         /// The identity file.
         path: PathBuf,
         /// What is wrong with it.
+        reason: String,
+    },
+    /// A shared store's identity could not be read or stored.
+    #[error("cannot read or store the LUN identity in the shared state of {store}: {reason}; check that the cluster is reachable and that the user may write to the image's pool")]
+    Shared {
+        /// The store (`rbd:pool/image`).
+        store: String,
+        /// What failed.
         reason: String,
     },
     /// The identity file exists but cannot be read.
@@ -239,6 +260,60 @@ fn render(id: &Identity, of: &Path) -> String {
     )
 }
 
+/// The identity kept in a shared store's state (blob `identity`, the
+/// identity file's text): read it, or create it if no gateway has yet —
+/// with compare-and-swap, so two gateways starting at once agree on the
+/// one that was stored first.
+fn shared_identity(
+    dev: &dyn ethersan_backend::BlockDevice,
+) -> Result<(Identity, Origin), IdentityError> {
+    let store = dev.describe();
+    let shared_err = |reason: String| IdentityError::Shared {
+        store: store.clone(),
+        reason,
+    };
+    let Some(shared) = dev.shared() else {
+        return Err(shared_err("the store keeps no shared state".into()));
+    };
+    for _ in 0..8 {
+        let current = shared
+            .load(IDENTITY_BLOB)
+            .map_err(|e| shared_err(e.to_string()))?;
+        if current.version != 0 {
+            let text = String::from_utf8_lossy(&current.data);
+            let id = parse(&text).map_err(|reason| IdentityError::Corrupt {
+                path: PathBuf::from(format!("{store} (shared object {IDENTITY_BLOB})")),
+                reason,
+            })?;
+            let origin = Origin::Shared {
+                store,
+                created: false,
+            };
+            return Ok((id, origin));
+        }
+        let id = generate()?;
+        let text = render(&id, Path::new(&store));
+        match shared.store(IDENTITY_BLOB, text.as_bytes(), 0) {
+            Ok(Some(_)) => {
+                let origin = Origin::Shared {
+                    store,
+                    created: true,
+                };
+                return Ok((id, origin));
+            }
+            // Another gateway stored one first: use that.
+            Ok(None) => continue,
+            Err(e) => return Err(shared_err(e.to_string())),
+        }
+    }
+    Err(shared_err(
+        "the identity kept changing while it was read".into(),
+    ))
+}
+
+/// The shared-state blob that holds a shared store's identity.
+const IDENTITY_BLOB: &str = "identity";
+
 /// Read the identity file at `path`: `Ok(None)` if there is none.
 pub fn load(path: &Path) -> Result<Option<Identity>, IdentityError> {
     let text = match std::fs::read(path) {
@@ -370,7 +445,11 @@ fn machine_id() -> Vec<u8> {
 /// the configured `naa`/`serial` over the stored one (see the module
 /// documentation for where that is kept); `data_dir` holds block devices'
 /// identity files.
-pub fn resolve(lun: &LunConfig, data_dir: &Path) -> Result<(Identity, Origin), IdentityError> {
+pub fn resolve(
+    lun: &LunConfig,
+    data_dir: &Path,
+    dev: &dyn ethersan_backend::BlockDevice,
+) -> Result<(Identity, Origin), IdentityError> {
     let configured = |mut id: Identity| {
         if let Some(n) = lun.naa {
             id.naa = n;
@@ -389,6 +468,7 @@ pub fn resolve(lun: &LunConfig, data_dir: &Path) -> Result<(Identity, Origin), I
     }
     let (id, origin) = match &lun.backing {
         Backing::Ram { .. } => (generate()?, Origin::Random),
+        Backing::Rbd { .. } => shared_identity(dev)?,
         Backing::File { path, .. } => {
             use std::os::unix::fs::MetadataExt;
             let meta = std::fs::metadata(path).map_err(|source| IdentityError::Backing {
@@ -424,6 +504,11 @@ pub fn resolve(lun: &LunConfig, data_dir: &Path) -> Result<(Identity, Origin), I
 mod tests {
     use super::*;
 
+    /// A store for `resolve` where the identity does not come from it.
+    fn any_dev() -> ethersan_backend::ram::RamDevice {
+        ethersan_backend::ram::RamDevice::new(4096, 512).expect("RAM device")
+    }
+
     /// A fresh directory for one test.
     fn scratch(name: &str) -> PathBuf {
         let d =
@@ -449,7 +534,7 @@ mod tests {
         let disk = d.join("disk.img");
         std::fs::write(&disk, vec![0u8; 4096]).unwrap();
         let lun = file_lun(&disk);
-        let (first, origin) = resolve(&lun, &d).unwrap();
+        let (first, origin) = resolve(&lun, &d, &any_dev()).unwrap();
         assert_eq!(origin, Origin::Created(d.join("disk.img.id")));
         assert!(naa6(&first), "{first:?}");
         assert_eq!(first.serial.len(), 16);
@@ -458,14 +543,14 @@ mod tests {
             text.contains(&format!("naa = \"{}\"", format_naa(&first.naa))),
             "{text}"
         );
-        let (again, origin) = resolve(&lun, &d).unwrap();
+        let (again, origin) = resolve(&lun, &d, &any_dev()).unwrap();
         assert_eq!(again, first, "a restart keeps the identity");
         assert_eq!(origin, Origin::Stored(d.join("disk.img.id")));
         // Moved with its sidecar: same identity.
         std::fs::create_dir(d.join("moved")).unwrap();
         std::fs::rename(&disk, d.join("moved/disk.img")).unwrap();
         std::fs::rename(d.join("disk.img.id"), d.join("moved/disk.img.id")).unwrap();
-        let (moved, _) = resolve(&file_lun(&d.join("moved/disk.img")), &d).unwrap();
+        let (moved, _) = resolve(&file_lun(&d.join("moved/disk.img")), &d, &any_dev()).unwrap();
         assert_eq!(moved, first);
         // No stray temporary files.
         let names: Vec<_> = std::fs::read_dir(d.join("moved"))
@@ -483,7 +568,7 @@ mod tests {
         for i in 0..8 {
             let disk = d.join(format!("d{i}.img"));
             std::fs::write(&disk, vec![0u8; 4096]).unwrap();
-            let (id, _) = resolve(&file_lun(&disk), &d).unwrap();
+            let (id, _) = resolve(&file_lun(&disk), &d, &any_dev()).unwrap();
             assert!(naa6(&id));
             assert!(
                 !seen
@@ -494,8 +579,8 @@ mod tests {
             seen.push(id);
         }
         let ram = LunConfig::from_spec("ram:1M").unwrap();
-        let (a, oa) = resolve(&ram, &d).unwrap();
-        let (b, _) = resolve(&ram, &d).unwrap();
+        let (a, oa) = resolve(&ram, &d, &any_dev()).unwrap();
+        let (b, _) = resolve(&ram, &d, &any_dev()).unwrap();
         assert_eq!(oa, Origin::Random);
         assert!(a.naa != b.naa && a.serial != b.serial && naa6(&a));
         let _ = std::fs::remove_dir_all(&d);
@@ -506,15 +591,15 @@ mod tests {
         let d = scratch("configured");
         let disk = d.join("disk.img");
         std::fs::write(&disk, vec![0u8; 4096]).unwrap();
-        let (stored, _) = resolve(&file_lun(&disk), &d).unwrap();
+        let (stored, _) = resolve(&file_lun(&disk), &d, &any_dev()).unwrap();
         let mut lun = file_lun(&disk);
         lun.serial = Some("PINNED-SERIAL".into());
-        let (id, _) = resolve(&lun, &d).unwrap();
+        let (id, _) = resolve(&lun, &d, &any_dev()).unwrap();
         assert_eq!(id.serial, "PINNED-SERIAL");
         assert_eq!(id.naa, stored.naa, "the stored NAA still applies");
         let naa = parse_naa("5001405f01020304").unwrap();
         lun.naa = Some(naa);
-        let (id, origin) = resolve(&lun, &d).unwrap();
+        let (id, origin) = resolve(&lun, &d, &any_dev()).unwrap();
         assert_eq!((id.naa, origin), (naa, Origin::Configured));
         // Fully configured: no file is needed (nor written).
         let other = d.join("other.img");
@@ -522,7 +607,7 @@ mod tests {
         let mut lun = file_lun(&other);
         lun.serial = Some("S".into());
         lun.naa = Some(naa);
-        resolve(&lun, &d).unwrap();
+        resolve(&lun, &d, &any_dev()).unwrap();
         assert!(!sidecar_path(&other).exists());
         let _ = std::fs::remove_dir_all(&d);
     }
@@ -542,7 +627,7 @@ mod tests {
             "",
         ] {
             std::fs::write(&side, bad).unwrap();
-            let e = resolve(&file_lun(&disk), &d).unwrap_err();
+            let e = resolve(&file_lun(&disk), &d, &any_dev()).unwrap_err();
             assert!(matches!(e, IdentityError::Corrupt { .. }), "{bad}: {e:?}");
             let msg = e.to_string();
             assert!(msg.contains(&side.display().to_string()), "{msg}");
@@ -554,7 +639,7 @@ mod tests {
         }
         std::fs::write(&side, [0xff, 0xfe]).unwrap();
         assert!(matches!(
-            resolve(&file_lun(&disk), &d),
+            resolve(&file_lun(&disk), &d, &any_dev()),
             Err(IdentityError::Corrupt { .. })
         ));
         // A hand-written NAA-5 identity is accepted.
@@ -563,7 +648,7 @@ mod tests {
             "naa = \"5001405f01020304\"\nserial = \"old serial\"\n",
         )
         .unwrap();
-        let (id, _) = resolve(&file_lun(&disk), &d).unwrap();
+        let (id, _) = resolve(&file_lun(&disk), &d, &any_dev()).unwrap();
         assert_eq!(id.naa, parse_naa("5001405f01020304").unwrap());
         assert_eq!(id.serial, "old serial");
         let _ = std::fs::remove_dir_all(&d);
@@ -629,10 +714,13 @@ mod tests {
             path: "/dev/null".into(),
             size: None,
         };
-        let (first, origin) = resolve(&lun, &d).unwrap();
+        let (first, origin) = resolve(&lun, &d, &any_dev()).unwrap();
         let store = device_store_path(&d, Path::new("/dev/null"));
         assert_eq!(origin, Origin::Created(store.clone()));
-        assert_eq!(resolve(&lun, &d).unwrap(), (first, Origin::Stored(store)));
+        assert_eq!(
+            resolve(&lun, &d, &any_dev()).unwrap(),
+            (first, Origin::Stored(store))
+        );
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use ethersan_backend::BlockDeviceExt;
+use ethersan_backend::{BlockDevice, BlockDeviceExt};
 use ethersan_proto::negotiate::TargetSettings;
 use ethersan_scsi::{LogicalUnit, LuConfig, LunMap, LunPolicy, LunSlot, Nexus};
 use tokio::net::{TcpListener, TcpStream};
@@ -95,13 +95,12 @@ impl Server {
     pub async fn bind(config: &Config) -> Result<Server, ServerError> {
         let mut targets = Vec::new();
         for t in &config.targets {
-            targets.push(Arc::new(build_target(t, &config.options.data_dir)?));
+            targets.push(Arc::new(build_target(t, &config.options)?));
         }
-        let registry = Arc::new(Registry::with_login_limit(
-            targets,
-            Vec::new(),
-            config.options.max_logins_in_progress,
-        ));
+        let registry = Arc::new(
+            Registry::with_login_limit(targets, Vec::new(), config.options.max_logins_in_progress)
+                .with_portal_group_tag(config.options.target_port_group),
+        );
         let portals = portals::Portals::new(registry.clone(), tokio::runtime::Handle::current());
         for p in &config.portals {
             portals
@@ -332,13 +331,10 @@ fn login_slot(registry: &Registry, peer: &str) -> Option<limits::LoginSlot> {
 }
 
 /// A target with its LUNs opened, as `t` configures it.
-fn build_target(
-    t: &config::TargetConfig,
-    data_dir: &std::path::Path,
-) -> Result<TargetEntry, ServerError> {
+fn build_target(t: &config::TargetConfig, options: &Options) -> Result<TargetEntry, ServerError> {
     let mut luns = LunMap::new();
     for (n, i) in t.numbered() {
-        luns.insert(n, open_lun(t, i, data_dir)?);
+        luns.insert(n, open_lun(t, i, options)?);
     }
     Ok(TargetEntry::new(
         t.name.clone(),
@@ -350,11 +346,8 @@ fn build_target(
 
 /// The LUN at place `i` of target `t`: its store opened, its identity
 /// resolved.
-fn open_lun(
-    t: &config::TargetConfig,
-    i: usize,
-    data_dir: &std::path::Path,
-) -> Result<LunSlot, ServerError> {
+fn open_lun(t: &config::TargetConfig, i: usize, options: &Options) -> Result<LunSlot, ServerError> {
+    let data_dir = options.data_dir.as_path();
     let l = &t.luns[i];
     let number = t
         .numbered()
@@ -365,11 +358,12 @@ fn open_lun(
         lun: number,
         cause: source,
     })?;
-    let (id, origin) = identity::resolve(l, data_dir).map_err(|source| ServerError::Identity {
-        target: t.name.clone(),
-        lun: number,
-        cause: source,
-    })?;
+    let (id, origin) =
+        identity::resolve(l, data_dir, &*dev).map_err(|source| ServerError::Identity {
+            target: t.name.clone(),
+            lun: number,
+            cause: source,
+        })?;
     let (naa, serial) = (id.naa, id.serial);
     let cfg = LuConfig {
         read_only: l.read_only,
@@ -383,6 +377,20 @@ fn open_lun(
         write_cache: l.write_cache,
         physical_block_size: l.physical_block_size,
         sanitize_rate: l.sanitize_rate,
+        // One target port per gateway: its group and relative port are the
+        // gateway's --tpg.
+        alua: ethersan_scsi::Alua {
+            group: options.target_port_group,
+            rel_port: options.target_port_group,
+            state: match options.alua_state {
+                config::GatewayState::ActiveOptimized => ethersan_scsi::AluaState::ActiveOptimized,
+                config::GatewayState::ActiveNonOptimized => {
+                    ethersan_scsi::AluaState::ActiveNonOptimized
+                }
+                config::GatewayState::Standby => ethersan_scsi::AluaState::Standby,
+            },
+            preferred: false,
+        },
         // APTPL state lives beside a regular file LUN's backing file.
         pr_state_file: match &l.backing {
             config::Backing::File { path, .. } if path.is_file() => {
@@ -399,10 +407,33 @@ fn open_lun(
         read_only_for: t.access.read_only.get(i).cloned().unwrap_or_default(),
         min_channel_level: l.security.to_u8(),
     };
-    Ok(LunSlot {
-        lu: Arc::new(LogicalUnit::new(dev, cfg)),
-        policy,
-    })
+    let lu = Arc::new(LogicalUnit::new(dev.clone(), cfg));
+    watch_size(&dev, &lu, &t.name, number);
+    Ok(LunSlot { lu, policy })
+}
+
+/// A store whose size can change outside this process (an RBD image
+/// resized in its cluster) tells the unit, which then raises CAPACITY DATA
+/// HAS CHANGED for every nexus.
+fn watch_size(dev: &Arc<dyn BlockDevice>, lu: &Arc<LogicalUnit>, target: &str, lun: usize) {
+    let unit = Arc::downgrade(lu);
+    let target = target.to_string();
+    dev.watch_size(Arc::new(move || {
+        let unit = unit.clone();
+        let target = target.clone();
+        // The engine calls from its own thread, which looking at the size
+        // may need: look from another one.
+        std::thread::spawn(move || {
+            let Some(lu) = unit.upgrade() else { return };
+            match lu.rescan_capacity() {
+                Ok(Some(blocks)) => {
+                    info!(target = %target, lun, blocks, "the store was resized outside ethersan; initiators are told (CAPACITY DATA HAS CHANGED)")
+                }
+                Ok(None) => {}
+                Err(e) => warn!(target = %target, lun, "cannot read the store's new size: {e}"),
+            }
+        });
+    }));
 }
 
 fn digests(list: &str) -> Vec<ethersan_proto::negotiate::Digest> {
@@ -484,6 +515,7 @@ fn target_settings(config: &Config) -> TargetSettings {
         initial_r2t: o.initial_r2t,
         immediate_data: o.immediate_data,
         max_outstanding_r2t: o.max_outstanding_r2t,
+        portal_group_tag: o.target_port_group,
         ..TargetSettings::default()
     }
 }

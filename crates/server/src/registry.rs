@@ -209,6 +209,13 @@ impl Registry {
         Registry::with_login_limit(targets, portals, 0)
     }
 
+    /// The portal group tag every portal announces (the gateway's ALUA
+    /// target port group id; default 1).
+    pub fn with_portal_group_tag(mut self, tag: u16) -> Self {
+        self.portal_group_tag = tag;
+        self
+    }
+
     /// [`Registry::new`] with at most `max_logins` connections in the
     /// login phase at once (0: no limit).
     pub fn with_login_limit(

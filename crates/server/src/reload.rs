@@ -141,7 +141,7 @@ impl Reloader {
                 .needs_restart
                 .push("the AoE exports ([aoe], and targets and LUNs as AoE sees them)".into());
         }
-        let data_dir = current.options.data_dir.clone();
+        let options = current.options.clone();
         // Prepare: open every store the new configuration adds or changes.
         let old: BTreeMap<&str, &TargetConfig> = current
             .targets
@@ -151,9 +151,9 @@ impl Reloader {
         let mut changes = Vec::new();
         for t in &new.targets {
             match old.get(t.name.as_str()) {
-                None => changes.push(TargetChange::Add(build_target(t, &data_dir)?)),
+                None => changes.push(TargetChange::Add(build_target(t, &options)?)),
                 Some(o) if o.alias != t.alias => {
-                    changes.push(TargetChange::Rebuild(build_target(t, &data_dir)?))
+                    changes.push(TargetChange::Rebuild(build_target(t, &options)?))
                 }
                 Some(o) => {
                     if o.access.initiators != t.access.initiators
@@ -170,13 +170,13 @@ impl Reloader {
                         match (before.get(&n), after.get(&n)) {
                             (Some(_), None) => luns.push(LunChange::Remove(n)),
                             (None, Some(&i)) => {
-                                luns.push(LunChange::Add(n, open_lun(t, i, &data_dir)?))
+                                luns.push(LunChange::Add(n, open_lun(t, i, &options)?))
                             }
                             (Some(&a), Some(&b))
                                 if !same_store(&o.luns[a], &t.luns[b])
                                     || lun_policy(o, a) != lun_policy(t, b) =>
                             {
-                                luns.push(LunChange::Replace(n, open_lun(t, b, &data_dir)?))
+                                luns.push(LunChange::Replace(n, open_lun(t, b, &options)?))
                             }
                             (Some(&a), Some(&b)) => {
                                 if let Some(bytes) = resized(&o.luns[a], &t.luns[b]) {

@@ -60,12 +60,26 @@ pub enum MediumError {
     Write,
     /// The store ran out of space (ENOSPC on a thin volume).
     NoSpace,
+    /// The store did not answer within its bound or cannot be reached
+    /// (ETIMEDOUT, ESHUTDOWN, ENOTCONN, ECONNREFUSED, EHOSTUNREACH: a
+    /// cluster that is not answering). Nothing is known about the medium:
+    /// the command may succeed if retried, possibly on another path.
+    Unavailable,
 }
 
 impl MediumError {
     /// Classify an engine error of a read (`write` false) or of a write or
     /// flush (`write` true).
     pub fn of(e: &BackendError, write: bool) -> MediumError {
+        let errno = match e {
+            BackendError::Read { cause, .. }
+            | BackendError::Write { cause, .. }
+            | BackendError::Flush(cause) => cause.raw_os_error(),
+            _ => None,
+        };
+        if errno.is_some_and(|n| UNAVAILABLE_ERRNOS.contains(&n)) {
+            return MediumError::Unavailable;
+        }
         match e {
             BackendError::Write { cause: source, .. }
                 if source.raw_os_error() == Some(libc_enospc()) =>
@@ -77,6 +91,10 @@ impl MediumError {
         }
     }
 }
+
+/// ETIMEDOUT, ESHUTDOWN, ENOTCONN, ECONNREFUSED, EHOSTUNREACH on Linux
+/// (x86, ARM and most others share these generic values).
+const UNAVAILABLE_ERRNOS: [i32; 5] = [110, 108, 107, 111, 113];
 
 /// ENOSPC (the same on every Linux architecture).
 const fn libc_enospc() -> i32 {

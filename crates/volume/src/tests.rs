@@ -249,6 +249,17 @@ fn engine_errors_classify_as_read_write_or_no_space() {
         MediumError::of(&BackendError::Flush(eio()), true),
         MediumError::Write
     );
+    // A cluster that does not answer: neither a read nor a write error.
+    for errno in [110, 108, 107, 111, 113] {
+        let e = std::io::Error::from_raw_os_error(errno);
+        let r = BackendError::Read {
+            offset: 0,
+            cause: e,
+        };
+        assert_eq!(MediumError::of(&r, false), MediumError::Unavailable);
+        let f = BackendError::Flush(std::io::Error::from_raw_os_error(errno));
+        assert_eq!(MediumError::of(&f, true), MediumError::Unavailable);
+    }
 }
 
 #[test]

@@ -64,7 +64,9 @@ impl LogicalUnit {
         d[2] = 0x06; // SPC-4
         d[3] = 0x12; // HiSup, response data format 2
         d[4] = (d.len() - 5) as u8;
-        d[5] = 0x08; // 3PC: third-party copy (EXTENDED COPY)
+        // TPGS 11b: implicit and explicit ALUA (SPC-4 §5.16); 3PC:
+        // third-party copy (EXTENDED COPY).
+        d[5] = 0x30 | 0x08;
         d[7] = 0x02; // CmdQue
         d[8..16].copy_from_slice(&pad(&self.cfg.vendor, 8));
         d[16..32].copy_from_slice(&pad(&self.cfg.product, 16));
@@ -92,9 +94,12 @@ impl LogicalUnit {
         let mut t10 = pad(&self.cfg.vendor, 8);
         t10.extend(self.cfg.serial.bytes().take(64));
         desig(0x02, 0x01, &t10);
-        // Relative target port 1 and target port group 1 (iSCSI, PIV).
-        desig(0x51, 0x94, &[0, 0, 0, 1]);
-        desig(0x51, 0x95, &[0, 0, 0, 1]);
+        // Relative target port (type 4) and target port group (type 5) of
+        // this gateway: association target port, iSCSI, PIV.
+        let [p0, p1] = self.cfg.alua.rel_port.to_be_bytes();
+        desig(0x51, 0x94, &[0, 0, p0, p1]);
+        let [g0, g1] = self.cfg.alua.group.to_be_bytes();
+        desig(0x51, 0x95, &[0, 0, g0, g1]);
         // SCSI name string of the target device (UTF-8, NUL-padded to 4).
         let mut name = self.cfg.target_name.clone().into_bytes();
         name.truncate(251);

@@ -9,7 +9,7 @@
 //! [`LogicalUnit::write_plan`], [`LogicalUnit::cache_range`]) and moved by
 //! the volume (`submit`); the others here run as blocking jobs.
 
-use ethersan_backend::BlockDeviceExt;
+use ethersan_backend::{BackendError, BlockDeviceExt};
 
 use super::{
     CmdResult, LogicalUnit, Reply, ATOMIC_UNIT_BYTES, MAX_ATOMIC_BYTES, MAX_COMPARE_AND_WRITE,
@@ -135,6 +135,15 @@ impl LogicalUnit {
         }
         let (verify, write) = (&data[..len], &data[len..2 * len]);
         let _held = self.vol.ranges().lock(off, len as u64, true);
+        // A store shared by several gateways compares and writes itself,
+        // atomically for all of them; else it is done here, under the
+        // range lock (atomic within this process).
+        match self.dev.compare_and_write(off, verify, write, self.fua(&c)) {
+            Ok(None) => return Reply::none(),
+            Ok(Some(at)) => return Err(codes::MISCOMPARE_VERIFY.with_info(at)),
+            Err(BackendError::Unsupported) => {}
+            Err(e) => return Err(self.medium_error(&e, true, Some((off, len as u64)))),
+        }
         let mut medium = vec![0u8; len];
         self.dev
             .read_at(off, &mut medium)

@@ -13,12 +13,15 @@
 //! live in submodules: [`io`] (READ, WRITE, VERIFY, COMPARE AND WRITE, capacity, cache), [`provisioning`] (WRITE
 //! SAME, UNMAP, GET LBA STATUS), [`inquiry`] (standard data and VPD pages),
 //! [`mode`] (MODE SENSE/SELECT), [`medium`] (START STOP UNIT, PREVENT ALLOW
-//! MEDIUM REMOVAL, REQUEST SENSE) and [`sanitize`].
+//! MEDIUM REMOVAL, REQUEST SENSE), [`sanitize`], and [`multipath`]
+//! (reservations and target port groups shared with the other gateways
+//! that export the same store; REPORT/SET TARGET PORT GROUPS).
 
 mod inquiry;
 mod io;
 mod medium;
 mod mode;
+mod multipath;
 mod provisioning;
 mod sanitize;
 mod submit;
@@ -29,7 +32,7 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use ethersan_backend::{BackendError, BlockDevice};
+use ethersan_backend::{BackendError, BlockDevice, SharedState};
 use ethersan_volume::{MediumError, Volume};
 
 use crate::be::{be16, be32};
@@ -40,6 +43,8 @@ use crate::sense::{codes, Sense};
 use crate::unit_attention::UnitAttentions;
 use crate::{LuConfig, Nexus, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus};
 use mode::ModeState;
+use multipath::AluaView;
+pub use multipath::{PreemptListener, SharedStateError};
 use sanitize::SanitizeState;
 
 /// Largest transfer one command may ask for, in bytes (VPD 0xB0).
@@ -86,19 +91,28 @@ pub struct LogicalUnit {
     dev: Arc<dyn BlockDevice>,
     cfg: LuConfig,
     state: Mutex<LuState>,
-    ua: UnitAttentions,
+    ua: Arc<UnitAttentions>,
     /// The data path: range locks, write-cache (WCE) policy, the engine.
     vol: Arc<Volume>,
     d_sense: AtomicBool,
     swp: AtomicBool,
     ejected: AtomicBool,
-    reservations: Mutex<Reservations>,
+    /// The reservations (with shared state: the cache of blob `"pr"`,
+    /// refreshed by its change handler).
+    reservations: Arc<Mutex<Reservations>>,
     /// Any reservation held: commands must be checked against it.
-    reserved: AtomicBool,
+    reserved: Arc<AtomicBool>,
     sanitize: Arc<SanitizeState>,
     /// I_T nexuses whose tasks a PREEMPT AND ABORT asked to abort; the
     /// transport takes them with [`LogicalUnit::take_preempted`].
-    preempted: Mutex<Vec<Nexus>>,
+    preempted: Arc<Mutex<Vec<Nexus>>>,
+    /// The state shared with the other gateways exporting the store.
+    shared: Option<Arc<dyn SharedState>>,
+    /// The target port groups and this gateway's access state.
+    alua: Arc<AluaView>,
+    /// The parts above that the shared state's change handlers update
+    /// (they hold it weakly: a dropped unit stops following).
+    follower: Arc<multipath::Follower>,
     failures: FailureLog,
 }
 
@@ -107,6 +121,7 @@ fn backend_sense(e: &BackendError, write: bool) -> Sense {
         MediumError::NoSpace => codes::SPACE_ALLOCATION_FAILED,
         MediumError::Write => codes::WRITE_ERROR,
         MediumError::Read => codes::READ_ERROR,
+        MediumError::Unavailable => codes::LU_COMMUNICATION_TIMEOUT,
     }
 }
 
@@ -156,6 +171,7 @@ impl LogicalUnit {
                 MediumError::NoSpace => "out of space",
                 MediumError::Write => "write failed",
                 MediumError::Read => "read failed",
+                MediumError::Unavailable => "store not answering",
             };
             let bytes = range.map_or_else(
                 || "the whole unit".to_string(),
@@ -193,30 +209,50 @@ impl LogicalUnit {
             d_sense: false,
             swp: false,
         };
-        // Reservations saved with APTPL are in force from the start.
-        let reservations = Reservations::with_state_file(cfg.pr_state_file.clone());
-        LogicalUnit {
+        // Reservations saved with APTPL are in force from the start; with
+        // shared state they live in the cluster instead of a file.
+        let shared = dev.shared();
+        let state_file = match shared {
+            Some(_) => None,
+            None => cfg.pr_state_file.clone(),
+        };
+        let reservations = Reservations::with_state_file(state_file, cfg.alua.rel_port);
+        let follower = Arc::new(multipath::Follower {
+            alua_cfg: cfg.alua,
+            ua: Arc::new(UnitAttentions::default()),
+            reserved: Arc::new(AtomicBool::new(reservations.active())),
+            reservations: Arc::new(Mutex::new(reservations)),
+            preempted: Arc::new(Mutex::new(Vec::new())),
+            alua: Arc::new(AluaView::new(&cfg.alua)),
+            listener: Default::default(),
+        });
+        let lu = LogicalUnit {
             state: Mutex::new(LuState {
                 mode,
                 default_mode: mode,
                 medium_present: true,
                 prevent: HashSet::new(),
             }),
-            ua: UnitAttentions::default(),
+            ua: follower.ua.clone(),
             vol,
             d_sense: AtomicBool::new(false),
             swp: AtomicBool::new(false),
             ejected: AtomicBool::new(false),
-            reserved: AtomicBool::new(reservations.active()),
+            reserved: follower.reserved.clone(),
             sanitize: Arc::new(SanitizeState::default()),
-            preempted: Mutex::new(Vec::new()),
+            preempted: follower.preempted.clone(),
             failures: FailureLog {
                 last: Mutex::new((None, 0)),
             },
-            reservations: Mutex::new(reservations),
+            reservations: follower.reservations.clone(),
+            shared,
+            alua: follower.alua.clone(),
+            follower,
             dev,
             cfg,
-        }
+        };
+        lu.attach_shared();
+        lu
     }
 
     /// The backing device.
@@ -308,6 +344,11 @@ impl LogicalUnit {
             ResetKind::TargetCold => codes::POWER_ON_RESET,
         };
         self.ua.raise_all(s, None);
+        // A logical unit reset is an event of the unit, which the other
+        // gateways export too; a target reset is of this gateway's target.
+        if kind == ResetKind::LogicalUnit {
+            self.announce_reset(s);
+        }
     }
 
     /// Re-read the backing store's size; if it changed, every I_T nexus
@@ -386,6 +427,9 @@ impl LogicalUnit {
                 return Err(self.check(ua));
             }
         }
+        if let Some(s) = self.alua.state().refusal(def.op) {
+            return Err(self.check(s));
+        }
         if self.reserved.load(Ordering::Acquire) {
             if let Err(PrError::Conflict) = self.res().check(req.nexus, access(def.op)) {
                 return Err(conflict());
@@ -461,33 +505,32 @@ impl LogicalUnit {
             Op::OrWrite => self.or_write(cdb, req.data_out),
             Op::ReadDefectData => io::read_defect_data(cdb),
             Op::Reserve | Op::Release | Op::PrOut => {
-                let mut r = self.res();
+                let len = be32(&cdb[5..9]) as usize;
+                let (action, scope_type) = (cdb[1] & 0x1f, cdb[2]);
                 let outcome = match def.op {
-                    Op::Reserve => r.reserve_legacy(req.nexus).map(|_| Vec::new()),
-                    Op::Release => r.release_legacy(req.nexus).map(|_| Vec::new()),
+                    Op::PrOut if req.data_out.len() < len => {
+                        Err(PrError::Sense(codes::PARAM_LIST_LENGTH))
+                    }
+                    Op::PrOut if self.shared.is_some() => {
+                        let shared = self.shared.clone();
+                        let shared = shared.as_deref().expect("checked above");
+                        let param = &req.data_out[..len];
+                        self.pr_out_shared(shared, req.nexus, action, scope_type, param)
+                    }
                     _ => {
-                        let len = be32(&cdb[5..9]) as usize;
-                        if req.data_out.len() < len {
-                            Err(PrError::Sense(codes::PARAM_LIST_LENGTH))
-                        } else {
-                            r.pr_out(req.nexus, cdb[1] & 0x1f, cdb[2], &req.data_out[..len])
-                        }
+                        let mut r = self.res();
+                        let outcome = match def.op {
+                            Op::Reserve => r.reserve_legacy(req.nexus).map(|_| Vec::new()),
+                            Op::Release => r.release_legacy(req.nexus).map(|_| Vec::new()),
+                            _ => r.pr_out(req.nexus, action, scope_type, &req.data_out[..len]),
+                        };
+                        self.publish_reserved(&r);
+                        outcome
                     }
                 };
-                self.publish_reserved(&r);
-                drop(r);
                 match outcome {
                     Ok(notices) => {
-                        let preempt_and_abort = def.op == Op::PrOut && cdb[1] & 0x1f == 5;
-                        for (n, s) in notices {
-                            if preempt_and_abort && (s.asc, s.ascq) == (0x2a, 0x05) {
-                                self.preempted
-                                    .lock()
-                                    .unwrap_or_else(|e| e.into_inner())
-                                    .push(n);
-                            }
-                            self.ua.raise(n, s);
-                        }
+                        self.follower().raise(&notices, false);
                         Reply::none()
                     }
                     Err(PrError::Conflict) => return conflict(),
@@ -496,11 +539,13 @@ impl LogicalUnit {
             }
             Op::PrIn => {
                 let alloc = usize::from(be16(&cdb[7..9]));
-                self.res()
-                    .pr_in(cdb[1] & 0x1f)
+                self.refresh_pr()
+                    .and_then(|()| self.res().pr_in(cdb[1] & 0x1f))
                     .map(|d| Reply { data: d })
                     .and_then(|r| Reply::data(r.data, alloc))
             }
+            Op::ReportTpg => self.report_target_port_groups(cdb),
+            Op::SetTpg => self.set_target_port_groups(cdb, req.data_out, req.nexus),
             // Routed by the target; a unit asked directly lists only LUN 0.
             Op::ReportLuns => crate::report_luns::report_luns(cdb, &[0]).map(|data| Reply { data }),
         };
@@ -529,7 +574,7 @@ impl LogicalUnit {
             || (def.op == Op::Verify && cdb[1] & 0x06 != 0)
             || matches!(
                 def.op,
-                Op::ModeSelect6 | Op::ModeSelect10 | Op::Unmap | Op::PrOut
+                Op::ModeSelect6 | Op::ModeSelect10 | Op::Unmap | Op::PrOut | Op::SetTpg
             )
         {
             Some(self.data_out_len(def, cdb))
@@ -565,6 +610,7 @@ impl LogicalUnit {
             Op::CompareAndWrite => 2 * usize::from(cdb[13]) * self.bs() as usize,
             Op::Unmap => usize::from(be16(&cdb[7..9])),
             Op::PrOut => be32(&cdb[5..9]) as usize,
+            Op::SetTpg => be32(&cdb[6..10]) as usize,
             _ => (u64::from(BlockCdb::parse(cdb).blocks) * self.bs()) as usize,
         }
     }

@@ -4,7 +4,7 @@
 use super::{
     CmdResult, LogicalUnit, Reply, MAX_TRANSFER_BYTES, MAX_UNMAP_BLOCKS, MAX_UNMAP_DESCRIPTORS,
 };
-use ethersan_backend::BlockDeviceExt;
+use ethersan_backend::{BackendError, BlockDeviceExt};
 
 use crate::be::{be16, be32, be64};
 use crate::cdb::BlockCdb;
@@ -81,6 +81,13 @@ impl LogicalUnit {
                     .map_err(|e| self.medium_error(&e, true, None))?;
             }
             return Reply::none();
+        }
+        // The store may repeat the block itself (one request to a cluster
+        // instead of a megabyte at a time).
+        match self.dev.write_same(off, len, &block, self.fua(&c)) {
+            Ok(()) => return Reply::none(),
+            Err(BackendError::Unsupported) => {}
+            Err(e) => return Err(self.medium_error(&e, true, Some((off, len)))),
         }
         // Write in chunks of up to 1 MiB of repeated blocks.
         let per_chunk = ((1usize << 20) / bs).max(1);

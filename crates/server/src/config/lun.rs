@@ -25,7 +25,17 @@ pub enum Backing {
         /// Size in bytes.
         size: u64,
     },
+    /// A Ceph RBD image (librbd, loaded at run time); several servers may
+    /// export the same image (see docs/rbd.md).
+    Rbd {
+        /// Pool, image, cluster connection and the size to create it with.
+        spec: ethersan_rbd::RbdSpec,
+    },
 }
+
+/// The `--lun` spec options that belong to an RBD image's connection
+/// (`conf=`, `id=`, `keyring=`, `timeout=`), not to the LUN.
+const RBD_OPTIONS: [&str; 4] = ["conf=", "id=", "keyring=", "timeout="];
 
 /// One LUN.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,7 +86,7 @@ pub const DEFAULT_ENGINE: IoEngine = IoEngine::Uring;
 
 impl LunConfig {
     /// Parse the command-line form `PATH[:SIZE][,ro][,removable][,bs=4096][,serial=S][,naa=HEX]`
-    /// or `ram:SIZE[,...]`.
+    /// or `ram:SIZE[,...]` or `rbd:POOL/IMAGE[:SIZE][,conf=PATH][,id=USER][,keyring=PATH][,timeout=SECS][,...]`.
     pub fn from_spec(spec: &str) -> Result<LunConfig, ConfigError> {
         let mut parts = spec.split(',');
         let head = parts.next().unwrap_or("");
@@ -85,7 +95,24 @@ impl LunConfig {
                 "LUN spec {spec:?} names no backing store"
             )));
         }
-        let backing = if let Some(size) = head.strip_prefix("ram:") {
+        let mut lun_opts: Vec<&str> = Vec::new();
+        let backing = if let Some(image) = head.strip_prefix("rbd:") {
+            // The connection's options go to the image's spec, the rest to
+            // the LUN.
+            let mut text = image.to_string();
+            for opt in parts.by_ref() {
+                if RBD_OPTIONS.iter().any(|k| opt.starts_with(k)) {
+                    text.push(',');
+                    text.push_str(opt);
+                } else {
+                    lun_opts.push(opt);
+                }
+            }
+            Backing::Rbd {
+                spec: ethersan_rbd::RbdSpec::parse(&text)
+                    .map_err(|e| ConfigError::Invalid(format!("LUN spec {spec:?}: {e}")))?,
+            }
+        } else if let Some(size) = head.strip_prefix("ram:") {
             Backing::Ram {
                 size: parse_size(size)?,
             }
@@ -127,7 +154,8 @@ impl LunConfig {
             security: ethersan_channel::Level::default(),
             number: None,
         };
-        for opt in parts {
+        lun_opts.extend(parts);
+        for opt in lun_opts {
             match opt {
                 "ro" => lun.read_only = true,
                 "removable" => lun.removable = true,
@@ -190,6 +218,7 @@ impl LunConfig {
         let size = match &self.backing {
             Backing::Ram { size } => Some(*size),
             Backing::File { size, .. } => *size,
+            Backing::Rbd { spec } => spec.create_size,
         };
         // Each message starts with the TOML key it is about, so that a
         // config file error can point at that key's line.
@@ -221,6 +250,12 @@ impl LunConfig {
         if matches!(self.backing, Backing::Ram { .. }) && self.direct {
             return Err("direct (O_DIRECT) is for files and block devices, not RAM LUNs".into());
         }
+        if matches!(self.backing, Backing::Rbd { .. }) && (self.direct || self.preallocate) {
+            return Err(
+                "direct and full provisioning are for files and block devices, not RBD images"
+                    .into(),
+            );
+        }
         Ok(())
     }
 
@@ -231,6 +266,10 @@ impl LunConfig {
             Backing::File { path, size } => {
                 Arc::new(FileDevice::open(path, &self.file_options(*size))?)
             }
+            Backing::Rbd { spec } => Arc::new(
+                ethersan_rbd::RbdDevice::open(spec, self.block_size)
+                    .map_err(|e| BackendError::Config(e.to_string()))?,
+            ),
         })
     }
 
@@ -243,6 +282,20 @@ impl LunConfig {
                 ethersan_backend::file::human_bytes(*size)
             )),
             Backing::File { path, size } => FileDevice::check(path, &self.file_options(*size)),
+            // Connecting is the only real check: open the image and close
+            // it again (an image missing with a size given is created, as
+            // serving it would).
+            Backing::Rbd { spec } => {
+                let dev = ethersan_rbd::RbdDevice::open(spec, self.block_size)
+                    .map_err(|e| BackendError::Config(e.to_string()))?;
+                Ok(format!(
+                    "Ceph RBD image {}, {}",
+                    dev.describe(),
+                    ethersan_backend::file::human_bytes(
+                        dev.num_blocks() * u64::from(dev.block_size())
+                    )
+                ))
+            }
         }
     }
 

@@ -25,8 +25,8 @@ pub use aoe::{parse_macs, AoeAddress, AoeConfig, AoeLink};
 pub use ethernet::{parse_ethertype, EthernetConfig, UdpPortal};
 pub use lun::{Backing, LunConfig, DEFAULT_ENGINE};
 pub use options::{
-    Options, Placement, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS, DEFAULT_MAX_KEY_TEXT_BYTES,
-    DEFAULT_MAX_LOGINS_IN_PROGRESS, MIN_KEY_TEXT_BYTES,
+    GatewayState, Options, Placement, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+    DEFAULT_MAX_KEY_TEXT_BYTES, DEFAULT_MAX_LOGINS_IN_PROGRESS, MIN_KEY_TEXT_BYTES,
 };
 pub use values::{format_naa, parse_naa, parse_size, validate_name};
 

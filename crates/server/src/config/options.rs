@@ -51,6 +51,12 @@ pub struct Options {
     /// their Data-In is sent); commands beyond it wait. One command always
     /// runs, however large.
     pub session_memory_budget: usize,
+    /// This gateway's ALUA target port group id, also its relative target
+    /// port id and its portal group tag (1..=65535, default 1). Gateways
+    /// that export one shared store (an RBD image) need different ones.
+    pub target_port_group: u16,
+    /// The ALUA access state this gateway's target port group starts in.
+    pub alua_state: GatewayState,
     /// Directory for default backing files.
     pub data_dir: PathBuf,
     /// Threads that run sessions (tokio workers); 0: one per CPU.
@@ -133,6 +139,8 @@ impl Default for Options {
             max_logins_in_progress: DEFAULT_MAX_LOGINS_IN_PROGRESS,
             max_key_text_bytes: DEFAULT_MAX_KEY_TEXT_BYTES,
             session_memory_budget: ethersan_core::budget::DEFAULT_SESSION_BUDGET,
+            target_port_group: 1,
+            alua_state: GatewayState::ActiveOptimized,
             data_dir: PathBuf::from("./ethersan-data"),
             worker_threads: 0,
             inline_io: true,
@@ -196,6 +204,37 @@ impl Options {
                 16 << 20
             ));
         }
+        if self.target_port_group == 0 {
+            return Err("target_port_group must be 1..=65535 (0 is reserved)".into());
+        }
         Ok(())
+    }
+}
+
+/// The ALUA access state a gateway's target port group starts in
+/// (`alua_state`, `serve --alua-state`); SET TARGET PORT GROUPS may change
+/// it at run time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GatewayState {
+    /// Active/optimized: the preferred path.
+    ActiveOptimized,
+    /// Active/non-optimized: serves everything, not preferred.
+    ActiveNonOptimized,
+    /// Standby: answers INQUIRY and the ALUA commands, refuses media access.
+    Standby,
+}
+
+impl std::str::FromStr for GatewayState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "active-optimized" => Ok(GatewayState::ActiveOptimized),
+            "active-non-optimized" => Ok(GatewayState::ActiveNonOptimized),
+            "standby" => Ok(GatewayState::Standby),
+            other => Err(format!(
+                "unknown ALUA state {other:?} (use active-optimized, active-non-optimized or standby)"
+            )),
+        }
     }
 }

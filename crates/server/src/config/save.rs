@@ -180,6 +180,28 @@ fn lun(l: &LunConfig, t: &TargetConfig, i: usize) -> Table {
         Backing::Ram { size } => {
             out.insert("ram".into(), int(*size));
         }
+        Backing::Rbd { spec } => {
+            out.insert(
+                "rbd".into(),
+                Value::String(format!("{}/{}", spec.pool, spec.image)),
+            );
+            if let Some(s) = spec.create_size {
+                out.insert("size".into(), int(s));
+            }
+            if let Some(c) = &spec.conf {
+                out.insert("ceph_conf".into(), Value::String(c.display().to_string()));
+            }
+            if let Some(i) = &spec.id {
+                out.insert("ceph_id".into(), Value::String(i.clone()));
+            }
+            if let Some(k) = &spec.keyring {
+                out.insert(
+                    "ceph_keyring".into(),
+                    Value::String(k.display().to_string()),
+                );
+            }
+            out.insert("ceph_timeout".into(), int(spec.timeout.as_secs()));
+        }
     }
     out.insert("read_only".into(), Value::Boolean(l.read_only));
     out.insert("removable".into(), Value::Boolean(l.removable));
@@ -200,7 +222,7 @@ fn lun(l: &LunConfig, t: &TargetConfig, i: usize) -> Table {
         Value::String(if l.preallocate { "full" } else { "thin" }.into()),
     );
     out.insert("direct".into(), Value::Boolean(l.direct));
-    if !matches!(l.backing, Backing::Ram { .. }) {
+    if matches!(l.backing, Backing::File { .. }) {
         out.insert("engine".into(), Value::String(l.engine.to_string()));
     }
     if let Some(r) = l.sanitize_rate {

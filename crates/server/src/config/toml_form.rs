@@ -362,6 +362,16 @@ struct RawLunTable {
     security: Option<String>,
     /// The LUN number (default: the previous LUN's plus one, from 0).
     number: Option<u64>,
+    /// A Ceph RBD image, "POOL/IMAGE" (with `size`: created when missing).
+    rbd: Option<String>,
+    /// The Ceph configuration file for `rbd` (default: librados' own search).
+    ceph_conf: Option<PathBuf>,
+    /// The cephx user for `rbd`, without "client." (default: admin).
+    ceph_id: Option<String>,
+    /// The keyring for `rbd` (default: the configuration file's).
+    ceph_keyring: Option<PathBuf>,
+    /// Seconds a cluster may take to answer before a command fails.
+    ceph_timeout: Option<u64>,
 }
 
 fn raw_size(s: &RawSize) -> Result<u64, ConfigError> {
@@ -578,18 +588,52 @@ impl Config {
                             })?;
                         }
                         read_only_for = tb.read_only_initiators.clone();
+                        if tb.rbd.is_none()
+                            && (tb.ceph_conf.is_some()
+                                || tb.ceph_id.is_some()
+                                || tb.ceph_keyring.is_some()
+                                || tb.ceph_timeout.is_some())
+                        {
+                            return Err(at(
+                                Some(span),
+                                "ceph_conf, ceph_id, ceph_keyring and ceph_timeout go with rbd = \"POOL/IMAGE\"".into(),
+                            ));
+                        }
                         let backing = match (&tb.path, &tb.ram) {
-                            (Some(p), None) => Backing::File {
+                            (None, None) if tb.rbd.is_some() => {
+                                let mut text = tb.rbd.clone().unwrap_or_default();
+                                if let Some(s) = &tb.size {
+                                    let bytes = raw_size(s).map_err(|e| at(Some(span.clone()), e.to_string()))?;
+                                    text.push_str(&format!(":{bytes}"));
+                                }
+                                if let Some(c) = &tb.ceph_conf {
+                                    text.push_str(&format!(",conf={}", base.join(c).display()));
+                                }
+                                if let Some(i) = &tb.ceph_id {
+                                    text.push_str(&format!(",id={i}"));
+                                }
+                                if let Some(k) = &tb.ceph_keyring {
+                                    text.push_str(&format!(",keyring={}", base.join(k).display()));
+                                }
+                                if let Some(t) = tb.ceph_timeout {
+                                    text.push_str(&format!(",timeout={t}"));
+                                }
+                                Backing::Rbd {
+                                    spec: ethersan_rbd::RbdSpec::parse(&text)
+                                        .map_err(|e| at(Some(span.clone()), format!("rbd: {e}")))?,
+                                }
+                            }
+                            (Some(p), None) if tb.rbd.is_none() => Backing::File {
                                 path: base.join(p),
                                 size: tb.size.as_ref().map(raw_size).transpose().map_err(|e| at(Some(span.clone()), e.to_string()))?,
                             },
-                            (None, Some(r)) if tb.size.is_none() => {
+                            (None, Some(r)) if tb.size.is_none() && tb.rbd.is_none() => {
                                 Backing::Ram { size: raw_size(r).map_err(|e| at(Some(span.clone()), e.to_string()))? }
                             }
                             _ => {
                                 return Err(at(
                                     Some(span),
-                                    "a LUN needs exactly one of path = \"...\" (with optional size) or ram = \"SIZE\"".into(),
+                                    "a LUN needs exactly one of path = \"...\" (with optional size), ram = \"SIZE\" or rbd = \"POOL/IMAGE\" (with optional size)".into(),
                                 ))
                             }
                         };
