@@ -600,3 +600,64 @@ fn isns_table() {
         assert!(e.starts_with("t.toml:") && e.contains(want), "{bad}: {e}");
     }
 }
+
+#[test]
+fn rbd_luns_in_specs_and_tables_and_saved_back() {
+    let l =
+        LunConfig::from_spec("rbd:rbd/disk1:10G,conf=/etc/ceph/c.conf,id=gw,bs=4096,timeout=7,ro")
+            .unwrap();
+    let Backing::Rbd { spec } = &l.backing else {
+        panic!("not an RBD LUN: {:?}", l.backing)
+    };
+    assert_eq!((spec.pool.as_str(), spec.image.as_str()), ("rbd", "disk1"));
+    assert_eq!(spec.create_size, Some(10 << 30));
+    assert_eq!(
+        spec.conf.as_deref(),
+        Some(std::path::Path::new("/etc/ceph/c.conf"))
+    );
+    assert_eq!(spec.id.as_deref(), Some("gw"));
+    assert_eq!(spec.timeout, std::time::Duration::from_secs(7));
+    // The LUN's own options stay the LUN's.
+    assert!(l.read_only && l.block_size == 4096);
+    for bad in [
+        "rbd:",
+        "rbd:pool",
+        "rbd:rbd/x:10G,direct",
+        "rbd:rbd/x,timeout=soon",
+        "rbd:rbd/x:1000,bs=4096",
+    ] {
+        assert!(LunConfig::from_spec(bad).is_err(), "{bad} accepted");
+    }
+    let text = "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\n[[target.lun]]\nrbd = \"pool1/img\"\nsize = \"1G\"\nceph_conf = \"/etc/ceph/ceph.conf\"\nceph_id = \"gw\"\nceph_timeout = 9\n[options]\ntarget_port_group = 2\nalua_state = \"standby\"\n";
+    let c = Config::from_toml_str(text, "t").unwrap();
+    let Backing::Rbd { spec } = &c.targets[0].luns[0].backing else {
+        panic!("not an RBD LUN")
+    };
+    assert_eq!(
+        (spec.pool.as_str(), spec.image.as_str(), spec.create_size),
+        ("pool1", "img", Some(1 << 30))
+    );
+    assert_eq!(spec.timeout, std::time::Duration::from_secs(9));
+    assert_eq!(c.options.target_port_group, 2);
+    assert_eq!(c.options.alua_state, super::GatewayState::Standby);
+    // What `ctl save` writes reads back the same.
+    let again = Config::from_toml_str(&c.to_toml(), "saved").unwrap();
+    assert_eq!(
+        again.targets[0].luns[0].backing,
+        c.targets[0].luns[0].backing
+    );
+    assert_eq!(again.options.target_port_group, 2);
+    assert_eq!(again.options.alua_state, super::GatewayState::Standby);
+    // Ceph keys without rbd, rbd with path, and group 0 are refused.
+    for bad in [
+        "[[target.lun]]\npath = \"/tmp/x\"\nceph_id = \"gw\"\n",
+        "[[target.lun]]\npath = \"/tmp/x\"\nrbd = \"p/i\"\n",
+    ] {
+        let t = format!(
+            "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\n{bad}"
+        );
+        assert!(Config::from_toml_str(&t, "t").is_err(), "{bad} accepted");
+    }
+    let t = text.replace("target_port_group = 2", "target_port_group = 0");
+    assert!(Config::from_toml_str(&t, "t").is_err(), "group 0 accepted");
+}
