@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::ceph::Ceph;
-use common::{parse_cunit, pattern, require_tool, run, Server, IQN};
+use common::{pattern, require_tool, run, Server, IQN};
 use ethersan_initiator::{connect, LoginOptions, Session};
 
 /// Held by each test for its whole run (a tokio mutex: the async tests
@@ -105,19 +105,8 @@ fn libiscsi_qemu_and_cp_on_an_rbd_lun() {
         let server = Server::start_portals(2, &[&spec(&ceph, "suites", "128M", ",pbs=512")]);
         let mut problems = Vec::new();
         for suite in SUITES {
-            let test = format!("ALL.{suite}");
             let (url0, url1) = (server.url_via(0, 0), server.url_via(1, 0));
-            let out = run(
-                "iscsi-test-cu",
-                &["-d", "-S", "-V", "--test", &test, &url0, &url1],
-                Duration::from_secs(240),
-            );
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let r = parse_cunit(&text);
+            let (r, text) = common::run_suite(suite, &[&url0, &url1]);
             println!(
                 "{suite:<24} passed {:>3} failed {:>3} skipped {:>3}",
                 r.passed, r.failed, r.skipped

@@ -9,11 +9,9 @@
 
 mod common;
 
-use std::time::Duration;
-
 use bytes::Bytes;
 use common::ceph::Ceph;
-use common::{parse_cunit, pattern, require_tool, run, Server, IQN};
+use common::{pattern, require_tool, Server, IQN};
 use ethersan_initiator::{connect, LoginOptions, Session};
 
 /// Held by each test for its whole run (a tokio mutex: the async tests
@@ -108,18 +106,7 @@ fn libiscsi_multipath_and_reservation_suites_across_two_gateways() {
         "ProutClear",
         "ProutPreempt",
     ] {
-        let test = format!("ALL.{suite}");
-        let out = run(
-            "iscsi-test-cu",
-            &["-d", "-S", "-V", "--test", &test, &a.url(0), &b.url(0)],
-            Duration::from_secs(240),
-        );
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let r = parse_cunit(&text);
+        let (r, text) = common::run_suite(suite, &[&a.url(0), &b.url(0)]);
         println!(
             "{suite:<24} passed {:>3} failed {:>3} skipped {:>3}",
             r.passed, r.failed, r.skipped

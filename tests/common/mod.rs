@@ -435,6 +435,21 @@ pub struct SuiteResult {
     pub completed: bool,
 }
 
+/// Run libiscsi's `iscsi-test-cu --test ALL.SUITE` (with `-d -S -V`)
+/// against `urls` within 240 s; its parsed result and its whole output.
+pub fn run_suite(suite: &str, urls: &[&str]) -> (SuiteResult, String) {
+    let test = format!("ALL.{suite}");
+    let mut args = vec!["-d", "-S", "-V", "--test", &test];
+    args.extend_from_slice(urls);
+    let out = run("iscsi-test-cu", &args, Duration::from_secs(240));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (parse_cunit(&text), text)
+}
+
 /// Parse iscsi-test-cu's CUnit "basic" output. A test that printed
 /// `[SKIPPED]` between its "Test: NAME ..." line and its verdict counts as
 /// skipped even though CUnit calls it passed.

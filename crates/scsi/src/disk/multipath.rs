@@ -675,6 +675,23 @@ mod tests {
         lu: Arc<LogicalUnit>,
     }
 
+    /// Gateways 1 and 2, both active/optimized, over `ram` and `shared`.
+    fn two_gateways(ram: &Arc<RamDevice>, shared: &MemoryShared) -> (Gateway, Gateway) {
+        let g1 = gateway(
+            ram,
+            Arc::new(shared.handle()),
+            1,
+            AluaState::ActiveOptimized,
+        );
+        let g2 = gateway(
+            ram,
+            Arc::new(shared.handle()),
+            2,
+            AluaState::ActiveOptimized,
+        );
+        (g1, g2)
+    }
+
     fn gateway(
         ram: &Arc<RamDevice>,
         shared: Arc<dyn SharedState>,
@@ -794,18 +811,7 @@ mod tests {
     fn a_reservation_through_one_gateway_holds_at_the_other() {
         let shared = MemoryShared::new();
         let ram = ram();
-        let g1 = gateway(
-            &ram,
-            Arc::new(shared.handle()),
-            1,
-            AluaState::ActiveOptimized,
-        );
-        let g2 = gateway(
-            &ram,
-            Arc::new(shared.handle()),
-            2,
-            AluaState::ActiveOptimized,
-        );
+        let (g1, g2) = two_gateways(&ram, &shared);
         good(pro(&g1, A, 0, 0, 0, 0xa, 0));
         good(pro(&g1, A, 1, WE, 0xa, 0, 0));
         assert_eq!(write(&g2, B).status, ScsiStatus::ReservationConflict);
@@ -838,18 +844,7 @@ mod tests {
     fn preempt_through_the_other_gateway_reaches_the_victim() {
         let shared = MemoryShared::new();
         let ram = ram();
-        let g1 = gateway(
-            &ram,
-            Arc::new(shared.handle()),
-            1,
-            AluaState::ActiveOptimized,
-        );
-        let g2 = gateway(
-            &ram,
-            Arc::new(shared.handle()),
-            2,
-            AluaState::ActiveOptimized,
-        );
+        let (g1, g2) = two_gateways(&ram, &shared);
         good(pro(&g1, A, 0, 0, 0, 0xa, 0));
         good(pro(&g2, B, 0, 0, 0, 0xb, 0));
         good(pro(&g1, A, 1, WE, 0xa, 0, 0));
@@ -1143,18 +1138,7 @@ mod tests {
     fn a_logical_unit_reset_reaches_every_gateway() {
         let shared = MemoryShared::new();
         let ram = ram();
-        let g1 = gateway(
-            &ram,
-            Arc::new(shared.handle()),
-            1,
-            AluaState::ActiveOptimized,
-        );
-        let g2 = gateway(
-            &ram,
-            Arc::new(shared.handle()),
-            2,
-            AluaState::ActiveOptimized,
-        );
+        let (g1, g2) = two_gateways(&ram, &shared);
         g1.t.reset(crate::ResetKind::LogicalUnit, Some(0), A);
         check(
             &exec(&g1.t, B, &[0; 6], &[]),
