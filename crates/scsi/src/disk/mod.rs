@@ -519,7 +519,13 @@ impl LogicalUnit {
             Op::OrWrite => self.or_write(cdb, req.data_out),
             Op::ReadDefectData => io::read_defect_data(cdb),
             Op::Reserve | Op::Release | Op::PrOut => {
-                let len = be32(&cdb[5..9]) as usize;
+                // RESERVE(6)/RELEASE(6) CDBs are 6 bytes: only PERSISTENT
+                // RESERVE OUT (10 bytes) has a parameter list length.
+                let len = if def.op == Op::PrOut {
+                    be32(&cdb[5..9]) as usize
+                } else {
+                    0
+                };
                 let (action, scope_type) = (cdb[1] & 0x1f, cdb[2]);
                 let outcome = match def.op {
                     Op::PrOut if req.data_out.len() < len => {
@@ -711,6 +717,20 @@ mod tests {
     use super::testing::*;
     use crate::commands::{self, COMMANDS};
     use crate::sense::key;
+
+    /// RESERVE(6) and RELEASE(6) arrive as 6-byte CDBs (the fuzzer found
+    /// that only PERSISTENT RESERVE OUT may be read for a parameter list
+    /// length).
+    #[test]
+    fn six_byte_reserve_and_release() {
+        let (t, _) = target(512);
+        good(exec(&t, A, &[0x16, 0, 0, 0, 0, 0], &[]));
+        let r = exec(&t, B, &[0x16, 0, 0, 0, 0, 0], &[]);
+        assert_eq!(r.status, crate::ScsiStatus::ReservationConflict);
+        good(exec(&t, A, &[0x17, 0, 0, 0, 0, 0], &[]));
+        good(exec(&t, B, &[0x16, 0, 0, 0, 0, 0], &[]));
+        good(exec(&t, B, &[0x17, 0, 0, 0, 0, 0], &[]));
+    }
 
     #[test]
     fn every_opcode_outside_the_table_is_invalid_opcode() {
