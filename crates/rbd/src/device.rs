@@ -454,6 +454,7 @@ impl AioState {
 /// librbd's completion callback (a librbd thread): take the state back,
 /// read the outcome, release the completion and report.
 unsafe extern "C" fn aio_done(c: CompletionT, arg: *mut c_void) {
+    let _inside = crate::callback::Inside::enter();
     // SAFETY: `arg` is the Box<AioState> leaked by `RbdDevice::launch` for
     // this completion, which fires exactly once.
     let mut state = unsafe { Box::from_raw(arg.cast::<AioState>()) };
@@ -502,6 +503,7 @@ unsafe extern "C" fn aio_done(c: CompletionT, arg: *mut c_void) {
 
 /// librbd's image-update callback: the header changed (resize, metadata).
 unsafe extern "C" fn size_changed(arg: *mut c_void) {
+    let _inside = crate::callback::Inside::enter();
     // SAFETY: `arg` is the boxed callback registered with this watch; it is
     // freed only after `rbd_update_unwatch` returned.
     let f = unsafe { &*arg.cast::<Arc<dyn Fn() + Send + Sync>>() };
@@ -880,20 +882,26 @@ impl Drop for RbdDevice {
     fn drop(&mut self) {
         let watches =
             std::mem::take(&mut *self.size_watches.lock().unwrap_or_else(|e| e.into_inner()));
-        for (handle, SizeWatch(boxed)) in watches {
-            // SAFETY: the watch was registered on this open image;
-            // unwatching waits for a callback in progress.
-            let r = unsafe { (self.image.lib().rbd_update_unwatch)(self.image.raw(), handle) };
-            if r < 0 {
-                tracing::warn!(
-                    "{}: removing the resize watch failed: {}",
-                    self.name,
-                    errno(r.into())
-                );
+        // The image and the shared state go with the teardown: when it runs
+        // on a thread of its own (see `callback`), that thread holds them,
+        // so the image closes there, not in a librbd callback.
+        let (image, shared, name) = (self.image.clone(), self.shared.clone(), self.name.clone());
+        crate::callback::teardown("image", move || {
+            for (handle, SizeWatch(boxed)) in watches {
+                // SAFETY: the watch was registered on this open image;
+                // unwatching waits for a callback in progress.
+                let r = unsafe { (image.lib().rbd_update_unwatch)(image.raw(), handle) };
+                if r < 0 {
+                    tracing::warn!(
+                        "{name}: removing the resize watch failed: {}",
+                        errno(r.into())
+                    );
+                }
+                // SAFETY: the watch is gone, so no callback uses the box.
+                drop(unsafe { Box::from_raw(boxed) });
             }
-            // SAFETY: the watch is gone, so no callback uses the box.
-            drop(unsafe { Box::from_raw(boxed) });
-        }
+            drop((shared, image));
+        });
     }
 }
 

@@ -76,6 +76,7 @@
 
 use std::io;
 
+mod callback;
 mod cluster;
 mod device;
 mod ffi;

@@ -43,6 +43,10 @@ const NOTIFY_TIMEOUT: Duration = Duration::from_secs(10);
 /// The image metadata key that mirrors the `identity` blob.
 pub const IDENTITY_METADATA_KEY: &str = "ethersan.identity";
 
+/// The largest shared-state object read: far above any reservation or
+/// group state, far below what would hurt the gateway to allocate.
+const MAX_BLOB_BYTES: u64 = 16 << 20;
+
 /// Shared state of one RBD image in RADOS objects of its pool (see the
 /// module documentation).
 pub struct RadosShared {
@@ -152,6 +156,7 @@ unsafe extern "C" fn watch_notice(
     _data: *mut c_void,
     _len: usize,
 ) {
+    let _inside = crate::callback::Inside::enter();
     // SAFETY: `arg` is the Watch kept alive by its RadosShared until the
     // watch is removed and `rados_watch_flush` returned.
     let w = unsafe { &*arg.cast::<Watch>() };
@@ -176,6 +181,7 @@ unsafe extern "C" fn watch_notice(
 /// client was disconnected); re-establish it from another thread, as
 /// librados must not be re-entered for a watch from its own callback.
 unsafe extern "C" fn watch_error(arg: *mut c_void, _cookie: u64, err: c_int) {
+    let _inside = crate::callback::Inside::enter();
     // SAFETY: as in `watch_notice`; the count taken here is given to the
     // thread below, so the Watch outlives it.
     let w = unsafe {
@@ -210,7 +216,12 @@ fn rewatch(w: &Arc<Watch>) {
             match w.register() {
                 Ok(c) => {
                     *cookie = Some(c);
+                    drop(cookie);
                     tracing::info!("watch on {} re-established", w.oid.to_string_lossy());
+                    // Changes published while the watch was lost were
+                    // never announced here: look at the state once.
+                    let _ =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (w.handler)()));
                     return;
                 }
                 Err(e) => tracing::warn!(
@@ -289,6 +300,17 @@ impl SharedState for RadosShared {
             };
             if r < 0 {
                 return Err(shared_error(false, "reading", &oid, errno(r.into())));
+            }
+            if size > MAX_BLOB_BYTES {
+                return Err(shared_error(
+                    false,
+                    "reading",
+                    &oid,
+                    io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("the object holds {size} bytes, more than any ethersan state ({MAX_BLOB_BYTES}); it is not ethersan's or it is corrupt"),
+                    ),
+                ));
             }
             if size > cap as u64 {
                 cap = usize::try_from(size).map_err(|_| {
@@ -420,23 +442,33 @@ impl SharedState for RadosShared {
 impl Drop for RadosShared {
     fn drop(&mut self) {
         let watches = std::mem::take(&mut *self.watches.lock().unwrap_or_else(|e| e.into_inner()));
-        for w in &watches {
-            let mut cookie = w.cookie.lock().unwrap_or_else(|e| e.into_inner());
-            w.closed.store(true, Ordering::Release);
-            if let Some(c) = cookie.take() {
-                // SAFETY: `c` is this watch's cookie on this ioctx.
-                let r = unsafe { (self.lib().rados_unwatch2)(self.notices.raw(), c) };
-                if r < 0 {
-                    tracing::warn!(
-                        "removing the watch on {} failed: {}",
-                        w.oid.to_string_lossy(),
-                        errno(r.into())
-                    );
+        // Flushing watches waits for running callbacks: inside one (a
+        // handler dropped the last reference), it runs on a thread of its
+        // own, which also holds the image and the client until it is done.
+        let (notices, cluster, image) = (
+            self.notices.clone(),
+            self.cluster.clone(),
+            self.image.clone(),
+        );
+        crate::callback::teardown("shared state", move || {
+            for w in &watches {
+                let mut cookie = w.cookie.lock().unwrap_or_else(|e| e.into_inner());
+                w.closed.store(true, Ordering::Release);
+                if let Some(c) = cookie.take() {
+                    // SAFETY: `c` is this watch's cookie on this ioctx.
+                    let r = unsafe { (cluster.lib.rados_unwatch2)(notices.raw(), c) };
+                    if r < 0 {
+                        tracing::warn!(
+                            "removing the watch on {} failed: {}",
+                            w.oid.to_string_lossy(),
+                            errno(r.into())
+                        );
+                    }
                 }
             }
-        }
-        // No callback may still be running with a Watch about to be freed.
-        self.cluster.watch_flush();
-        drop(watches);
+            // No callback may still be running with a Watch about to be freed.
+            cluster.watch_flush();
+            drop((watches, notices, image, cluster));
+        });
     }
 }

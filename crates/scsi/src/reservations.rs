@@ -240,7 +240,10 @@ impl Reservations {
             n.seq = self.next_seq;
             self.log.push_back(*n);
         }
-        while self.log.len() > NOTICE_LOG {
+        // Never trim this change's own notices (a CLEAR or PREEMPT of more
+        // than NOTICE_LOG registrants): the other gateways must see them.
+        let keep = NOTICE_LOG.max(notices.len());
+        while self.log.len() > keep {
             self.log.pop_front();
         }
     }
