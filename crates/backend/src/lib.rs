@@ -10,7 +10,7 @@
 //! [`Submission::Done`] (finished without waiting: RAM always, a file when
 //! the page cache could take it, tried inside the engine with
 //! `RWF_NOWAIT`), [`Submission::Pending`] (the engine calls the completion
-//! later, from its io_uring thread) or [`Submission::Blocking`] (the sync
+//! later, from the thread that runs its io_uring) or [`Submission::Blocking`] (the sync
 //! engine: a job that does the blocking `pread`/`pwrite`, for the caller to
 //! run where blocking is fine). The caller never tries several protocols in
 //! turn, and a read buffer is allocated once and never zeroed: the kernel
@@ -18,8 +18,9 @@
 //!
 //! A file or block device uses one of two I/O engines ([`file::IoEngine`]):
 //! blocking `pread`/`pwrite`, or io_uring ([`uring::UringEngine`]), which
-//! completes requests from one ring thread per device, without a thread per
-//! I/O. Either can open the store with `O_DIRECT` ([`aligned`] provides the
+//! completes requests without a thread per I/O: in the submitting thread's
+//! own ring ([`uring::LocalRing`], a server worker's) or else on one ring
+//! thread per device. Either can open the store with `O_DIRECT` ([`aligned`] provides the
 //! aligned buffers that needs); a direct transfer never completes inline.
 #![warn(missing_docs, unreachable_pub)]
 
@@ -138,6 +139,9 @@ impl std::fmt::Debug for Submission {
 /// a [`Submission::Blocking`] job here): for slow-path commands and tools
 /// that may block.
 pub fn submit_and_wait(dev: &(impl BlockDevice + ?Sized), req: IoRequest) -> IoResult {
+    // The request must not go into this thread's own ring: only this
+    // thread, about to wait, would run its completion.
+    let _bypass = uring::BypassLocal::new();
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     match dev.submit(
         req,

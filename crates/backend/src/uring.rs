@@ -1,22 +1,33 @@
-//! The io_uring engine: one ring per device, owned by one thread.
+//! The io_uring engine: a ring per worker thread, or one per device.
 //!
-//! [`FileDevice`](crate::file::FileDevice)'s `submit` hands the
-//! [`IoRequest`]s that cannot finish inline, with their owned buffers, to
-//! [`UringEngine::submit`] (any thread, never blocks on I/O): the request
-//! goes over a channel and an eventfd wakes the ring thread. The thread
-//! keeps a READ of that eventfd outstanding in the ring, so it sleeps in
-//! one `io_uring_enter` until either an I/O or a new request completes —
-//! no polling, and no lost wakeups: a request queued after the thread
-//! drained the channel makes the eventfd readable, which completes the
-//! outstanding read.
+//! Two kinds of ring carry the same requests, with the same code:
 //!
-//! The thread turns requests into SQEs (READ, WRITE with `RWF_DSYNC` for
+//! - **A ring of the calling thread** ([`LocalRing`]). A thread that runs
+//!   sessions (a pinned worker of the server) installs one; every request
+//!   submitted on that thread goes straight into it — no channel, no
+//!   eventfd, no other thread — and its completions run on the same thread
+//!   when the thread's driver calls [`LocalRing::turn`] (the server's
+//!   worker does that when the ring's descriptor is readable). Requests
+//!   queued during one turn of the thread's work go to the kernel in one
+//!   `io_uring_enter`; a request that finds the ring idle (queue depth 1)
+//!   is entered at once. Any number of devices share the thread's ring, so
+//!   one busy LUN uses every worker.
+//! - **The device's own ring** ([`UringEngine`]'s thread), for requests
+//!   from threads without a ring of their own (the blocking pool, tools,
+//!   the shared runtime): [`UringEngine::submit`] (any thread, never
+//!   blocks on I/O) sends the request over a channel and an eventfd wakes
+//!   the ring thread. The thread keeps a READ of that eventfd outstanding
+//!   in the ring, so it sleeps in one `io_uring_enter` until either an I/O
+//!   or a new request completes — no polling, and no lost wakeups: a
+//!   request queued after the thread drained the channel makes the
+//!   eventfd readable, which completes the outstanding read.
+//!
+//! Either ring turns requests into SQEs (READ, WRITE with `RWF_DSYNC` for
 //! FUA, FSYNC with DATASYNC for a flush), continues short transfers, maps
 //! errors to [`BackendError`] exactly as the blocking engine does (so
 //! ENOSPC and EIO keep their sense codes), and calls each request's
-//! completion. Every buffer stays in the thread's table until its CQE has
-//! arrived; the thread exits only when nothing is in flight, also when the
-//! engine is dropped.
+//! completion. Every buffer (and the descriptors) stays in the ring's table
+//! until its CQE has arrived; a ring is never torn down with I/O in flight.
 //!
 //! A read lands in the spare capacity of the request's own buffer (not
 //! zeroed first); with a direct (`O_DIRECT`) descriptor at an aligned spot
@@ -24,34 +35,46 @@
 //! [`AlignedBuf`]; a transfer the device refuses as misaligned (EINVAL)
 //! is retried on the buffered descriptor.
 
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::marker::PhantomData;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
+use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
 
 use io_uring::{opcode, types, IoUring};
 
 use crate::aligned::AlignedBuf;
 use crate::fill::align_prefix;
-use crate::{BackendError, IoCompletion, IoRequest};
+use crate::{BackendError, IoCompletion, IoRequest, IoResult};
 
 /// Submission queue entries per ring.
 const RING_ENTRIES: u32 = 256;
-/// Most requests in flight in the kernel at once (the rest wait in order).
-const MAX_IN_FLIGHT: usize = 2 * RING_ENTRIES as usize;
 /// `user_data` of the eventfd read.
 const WAKE_TOKEN: u64 = u64::MAX;
+
+/// The descriptors of one store; every request in flight holds them, so
+/// they outlive its I/O even when the device is dropped first.
+#[derive(Debug)]
+struct Files {
+    buffered: Arc<File>,
+    /// The `O_DIRECT` descriptor, used for every transfer when present.
+    direct: Option<Arc<File>>,
+}
 
 struct Job {
     req: IoRequest,
     done: IoCompletion,
+    files: Arc<Files>,
 }
 
 /// An io_uring engine for one file or block device.
 pub struct UringEngine {
+    files: Arc<Files>,
     tx: Option<mpsc::Sender<Job>>,
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
@@ -103,7 +126,7 @@ impl UringEngine {
     /// by `kernel.io_uring_disabled`, ENOSYS when absent): the caller then
     /// uses the blocking engine.
     pub fn new(buffered: Arc<File>, direct: Option<Arc<File>>) -> io::Result<UringEngine> {
-        let ring = IoUring::new(RING_ENTRIES)?;
+        let core = Core::new(RING_ENTRIES)?;
         // SAFETY: eventfd only reads its integer arguments.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
         if fd < 0 {
@@ -122,35 +145,42 @@ impl UringEngine {
             .name("ethersan-uring".into())
             .spawn(move || {
                 RingThread {
-                    ring,
+                    core,
                     rx,
                     shared: thread_shared,
-                    buffered,
-                    direct,
-                    ops: Vec::new(),
-                    free: Vec::new(),
-                    in_flight: 0,
-                    backlog: VecDeque::new(),
                     wake_buf: Box::new(0),
                     wake_armed: false,
                 }
                 .run()
             })?;
         Ok(UringEngine {
+            files: Arc::new(Files { buffered, direct }),
             tx: Some(tx),
             shared,
             thread: Some(thread),
         })
     }
-}
 
-impl UringEngine {
-    /// Queue `req`; `done` is called when it completes or fails (on the
-    /// ring thread). Never blocks on the I/O.
+    /// Queue `req`; `done` is called when it completes or fails: on this
+    /// thread, from its [`LocalRing`], when it has one, else on the
+    /// device's ring thread. Never blocks on the I/O.
     pub fn submit(&self, req: IoRequest, done: IoCompletion) {
+        let job = Job {
+            req,
+            done,
+            files: self.files.clone(),
+        };
+        let Err(job) = submit_local(job) else {
+            return;
+        };
+        self.submit_to_thread(job);
+    }
+
+    /// Queue `job` for the device's own ring thread.
+    fn submit_to_thread(&self, job: Job) {
         let sent = match &self.tx {
-            Some(tx) => tx.send(Job { req, done }),
-            None => Err(mpsc::SendError(Job { req, done })),
+            Some(tx) => tx.send(job),
+            None => Err(mpsc::SendError(job)),
         };
         if let Err(mpsc::SendError(job)) = sent {
             let err = io::Error::new(io::ErrorKind::BrokenPipe, "io_uring engine stopped");
@@ -242,66 +272,74 @@ struct Op {
     /// Transfers go to the `O_DIRECT` descriptor.
     direct: bool,
     buf: Buf,
+    /// The store's descriptors, open until the op is done.
+    files: Arc<Files>,
     completion: Option<IoCompletion>,
 }
 
-struct RingThread {
+/// A ring and the requests in it: what both kinds of ring share. It
+/// never calls a completion itself: finished requests collect in
+/// `ready`, for the owner to run once it no longer holds the core (a
+/// completion may submit again).
+struct Core {
     ring: IoUring,
-    rx: mpsc::Receiver<Job>,
-    shared: Arc<Shared>,
-    buffered: Arc<File>,
-    direct: Option<Arc<File>>,
     /// Requests in flight, indexed by `user_data`; owns their buffers.
     ops: Vec<Option<Op>>,
     free: Vec<usize>,
     in_flight: usize,
-    /// Requests received but not yet submitted (ring or in-flight limit).
+    /// Most requests in the kernel at once: what the completion queue
+    /// holds, so completions never overflow it (the rest wait in order).
+    max_in_flight: usize,
+    /// Requests received but not yet in the ring (in-flight limit).
     backlog: VecDeque<Job>,
-    /// Where the eventfd read lands; boxed so it never moves.
-    wake_buf: Box<u64>,
-    wake_armed: bool,
+    /// Finished requests whose completions have not run yet.
+    ready: Vec<(IoCompletion, IoResult)>,
+    /// The eventfd read (`WAKE_TOKEN`) completed since the owner looked.
+    wake_seen: bool,
 }
 
-impl RingThread {
-    fn run(mut self) {
-        loop {
-            let shutdown = self.shared.shutdown.load(Ordering::SeqCst);
-            if !self.wake_armed && !shutdown {
-                self.arm_wake();
+impl Core {
+    fn new(entries: u32) -> io::Result<Core> {
+        let ring = IoUring::new(entries)?;
+        // The ring thread's eventfd read takes one completion slot.
+        let max_in_flight = (ring.params().cq_entries() as usize)
+            .saturating_sub(1)
+            .max(1);
+        Ok(Core {
+            ring,
+            ops: Vec::new(),
+            free: Vec::new(),
+            in_flight: 0,
+            max_in_flight,
+            backlog: VecDeque::new(),
+            ready: Vec::new(),
+            wake_seen: false,
+        })
+    }
+
+    /// Move queued requests into the ring while the in-flight limit allows.
+    fn start_backlog(&mut self) {
+        while self.in_flight < self.max_in_flight {
+            let Some(job) = self.backlog.pop_front() else {
+                break;
+            };
+            self.start(job);
+        }
+    }
+
+    /// Pass the queued SQEs to the kernel without waiting, when there are
+    /// any (or when completions overflowed into the kernel's list: entering
+    /// moves them to the queue).
+    fn enter(&mut self) {
+        let mut sq = self.ring.submission();
+        if sq.is_empty() && !sq.cq_overflow() {
+            return;
+        }
+        drop(sq);
+        if let Err(e) = self.ring.submit() {
+            if !retry_later(&e) {
+                eprintln!("ethersan: io_uring submit failed: {e}");
             }
-            while let Ok(job) = self.rx.try_recv() {
-                self.backlog.push_back(job);
-            }
-            while self.in_flight < MAX_IN_FLIGHT {
-                let Some(job) = self.backlog.pop_front() else {
-                    break;
-                };
-                self.start(job);
-            }
-            if shutdown && self.in_flight == 0 && !self.wake_armed && self.backlog.is_empty() {
-                // Requests still in the channel (none can arrive after the
-                // sender is gone) are failed, not leaked.
-                while let Ok(job) = self.rx.try_recv() {
-                    let err = io::Error::new(io::ErrorKind::BrokenPipe, "io_uring engine stopped");
-                    let e = job.req.error(err);
-                    complete(job.done, Err(e));
-                }
-                return;
-            }
-            match self.ring.submit_and_wait(1) {
-                Ok(_) => {}
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
-                    ) => {}
-                Err(e) => {
-                    // Nothing sensible to do but try again; do not spin.
-                    eprintln!("ethersan: io_uring_enter failed: {e}");
-                    std::thread::sleep(std::time::Duration::from_millis(1));
-                }
-            }
-            self.reap();
         }
     }
 
@@ -309,18 +347,17 @@ impl RingThread {
     fn push(&mut self, entry: io_uring::squeue::Entry) {
         loop {
             // SAFETY: every buffer an entry points to is owned by `self.ops`
-            // (or is `self.wake_buf`) and stays there, unmoved, until the
-            // entry's CQE is reaped; the descriptors are owned by `self` for
-            // the life of the thread, which ends only with nothing in flight.
+            // (or is the ring thread's boxed eventfd counter) and stays
+            // there, unmoved, until the entry's CQE is reaped; the
+            // descriptors are held by the op (`Op::files`) or by the ring
+            // thread until then; and a core is never dropped with I/O in
+            // flight (see `Drop for Core`).
             let pushed = unsafe { self.ring.submission().push(&entry) };
             if pushed.is_ok() {
                 return;
             }
             if let Err(e) = self.ring.submit() {
-                if !matches!(
-                    e.raw_os_error(),
-                    Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
-                ) {
+                if !retry_later(&e) {
                     eprintln!("ethersan: io_uring submit failed: {e}");
                 }
                 // The CQ may be full: make room.
@@ -329,20 +366,9 @@ impl RingThread {
         }
     }
 
-    fn arm_wake(&mut self) {
-        let entry = opcode::Read::new(
-            types::Fd(self.shared.wake.as_raw_fd()),
-            (&mut *self.wake_buf as *mut u64).cast(),
-            8,
-        )
-        .build()
-        .user_data(WAKE_TOKEN);
-        self.push(entry);
-        self.wake_armed = true;
-    }
-
     fn start(&mut self, job: Job) {
-        let direct = self.direct.is_some();
+        let direct = job.files.direct.is_some();
+        let files = job.files;
         let op = match job.req {
             IoRequest::Read { offset, len, buf } => Op {
                 kind: Kind::Read,
@@ -352,6 +378,7 @@ impl RingThread {
                 fua: false,
                 direct,
                 buf: Buf::for_read(buf, len, direct),
+                files,
                 completion: Some(job.done),
             },
             IoRequest::Write {
@@ -374,6 +401,7 @@ impl RingThread {
                     } else {
                         Buf::Plain(data)
                     },
+                    files,
                     completion: Some(job.done),
                 }
             }
@@ -385,11 +413,13 @@ impl RingThread {
                 fua: false,
                 direct: false,
                 buf: Buf::None,
+                files,
                 completion: Some(job.done),
             },
         };
         if op.kind != Kind::Flush && op.len == 0 {
-            complete(op.completion.expect("new op"), Ok(Vec::new()));
+            self.ready
+                .push((op.completion.expect("new op"), Ok(Vec::new())));
             return;
         }
         let idx = match self.free.pop() {
@@ -410,9 +440,13 @@ impl RingThread {
     fn submit_op(&mut self, idx: usize) {
         let op = self.ops[idx].as_mut().expect("op in flight");
         let fd = if op.direct {
-            self.direct.as_ref().unwrap_or(&self.buffered).as_raw_fd()
+            op.files
+                .direct
+                .as_ref()
+                .unwrap_or(&op.files.buffered)
+                .as_raw_fd()
         } else {
-            self.buffered.as_raw_fd()
+            op.files.buffered.as_raw_fd()
         };
         let fd = types::Fd(fd);
         let at = op.offset + op.done_bytes as u64;
@@ -438,6 +472,7 @@ impl RingThread {
         self.push(entry.user_data(idx as u64));
     }
 
+    /// Take every CQE; finished requests go to `ready`.
     fn reap(&mut self) {
         loop {
             let Some(cqe) = self.ring.completion().next() else {
@@ -445,9 +480,7 @@ impl RingThread {
             };
             let token = cqe.user_data();
             if token == WAKE_TOKEN {
-                self.wake_armed = false;
-                // Cleared before the next drain of the channel (see submit).
-                self.shared.notified.store(false, Ordering::SeqCst);
+                self.wake_seen = true;
                 continue;
             }
             self.on_cqe(token as usize, cqe.result());
@@ -532,13 +565,289 @@ impl RingThread {
                 Kind::Flush => BackendError::Flush(source),
             }),
         };
-        complete(completion.expect("completed once"), outcome);
+        self.ready
+            .push((completion.expect("completed once"), outcome));
     }
 }
 
-/// Run a completion; a panic in it must not take the ring thread (and the
+impl Drop for Core {
+    /// Finish everything queued: the kernel writes into buffers the ops
+    /// own, so nothing is freed while it may; the completions run here.
+    fn drop(&mut self) {
+        loop {
+            self.start_backlog();
+            run_ready(std::mem::take(&mut self.ready));
+            if self.in_flight == 0 && self.backlog.is_empty() {
+                return;
+            }
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if retry_later(&e) => {}
+                Err(e) => {
+                    // Nothing can be done but wait; do not spin.
+                    eprintln!("ethersan: io_uring_enter failed while closing: {e}");
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+            self.reap();
+        }
+    }
+}
+
+/// Errors of `io_uring_enter` that only mean "try again".
+fn retry_later(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
+    )
+}
+
+/// Run finished requests' completions.
+fn run_ready(ready: Vec<(IoCompletion, IoResult)>) {
+    for (done, r) in ready {
+        complete(done, r);
+    }
+}
+
+/// The thread of a device's own ring.
+struct RingThread {
+    core: Core,
+    rx: mpsc::Receiver<Job>,
+    shared: Arc<Shared>,
+    /// Where the eventfd read lands; boxed so it never moves.
+    wake_buf: Box<u64>,
+    wake_armed: bool,
+}
+
+impl RingThread {
+    fn run(mut self) {
+        loop {
+            let shutdown = self.shared.shutdown.load(Ordering::SeqCst);
+            if !self.wake_armed && !shutdown {
+                self.arm_wake();
+            }
+            while let Ok(job) = self.rx.try_recv() {
+                self.core.backlog.push_back(job);
+            }
+            self.core.start_backlog();
+            run_ready(std::mem::take(&mut self.core.ready));
+            if shutdown
+                && self.core.in_flight == 0
+                && !self.wake_armed
+                && self.core.backlog.is_empty()
+            {
+                // Requests still in the channel (none can arrive after the
+                // sender is gone) are failed, not leaked.
+                while let Ok(job) = self.rx.try_recv() {
+                    let err = io::Error::new(io::ErrorKind::BrokenPipe, "io_uring engine stopped");
+                    let e = job.req.error(err);
+                    complete(job.done, Err(e));
+                }
+                return;
+            }
+            match self.core.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if retry_later(&e) => {}
+                Err(e) => {
+                    // Nothing sensible to do but try again; do not spin.
+                    eprintln!("ethersan: io_uring_enter failed: {e}");
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+            self.core.reap();
+            if std::mem::take(&mut self.core.wake_seen) {
+                self.wake_armed = false;
+                // Cleared before the next drain of the channel (see submit).
+                self.shared.notified.store(false, Ordering::SeqCst);
+            }
+            run_ready(std::mem::take(&mut self.core.ready));
+        }
+    }
+
+    fn arm_wake(&mut self) {
+        let entry = opcode::Read::new(
+            types::Fd(self.shared.wake.as_raw_fd()),
+            (&mut *self.wake_buf as *mut u64).cast(),
+            8,
+        )
+        .build()
+        .user_data(WAKE_TOKEN);
+        self.core.push(entry);
+        self.wake_armed = true;
+    }
+}
+
+/// The calling thread's ring, when it installed one.
+struct Local {
+    core: Core,
+    /// Work for the next [`LocalRing::turn`]: SQEs not yet entered, or
+    /// completions not yet run.
+    needs_turn: bool,
+    /// The thread's driver, waiting for work.
+    waker: Option<Waker>,
+}
+
+thread_local! {
+    static LOCAL: RefCell<Option<Local>> = const { RefCell::new(None) };
+    /// Set while this thread waits for a request it submits
+    /// ([`crate::submit_and_wait`]): that request must not go into this
+    /// thread's ring, whose completions only this (now waiting) thread runs.
+    static BYPASS: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Put `job` into the calling thread's ring; `Err(job)` when the thread has
+/// none (or is inside a blocking wait, or its ring is busy running).
+fn submit_local(job: Job) -> Result<(), Job> {
+    if BYPASS.try_with(Cell::get).unwrap_or(true) {
+        return Err(job);
+    }
+    let mut job = Some(job);
+    let _ = LOCAL.try_with(|cell| {
+        let Ok(mut guard) = cell.try_borrow_mut() else {
+            return;
+        };
+        let Some(local) = guard.as_mut() else {
+            return;
+        };
+        let idle = local.core.in_flight == 0 && local.core.backlog.is_empty();
+        local.core.backlog.push_back(job.take().expect("job"));
+        local.core.start_backlog();
+        if idle && !local.needs_turn && local.core.ready.is_empty() {
+            // Queue depth 1: nothing to batch with; into the kernel now.
+            local.core.enter();
+            return;
+        }
+        if !local.needs_turn {
+            local.needs_turn = true;
+            if let Some(w) = local.waker.take() {
+                w.wake();
+            }
+        }
+    });
+    match job {
+        None => Ok(()),
+        Some(job) => Err(job),
+    }
+}
+
+/// While this guard lives, requests submitted on this thread bypass its
+/// ring (the thread is about to block waiting for them).
+pub(crate) struct BypassLocal(bool);
+
+impl BypassLocal {
+    pub(crate) fn new() -> BypassLocal {
+        BypassLocal(BYPASS.try_with(|b| b.replace(true)).unwrap_or(true))
+    }
+}
+
+impl Drop for BypassLocal {
+    fn drop(&mut self) {
+        let _ = BYPASS.try_with(|b| b.set(self.0));
+    }
+}
+
+/// An io_uring that belongs to the calling thread: every file I/O
+/// submitted on this thread, for any device, goes into it, and its
+/// completions run on this thread in [`turn`](Self::turn). The thread's
+/// driver (an event loop) calls `turn` when [`fd`](Self::fd) is readable
+/// (completions arrived) or [`poll_work`](Self::poll_work) is ready
+/// (requests were queued). Dropping it waits for the I/O still in flight
+/// and runs the last completions; later requests on this thread go to
+/// their device's own ring.
+#[derive(Debug)]
+pub struct LocalRing {
+    fd: RawFd,
+    /// The ring lives in this thread's storage: the handle stays here.
+    _not_send: PhantomData<*const ()>,
+}
+
+impl LocalRing {
+    /// Give the calling thread a ring of `entries` submission entries.
+    /// Fails when the kernel refuses io_uring, or when the thread already
+    /// has a ring.
+    pub fn install(entries: u32) -> io::Result<LocalRing> {
+        let core = Core::new(entries)?;
+        let fd = core.ring.as_raw_fd();
+        LOCAL.with(|cell| {
+            let mut g = cell.borrow_mut();
+            if g.is_some() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    "this thread already has an io_uring",
+                ));
+            }
+            *g = Some(Local {
+                core,
+                needs_turn: false,
+                waker: None,
+            });
+            Ok(())
+        })?;
+        Ok(LocalRing {
+            fd,
+            _not_send: PhantomData,
+        })
+    }
+
+    /// The ring's descriptor: readable when completions are waiting.
+    pub fn fd(&self) -> RawFd {
+        self.fd
+    }
+
+    /// Enter the queued requests, take the completed ones and run their
+    /// completions (on this thread, outside the ring: a completion may
+    /// submit again). Returns how many completions ran.
+    pub fn turn(&self) -> usize {
+        let ready = LOCAL.with(|cell| {
+            let mut g = cell.borrow_mut();
+            let Some(local) = g.as_mut() else {
+                return Vec::new();
+            };
+            local.needs_turn = false;
+            local.core.reap();
+            local.core.start_backlog();
+            local.core.enter();
+            std::mem::take(&mut local.core.ready)
+        });
+        let n = ready.len();
+        run_ready(ready);
+        n
+    }
+
+    /// Ready when requests were queued or completions finished since the
+    /// last [`turn`](Self::turn); otherwise the waker is kept and woken
+    /// when that happens.
+    pub fn poll_work(&self, cx: &mut Context<'_>) -> Poll<()> {
+        LOCAL.with(|cell| {
+            let mut g = cell.borrow_mut();
+            match g.as_mut() {
+                Some(local) if !local.needs_turn => {
+                    local.waker = Some(cx.waker().clone());
+                    Poll::Pending
+                }
+                _ => Poll::Ready(()),
+            }
+        })
+    }
+
+    /// Requests in the kernel now.
+    pub fn in_flight(&self) -> usize {
+        LOCAL.with(|cell| cell.borrow().as_ref().map_or(0, |l| l.core.in_flight))
+    }
+}
+
+impl Drop for LocalRing {
+    fn drop(&mut self) {
+        // Out of the thread's storage first, so that completions run while
+        // it closes send their follow-ups to the devices' own rings.
+        let local = LOCAL.with(|cell| cell.borrow_mut().take());
+        drop(local);
+    }
+}
+
+/// Run a completion; a panic in it must not take the ring (and the
 /// buffers the kernel still uses) down.
-fn complete(done: IoCompletion, r: Result<Vec<u8>, BackendError>) {
+fn complete(done: IoCompletion, r: IoResult) {
     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| done(r))).is_err() {
         eprintln!("ethersan: an I/O completion panicked");
     }
@@ -763,5 +1072,133 @@ mod tests {
             assert!(matches!(s, Submission::Pending), "{s:?}");
             assert_eq!(rx.recv().unwrap().unwrap(), data);
         }
+    }
+    /// Turn `ring` until `n` completions ran (or fail after 10 s).
+    fn turn_until(ring: &super::LocalRing, n: usize) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut seen = 0;
+        while seen < n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{seen} of {n} completions"
+            );
+            seen += ring.turn();
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn a_thread_with_its_own_ring_submits_and_completes_on_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = open(&dir.path().join("local"), Some(16 << 20), false, true);
+        let ring = super::LocalRing::install(8).unwrap();
+        // A second ring on the same thread is refused.
+        assert!(super::LocalRing::install(8).is_err());
+        let me = std::thread::current().id();
+        let (tx, rx) = mpsc::channel();
+        // More than the ring's entries and its in-flight limit: the rest
+        // wait in its queue and go in as earlier ones finish.
+        let n = 1200usize;
+        for i in 0..n {
+            let tx = tx.clone();
+            let off = (i as u64 % 4000) * 4096;
+            let req = IoRequest::Write {
+                offset: off,
+                data: pattern(4096, i as u8),
+                len: 4096,
+                fua: i % 100 == 0,
+            };
+            let s = d.submit(
+                req,
+                Box::new(move |r| {
+                    tx.send((std::thread::current().id(), r.is_ok())).unwrap();
+                }),
+            );
+            assert!(matches!(s, Submission::Pending), "{s:?}");
+        }
+        // Nothing completes until this thread turns its ring.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(rx.try_recv().is_err(), "a completion ran on another thread");
+        turn_until(&ring, n);
+        for _ in 0..n {
+            let (tid, ok) = rx.recv().unwrap();
+            assert_eq!(tid, me);
+            assert!(ok);
+        }
+        // Reads of the last writes, through the ring.
+        for i in (n - 200)..n {
+            let tx = tx.clone();
+            let off = (i as u64 % 4000) * 4096;
+            let s = d.submit(
+                IoRequest::read(off, 4096),
+                Box::new(move |r| {
+                    tx.send((
+                        std::thread::current().id(),
+                        r.unwrap() == pattern(4096, i as u8),
+                    ))
+                    .unwrap();
+                }),
+            );
+            assert!(matches!(s, Submission::Pending));
+            // Queue depth 1 goes into the kernel at once: it completes
+            // without a turn entering it.
+            if i == n - 200 {
+                assert_eq!(ring.in_flight(), 1);
+            }
+        }
+        turn_until(&ring, 200);
+        for _ in 0..200 {
+            let (tid, same) = rx.recv().unwrap();
+            assert_eq!(tid, me);
+            assert!(same, "read back other bytes");
+        }
+        // A blocking wait on this thread goes through the device's own
+        // ring (only this thread could turn its ring): no deadlock.
+        let mut back = vec![0u8; 4096];
+        d.read_at(((n - 1) as u64 % 4000) * 4096, &mut back)
+            .unwrap();
+        assert_eq!(back, pattern(4096, (n - 1) as u8));
+        drop(ring);
+        drop(tx);
+    }
+
+    #[test]
+    fn dropping_a_local_ring_waits_for_its_io_and_runs_the_completions() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = open(&dir.path().join("drop"), Some(16 << 20), false, true);
+        let ring = super::LocalRing::install(64).unwrap();
+        let (tx, rx) = mpsc::channel();
+        for i in 0..300u64 {
+            let tx = tx.clone();
+            let req = if i % 2 == 0 {
+                IoRequest::Write {
+                    offset: i * 4096,
+                    data: vec![i as u8; 4096],
+                    len: 4096,
+                    fua: false,
+                }
+            } else {
+                IoRequest::read(i * 4096, 4096)
+            };
+            d.submit(req, Box::new(move |r| tx.send(r.is_ok()).unwrap()));
+        }
+        ring.turn();
+        drop(ring);
+        drop(tx);
+        let all: Vec<bool> = rx.iter().collect();
+        assert_eq!(all.len(), 300);
+        assert!(all.iter().all(|ok| *ok));
+        // Without a ring, the thread's requests go to the device's ring.
+        let (tx, rx) = mpsc::channel();
+        d.submit(
+            IoRequest::read(0, 4096),
+            Box::new(move |r| tx.send(r.map(|v| v[0])).unwrap()),
+        );
+        assert_eq!(
+            rx.recv_timeout(std::time::Duration::from_secs(10))
+                .unwrap()
+                .unwrap(),
+            0
+        );
     }
 }

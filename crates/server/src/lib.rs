@@ -182,7 +182,10 @@ impl Server {
         let placement = match self.options.placement {
             config::Placement::Shared => None,
             config::Placement::Pinned => {
-                match placement::Placement::start(self.options.worker_threads) {
+                match placement::Placement::start(
+                    self.options.worker_threads,
+                    self.options.worker_rings,
+                ) {
                     Ok(p) => Some(Arc::new(p)),
                     Err(e) => {
                         warn!(%e, "cannot start pinned workers; using the shared runtime");

@@ -15,6 +15,12 @@ use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use std::os::fd::{AsRawFd, RawFd};
+use std::task::Poll;
+
+use ethersan_backend::uring::LocalRing;
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 use tracing::{info, warn};
@@ -45,7 +51,11 @@ impl Drop for ConnGuard {
 impl Placement {
     /// Start `n` workers (0: one per CPU the process may use), each pinned
     /// to a CPU in turn when the OS allows it.
-    pub(crate) fn start(n: usize) -> std::io::Result<Placement> {
+    ///
+    /// With `rings`, each worker has an io_uring of its own
+    /// ([`LocalRing`]): file I/O of its sessions is submitted and completed
+    /// on the worker's thread, with no hand-off to a ring thread.
+    pub(crate) fn start(n: usize, rings: bool) -> std::io::Result<Placement> {
         let cores = core_affinity::get_core_ids().unwrap_or_default();
         let n = if n == 0 { cores.len().max(1) } else { n };
         let mut workers = Vec::with_capacity(n);
@@ -76,10 +86,24 @@ impl Placement {
                         }
                     };
                     let _ = handle_tx.send(Ok(rt.handle().clone()));
-                    // Run this worker's connections until the placement is
-                    // dropped (the sender then closes).
+                    // Run this worker's connections, and its ring, until
+                    // the placement is dropped (the sender then closes).
                     rt.block_on(async {
-                        let _ = stop_rx.await;
+                        let ring = if rings { start_ring(i) } else { None };
+                        match &ring {
+                            Some(ring) => {
+                                tokio::select! {
+                                    _ = stop_rx => {}
+                                    _ = drive_ring(ring) => {}
+                                }
+                            }
+                            None => {
+                                let _ = stop_rx.await;
+                            }
+                        }
+                        // Dropping the ring (here, inside the runtime)
+                        // waits for its I/O in flight.
+                        drop(ring);
                     });
                 })?;
             let handle = handle_rx
@@ -127,6 +151,74 @@ impl Placement {
     }
 }
 
+/// Give worker `i`'s thread an io_uring of its own; `None` (logged) when
+/// the kernel refuses it, and its sessions use each device's ring thread.
+fn start_ring(i: usize) -> Option<LocalRing> {
+    match LocalRing::install(WORKER_RING_ENTRIES) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            warn!(worker = i, %e, "no io_uring for this worker; file I/O goes through each LUN's ring thread");
+            None
+        }
+    }
+}
+
+/// Submission entries of a worker's ring (requests beyond them wait in
+/// the ring's queue).
+const WORKER_RING_ENTRIES: u32 = 256;
+
+/// The `RawFd` of a worker's ring, for tokio's reactor (the ring owns
+/// the descriptor).
+struct RingFd(RawFd);
+
+impl AsRawFd for RingFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+/// Run `ring` on this worker: a turn (enter queued requests, run
+/// completions) whenever completions arrived (its descriptor is readable)
+/// or sessions queued requests. Returns only if the reactor refuses the
+/// descriptor (logged; the ring then turns once a millisecond).
+async fn drive_ring(ring: &LocalRing) {
+    // SAFETY: the descriptor is the ring's, which stays open in this
+    // thread's storage until `ring` is dropped; `ring` is borrowed for the
+    // whole of this function, so the registration (dropped when it
+    // returns) never outlives it, and `RingFd` always returns that fd.
+    let afd =
+        match unsafe { AsyncFd::register_with_interest(RingFd(ring.fd()), Interest::READABLE) } {
+            Ok(a) => Some(a),
+            Err(e) => {
+                warn!(%e, "cannot watch the worker's io_uring; polling it");
+                None
+            }
+        };
+    loop {
+        ring.turn();
+        match &afd {
+            Some(afd) => {
+                std::future::poll_fn(|cx| {
+                    // Readiness is cleared before the next turn reaps, so a
+                    // completion that arrives after the reap wakes us again.
+                    if let Poll::Ready(Ok(mut g)) = afd.poll_read_ready(cx) {
+                        g.clear_ready();
+                        return Poll::Ready(());
+                    }
+                    ring.poll_work(cx)
+                })
+                .await
+            }
+            None => {
+                tokio::select! {
+                    _ = tokio::time::sleep(std::time::Duration::from_millis(1)) => {}
+                    _ = std::future::poll_fn(|cx| ring.poll_work(cx)) => {}
+                }
+            }
+        }
+    }
+}
+
 /// Let the calling thread run on every CPU again.
 fn unpin_current_thread() {
     // SAFETY: `set` is a plain bit set owned by this frame; CPU_ZERO and
@@ -150,7 +242,7 @@ mod tests {
 
     #[test]
     fn connections_go_to_the_least_loaded_worker_and_are_released() {
-        let p = Placement::start(2).unwrap();
+        let p = Placement::start(2, true).unwrap();
         let (release_tx, _) = tokio::sync::broadcast::channel::<()>(1);
         let (seen_tx, seen_rx) = std::sync::mpsc::channel();
         for _ in 0..4 {

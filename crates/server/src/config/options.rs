@@ -67,6 +67,10 @@ pub struct Options {
     pub inline_io: bool,
     /// How connections are spread over worker threads.
     pub placement: Placement,
+    /// With `placement = "pinned"`: each worker thread has an io_uring of
+    /// its own, so its sessions' file I/O is submitted and completed on
+    /// that thread (false: through each LUN's ring thread).
+    pub worker_rings: bool,
 }
 
 /// How connections are spread over worker threads (`placement` option).
@@ -145,6 +149,7 @@ impl Default for Options {
             worker_threads: 0,
             inline_io: true,
             placement: Placement::Shared,
+            worker_rings: true,
         }
     }
 }
