@@ -58,9 +58,17 @@ pub(crate) struct BenchArgs {
     /// Percentage of reads for --rw mixed.
     #[arg(long, default_value_t = 70, value_parser = clap::value_parser!(u8).range(0..=100))]
     read_pct: u8,
-    /// Block size of each I/O (e.g. 4K, 128K).
-    #[arg(long, default_value = "4K", value_parser = parse_bytes)]
-    bs: u64,
+    /// Size of each I/O (e.g. 4K, 128K), or a weighted mix of sizes, each
+    /// I/O drawing its size from it: SIZE:WEIGHT,... (weights relative,
+    /// whole numbers > 0), e.g. 512:10,4K:60,64K:30.
+    #[arg(long, default_value = "4K", value_parser = parse_mix)]
+    bs: SizeMix,
+    /// Iometer's "% random": each I/O goes to a random offset with this
+    /// probability, else right after the previous I/O (wrapping at the end
+    /// of --size). Default: 100 for randread, randwrite and mixed; 0 for
+    /// read and write.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=100))]
+    random_pct: Option<u8>,
     /// Commands in flight per session (per worker group for a local target;
     /// for AoE, I/Os in flight, each split into frames the window sends).
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=1024))]
@@ -117,6 +125,167 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(v * scale))
 }
 
+/// The size of each I/O: one size, or sizes with relative weights.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SizeMix {
+    /// (bytes, weight), weights > 0, in the order given.
+    items: Vec<(u64, u64)>,
+    /// The sum of the weights.
+    total: u64,
+}
+
+impl SizeMix {
+    fn sizes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.items.iter().map(|&(s, _)| s)
+    }
+
+    fn max(&self) -> u64 {
+        self.sizes().max().unwrap_or(0)
+    }
+
+    /// The one size when this is not a mix.
+    fn single(&self) -> Option<u64> {
+        match self.items.as_slice() {
+            [(s, _)] => Some(*s),
+            _ => None,
+        }
+    }
+
+    /// A size drawn with the weights' probabilities.
+    fn draw(&self, rng: &mut fastrand::Rng) -> u64 {
+        if let Some(s) = self.single() {
+            return s;
+        }
+        let mut x = rng.u64(0..self.total);
+        for &(size, weight) in &self.items {
+            if x < weight {
+                return size;
+            }
+            x -= weight;
+        }
+        unreachable!("x < total")
+    }
+
+    /// As given on the command line, in the K/M form.
+    fn text(&self) -> String {
+        match self.single() {
+            Some(s) => size_text(s),
+            None => self
+                .items
+                .iter()
+                .map(|&(s, w)| format!("{}:{w}", size_text(s)))
+                .collect::<Vec<_>>()
+                .join(","),
+        }
+    }
+}
+
+const MIX_FORM: &str =
+    "expected SIZE or SIZE:WEIGHT,SIZE:WEIGHT,... (e.g. 4K or 512:10,4K:60,64K:30; weights are whole numbers > 0)";
+
+/// `--bs`: one size (`4K`), or a comma list of SIZE:WEIGHT.
+pub(crate) fn parse_mix(s: &str) -> Result<SizeMix, String> {
+    let s = s.trim();
+    if !s.contains([',', ':']) {
+        let size = parse_bytes(s).map_err(|e| format!("{e}; {MIX_FORM}"))?;
+        if size == 0 {
+            return Err(format!("an I/O size must be more than 0; {MIX_FORM}"));
+        }
+        return Ok(SizeMix {
+            items: vec![(size, 1)],
+            total: 1,
+        });
+    }
+    let mut items = Vec::new();
+    for item in s.split(',') {
+        let bad = |why: &str| format!("bad item {:?} in the mix ({why}): {MIX_FORM}", item.trim());
+        let Some((size, weight)) = item.split_once(':') else {
+            return Err(bad("no :WEIGHT"));
+        };
+        let size = parse_bytes(size.trim()).map_err(|e| bad(&e))?;
+        if size == 0 {
+            return Err(bad("a size of 0"));
+        }
+        let weight: u64 = weight
+            .trim()
+            .parse()
+            .map_err(|_| bad("the weight is not a whole number"))?;
+        if weight == 0 {
+            return Err(bad("a weight of 0"));
+        }
+        if weight > u64::from(u32::MAX) {
+            return Err(bad("the weight is too large"));
+        }
+        items.push((size, weight));
+    }
+    let total = items.iter().map(|&(_, w)| w).sum();
+    Ok(SizeMix { items, total })
+}
+
+/// The alignment of an I/O's offset: its size, at most 4 KiB, and at least
+/// the block size (so that O_DIRECT works for sizes of 4 KiB and more).
+fn alignment(size: u64, block: u64) -> u64 {
+    size.min(4096).max(block)
+}
+
+/// Where each I/O goes: at random with probability `random_pct`%, else
+/// right after the previous I/O (of any worker: one stream, as Iometer's
+/// worker with many I/Os outstanding), wrapping at `span`.
+struct Offsets {
+    span: u64,
+    random_pct: u8,
+    /// The end of the previous I/O.
+    cursor: AtomicU64,
+}
+
+impl Offsets {
+    fn new(span: u64, random_pct: u8) -> Offsets {
+        Offsets {
+            span,
+            random_pct,
+            cursor: AtomicU64::new(0),
+        }
+    }
+
+    /// The offset of an I/O of `size` bytes (at most `span`), a multiple of
+    /// `align`.
+    fn next(&self, rng: &mut fastrand::Rng, size: u64, align: u64) -> u64 {
+        let random = match self.random_pct {
+            0 => false,
+            100.. => true,
+            p => rng.u8(0..100) < p,
+        };
+        if random {
+            let off = rng.u64(0..=(self.span - size) / align) * align;
+            self.cursor.store(off + size, Ordering::Relaxed);
+            return off;
+        }
+        let mut off = 0;
+        self.cursor
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |end| {
+                off = end.next_multiple_of(align);
+                if off + size > self.span {
+                    off = 0;
+                }
+                Some(off + size)
+            })
+            .expect("the closure always updates");
+        off
+    }
+}
+
+/// The CPU time (user + system) this process has used so far.
+fn process_cpu() -> Duration {
+    // SAFETY: getrusage only writes the struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid `who` and a pointer to a live rusage.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return Duration::ZERO;
+    }
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
 /// Latency figures in microseconds.
 #[derive(Serialize, Debug, Clone)]
 pub(crate) struct Latency {
@@ -134,13 +303,25 @@ pub(crate) struct Report {
     engine: &'static str,
     rw: Pattern,
     read_pct: u8,
+    /// The I/O size, or the largest size of a mix.
     bs: u64,
+    /// The mix of sizes, SIZE:WEIGHT,... (absent for one size).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bs_mix: Option<String>,
+    /// The percentage of I/Os at a random offset (the rest sequential).
+    random_pct: u8,
     qd: u16,
     sessions: u16,
     seconds: f64,
     ios: u64,
     reads: u64,
     writes: u64,
+    /// Bytes moved (the sum of the I/Os' sizes).
+    bytes: u64,
+    /// This process's user + system CPU time over the run (for a local
+    /// target, the in-process engine's).
+    client_cpu_s: f64,
+    client_cpu_us_per_io: f64,
     /// For a local target: the I/O engine ("sync" or "uring") and whether
     /// O_DIRECT was used.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -207,25 +388,20 @@ impl Completions {
 }
 
 impl Worker {
-    async fn read(&mut self, offset: u64) -> anyhow::Result<()> {
+    async fn read(&mut self, offset: u64, size: u64) -> anyhow::Result<()> {
         match &self.engine {
             Engine::Iscsi(luns) => {
                 let l = &luns[self.session];
                 let bs = u64::from(l.block_size);
                 let r = l
                     .session
-                    .read16(
-                        l.lun,
-                        offset / bs,
-                        (self.buf.len() as u64 / bs) as u32,
-                        l.block_size,
-                    )
+                    .read16(l.lun, offset / bs, (size / bs) as u32, l.block_size)
                     .await?;
                 check("READ(16)", &r)?;
                 Ok(())
             }
             Engine::Aoe(d) => {
-                d.read(offset, self.buf.len()).await?;
+                d.read(offset, size as usize).await?;
                 Ok(())
             }
             // As the server does: one submission, which finishes on this
@@ -233,7 +409,7 @@ impl Worker {
             // ring (io_uring) or comes back as a job for the blocking pool
             // (sync). The worker's buffer is reused, never zeroed.
             Engine::Local(dev) => {
-                let len = self.data.len();
+                let len = size as usize;
                 let buf = std::mem::take(&mut self.buf);
                 let req = IoRequest::Read { offset, len, buf };
                 self.buf = submit_local(dev, req, &mut self.done)
@@ -244,7 +420,7 @@ impl Worker {
         }
     }
 
-    async fn write(&mut self, offset: u64) -> anyhow::Result<()> {
+    async fn write(&mut self, offset: u64, size: u64) -> anyhow::Result<()> {
         match &self.engine {
             Engine::Iscsi(luns) => {
                 let l = &luns[self.session];
@@ -253,19 +429,19 @@ impl Worker {
                     .write16(
                         l.lun,
                         offset / u64::from(l.block_size),
-                        self.data.clone(),
+                        self.data.slice(..size as usize),
                         l.block_size,
                         self.fua,
                     )
                     .await?;
                 check("WRITE(16)", &r)
             }
-            Engine::Aoe(d) => d.write(offset, &self.data).await,
+            Engine::Aoe(d) => d.write(offset, &self.data[..size as usize]).await,
             Engine::Local(dev) => {
                 let req = IoRequest::Write {
                     offset,
-                    data: self.data.to_vec(),
-                    len: self.data.len(),
+                    data: self.data[..size as usize].to_vec(),
+                    len: size as usize,
                     fua: self.fua,
                 };
                 submit_local(dev, req, &mut self.done)
@@ -355,8 +531,31 @@ async fn open_engine(a: &BenchArgs) -> anyhow::Result<(Engine, &'static str)> {
 pub(crate) async fn run(a: &BenchArgs) -> anyhow::Result<Report> {
     let (engine, engine_name) = open_engine(a).await?;
     let block = engine.block_size();
-    if a.bs == 0 || !a.bs.is_multiple_of(block) {
-        bail!("--bs {} is not a multiple of the block size {block}", a.bs);
+    for size in a.bs.sizes() {
+        if size < block {
+            bail!(
+                "--bs: an I/O of {} is smaller than the target's block size {block}: use sizes of {} or more",
+                size_text(size),
+                size_text(block)
+            );
+        }
+        if !size.is_multiple_of(block) {
+            bail!(
+                "--bs: {} is not a multiple of the target's block size {block}",
+                size_text(size)
+            );
+        }
+    }
+    let max_size = a.bs.max();
+    if let Engine::Iscsi(luns) = &engine {
+        let limit = luns[0].max_transfer;
+        if max_size > limit {
+            bail!(
+                "--bs: an I/O of {} is more than the LUN takes in one command ({})",
+                size_text(max_size),
+                size_text(limit)
+            );
+        }
     }
     let span = match a.size {
         Some(n) if n > engine.capacity() => bail!(
@@ -367,38 +566,39 @@ pub(crate) async fn run(a: &BenchArgs) -> anyhow::Result<Report> {
         Some(n) => n,
         None => engine.capacity(),
     };
-    let slots = span / a.bs;
-    if slots == 0 {
-        bail!(
-            "the target ({span} bytes) is smaller than one {}-byte I/O",
-            a.bs
-        );
+    if span < max_size {
+        bail!("the target ({span} bytes) is smaller than one {max_size}-byte I/O");
     }
+    let random_pct = a.random_pct.unwrap_or(match a.rw {
+        Pattern::Read | Pattern::Write => 0,
+        Pattern::Randread | Pattern::Randwrite | Pattern::Mixed => 100,
+    });
+    let offsets = Arc::new(Offsets::new(span, random_pct));
     let workers = usize::from(a.sessions) * usize::from(a.qd);
     let stop = Arc::new(AtomicBool::new(false));
     let budget = a.ios.map(|n| Arc::new(AtomicU64::new(n)));
-    let cursor = Arc::new(AtomicU64::new(0));
-    let mut pattern = vec![0u8; a.bs as usize];
+    let mut pattern = vec![0u8; max_size as usize];
     fastrand::Rng::with_seed(0x5eed).fill(&mut pattern);
     let data = Bytes::from(pattern);
+    let cpu_before = process_cpu();
     let started = Instant::now();
     let mut tasks = Vec::with_capacity(workers);
     for i in 0..workers {
         let mut w = Worker {
             engine: engine.clone(),
             session: i % usize::from(a.sessions),
-            buf: vec![0u8; a.bs as usize],
+            buf: vec![0u8; max_size as usize],
             data: data.clone(),
             fua: a.fua,
             done: Completions::new(),
         };
-        let (stop, budget, cursor) = (stop.clone(), budget.clone(), cursor.clone());
-        let (rw, read_pct, bs) = (a.rw, a.read_pct, a.bs);
+        let (stop, budget, offsets) = (stop.clone(), budget.clone(), offsets.clone());
+        let (rw, read_pct, mix) = (a.rw, a.read_pct, a.bs.clone());
         tasks.push(tokio::spawn(async move {
             let mut rng = fastrand::Rng::with_seed(0x1234_5678 ^ i as u64);
             let mut hist =
                 Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3).expect("valid bounds");
-            let (mut reads, mut writes) = (0u64, 0u64);
+            let (mut reads, mut writes, mut bytes) = (0u64, 0u64, 0u64);
             while !stop.load(Ordering::Relaxed) {
                 if let Some(b) = &budget {
                     if b.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1))
@@ -407,18 +607,18 @@ pub(crate) async fn run(a: &BenchArgs) -> anyhow::Result<Report> {
                         break;
                     }
                 }
-                let (is_read, slot) = match rw {
-                    Pattern::Read => (true, cursor.fetch_add(1, Ordering::Relaxed) % slots),
-                    Pattern::Write => (false, cursor.fetch_add(1, Ordering::Relaxed) % slots),
-                    Pattern::Randread => (true, rng.u64(0..slots)),
-                    Pattern::Randwrite => (false, rng.u64(0..slots)),
-                    Pattern::Mixed => (rng.u8(0..100) < read_pct, rng.u64(0..slots)),
+                let is_read = match rw {
+                    Pattern::Read | Pattern::Randread => true,
+                    Pattern::Write | Pattern::Randwrite => false,
+                    Pattern::Mixed => rng.u8(0..100) < read_pct,
                 };
+                let size = mix.draw(&mut rng);
+                let offset = offsets.next(&mut rng, size, alignment(size, block));
                 let t = Instant::now();
                 let r = if is_read {
-                    w.read(slot * bs).await
+                    w.read(offset, size).await
                 } else {
-                    w.write(slot * bs).await
+                    w.write(offset, size).await
                 };
                 if let Err(e) = r {
                     stop.store(true, Ordering::Relaxed);
@@ -430,8 +630,9 @@ pub(crate) async fn run(a: &BenchArgs) -> anyhow::Result<Report> {
                 } else {
                     writes += 1;
                 }
+                bytes += size;
             }
-            Ok::<_, anyhow::Error>((hist, reads, writes))
+            Ok::<_, anyhow::Error>((hist, reads, writes, bytes))
         }));
     }
     if a.ios.is_none() {
@@ -443,14 +644,15 @@ pub(crate) async fn run(a: &BenchArgs) -> anyhow::Result<Report> {
         });
     }
     let mut hist = Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3).expect("valid bounds");
-    let (mut reads, mut writes) = (0u64, 0u64);
+    let (mut reads, mut writes, mut bytes) = (0u64, 0u64, 0u64);
     let mut first_error = None;
     for t in tasks {
         match t.await? {
-            Ok((h, r, w)) => {
+            Ok((h, r, w, b)) => {
                 hist.add(&h).expect("same bounds");
                 reads += r;
                 writes += w;
+                bytes += b;
             }
             Err(e) => {
                 first_error.get_or_insert(e);
@@ -458,6 +660,7 @@ pub(crate) async fn run(a: &BenchArgs) -> anyhow::Result<Report> {
         }
     }
     let seconds = started.elapsed().as_secs_f64();
+    let client_cpu_s = (process_cpu().saturating_sub(cpu_before)).as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     if let Engine::Iscsi(luns) = &engine {
         for l in luns {
@@ -479,13 +682,18 @@ pub(crate) async fn run(a: &BenchArgs) -> anyhow::Result<Report> {
             Pattern::Write | Pattern::Randwrite => 0,
             Pattern::Mixed => a.read_pct,
         },
-        bs: a.bs,
+        bs: max_size,
+        bs_mix: a.bs.single().is_none().then(|| a.bs.text()),
+        random_pct,
         qd: a.qd,
         sessions: a.sessions,
         seconds,
         ios,
         reads,
         writes,
+        bytes,
+        client_cpu_s,
+        client_cpu_us_per_io: client_cpu_s * 1e6 / ios.max(1) as f64,
         io_engine: match &engine {
             Engine::Local(d) => Some(d.engine().to_string()),
             Engine::Iscsi(_) | Engine::Aoe(_) => None,
@@ -495,7 +703,7 @@ pub(crate) async fn run(a: &BenchArgs) -> anyhow::Result<Report> {
             Engine::Iscsi(_) | Engine::Aoe(_) => None,
         },
         iops: ios as f64 / seconds,
-        mb_per_s: (ios * a.bs) as f64 / seconds / 1e6,
+        mb_per_s: bytes as f64 / seconds / 1e6,
         latency_us: Latency {
             mean: hist.mean() / 1000.0,
             p50: us(hist.value_at_quantile(0.50)),
@@ -523,12 +731,20 @@ pub(crate) async fn cmd_bench(a: BenchArgs) -> anyhow::Result<()> {
         out!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(());
     }
-    let workload = match r.rw {
+    let mut workload = match r.rw {
         Pattern::Mixed => format!("mixed {}% read", r.read_pct),
         p => format!("{p:?}").to_lowercase(),
     };
+    let default_random = if matches!(r.rw, Pattern::Read | Pattern::Write) {
+        0
+    } else {
+        100
+    };
+    if r.random_pct != default_random {
+        workload += &format!(" {}% rnd", r.random_pct);
+    }
     out!(
-        "{:<7} {:<16} {:>5} {:>4} {:>4} {:>10} {:>9} {:>9} {:>9} {:>9}",
+        "{:<7} {:<22} {:>5} {:>4} {:>4} {:>10} {:>9} {:>9} {:>9} {:>9}",
         "engine",
         "workload",
         "bs",
@@ -541,10 +757,14 @@ pub(crate) async fn cmd_bench(a: BenchArgs) -> anyhow::Result<()> {
         "p99.9 us"
     );
     out!(
-        "{:<7} {:<16} {:>5} {:>4} {:>4} {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
+        "{:<7} {:<22} {:>5} {:>4} {:>4} {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
         r.engine,
         workload,
-        size_text(r.bs),
+        if r.bs_mix.is_some() {
+            "mix".to_string()
+        } else {
+            size_text(r.bs)
+        },
         r.qd,
         r.sessions,
         r.iops,
@@ -566,5 +786,133 @@ pub(crate) async fn cmd_bench(a: BenchArgs) -> anyhow::Result<()> {
         r.seconds,
         r.target
     );
+    if let Some(mix) = &r.bs_mix {
+        out!(
+            "sizes (SIZE:WEIGHT): {mix}; {:.1} KiB per I/O on average",
+            r.bytes as f64 / r.ios.max(1) as f64 / 1024.0
+        );
+    }
+    out!(
+        "client CPU: {:.2} s, {:.1} us per I/O",
+        r.client_cpu_s,
+        r.client_cpu_us_per_io
+    );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_size_or_a_weighted_mix() {
+        assert_eq!(parse_mix("4K").unwrap().single(), Some(4096));
+        let m = parse_mix("512:10, 1K:5,64K:10").unwrap();
+        assert_eq!(m.items, vec![(512, 10), (1024, 5), (65536, 10)]);
+        assert_eq!(m.total, 25);
+        assert_eq!(m.max(), 65536);
+        assert_eq!(m.single(), None);
+        assert_eq!(m.text(), "512:10,1K:5,64K:10");
+        // A one-item mix is one size.
+        assert_eq!(parse_mix("8K:3").unwrap().single(), Some(8192));
+    }
+
+    #[test]
+    fn a_malformed_mix_names_the_bad_item_and_the_form() {
+        for (bad, item) in [
+            ("512:10,4K", "\"4K\""),
+            ("512:10,4K:0", "\"4K:0\""),
+            ("512:10,4K:x", "\"4K:x\""),
+            ("512:10,zz:3", "\"zz:3\""),
+            ("0:1,4K:1", "\"0:1\""),
+            ("4K:-1", "\"4K:-1\""),
+            ("4K:1,", "\"\""),
+        ] {
+            let e = parse_mix(bad).unwrap_err();
+            assert!(e.contains(item), "{bad}: {e}");
+            assert!(e.contains("SIZE:WEIGHT"), "{bad}: {e}");
+        }
+        assert!(parse_mix("0").unwrap_err().contains("SIZE:WEIGHT"));
+    }
+
+    #[test]
+    fn sizes_are_drawn_with_the_weights() {
+        let m = parse_mix("512:10,1K:5,2K:5,4K:60,8K:2,16K:4,32K:4,64K:10").unwrap();
+        let mut rng = fastrand::Rng::with_seed(7);
+        let n = 200_000;
+        let mut counts = std::collections::HashMap::new();
+        for _ in 0..n {
+            *counts.entry(m.draw(&mut rng)).or_insert(0u64) += 1;
+        }
+        for &(size, weight) in &m.items {
+            let got = counts[&size] as f64 / n as f64;
+            let want = weight as f64 / m.total as f64;
+            assert!((got - want).abs() < 0.005, "{size}: {got} vs {want}");
+        }
+        assert_eq!(counts.len(), m.items.len());
+    }
+
+    #[test]
+    fn random_pct_0_is_strictly_sequential_with_aligned_wrapping() {
+        let span = 1 << 20;
+        let o = Offsets::new(span, 0);
+        let m = parse_mix("512:1,4K:1,8K:1,64K:1").unwrap();
+        let mut rng = fastrand::Rng::with_seed(1);
+        let mut end = 0u64;
+        let mut wrapped = 0;
+        for _ in 0..10_000 {
+            let size = m.draw(&mut rng);
+            let align = alignment(size, 512);
+            let off = o.next(&mut rng, size, align);
+            assert_eq!(off % align, 0);
+            assert!(off + size <= span);
+            let want = end.next_multiple_of(align);
+            if want + size > span {
+                assert_eq!(off, 0);
+                wrapped += 1;
+            } else {
+                assert_eq!(off, want);
+            }
+            end = off + size;
+        }
+        assert!(wrapped > 10);
+        // One size from 0: exactly 0, bs, 2bs, ...
+        let o = Offsets::new(span, 0);
+        let offs: Vec<u64> = (0..4).map(|_| o.next(&mut rng, 4096, 4096)).collect();
+        assert_eq!(offs, [0, 4096, 8192, 12288]);
+    }
+
+    #[test]
+    fn random_pct_sets_the_share_of_jumps() {
+        let span = 1 << 30;
+        let mut rng = fastrand::Rng::with_seed(3);
+        let share_sequential = |pct: u8, rng: &mut fastrand::Rng| {
+            let o = Offsets::new(span, pct);
+            let mut end = 0;
+            let mut seq = 0;
+            for _ in 0..20_000 {
+                let off = o.next(rng, 8192, 4096);
+                assert_eq!(off % 4096, 0);
+                assert!(off + 8192 <= span);
+                if off == end {
+                    seq += 1;
+                }
+                end = off + 8192;
+            }
+            seq as f64 / 20_000.0
+        };
+        assert_eq!(share_sequential(0, &mut rng), 1.0);
+        assert!(share_sequential(100, &mut rng) < 0.001);
+        let s = share_sequential(75, &mut rng);
+        assert!((s - 0.25).abs() < 0.02, "{s}");
+    }
+
+    #[test]
+    fn offsets_align_to_the_size_up_to_4k_and_at_least_the_block() {
+        assert_eq!(alignment(512, 512), 512);
+        assert_eq!(alignment(2048, 512), 2048);
+        assert_eq!(alignment(65536, 512), 4096);
+        assert_eq!(alignment(512, 4096), 4096);
+        assert_eq!(alignment(1 << 20, 4096), 4096);
+    }
 }
