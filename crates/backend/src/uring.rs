@@ -331,7 +331,7 @@ impl Core {
     /// any (or when completions overflowed into the kernel's list: entering
     /// moves them to the queue).
     fn enter(&mut self) {
-        let mut sq = self.ring.submission();
+        let sq = self.ring.submission();
         if sq.is_empty() && !sq.cq_overflow() {
             return;
         }
