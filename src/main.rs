@@ -218,10 +218,10 @@ struct ServeArgs {
     /// Threads running sessions (0: one per CPU); overrides the config file's worker_threads.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(0..=1024))]
     workers: Option<u16>,
-    /// How connections are spread over worker threads: shared (tokio's
-    /// work-stealing runtime) or pinned (one runtime per CPU, each
-    /// connection stays on the least-loaded one); overrides the config
-    /// file's placement.
+    /// How connections are spread over worker threads: pinned (the
+    /// default: one runtime and one io_uring per CPU, each connection stays
+    /// on the least-loaded one) or shared (tokio's work-stealing runtime);
+    /// overrides the config file's placement.
     #[arg(long, value_name = "shared|pinned")]
     placement: Option<ethersan_server::config::Placement>,
     /// Also serve the LUNs over ATA over Ethernet on this link (repeatable):

@@ -78,12 +78,14 @@ pub struct Options {
 #[serde(rename_all = "lowercase")]
 pub enum Placement {
     /// tokio's work-stealing runtime: connections' tasks move between
-    /// workers as load changes.
-    #[default]
+    /// workers as load changes; file I/O goes through each LUN's ring
+    /// thread.
     Shared,
-    /// One single-threaded runtime per worker, pinned to a CPU; each new
-    /// connection goes to the worker with the fewest connections and stays
-    /// there.
+    /// One single-threaded runtime per worker, pinned to a CPU, each with
+    /// its own io_uring (`worker_rings`); each new connection goes to the
+    /// worker with the fewest connections and stays there. The default:
+    /// measured faster and cheaper per I/O (docs/benchmark.md, issue 17).
+    #[default]
     Pinned,
 }
 
@@ -148,7 +150,7 @@ impl Default for Options {
             data_dir: PathBuf::from("./ethersan-data"),
             worker_threads: 0,
             inline_io: true,
-            placement: Placement::Shared,
+            placement: Placement::Pinned,
             worker_rings: true,
         }
     }

@@ -82,10 +82,15 @@ fn chap_section_secrets_from_inline_file_or_env() {
 fn placement_option() {
     let base = "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\nlun = [\"ram:1M\"]\n";
     let c = Config::from_toml_str(base, "t").unwrap();
-    assert_eq!(c.options.placement, Placement::Shared);
-    let c =
-        Config::from_toml_str(&format!("{base}[options]\nplacement = \"pinned\"\n"), "t").unwrap();
     assert_eq!(c.options.placement, Placement::Pinned);
+    assert!(c.options.worker_rings);
+    let c = Config::from_toml_str(
+        &format!("{base}[options]\nplacement = \"shared\"\nworker_rings = false\n"),
+        "t",
+    )
+    .unwrap();
+    assert_eq!(c.options.placement, Placement::Shared);
+    assert!(!c.options.worker_rings);
     let e = Config::from_toml_str(
         &format!("{base}[options]\nplacement = \"everywhere\"\n"),
         "t",
