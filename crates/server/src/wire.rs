@@ -101,10 +101,23 @@ impl<R: AsyncRead + Unpin> PduReader<R> {
                 return Err(e.into());
             }
         };
-        let mut part = vec![0u8; head.data_part_len()];
-        self.r.read_exact(&mut part).await?;
+        let part = read_part(&mut self.r, head.data_part_len()).await?;
         Ok(f.finish(head, part)?)
     }
+}
+
+/// Read exactly `len` bytes into a new buffer, never zeroed first: the
+/// socket writes into its spare capacity (a large data segment bypasses the
+/// read-ahead buffer).
+async fn read_part<R: AsyncRead + Unpin>(r: &mut R, len: usize) -> std::io::Result<Vec<u8>> {
+    let mut part = Vec::with_capacity(len);
+    while part.len() < len {
+        let want = (len - part.len()) as u64;
+        if (&mut *r).take(want).read_buf(&mut part).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    Ok(part)
 }
 
 impl From<FrameError> for ReadError {

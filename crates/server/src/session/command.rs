@@ -40,6 +40,7 @@ impl Session {
         let mut data = Vec::new();
         let mut forced = 0;
         let mut reserved = 0;
+        let mut room = 0;
         let transfer = if cmd.write && edtl > 0 {
             let imm = raw.data.len().min(edtl as usize);
             if !p.immediate_data && !raw.data.is_empty() {
@@ -56,12 +57,15 @@ impl Session {
             } else if in_order && self.awaiting.is_empty() && self.budget.try_reserve(edtl as usize)
             {
                 reserved = edtl as usize;
+                room = edtl as usize;
                 if imm == edtl as usize {
                     data = std::mem::take(&mut raw.data);
                     data.truncate(imm);
                 } else {
-                    data = vec![0u8; edtl as usize];
-                    data[..imm].copy_from_slice(&raw.data[..imm]);
+                    // Room for all of it, never zeroed: Data-Out fills it
+                    // in order (`fill_at`).
+                    data = Vec::with_capacity(edtl as usize);
+                    data.extend_from_slice(&raw.data[..imm]);
                 }
             } else {
                 // Otherwise only what may arrive unasked is buffered now:
@@ -75,7 +79,8 @@ impl Session {
                 };
                 data = std::mem::take(&mut raw.data);
                 data.truncate(imm);
-                data.resize(unsolicited, 0);
+                data.reserve_exact(unsolicited - imm);
+                room = unsolicited;
                 forced = unsolicited;
                 self.budget.force(forced);
             }
@@ -116,6 +121,7 @@ impl Session {
             r2t_count: 0,
             reserved,
             forced,
+            room,
             start_waiting: false,
         };
         if self
@@ -158,7 +164,7 @@ impl Session {
         let Some(task) = self.tasks.get_mut(itt) else {
             return;
         };
-        if task.data.len() < task.cmd.expected_len as usize {
+        if task.room < task.cmd.expected_len as usize {
             // Its buffer is not reserved yet (it waits for the budget).
             return;
         }
@@ -210,10 +216,7 @@ impl Session {
             data.len() as u32,
             d.final_bit,
         ) {
-            Ok(())
-                if task.fail.is_none()
-                    && d.buffer_offset as usize + data.len() > task.data.len() =>
-            {
+            Ok(()) if task.fail.is_none() && d.buffer_offset as usize + data.len() > task.room => {
                 // Data the target did not ask for and has no room for.
                 warn!(
                     session = self.setup.id,
@@ -227,8 +230,7 @@ impl Session {
             }
             Ok(()) => {
                 if task.fail.is_none() {
-                    let off = d.buffer_offset as usize;
-                    task.data[off..off + data.len()].copy_from_slice(&data);
+                    fill_at(&mut task.data, d.buffer_offset as usize, &data);
                 }
                 if t.is_complete() {
                     task.transfer = None;
@@ -289,7 +291,14 @@ impl Session {
             channel_level: self.setup.channel_level,
             lun,
             cdb: std::mem::take(&mut task.cdb),
-            data: std::mem::take(&mut task.data),
+            data: {
+                let mut data = std::mem::take(&mut task.data);
+                if task.cmd.write && data.len() < task.room {
+                    // Bytes never sent (a failed transfer) read as zeros.
+                    data.resize(task.room, 0);
+                }
+                data
+            },
             expected_len: task.cmd.expected_len,
             tag: itt,
             started: self.now,
@@ -520,4 +529,18 @@ mod sense_summary_tests {
         );
         assert_eq!(SenseSummary(&[]).to_string(), "none");
     }
+}
+
+/// Put `data` at byte `off` of a write's buffer, whose length is the
+/// prefix filled so far: data in order (what DataSequenceInOrder and
+/// DataPDUInOrder promise) is appended into the reserved capacity, never
+/// zeroed first; a gap left by data out of order reads as zeros until its
+/// own data arrives.
+pub(super) fn fill_at(buf: &mut Vec<u8>, off: usize, data: &[u8]) {
+    if off > buf.len() {
+        buf.resize(off, 0);
+    }
+    let overlap = (buf.len() - off).min(data.len());
+    buf[off..off + overlap].copy_from_slice(&data[..overlap]);
+    buf.extend_from_slice(&data[overlap..]);
 }

@@ -172,6 +172,10 @@ struct Task {
     reserved: usize,
     /// Bytes of unsolicited data (immediate data, first burst) it holds.
     forced: usize,
+    /// Bytes a write's buffer may hold: its expected length once reserved,
+    /// else the unsolicited data it may receive (`data` holds the bytes
+    /// filled so far, within this capacity).
+    room: usize,
     /// The task set started it, but it waits for its buffer.
     start_waiting: bool,
 }

@@ -53,12 +53,11 @@ impl Session {
         }
         task.reserved += more;
         self.budget.release_forced(std::mem::take(&mut task.forced));
-        if task.cmd.write && task.data.len() < want {
-            // A fresh zeroed allocation: pages are touched only as the
-            // data arrives.
-            let mut buf = vec![0u8; want];
-            buf[..task.data.len()].copy_from_slice(&task.data);
-            task.data = buf;
+        if task.cmd.write && task.room < want {
+            // Capacity for all of it, not zeroed: Data-Out fills it in
+            // order.
+            task.data.reserve_exact(want - task.data.len());
+            task.room = want;
         }
         true
     }

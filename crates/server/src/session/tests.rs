@@ -535,3 +535,25 @@ fn the_itt_of_a_command_aborted_before_its_turn_stays_taken_until_then() {
     h.command(80, &[0; 6], &[], 0, false, TaskAttr::Simple);
     assert_eq!(h.response(80).status, 0);
 }
+
+#[test]
+fn write_buffers_fill_in_order_without_zeroing_and_gaps_read_as_zeros() {
+    use super::command::fill_at;
+    let mut buf = Vec::with_capacity(16);
+    fill_at(&mut buf, 0, &[1, 2, 3, 4]);
+    fill_at(&mut buf, 4, &[5, 6]);
+    assert_eq!(buf, [1, 2, 3, 4, 5, 6]);
+    // Data out of order: the gap reads as zeros until its data comes.
+    fill_at(&mut buf, 10, &[9, 9]);
+    assert_eq!(buf, [1, 2, 3, 4, 5, 6, 0, 0, 0, 0, 9, 9]);
+    fill_at(&mut buf, 6, &[7, 7, 7, 7]);
+    assert_eq!(buf, [1, 2, 3, 4, 5, 6, 7, 7, 7, 7, 9, 9]);
+    // Data sent again over bytes already there, and past the end.
+    fill_at(&mut buf, 10, &[8, 8, 8, 8]);
+    assert_eq!(buf, [1, 2, 3, 4, 5, 6, 7, 7, 7, 7, 8, 8, 8, 8]);
+    assert_eq!(
+        buf.capacity(),
+        16,
+        "appends stayed in the reserved capacity"
+    );
+}
