@@ -512,6 +512,20 @@ impl std::fmt::Display for SenseSummary<'_> {
     }
 }
 
+/// Put `data` at byte `off` of a write's buffer, whose length is the
+/// prefix filled so far: data in order (what DataSequenceInOrder and
+/// DataPDUInOrder promise) is appended into the reserved capacity, never
+/// zeroed first; a gap left by data out of order reads as zeros until its
+/// own data arrives.
+pub(super) fn fill_at(buf: &mut Vec<u8>, off: usize, data: &[u8]) {
+    if off > buf.len() {
+        buf.resize(off, 0);
+    }
+    let overlap = (buf.len() - off).min(data.len());
+    buf[off..off + overlap].copy_from_slice(&data[..overlap]);
+    buf.extend_from_slice(&data[overlap..]);
+}
+
 #[cfg(test)]
 mod sense_summary_tests {
     use super::SenseSummary;
@@ -529,18 +543,4 @@ mod sense_summary_tests {
         );
         assert_eq!(SenseSummary(&[]).to_string(), "none");
     }
-}
-
-/// Put `data` at byte `off` of a write's buffer, whose length is the
-/// prefix filled so far: data in order (what DataSequenceInOrder and
-/// DataPDUInOrder promise) is appended into the reserved capacity, never
-/// zeroed first; a gap left by data out of order reads as zeros until its
-/// own data arrives.
-pub(super) fn fill_at(buf: &mut Vec<u8>, off: usize, data: &[u8]) {
-    if off > buf.len() {
-        buf.resize(off, 0);
-    }
-    let overlap = (buf.len() - off).min(data.len());
-    buf[off..off + overlap].copy_from_slice(&data[..overlap]);
-    buf.extend_from_slice(&data[overlap..]);
 }
