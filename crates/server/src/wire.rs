@@ -101,16 +101,52 @@ impl<R: AsyncRead + Unpin> PduReader<R> {
                 return Err(e.into());
             }
         };
-        let part = read_part(&mut self.r, head.data_part_len()).await?;
+        let len = head.data_part_len();
+        // A write's immediate data lands in a buffer with room for the rest.
+        let capacity = if len > 0 {
+            write_capacity(&head.bhs)
+        } else {
+            0
+        };
+        let part = read_part(&mut self.r, len, capacity).await?;
         Ok(f.finish(head, part)?)
     }
 }
 
-/// Read exactly `len` bytes into a new buffer, never zeroed first: the
-/// socket writes into its spare capacity (a large data segment bypasses the
-/// read-ahead buffer).
-async fn read_part<R: AsyncRead + Unpin>(r: &mut R, len: usize) -> std::io::Result<Vec<u8>> {
-    let mut part = Vec::with_capacity(len);
+/// Most bytes of a write's buffer allocated with its command PDU (larger
+/// writes get theirs when the session reserves it, and copy only their
+/// immediate data into it): bounds what PDUs read ahead of the session
+/// can hold.
+const WRITE_CAPACITY_MAX: usize = 256 * 1024;
+
+/// For a SCSI Command PDU that writes: its expected data transfer length
+/// (up to [`WRITE_CAPACITY_MAX`]), so that the buffer its immediate data
+/// is read into can take the rest of the data too, and becomes the
+/// command's buffer without a copy. 0 for any other PDU.
+fn write_capacity(bhs: &Bhs) -> usize {
+    let b = &bhs.0;
+    let scsi_command = b[0] & 0x3f == 0x01;
+    let write = b[1] & 0x20 != 0;
+    if !(scsi_command && write) {
+        return 0;
+    }
+    let edtl = u32::from_be_bytes([b[20], b[21], b[22], b[23]]) as usize;
+    if edtl <= WRITE_CAPACITY_MAX {
+        edtl
+    } else {
+        0
+    }
+}
+
+/// Read exactly `len` bytes into a new buffer of `capacity` (at least
+/// `len`), never zeroed first: the socket writes into its spare capacity
+/// (a large data segment bypasses the read-ahead buffer).
+async fn read_part<R: AsyncRead + Unpin>(
+    r: &mut R,
+    len: usize,
+    capacity: usize,
+) -> std::io::Result<Vec<u8>> {
+    let mut part = Vec::with_capacity(capacity.max(len));
     while part.len() < len {
         let want = (len - part.len()) as u64;
         if (&mut *r).take(want).read_buf(&mut part).await? == 0 {
@@ -249,4 +285,42 @@ async fn write_batch<W: AsyncWrite + Unpin>(
     drop(slices);
     batch.clear();
     Ok(())
+}
+
+#[cfg(test)]
+mod capacity_tests {
+    use super::*;
+
+    fn bhs(opcode: u8, flags: u8, edtl: u32) -> Bhs {
+        let mut b = Bhs::default();
+        b.0[0] = opcode;
+        b.0[1] = flags;
+        b.0[20..24].copy_from_slice(&edtl.to_be_bytes());
+        b
+    }
+
+    #[tokio::test]
+    async fn a_writes_immediate_data_gets_room_for_the_whole_transfer() {
+        // SCSI Command, W bit: room for the expected length, within the cap.
+        assert_eq!(write_capacity(&bhs(0x01, 0xa0, 131_072)), 131_072);
+        assert_eq!(
+            write_capacity(&bhs(0x41, 0xa0, 4096)),
+            4096,
+            "immediate bit"
+        );
+        assert_eq!(write_capacity(&bhs(0x01, 0xa0, 1 << 20)), 0, "over the cap");
+        // Reads, Data-Out and other PDUs: none.
+        assert_eq!(write_capacity(&bhs(0x01, 0xc0, 131_072)), 0);
+        assert_eq!(write_capacity(&bhs(0x05, 0x80, 131_072)), 0);
+        // The bytes read are exactly the segment's, in a buffer of that room.
+        let data: Vec<u8> = (0..70_000u32).map(|i| i as u8).collect();
+        let mut src = &data[..];
+        let part = read_part(&mut src, 65_536, 131_072).await.unwrap();
+        assert_eq!(part[..], data[..65_536]);
+        assert!(part.capacity() >= 131_072);
+        // A stream that ends early is an error, not a short buffer.
+        let mut short = &data[..100];
+        let e = read_part(&mut short, 200, 0).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+    }
 }

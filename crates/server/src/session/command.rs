@@ -58,12 +58,13 @@ impl Session {
             {
                 reserved = edtl as usize;
                 room = edtl as usize;
-                if imm == edtl as usize {
+                if imm == edtl as usize || raw.data.capacity() >= edtl as usize {
+                    // The PDU's own buffer (the reader gave it room for
+                    // the whole transfer): Data-Out fills the rest in
+                    // order (`fill_at`), never zeroed.
                     data = std::mem::take(&mut raw.data);
                     data.truncate(imm);
                 } else {
-                    // Room for all of it, never zeroed: Data-Out fills it
-                    // in order (`fill_at`).
                     data = Vec::with_capacity(edtl as usize);
                     data.extend_from_slice(&raw.data[..imm]);
                 }
