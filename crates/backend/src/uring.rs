@@ -196,6 +196,11 @@ impl UringEngine {
     }
 }
 
+/// Dropping the engine waits for the I/O on the device's own ring thread.
+/// Requests in a worker's [`LocalRing`] finish there, each holding the
+/// store's descriptors open until it completes; their completions keep the
+/// device's users (logical unit, volume) alive, so a device is dropped only
+/// after its last I/O completed.
 impl Drop for UringEngine {
     fn drop(&mut self) {
         self.tx = None;
@@ -329,11 +334,12 @@ impl Core {
 
     /// Pass the queued SQEs to the kernel without waiting, when there are
     /// any (or when completions overflowed into the kernel's list: entering
-    /// moves them to the queue).
-    fn enter(&mut self) {
+    /// moves them to the queue). False when entries are still queued (the
+    /// kernel said to try again): the owner must enter again later.
+    fn enter(&mut self) -> bool {
         let sq = self.ring.submission();
         if sq.is_empty() && !sq.cq_overflow() {
-            return;
+            return true;
         }
         drop(sq);
         if let Err(e) = self.ring.submit() {
@@ -341,6 +347,7 @@ impl Core {
                 eprintln!("ethersan: io_uring submit failed: {e}");
             }
         }
+        self.ring.submission().is_empty()
     }
 
     /// Push one SQE, submitting first if the submission queue is full.
@@ -685,6 +692,9 @@ struct Local {
     needs_turn: bool,
     /// The thread's driver, waiting for work.
     waker: Option<Waker>,
+    /// The last turn left entries the kernel refused for now (EAGAIN,
+    /// EBUSY): the driver turns again after a pause.
+    retry: bool,
 }
 
 thread_local! {
@@ -712,9 +722,8 @@ fn submit_local(job: Job) -> Result<(), Job> {
         let idle = local.core.in_flight == 0 && local.core.backlog.is_empty();
         local.core.backlog.push_back(job.take().expect("job"));
         local.core.start_backlog();
-        if idle && !local.needs_turn && local.core.ready.is_empty() {
+        if idle && !local.needs_turn && local.core.ready.is_empty() && local.core.enter() {
             // Queue depth 1: nothing to batch with; into the kernel now.
-            local.core.enter();
             return;
         }
         if !local.needs_turn {
@@ -731,12 +740,21 @@ fn submit_local(job: Job) -> Result<(), Job> {
 }
 
 /// While this guard lives, requests submitted on this thread bypass its
-/// ring (the thread is about to block waiting for them).
-pub(crate) struct BypassLocal(bool);
+/// ring: hold one around any submission the thread then blocks waiting for
+/// (only this thread, blocked, would run its ring's completions).
+#[derive(Debug)]
+pub struct BypassLocal(bool);
 
 impl BypassLocal {
-    pub(crate) fn new() -> BypassLocal {
+    /// Start bypassing this thread's ring until the guard is dropped.
+    pub fn new() -> BypassLocal {
         BypassLocal(BYPASS.try_with(|b| b.replace(true)).unwrap_or(true))
+    }
+}
+
+impl Default for BypassLocal {
+    fn default() -> Self {
+        BypassLocal::new()
     }
 }
 
@@ -780,6 +798,7 @@ impl LocalRing {
                 core,
                 needs_turn: false,
                 waker: None,
+                retry: false,
             });
             Ok(())
         })?;
@@ -806,7 +825,8 @@ impl LocalRing {
             local.needs_turn = false;
             local.core.reap();
             local.core.start_backlog();
-            local.core.enter();
+            // Entries the kernel did not take yet: the next turn retries.
+            local.retry = !local.core.enter();
             std::mem::take(&mut local.core.ready)
         });
         let n = ready.len();
@@ -828,6 +848,12 @@ impl LocalRing {
                 _ => Poll::Ready(()),
             }
         })
+    }
+
+    /// Whether the last [`turn`](Self::turn) left requests the kernel did
+    /// not take yet (it asked to try again): turn again after a pause.
+    pub fn must_retry(&self) -> bool {
+        LOCAL.with(|cell| cell.borrow().as_ref().is_some_and(|l| l.retry))
     }
 
     /// Requests in the kernel now.

@@ -350,6 +350,9 @@ impl ScsiTarget {
     /// [`submit`](Self::submit) and wait for the response on this thread
     /// (running a blocking job here): for tools, tests and fuzzing.
     pub fn submit_and_wait(&self, cmd: ScsiCommand, initiator: Option<&str>) -> ScsiResponse {
+        // Not into this thread's own ring: only this thread, about to
+        // wait, would run its completion.
+        let _bypass = ethersan_backend::uring::BypassLocal::new();
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let done: ScsiCompletion = Box::new(move |r| {
             let _ = tx.send(r);

@@ -202,7 +202,16 @@ async fn drive_ring(ring: &LocalRing) {
             }
         };
     loop {
+        // Yields to the worker's sessions once the task's budget is spent,
+        // also when every turn finds more work at once.
+        tokio::task::consume_budget().await;
         ring.turn();
+        if ring.must_retry() {
+            // The kernel asked to try again (EAGAIN, EBUSY): pause, then
+            // turn again; completions that arrive meanwhile wait for it.
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            continue;
+        }
         match &afd {
             Some(afd) => {
                 std::future::poll_fn(|cx| {

@@ -102,9 +102,12 @@ impl<R: AsyncRead + Unpin> PduReader<R> {
             }
         };
         let len = head.data_part_len();
-        // A write's immediate data lands in a buffer with room for the rest.
-        let capacity = if len > 0 {
-            write_capacity(&head.bhs)
+        // A write's immediate data lands in a buffer with room for the rest,
+        // when it is a good part of it (so PDUs read ahead of the session
+        // hold at most four times their data).
+        let room = write_capacity(&head.bhs);
+        let capacity = if len > 0 && len.saturating_mul(4) >= room {
+            room
         } else {
             0
         };

@@ -80,6 +80,9 @@ impl Session {
                 };
                 data = std::mem::take(&mut raw.data);
                 data.truncate(imm);
+                // No more than the unsolicited data is held (and counted)
+                // until the budget gives the whole buffer.
+                data.shrink_to(unsolicited);
                 data.reserve_exact(unsolicited - imm);
                 room = unsolicited;
                 forced = unsolicited;
@@ -294,8 +297,10 @@ impl Session {
             cdb: std::mem::take(&mut task.cdb),
             data: {
                 let mut data = std::mem::take(&mut task.data);
+                // A complete transfer filled every byte (WriteTransfer
+                // accepts each offset once, in order); the buffer has its
+                // full length whatever happened.
                 if task.cmd.write && data.len() < task.room {
-                    // Bytes never sent (a failed transfer) read as zeros.
                     data.resize(task.room, 0);
                 }
                 data
