@@ -124,27 +124,33 @@ fn pread_full(fd: RawFd, buf: &mut [u8], off: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// The iovecs of what is left of `hdr` then `data` after `done` bytes, and
+/// how many of them are non-empty.
+fn rest_iovecs(hdr: &[u8], data: &[u8], done: usize) -> ([libc::iovec; 2], i32) {
+    let (a, b): (&[u8], &[u8]) = if done < hdr.len() {
+        (&hdr[done..], data)
+    } else {
+        (&data[done - hdr.len()..], &[])
+    };
+    let iov = [
+        libc::iovec {
+            iov_base: a.as_ptr() as *mut _,
+            iov_len: a.len(),
+        },
+        libc::iovec {
+            iov_base: b.as_ptr() as *mut _,
+            iov_len: b.len(),
+        },
+    ];
+    (iov, if b.is_empty() { 1 } else { 2 })
+}
+
 /// Writes all of `hdr` then `data` with `writev`, resuming partial writes.
 fn writev_all(sock: RawFd, hdr: &[u8], data: &[u8]) -> io::Result<()> {
     let total = hdr.len() + data.len();
     let mut done = 0;
     while done < total {
-        let (a, b): (&[u8], &[u8]) = if done < hdr.len() {
-            (&hdr[done..], data)
-        } else {
-            (&data[done - hdr.len()..], &[])
-        };
-        let iov = [
-            libc::iovec {
-                iov_base: a.as_ptr() as *mut _,
-                iov_len: a.len(),
-            },
-            libc::iovec {
-                iov_base: b.as_ptr() as *mut _,
-                iov_len: b.len(),
-            },
-        ];
-        let cnt = if b.is_empty() { 1 } else { 2 };
+        let (iov, cnt) = rest_iovecs(hdr, data, done);
         // SAFETY: the iovecs point into live slices for the call's duration.
         let r = unsafe { libc::writev(sock, iov.as_ptr(), cnt) };
         done += cvt(r)?;
@@ -322,26 +328,11 @@ impl Sender {
             let total = HEADER_LEN + self.size;
             let mut done = 0;
             while done < total {
-                let data = bufs[slot].as_mut_slice();
-                let (a, b): (&[u8], &[u8]) = if done < HEADER_LEN {
-                    (&hdrs[slot][done..], data)
-                } else {
-                    (&data[done - HEADER_LEN..], &[])
-                };
-                let mut iov = [
-                    libc::iovec {
-                        iov_base: a.as_ptr() as *mut _,
-                        iov_len: a.len(),
-                    },
-                    libc::iovec {
-                        iov_base: b.as_ptr() as *mut _,
-                        iov_len: b.len(),
-                    },
-                ];
+                let (mut iov, cnt) = rest_iovecs(&hdrs[slot], bufs[slot].as_mut_slice(), done);
                 // SAFETY: msghdr is plain data; zeroed is valid.
                 let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
                 msg.msg_iov = iov.as_mut_ptr();
-                msg.msg_iovlen = if b.is_empty() { 1 } else { 2 };
+                msg.msg_iovlen = cnt as usize;
                 // SAFETY: `msg` points to iovecs into buffers that stay
                 // untouched until their zero-copy completion is reaped.
                 let r = unsafe { libc::sendmsg(self.sock, &msg, libc::MSG_ZEROCOPY) };
