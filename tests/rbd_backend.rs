@@ -666,6 +666,12 @@ fn watch_survives_a_frozen_osd() {
             }),
         )
         .unwrap();
+    // The sender of the notice, connected before the freeze: it only has
+    // to reach the OSD again. (A client opened after the thaw sometimes
+    // could not open the image for minutes — ETIMEDOUT on every try — while
+    // the OSD caught up; that is not what this test is about.)
+    let other = RbdDevice::open(&s, BS).expect("open a second client");
+    let theirs = other.shared().unwrap();
     let pid = std::fs::read_to_string(ceph.dir().join("run/osd.0.pid")).expect("osd pid");
     let signal = |sig: &str| common::must_run("kill", &[sig, pid.trim()], Duration::from_secs(5));
     signal("-STOP");
@@ -674,8 +680,6 @@ fn watch_survives_a_frozen_osd() {
     // Thawed, the OSD expires the watch and the client watches again;
     // notices sent meanwhile may reach the old watch, so wait a little.
     std::thread::sleep(Duration::from_secs(10));
-    let other = RbdDevice::open(&s, BS).expect("open a second client");
-    let theirs = other.shared().unwrap();
     let seen = notices.clone();
     let t = Instant::now();
     within(
