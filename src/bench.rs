@@ -48,7 +48,8 @@ pub(crate) enum EngineArg {
 /// Arguments of `ethersan bench`.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct BenchArgs {
-    /// iscsi://host[:port]/IQN/LUN, aoe://IFACE/SHELF.SLOT,
+    /// iscsi://host[:port]/IQN/LUN, eth://IFACE/IQN/LUN, udp://HOST[:PORT]/IQN/LUN,
+    /// aoe://IFACE/SHELF.SLOT,
     /// aoe+unix://SHELF.SLOT?local=PATH&peer=PATH, or a local file or block
     /// device (the same engine, in-process).
     target: String,

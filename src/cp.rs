@@ -19,10 +19,12 @@ use crate::remote::{self, Remote};
 /// Arguments of `ethersan cp`.
 #[derive(Args, Debug)]
 pub(crate) struct CpArgs {
-    /// Source: iscsi://[user[%secret]@]host[:port]/IQN/LUN, aoe://IFACE/SHELF.SLOT,
+    /// Source: iscsi://[user[%secret]@]host[:port]/IQN/LUN, eth://IFACE/IQN/LUN,
+    /// udp://HOST[:PORT]/IQN/LUN, aoe://IFACE/SHELF.SLOT,
     /// aoe+unix://SHELF.SLOT?local=PATH&peer=PATH, a file or block device, or - for stdin.
     src: String,
-    /// Destination: an iscsi:// or AoE URL, a file or block device, or - for stdout.
+    /// Destination: an iscsi://, eth://, udp://, aoe:// or aoe+unix:// URL (as for
+    /// the source), a file or block device, or - for stdout.
     dst: String,
     /// Byte offset on the LUN side (both sides when copying LUN to LUN); a multiple of the block size.
     #[arg(long, value_parser = parse_bytes, default_value = "0")]

@@ -54,6 +54,7 @@ mod blockio;
 mod client;
 mod cp;
 mod ctl;
+mod manual;
 mod native_client;
 mod remote;
 
@@ -116,8 +117,10 @@ enum Command {
     },
     /// List a target's LUNs (or the one LUN the URL names): capacity, block size, identity.
     Ls {
-        /// iscsi://[USER%SECRET@]host[:port]/TARGET[/LUN], aoe://IFACE/SHELF.SLOT or
-        /// aoe+unix://SHELF.SLOT?local=PATH&peer=PATH
+        /// iscsi://[USER%SECRET@]host[:port]/TARGET[/LUN];
+        /// the native transport's eth://IFACE/TARGET[/LUN] or
+        /// udp://HOST[:PORT]/TARGET[/LUN] (?security=none|integrity|encrypt);
+        /// aoe://IFACE/SHELF.SLOT or aoe+unix://SHELF.SLOT?local=PATH&peer=PATH
         url: String,
         #[command(flatten)]
         connect: blockio::ConnectArgs,
@@ -127,8 +130,10 @@ enum Command {
     },
     /// Show one LUN's INQUIRY data and VPD pages (an AoE device's IDENTIFY data).
     Inquiry {
-        /// iscsi://[USER%SECRET@]host[:port]/TARGET/LUN, aoe://IFACE/SHELF.SLOT or
-        /// aoe+unix://SHELF.SLOT?local=PATH&peer=PATH
+        /// iscsi://[USER%SECRET@]host[:port]/TARGET/LUN;
+        /// the native transport's eth://IFACE/TARGET/LUN or
+        /// udp://HOST[:PORT]/TARGET/LUN (?security=none|integrity|encrypt);
+        /// aoe://IFACE/SHELF.SLOT or aoe+unix://SHELF.SLOT?local=PATH&peer=PATH
         url: String,
         #[command(flatten)]
         connect: blockio::ConnectArgs,
@@ -151,10 +156,15 @@ enum Command {
         /// bash, zsh, fish, elvish or powershell.
         shell: clap_complete::Shell,
     },
-    /// Print a manual page (roff): ethersan man > /usr/local/share/man/man1/ethersan.1; ethersan man serve > …/ethersan-serve.1
+    /// Print a manual page (roff): ethersan man > /usr/local/share/man/man1/ethersan.1; ethersan man serve > …/ethersan-serve.1; ethersan man --dir DIR writes every page
     Man {
-        /// A subcommand's page (serve, cp, bench…) instead of the main one.
-        subcommand: Option<String>,
+        /// A subcommand's page instead of the main one, as words or one
+        /// name: `serve`, `ctl lun add` or `ctl-lun-add`.
+        #[arg(conflicts_with = "dir")]
+        subcommand: Vec<String>,
+        /// Write every page (ethersan.1, ethersan-serve.1, ethersan-ctl-lun-add.1, …) into DIR instead.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
     },
 }
 
@@ -881,31 +891,31 @@ fn main() -> ExitCode {
             clap_complete::generate(*shell, &mut cmd, "ethersan", &mut out);
             return print_out(&out);
         }
-        Command::Man { subcommand } => {
-            let mut out = Vec::new();
-            let mut cmd = <Cli as clap::CommandFactory>::command();
-            if let Some(name) = subcommand {
-                cmd.build();
-                let Some(sub) = cmd.find_subcommand(name).cloned() else {
-                    let names: Vec<_> = cmd
-                        .get_subcommands()
-                        .map(|c| c.get_name().to_string())
-                        .collect();
-                    say(format_args!(
-                        "ethersan: no subcommand {name:?}; the manual has pages for {}",
-                        names.join(", ")
-                    ));
-                    return ExitCode::FAILURE;
+        Command::Man { subcommand, dir } => {
+            let cmd = <Cli as clap::CommandFactory>::command();
+            if let Some(dir) = dir {
+                return match manual::write_all(cmd, dir) {
+                    Ok(files) => {
+                        say(format_args!(
+                            "ethersan: wrote {} manual pages into {}",
+                            files.len(),
+                            dir.display()
+                        ));
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        say(format_args!("ethersan: {e}"));
+                        ExitCode::FAILURE
+                    }
                 };
-                // clap names a command with a static string; this runs once.
-                let page: &'static str = Box::leak(format!("ethersan-{name}").into_boxed_str());
-                cmd = sub.name(page);
             }
-            if let Err(e) = clap_mangen::Man::new(cmd).render(&mut out) {
-                say(format_args!("ethersan: cannot render the manual page: {e}"));
-                return ExitCode::FAILURE;
-            }
-            return print_out(&out);
+            return match manual::page(cmd, subcommand) {
+                Ok(roff) => print_out(&roff),
+                Err(e) => {
+                    say(format_args!("ethersan: {e}"));
+                    ExitCode::FAILURE
+                }
+            };
         }
         _ => {}
     }

@@ -29,7 +29,8 @@ use fs::{LunFs, Owner};
 /// Arguments of `ethersan attach`.
 #[derive(Args, Debug)]
 pub(crate) struct AttachArgs {
-    /// The LUN: iscsi://[USER%SECRET@]host[:port]/IQN/LUN, aoe://IFACE/SHELF.SLOT
+    /// The LUN: iscsi://[USER%SECRET@]host[:port]/IQN/LUN, eth://IFACE/IQN/LUN,
+    /// udp://HOST[:PORT]/IQN/LUN, aoe://IFACE/SHELF.SLOT
     /// or aoe+unix://SHELF.SLOT?local=PATH&peer=PATH.
     url: String,
     /// An existing directory to mount on; the LUN shows in it as one file
