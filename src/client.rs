@@ -129,10 +129,16 @@ struct LunInfo {
     /// Logical Block Provisioning (VPD 0xB2), decoded.
     #[serde(skip_serializing_if = "Option::is_none")]
     provisioning: Option<Provisioning>,
-    /// The security level a native transport channel needs for this LUN,
-    /// when the channel listing it is below that (nothing else is known).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    needs_security: Option<String>,
+}
+
+/// One row of `ls`: a LUN, or a LUN the native transport channel's
+/// security level is too low for (only its number and the level it needs
+/// are known).
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Listed {
+    Lun(Box<LunInfo>),
+    NeedsSecurity { lun: u64, needs_security: String },
 }
 
 /// VPD 0xB0 fields (in logical blocks; 0 = no limit reported).
@@ -350,16 +356,15 @@ pub(crate) async fn cmd_ls(url: &str, how: &ConnectArgs, json: bool) -> anyhow::
             match lun_info(&s, lun).await {
                 Err(e) => match e.downcast::<crate::native_client::LevelTooLow>() {
                     Ok(r) => {
-                        infos.push(LunInfo {
+                        infos.push(Listed::NeedsSecurity {
                             lun,
-                            needs_security: Some(r.needed.to_string()),
-                            ..Default::default()
+                            needs_security: r.needed.to_string(),
                         });
                         refused.push(r);
                     }
                     Err(e) => return Err(e),
                 },
-                Ok(i) => infos.push(i),
+                Ok(i) => infos.push(Listed::Lun(Box::new(i))),
             }
         }
         Ok((infos, refused))
@@ -380,10 +385,16 @@ pub(crate) async fn cmd_ls(url: &str, how: &ConnectArgs, json: bool) -> anyhow::
             "bs"
         );
         for i in &infos {
-            if let Some(level) = &i.needs_security {
-                out!("{:<5} (needs a channel at security={level})", i.lun);
-                continue;
-            }
+            let i = match i {
+                Listed::Lun(i) => i,
+                Listed::NeedsSecurity {
+                    lun,
+                    needs_security,
+                } => {
+                    out!("{lun:<5} (needs a channel at security={needs_security})");
+                    continue;
+                }
+            };
             out!(
                 "{:<5} {:<10} {:<10} {:<17} {:>10} {:>6}  {}",
                 i.lun,
