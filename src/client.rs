@@ -415,7 +415,11 @@ pub(crate) async fn cmd_ls(url: &str, how: &ConnectArgs, json: bool) -> anyhow::
         [] => Ok(()),
         [one] => Err(anyhow::anyhow!("{one}")),
         [first, ..] => {
-            let needed = refused.iter().map(|r| r.needed).max().unwrap_or(first.needed);
+            let needed = refused
+                .iter()
+                .map(|r| r.needed)
+                .max()
+                .unwrap_or(first.needed);
             let each: Vec<String> = refused
                 .iter()
                 .map(|r| format!("LUN {} security={}", r.lun, r.needed))

@@ -485,7 +485,10 @@ fn a_missing_lun_names_the_luns_there_are() {
 #[test]
 fn discover_that_finds_nothing_fails() {
     // The only target is for another initiator: SendTargets lists none.
-    let server = Server::start_with("ram:4M", &["--allow-initiator", "iqn.2026-11.org.example:other"]);
+    let server = Server::start_with(
+        "ram:4M",
+        &["--allow-initiator", "iqn.2026-11.org.example:other"],
+    );
     let o = ethersan(&["discover", &server.addr]);
     assert_eq!(o.status.code(), Some(1), "{o:?}");
     fails_with(&o, "offers no targets");

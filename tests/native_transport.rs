@@ -157,7 +157,10 @@ fn every_security_level_and_a_lun_refusing_a_weaker_channel() {
         vec!["bench", &url, "--time", "1s"],
     ] {
         let o = client(dir.path(), SECRET, &args);
-        let l = error_line(&o, &format!("{} from a LUN above the channel's level", args[0]));
+        let l = error_line(
+            &o,
+            &format!("{} from a LUN above the channel's level", args[0]),
+        );
         assert!(l.contains(want), "{}: {l}", args[0]);
     }
 }
@@ -713,7 +716,8 @@ fn a_wrong_group_secret_fails_fast_over_udp() {
             args[0]
         );
         assert!(
-            l.contains("no member of group \"lab\" answered") && l.contains("check the group name and secret"),
+            l.contains("no member of group \"lab\" answered")
+                && l.contains("check the group name and secret"),
             "{l}"
         );
     }

@@ -86,7 +86,11 @@ fn example() -> Example {
         bench: find("ethersan bench "),
         attach: find("ethersan attach "),
     };
-    assert_eq!(lines.len(), 7, "a README line this test does not run: {lines:#?}");
+    assert_eq!(
+        lines.len(),
+        7,
+        "a README line this test does not run: {lines:#?}"
+    );
     e
 }
 
@@ -102,7 +106,11 @@ fn sh(ns: Option<&str>, dir: &Path, script: &str, limit: Duration) -> Output {
 
 /// The program name in a README line is the binary under test.
 fn binary(line: &str) -> String {
-    line.replacen("ethersan ", &format!("{} ", env!("CARGO_BIN_EXE_ethersan")), 1)
+    line.replacen(
+        "ethersan ",
+        &format!("{} ", env!("CARGO_BIN_EXE_ethersan")),
+        1,
+    )
 }
 
 /// Where the example runs: names of this host for the README's.
@@ -145,7 +153,12 @@ fn run_example(host: Host<'_>) {
     let etc = path_str(&srv.join("etc"));
 
     // The secret, as the README makes it.
-    let o = sh(None, &srv, &e.secret.replace("/etc/ethersan", &etc), Duration::from_secs(10));
+    let o = sh(
+        None,
+        &srv,
+        &e.secret.replace("/etc/ethersan", &etc),
+        Duration::from_secs(10),
+    );
     ok_out(&o, "the README's secret line");
 
     // The server, as written but for the interface, the UDP address on

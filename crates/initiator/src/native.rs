@@ -21,7 +21,8 @@ pub const DISCOVER_WAIT: Duration = Duration::from_millis(1500);
 
 /// The endpoints this process opened channels on, until they stop (see
 /// [`wait_closed`]).
-static OPENED: std::sync::Mutex<Vec<ethersan_endpoint::Stopped>> = std::sync::Mutex::new(Vec::new());
+static OPENED: std::sync::Mutex<Vec<ethersan_endpoint::Stopped>> =
+    std::sync::Mutex::new(Vec::new());
 
 /// Wait, at most `limit`, until every channel this process opened with
 /// [`connect`] has closed: a session that ended without a logout (an

@@ -316,7 +316,10 @@ impl ScsiTarget {
             // Listed: the LUNs it may use, and those its channel is too
             // weak for (their commands say which level they need).
             let listed = |l: u64| {
-                access(l).visible || map.get(&l).is_some_and(|s| s.policy.level_needed(who).is_some())
+                access(l).visible
+                    || map
+                        .get(&l)
+                        .is_some_and(|s| s.policy.level_needed(who).is_some())
             };
             return Submitted::Done(self.report_luns(&cmd, &map, access, &listed));
         }
