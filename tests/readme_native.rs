@@ -78,7 +78,11 @@ fn example() -> Example {
             .clone()
     };
     let e = Example {
-        secret: find("mkdir -p /etc/ethersan"),
+        secret: lines
+            .iter()
+            .find(|l| l.contains("> /etc/ethersan/lab.secret"))
+            .expect("a line that makes the secret")
+            .clone(),
         serve: find("ethersan serve "),
         export: find("export "),
         discover: find("ethersan discover "),
