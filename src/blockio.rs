@@ -54,6 +54,7 @@ pub(crate) fn check(what: &str, r: &CommandResult) -> anyhow::Result<()> {
                 (0x2, 0x3a, _) => " — no medium (ejected)",
                 (0x5, 0x21, _) => " — address beyond the end of the LUN",
                 (0x5, 0x25, _) => " — no such LUN",
+                (0x7, 0x74, 0x71) => " — the LUN needs a channel of a higher security level (?security= in the URL)",
                 _ => "",
             };
             bail!(
@@ -262,7 +263,10 @@ impl Lun {
     pub(crate) async fn on(session: Session, lun: u64) -> anyhow::Result<Lun> {
         let tur = session.clear_unit_attention(lun).await?;
         if tur.sense_key().is_some_and(|k| k.0 == 0x5 && k.1 == 0x25) {
-            bail!("the target has no LUN {lun}");
+            bail!(crate::client::no_such_lun(&session, lun).await);
+        }
+        if let Some(e) = crate::native_client::level_too_low(&session, lun, &tur) {
+            return Err(e.into());
         }
         let (blocks, block_size) = session
             .read_capacity(lun)

@@ -88,6 +88,11 @@ pub(crate) async fn cmd_discover(
             }
         }
     }
+    if list.is_empty() {
+        // Nothing found is a failure (exit status 1), as for every form
+        // of discover.
+        bail!("the portal at {addr} offers no targets (SendTargets listed none): the server serves none, or none to this initiator ({})", crate::blockio::CLIENT_IQN);
+    }
     Ok(())
 }
 
@@ -124,6 +129,16 @@ struct LunInfo {
     /// Logical Block Provisioning (VPD 0xB2), decoded.
     #[serde(skip_serializing_if = "Option::is_none")]
     provisioning: Option<Provisioning>,
+}
+
+/// One row of `ls`: a LUN, or a LUN the native transport channel's
+/// security level is too low for (only its number and the level it needs
+/// are known).
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Listed {
+    Lun(Box<LunInfo>),
+    NeedsSecurity { lun: u64, needs_security: String },
 }
 
 /// VPD 0xB0 fields (in logical blocks; 0 = no limit reported).
@@ -166,12 +181,15 @@ async fn inquiry_data(s: &Session, lun: u64, evpd: bool, page: u8) -> anyhow::Re
 }
 
 async fn lun_info(s: &Session, lun: u64) -> anyhow::Result<LunInfo> {
-    s.clear_unit_attention(lun).await?;
+    let tur = s.clear_unit_attention(lun).await?;
+    if let Some(e) = crate::native_client::level_too_low(s, lun, &tur) {
+        return Err(e.into());
+    }
     let std = inquiry_data(s, lun, false, 0).await?;
     // SPC-4 §6.6.2: a LUN that is not there answers INQUIRY with the
     // peripheral qualifier 011b (no device can be attached here).
     if std.first().is_some_and(|b| b >> 5 == 0b011) {
-        bail!("the target has no LUN {lun} (ethersan ls URL lists the LUNs it has)");
+        bail!(no_such_lun(s, lun).await);
     }
     if std.len() < 36 {
         bail!("short INQUIRY data ({} bytes)", std.len());
@@ -282,6 +300,29 @@ async fn report_luns(s: &Session) -> anyhow::Result<Vec<u64>> {
     Ok(luns)
 }
 
+/// "the target has no LUN 5 (it has LUNs 0, 1)": which LUNs there are
+/// instead, from REPORT LUNS (left out when that fails too).
+pub(crate) async fn no_such_lun(s: &Session, lun: u64) -> String {
+    match report_luns(s).await {
+        Ok(luns) => format!("the target has no LUN {lun} ({})", it_has(&luns)),
+        Err(_) => format!("the target has no LUN {lun}"),
+    }
+}
+
+/// "it has LUN 0", "it has LUNs 0, 1", "it has no LUNs".
+fn it_has(luns: &[u64]) -> String {
+    let list = luns
+        .iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    match luns.len() {
+        0 => "it has no LUNs".into(),
+        1 => format!("it has LUN {list}"),
+        _ => format!("it has LUNs {list}"),
+    }
+}
+
 fn human(bytes: u64) -> String {
     let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut v = bytes as f64;
@@ -303,26 +344,34 @@ pub(crate) async fn cmd_ls(url: &str, how: &ConnectArgs, json: bool) -> anyhow::
         let mut luns = report_luns(&s).await?;
         if one {
             if !luns.contains(&u.lun) {
-                bail!(
-                    "the target has no LUN {} (it has {})",
-                    u.lun,
-                    luns.iter()
-                        .map(u64::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                );
+                bail!("the target has no LUN {} ({})", u.lun, it_has(&luns));
             }
             luns = vec![u.lun];
         }
         let mut infos = Vec::new();
+        // LUNs the channel's security level is too low for: listed with
+        // the level they need, and the command fails after the list.
+        let mut refused = Vec::new();
         for lun in luns {
-            infos.push(lun_info(&s, lun).await?);
+            match lun_info(&s, lun).await {
+                Err(e) => match e.downcast::<crate::native_client::LevelTooLow>() {
+                    Ok(r) => {
+                        infos.push(Listed::NeedsSecurity {
+                            lun,
+                            needs_security: r.needed.to_string(),
+                        });
+                        refused.push(r);
+                    }
+                    Err(e) => return Err(e),
+                },
+                Ok(i) => infos.push(Listed::Lun(Box::new(i))),
+            }
         }
-        Ok(infos)
+        Ok((infos, refused))
     }
     .await;
     let _ = s.logout().await;
-    let infos = listed?;
+    let (infos, refused) = listed?;
     if json {
         out!("{}", serde_json::to_string_pretty(&infos)?);
     } else {
@@ -336,6 +385,16 @@ pub(crate) async fn cmd_ls(url: &str, how: &ConnectArgs, json: bool) -> anyhow::
             "bs"
         );
         for i in &infos {
+            let i = match i {
+                Listed::Lun(i) => i,
+                Listed::NeedsSecurity {
+                    lun,
+                    needs_security,
+                } => {
+                    out!("{lun:<5} (needs a channel at security={needs_security})");
+                    continue;
+                }
+            };
             out!(
                 "{:<5} {:<10} {:<10} {:<17} {:>10} {:>6}  {}",
                 i.lun,
@@ -352,7 +411,27 @@ pub(crate) async fn cmd_ls(url: &str, how: &ConnectArgs, json: bool) -> anyhow::
             );
         }
     }
-    Ok(())
+    match refused.as_slice() {
+        [] => Ok(()),
+        [one] => Err(anyhow::anyhow!("{one}")),
+        [first, ..] => {
+            let needed = refused
+                .iter()
+                .map(|r| r.needed)
+                .max()
+                .unwrap_or(first.needed);
+            let each: Vec<String> = refused
+                .iter()
+                .map(|r| format!("LUN {} security={}", r.lun, r.needed))
+                .collect();
+            bail!(
+                "{} LUNs need a channel of a higher security level than this one's ({}): {}; connect with ?security={needed} in the URL",
+                refused.len(),
+                first.channel,
+                each.join(", ")
+            )
+        }
+    }
 }
 
 /// `ethersan inquiry URL`: one LUN's INQUIRY data and VPD pages.
@@ -433,4 +512,14 @@ pub(crate) async fn cmd_inquiry(url: &str, how: &ConnectArgs, json: bool) -> any
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn it_has_names_the_luns_as_luns() {
+        assert_eq!(super::it_has(&[]), "it has no LUNs");
+        assert_eq!(super::it_has(&[0]), "it has LUN 0");
+        assert_eq!(super::it_has(&[0, 1, 7]), "it has LUNs 0, 1, 7");
+    }
 }

@@ -409,10 +409,10 @@ pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
                 .buffered(depth);
             while let Some(data) = reads.next().await {
                 let data = data?;
-                out.write_all(&data).await.context("write stdout")?;
+                out.write_all(&data).await.map_err(crate::StdoutError)?;
                 bar.inc(data.len() as u64);
             }
-            out.flush().await.context("write stdout")?;
+            out.flush().await.map_err(crate::StdoutError)?;
         } else {
             let (src_ref, dst_ref, bar_ref, record_ref) = (&src, &dst, &bar, &record);
             stream::iter(positions)

@@ -279,7 +279,7 @@ pub(crate) async fn cmd_ctl(a: CtlArgs) -> anyhow::Result<()> {
     };
     match a.noun {
         Noun::Openapi => {
-            print!("{}", ethersan_admin::openapi::document());
+            out!("{}", ethersan_admin::openapi::document().trim_end());
         }
         Noun::Target { verb } => match verb {
             TargetVerb::Ls => {

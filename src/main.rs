@@ -26,8 +26,8 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// `println!` that never panics: a closed or broken stdout (`| head -1`)
-/// ends the output quietly instead of aborting the process.
+/// `println!` that never panics: a reader that went away (`| head -1`)
+/// ends the process as SIGPIPE would ([`exit_on_broken_pipe`]).
 macro_rules! out {
     ($($arg:tt)*) => {
         $crate::write_line(&mut std::io::stdout(), format_args!($($arg)*))
@@ -41,11 +41,39 @@ macro_rules! note {
     };
 }
 
-/// Write one line; a reader that went away is not an error worth a panic
-/// (the rest of the output has nowhere to go either).
+/// Write one line; a reader that went away ends the process as SIGPIPE
+/// would, other errors are ignored (the output has nowhere to go).
 fn write_line(w: &mut dyn std::io::Write, args: std::fmt::Arguments) {
-    let _ = writeln!(w, "{args}");
+    if let Err(e) = writeln!(w, "{args}").and_then(|()| w.flush()) {
+        exit_on_broken_pipe(&e);
+    }
 }
+
+/// The reader of our output went away (`ethersan ls URL | head -1`): end
+/// quietly as a process killed by SIGPIPE, the way `cat` and `ls` do (the
+/// shell reports status 141), instead of an error and status 1. Rust
+/// ignores SIGPIPE so that writes fail with EPIPE and sockets are safe;
+/// the default action comes back only here, when the process ends
+/// anyway. Other errors return.
+pub(crate) fn exit_on_broken_pipe(e: &std::io::Error) {
+    if e.kind() != std::io::ErrorKind::BrokenPipe {
+        return;
+    }
+    // SAFETY: signal(2) and raise(3) with constant, valid arguments; no
+    // memory is involved, and the default action of SIGPIPE ends the
+    // process at once.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        libc::raise(libc::SIGPIPE);
+    }
+    std::process::exit(128 + libc::SIGPIPE);
+}
+
+/// Writing standard output failed; when its reader went away, `main`
+/// ends the process as SIGPIPE would.
+#[derive(Debug, thiserror::Error)]
+#[error("write stdout: {0}")]
+pub(crate) struct StdoutError(pub std::io::Error);
 
 mod aoe_client;
 mod attach;
@@ -672,6 +700,7 @@ fn print_out(bytes: &[u8]) -> ExitCode {
     match o.write_all(bytes).and_then(|()| o.flush()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            exit_on_broken_pipe(&e);
             say(format_args!("ethersan: write stdout: {e}"));
             ExitCode::FAILURE
         }
@@ -995,7 +1024,7 @@ fn main() -> ExitCode {
         };
     }
     let result = rt.block_on(async {
-        match cli.command {
+        let result = match cli.command {
             Command::Serve(a) => {
                 let api = ApiArgs {
                     socket: a.api_socket,
@@ -1069,11 +1098,19 @@ fn main() -> ExitCode {
             Command::Completions { .. } | Command::Man { .. } => {
                 unreachable!("handled before the runtime")
             }
-        }
+        };
+        // The native transport's channels close before the process ends
+        // (their CLOSE is sent by this process), so the target does not
+        // hold them until its channel timeout.
+        ethersan_initiator::native::wait_closed(std::time::Duration::from_secs(2)).await;
+        result
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            if let Some(StdoutError(io)) = e.downcast_ref::<StdoutError>() {
+                exit_on_broken_pipe(io);
+            }
             say(format_args!("ethersan: {e:#}"));
             ExitCode::FAILURE
         }

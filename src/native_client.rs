@@ -5,7 +5,8 @@
 
 use std::time::Duration;
 
-use ethersan_initiator::IscsiUrl;
+use ethersan_channel::Level;
+use ethersan_initiator::{CommandResult, IscsiUrl, Session};
 use serde::Serialize;
 
 use crate::blockio::ConnectArgs;
@@ -78,12 +79,6 @@ pub(crate) async fn cmd_discover(
         .collect();
     if json {
         out!("{}", serde_json::to_string_pretty(&list)?);
-    } else if list.is_empty() {
-        note!(
-            "ethersan: no member of group {:?} answered within {} ({scheme_host}); a wrong group name or secret gets no answer",
-            keys.group(),
-            secs(wait)
-        );
     } else {
         for s in &list {
             out!("{} ({})", s.server, s.address);
@@ -102,9 +97,42 @@ pub(crate) async fn cmd_discover(
             }
         }
     }
+    if list.is_empty() {
+        // Nothing found is a failure (exit status 1), as for every form
+        // of discover.
+        anyhow::bail!(
+            "no member of group {:?} answered within {} ({scheme_host}): check the group name and secret (a wrong one gets no answer) and that a target serves the native transport there",
+            keys.group(),
+            secs(wait)
+        );
+    }
     Ok(())
 }
 
 fn secs(d: Duration) -> String {
     format!("{:.1} s", d.as_secs_f64())
+}
+
+/// A LUN the target refused because the native transport channel is below
+/// the LUN's security level (DATA PROTECT, LOGICAL UNIT ACCESS NOT
+/// AUTHORIZED, the level in the sense data's INFORMATION field).
+#[derive(Debug, thiserror::Error)]
+#[error("LUN {lun} needs a channel at security={needed} and this one is at security={channel}: connect with ?security={needed} in the URL")]
+pub(crate) struct LevelTooLow {
+    /// The LUN.
+    pub lun: u64,
+    /// The least level it needs.
+    pub needed: Level,
+    /// The channel's level.
+    pub channel: Level,
+}
+
+/// The error for `r`, the answer of a command to `lun`, when the target
+/// refused it for the channel's security level.
+pub(crate) fn level_too_low(s: &Session, lun: u64, r: &CommandResult) -> Option<LevelTooLow> {
+    Some(LevelTooLow {
+        lun,
+        needed: r.channel_level_needed()?,
+        channel: s.channel_level()?,
+    })
 }

@@ -404,3 +404,119 @@ fn sixty_four_sessions_from_one_host_by_default() {
     assert_eq!(v["sessions"], 64, "{v}");
     assert_eq!(v["ios"], 1280, "{v}");
 }
+
+/// `ethersan ARGS` with its standard output a pipe whose reader has
+/// already gone (`| head` that has read what it wanted).
+fn into_closed_pipe(args: &[&str]) -> Output {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    Command::new(env!("CARGO_BIN_EXE_ethersan"))
+        .args(args)
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap()
+}
+
+/// Output into a pipe nobody reads any more ends as `cat` or `ls` do:
+/// killed by SIGPIPE (status 141 in a shell), nothing on stderr — for
+/// every subcommand that prints, not `Broken pipe` and exit status 1 (or
+/// a silent exit 0 that reads as success).
+#[test]
+fn output_into_a_closed_pipe_ends_as_sigpipe() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(&Peer::Ethersan, dir.path());
+    let url = server.url(0);
+    let runs: Vec<Vec<&str>> = vec![
+        vec!["man"],
+        vec!["completions", "bash"],
+        vec!["ctl", "openapi"],
+        vec!["discover", &server.addr],
+        vec!["discover", "--json", &server.addr],
+        vec!["ls", &url],
+        vec!["ls", "--json", &url],
+        vec!["inquiry", &url],
+        vec!["cp", &url, "-", "--length", "4M"],
+        vec!["bench", &url, "--time", "1s"],
+        vec!["bench", &url, "--time", "1s", "--json"],
+    ];
+    for args in runs {
+        let o = into_closed_pipe(&args);
+        assert_eq!(
+            o.status.signal(),
+            Some(libc::SIGPIPE),
+            "ethersan {}: {:?}, stderr: {}",
+            args.join(" "),
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !err.contains("Broken pipe") && !err.contains("ethersan: "),
+            "ethersan {}: {err}",
+            args.join(" ")
+        );
+    }
+}
+
+/// A URL naming a LUN the target does not have says which it has: "it has
+/// LUN 0", "it has LUNs 0, 1" (not "it has 0", which reads as none).
+#[test]
+fn a_missing_lun_names_the_luns_there_are() {
+    let one = Server::start(&["ram:4M"]);
+    let two = Server::start(&["ram:4M", "ram:4M"]);
+    for (server, has) in [(&one, "(it has LUN 0)"), (&two, "(it has LUNs 0, 1)")] {
+        let url = format!("iscsi://{}/{IQN}/5", server.addr);
+        for args in [
+            vec!["ls", url.as_str()],
+            vec!["inquiry", url.as_str()],
+            vec!["cp", url.as_str(), "/dev/null", "--length", "4K"],
+            vec!["bench", url.as_str(), "--time", "1s"],
+        ] {
+            let o = ethersan(&args);
+            fails_with(&o, &format!("the target has no LUN 5 {has}"));
+        }
+    }
+}
+
+/// `discover` that finds no target fails (exit status 1) and says why;
+/// with --json the empty list is still printed.
+#[test]
+fn discover_that_finds_nothing_fails() {
+    // The only target is for another initiator: SendTargets lists none.
+    let server = Server::start_with(
+        "ram:4M",
+        &["--allow-initiator", "iqn.2026-11.org.example:other"],
+    );
+    let o = ethersan(&["discover", &server.addr]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    fails_with(&o, "offers no targets");
+    assert!(o.stdout.is_empty());
+    let o = ethersan(&["discover", "--json", &server.addr]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    fails_with(&o, "offers no targets");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "[]");
+    // A target there: found, status 0.
+    let open = Server::start(&["ram:4M"]);
+    let o = ethersan(&["discover", &open.addr]);
+    assert!(o.status.success(), "{o:?}");
+    // AoE: a link where nobody answers the Query Config.
+    let dir = tempfile::tempdir().unwrap();
+    let peer = dir.path().join("silent.sock");
+    let _silent = std::os::unix::net::UnixDatagram::bind(&peer).unwrap();
+    let link = format!(
+        "unix:{},peer={}",
+        dir.path().join("client.sock").display(),
+        peer.display()
+    );
+    for json in [false, true] {
+        let mut args = vec!["discover", "--aoe", &link];
+        if json {
+            args.push("--json");
+        }
+        let o = ethersan(&args);
+        assert_eq!(o.status.code(), Some(1), "{o:?}");
+        fails_with(&o, "no AoE device answered");
+    }
+}

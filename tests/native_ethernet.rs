@@ -118,7 +118,10 @@ async fn over_veth(tag: &str, mtu: usize) {
         ],
         Duration::from_secs(30),
     );
-    assert_eq!(ok_out(&o, "discover, wrong secret").trim(), "[]");
+    // Nothing found: the empty list, and exit status 1.
+    let l = error_line(&o, "discover, wrong secret");
+    assert!(l.contains("no member of group"), "{l}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "[]");
 
     // On the wire: non-members get no frame back, a member gets the
     // catalog only a member can open.

@@ -72,8 +72,9 @@ fn client(dir: &Path, secret: &str, args: &[&str]) -> std::process::Output {
 
 /// Every level over UDP on loopback: cp --verify through a channel of each
 /// level to the LUN that needs it; a channel above a LUN's level reaches
-/// it; one below does not (REPORT LUNS leaves it out, commands get
-/// LOGICAL UNIT NOT SUPPORTED).
+/// it; one below does not, and says so: `ls` lists the LUN with the level
+/// it needs and fails naming both levels, a command to it fails the same
+/// way (never "no LUN" or an empty list).
 #[test]
 fn every_security_level_and_a_lun_refusing_a_weaker_channel() {
     let dir = tempfile::tempdir().unwrap();
@@ -112,28 +113,56 @@ fn every_security_level_and_a_lun_refusing_a_weaker_channel() {
     // An encrypted channel reaches the LUN that needs only integrity.
     let url = format!("udp://127.0.0.1:{port}/{IQN}/1");
     ok_out(&client(dir.path(), SECRET, &["inquiry", &url]), "inquiry");
-    // A channel without protection sees only LUN 0.
+    // A channel without protection lists every LUN: LUN 0 in full, LUNs 1
+    // and 2 with the level they need; ls fails naming the levels.
     let weak = format!("udp://127.0.0.1:{port}/{IQN}?security=none");
-    let ls = ok_out(&client(dir.path(), SECRET, &["ls", "--json", &weak]), "ls");
+    let o = client(dir.path(), SECRET, &["ls", "--json", &weak]);
+    let l = error_line(&o, "ls over a channel below two LUNs' level");
+    assert!(
+        l.contains("LUN 1 security=integrity")
+            && l.contains("LUN 2 security=encrypt")
+            && l.contains("(none)")
+            && l.contains("?security=encrypt"),
+        "{l}"
+    );
+    let ls = String::from_utf8_lossy(&o.stdout);
     let v: serde_json::Value = serde_json::from_str(&ls).unwrap();
-    let listed: Vec<u64> = v
+    let listed: Vec<(u64, Option<&str>)> = v
         .as_array()
-        .or_else(|| v["luns"].as_array())
         .expect("a list of LUNs")
         .iter()
-        .map(|l| l["lun"].as_u64().unwrap())
+        .map(|l| (l["lun"].as_u64().unwrap(), l["needs_security"].as_str()))
         .collect();
-    assert_eq!(listed, vec![0], "{ls}");
-    // ...and LUN 2 answers as a LUN that does not exist.
-    let url = format!("udp://127.0.0.1:{port}/{IQN}/2?security=integrity");
-    let o = client(
-        dir.path(),
-        SECRET,
-        &["cp", &url, "/dev/null", "--length", "4K"],
+    assert_eq!(
+        listed,
+        vec![(0, None), (1, Some("integrity")), (2, Some("encrypt"))],
+        "{ls}"
     );
-    assert!(!o.status.success());
-    let l = error_line(&o, "cp from a LUN above the channel's level");
-    assert!(l.contains("has no LUN 2"), "{l}");
+    assert_eq!(v[0]["capacity_bytes"], 8 << 20, "{ls}");
+    // The table says it too.
+    let o = client(dir.path(), SECRET, &["ls", &weak]);
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        table.contains("2     (needs a channel at security=encrypt)"),
+        "{table}"
+    );
+    // One LUN above the channel's level: ls, inquiry and cp each fail
+    // with both levels and what to do.
+    let url = format!("udp://127.0.0.1:{port}/{IQN}/2?security=integrity");
+    let want = "LUN 2 needs a channel at security=encrypt and this one is at security=integrity: connect with ?security=encrypt in the URL";
+    for args in [
+        vec!["cp", &url, "/dev/null", "--length", "4K"],
+        vec!["ls", &url],
+        vec!["inquiry", &url],
+        vec!["bench", &url, "--time", "1s"],
+    ] {
+        let o = client(dir.path(), SECRET, &args);
+        let l = error_line(
+            &o,
+            &format!("{} from a LUN above the channel's level", args[0]),
+        );
+        assert!(l.contains(want), "{}: {l}", args[0]);
+    }
 }
 
 /// Discovery over UDP answers members only; others get nothing on the
@@ -158,14 +187,23 @@ async fn udp_discovery_answers_only_the_group() {
         "{out}"
     );
     assert_eq!(v[0]["targets"][0]["luns"][0]["bytes"], 4 << 20, "{out}");
-    // A wrong secret finds nothing.
+    // A wrong secret finds nothing: an empty list and exit status 1.
     let o = client(
         dir.path(),
         "not the secret",
         &["discover", "--udp", &format!("127.0.0.1:{port}"), "--json"],
     );
-    let out = ok_out(&o, "discover with a wrong secret");
-    assert_eq!(out.trim(), "[]", "{out}");
+    let l = error_line(&o, "discover with a wrong secret");
+    assert!(l.contains("no member of group \"lab\" answered"), "{l}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "[]");
+    let o = client(
+        dir.path(),
+        "not the secret",
+        &["discover", "--udp", &format!("127.0.0.1:{port}")],
+    );
+    let l = error_line(&o, "discover with a wrong secret, text");
+    assert!(l.contains("check the group name and secret"), "{l}");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "");
     // On the wire: a query of another group or secret gets no datagram
     // back; the member's query gets an answer only a member can open.
     let sock = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
@@ -569,4 +607,120 @@ fn native_transport_mistakes_are_named() {
     let l = error_line(&o, "a udp:// URL without --group");
     assert!(l.contains("--group NAME"), "{l}");
     said_once(&l);
+}
+
+/// The sum of `ethersan_native_channels` over the levels, from the
+/// server's /metrics at `addr`.
+fn open_channels(addr: &str) -> u64 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("ethersan_native_channels{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
+/// A client closes its channel when it is done: once `ls`, `inquiry`,
+/// `cp` or `bench` over udp:// has exited, the target holds no channel
+/// within a second (it held them for the 15 s channel timeout when the
+/// process exited before its CLOSE went out).
+#[test]
+fn clients_close_their_channel_on_exit() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_udp_port();
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let mut args: Vec<String> = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--target",
+        IQN,
+        "--lun",
+        "ram:8M",
+        "--udp",
+        &format!("127.0.0.1:{port}"),
+        "--group",
+        GROUP,
+        "--group-secret-file",
+        &path_str(&secret_file(dir.path(), SECRET)),
+        "--metrics",
+        &metrics,
+        "--data-dir",
+        &path_str(dir.path()),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.push("--lun".into());
+    args.push("ram:4M".into());
+    let _server = Server::start_args(&args);
+    let url = format!("udp://127.0.0.1:{port}/{IQN}");
+    let lun0 = format!("{url}/0");
+    let missing = format!("{url}/7");
+    let runs: Vec<Vec<&str>> = vec![
+        vec!["ls", &url],
+        vec!["ls", "--json", &lun0],
+        vec!["inquiry", &lun0],
+        vec!["cp", &lun0, "/dev/null", "--length", "1M"],
+        vec!["bench", &lun0, "--time", "1s"],
+        // An error after the login closes the channel too.
+        vec!["ls", &missing],
+    ];
+    for round in 0..3 {
+        for args in &runs {
+            let o = client(dir.path(), SECRET, args);
+            if args[1] != missing {
+                ok_out(&o, args[0]);
+            }
+            let ended = Instant::now();
+            let mut open = open_channels(&metrics);
+            while open > 0 && ended.elapsed() < Duration::from_secs(1) {
+                std::thread::sleep(Duration::from_millis(20));
+                open = open_channels(&metrics);
+            }
+            assert_eq!(
+                open, 0,
+                "round {round}: {args:?} ended {:?} ago and the target still holds {open} channel(s)",
+                ended.elapsed()
+            );
+        }
+    }
+}
+
+/// A wrong group secret over udp:// fails as fast as over eth:// (no
+/// answer to discovery within 1.5 s), not after the 30 s timeout, and
+/// says what to check.
+#[test]
+fn a_wrong_group_secret_fails_fast_over_udp() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_udp_port();
+    let _server = serve_udp(dir.path(), port, &["ram:4M".to_string()]);
+    let url = format!("udp://127.0.0.1:{port}/{IQN}/0");
+    for args in [
+        vec!["ls", url.as_str()],
+        vec!["cp", url.as_str(), "/dev/null", "--length", "4K"],
+    ] {
+        let mut all = args.clone();
+        all.extend_from_slice(&["--timeout", "30s"]);
+        let t = Instant::now();
+        let o = client(dir.path(), "not the secret at all", &all);
+        let took = t.elapsed();
+        let l = error_line(&o, "a wrong secret");
+        assert!(
+            took < Duration::from_secs(5),
+            "{}: failed after {took:?}: {l}",
+            args[0]
+        );
+        assert!(
+            l.contains("no member of group \"lab\" answered")
+                && l.contains("check the group name and secret"),
+            "{l}"
+        );
+    }
+    // The right secret still connects.
+    ok_out(&client(dir.path(), SECRET, &["ls", &url]), "ls");
 }

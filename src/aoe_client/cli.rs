@@ -115,15 +115,18 @@ pub(crate) async fn cmd_discover(
     }
     if json {
         out!("{}", serde_json::to_string_pretty(&list)?);
-    } else if list.is_empty() {
-        note!(
-            "ethersan discover: no AoE device answered on {spec} within {:.1} s",
-            wait.as_secs_f64()
-        );
     } else {
         for d in &list {
             out!("{}", d.line());
         }
+    }
+    if list.is_empty() {
+        // Nothing found is a failure (exit status 1), as for every form
+        // of discover.
+        anyhow::bail!(
+            "no AoE device answered on {spec} within {:.1} s",
+            wait.as_secs_f64()
+        );
     }
     Ok(())
 }

@@ -527,6 +527,9 @@ impl Driver {
                 }
             }
         }
+        // A handshake nobody waits for any more (the caller gave up) ends
+        // here, so it does not keep the endpoint running.
+        self.connecting.retain(|_, c| !c.reply.is_closed());
         let mut expired = Vec::new();
         for (id, c) in self.connecting.iter_mut() {
             if c.deadline <= now {

@@ -23,7 +23,7 @@ use ethersan_channel::channel::{ChannelConfig, ChannelStats};
 use ethersan_channel::discovery::Catalog;
 use ethersan_channel::group::GroupKeys;
 use ethersan_channel::Level;
-use tokio::sync::{mpsc, oneshot, Mutex};
+use tokio::sync::{mpsc, oneshot, watch, Mutex};
 
 pub use medium::{Medium, PeerAddr};
 pub use stream::{ChannelReader, ChannelStream, ChannelWriter};
@@ -130,6 +130,21 @@ pub struct Endpoint {
     tx: mpsc::UnboundedSender<Command>,
     accept: Option<Arc<Mutex<mpsc::Receiver<Accepted>>>>,
     medium: Medium,
+    stopped: watch::Receiver<()>,
+}
+
+/// Resolves when an endpoint's task has ended (every handle and stream
+/// gone, every channel closed or failed) without keeping it alive; see
+/// [`Endpoint::stopped`].
+#[derive(Debug, Clone)]
+pub struct Stopped(watch::Receiver<()>);
+
+impl Stopped {
+    /// Wait until the endpoint's task has ended.
+    pub async fn wait(mut self) {
+        // The task holds the sender: an error means it has ended.
+        while self.0.changed().await.is_ok() {}
+    }
 }
 
 impl Endpoint {
@@ -152,12 +167,25 @@ impl Endpoint {
     ) -> Endpoint {
         let (tx, rx) = mpsc::unbounded_channel();
         let driver = Driver::new(medium.clone(), cfg, role, tx.downgrade(), rx);
-        tokio::spawn(driver.run());
+        let (running, stopped) = watch::channel(());
+        tokio::spawn(async move {
+            driver.run().await;
+            drop(running);
+        });
         Endpoint {
             tx,
             accept: accept.map(|a| Arc::new(Mutex::new(a))),
             medium,
+            stopped,
         }
+    }
+
+    /// What resolves once this endpoint's task has ended: after the last
+    /// handle and stream are dropped, when its channels have closed (their
+    /// CLOSE answered) or failed. A client waits on it before exiting, so
+    /// that its channels' CLOSE frames go out.
+    pub fn stopped(&self) -> Stopped {
+        Stopped(self.stopped.clone())
     }
 
     /// The medium.

@@ -134,6 +134,7 @@ pub struct ChannelWriter {
     tx: mpsc::UnboundedSender<Command>,
     shared: Arc<Shared>,
     closed: bool,
+    linger: bool,
 }
 
 impl ChannelWriter {
@@ -143,7 +144,18 @@ impl ChannelWriter {
             tx,
             shared,
             closed: false,
+            linger: false,
         }
+    }
+
+    /// Make `shutdown` wait until the channel has ended (the peer answered
+    /// the CLOSE, sent its own, or the channel failed) instead of only
+    /// asking for the close. A client that exits right after its session
+    /// uses it: the endpoint's task dies with the process, and a CLOSE
+    /// never sent leaves the target holding the channel until its timeout.
+    pub fn linger(mut self) -> Self {
+        self.linger = true;
+        self
     }
 
     fn close(&mut self) {
@@ -245,9 +257,17 @@ impl AsyncWrite for ChannelWriter {
         Poll::Ready(Ok(()))
     }
 
-    fn poll_shutdown(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.close();
-        Poll::Ready(Ok(()))
+        if !self.linger || self.shared.ended.load(Ordering::Acquire) {
+            return Poll::Ready(Ok(()));
+        }
+        self.shared.writer.register(cx.waker());
+        // Check again: the channel may have ended in between.
+        if self.shared.ended.load(Ordering::Acquire) {
+            return Poll::Ready(Ok(()));
+        }
+        Poll::Pending
     }
 }
 

@@ -19,6 +19,27 @@ use crate::{login, Error, LoginOptions, Session};
 /// How long discovery waits for answers when nothing else is said.
 pub const DISCOVER_WAIT: Duration = Duration::from_millis(1500);
 
+/// The endpoints this process opened channels on, until they stop (see
+/// [`wait_closed`]).
+static OPENED: std::sync::Mutex<Vec<ethersan_endpoint::Stopped>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Wait, at most `limit`, until every channel this process opened with
+/// [`connect`] has closed: a session that ended without a logout (an
+/// error, a dropped handle) asked for its channel's close, and the CLOSE
+/// goes out only while the process runs. A client calls it before it
+/// exits, so the target ends the session at once instead of after its
+/// channel timeout.
+pub async fn wait_closed(limit: Duration) {
+    let all: Vec<_> = std::mem::take(&mut *OPENED.lock().unwrap_or_else(|e| e.into_inner()));
+    let every = async {
+        for s in all {
+            s.wait().await;
+        }
+    };
+    let _ = tokio::time::timeout(limit, every).await;
+}
+
 /// The level a URL asks for (`security=`; default encrypt).
 pub fn level_of(p: &NativeParams) -> Result<Level, Error> {
     match &p.security {
@@ -99,7 +120,12 @@ pub async fn connect(
     let (medium, peer) = open_medium(url).await?;
     let where_ = medium.local();
     let ep = Endpoint::initiator(medium, EndpointConfig::new(group.clone()));
+    OPENED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(ep.stopped());
     let timeout = opts.timeout.unwrap_or(Duration::from_secs(30));
+    let discovered = peer.is_none();
     let peer = match peer {
         Some(p) => p,
         None => {
@@ -139,9 +165,32 @@ pub async fn connect(
             }
         }
     };
-    let stream = ep
-        .connect(peer, level, timeout)
-        .await
-        .map_err(|e| Error::Native(e.to_string()))?;
-    login(stream.reader, stream.writer, opts).await
+    let connecting = ep.connect(peer, level, timeout);
+    let stream = if discovered {
+        connecting.await
+    } else {
+        // The address was given: ask it who serves at the same time, so
+        // that a wrong group name or secret (no answer to either) fails
+        // as fast as discovery on Ethernet does, not after the timeout.
+        tokio::pin!(connecting);
+        let wait = DISCOVER_WAIT.min(timeout);
+        tokio::select! {
+            r = &mut connecting => r,
+            found = ep.discover_until(peer, wait, |_| true) => match found {
+                Ok(found) if found.is_empty() => {
+                    return Err(Error::Native(format!(
+                        "no member of group {:?} answered at {peer} within {:.1} s (neither discovery nor the channel handshake): check the group name and secret (a wrong one gets no answer) and that the target serves the native transport there",
+                        group.group(),
+                        wait.as_secs_f64()
+                    )));
+                }
+                _ => connecting.await,
+            },
+        }
+    }
+    .map_err(|e| Error::Native(e.to_string()))?;
+    // Its logout waits for the channel's close (see ChannelWriter::linger).
+    let mut session = login(stream.reader, stream.writer.linger(), opts).await?;
+    session.set_channel_level(level);
+    Ok(session)
 }

@@ -49,6 +49,42 @@ impl CommandResult {
             _ => None,
         }
     }
+
+    /// The INFORMATION field of the sense data (fixed format with VALID
+    /// set, or the descriptor format's information descriptor).
+    pub fn sense_information(&self) -> Option<u64> {
+        let s = &self.sense;
+        match s.first()? {
+            0xf0 | 0xf1 if s.len() >= 7 => {
+                Some(u64::from(u32::from_be_bytes(s[3..7].try_into().ok()?)))
+            }
+            0x72 | 0x73 if s.len() >= 8 => {
+                let end = (8 + usize::from(s[7])).min(s.len());
+                let mut at = 8;
+                while at + 2 <= end {
+                    let len = usize::from(s[at + 1]);
+                    if s[at] == 0 && len >= 10 && at + 12 <= end {
+                        return Some(u64::from_be_bytes(s[at + 4..at + 12].try_into().ok()?));
+                    }
+                    at += 2 + len;
+                }
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// When an ethersan target refused the command because the native
+    /// transport channel is below the LUN's security level (DATA PROTECT,
+    /// LOGICAL UNIT ACCESS NOT AUTHORIZED): the level the LUN needs, from
+    /// the INFORMATION field (docs/native-transport.md).
+    pub fn channel_level_needed(&self) -> Option<ethersan_channel::Level> {
+        if self.status != 0x02 || self.sense_key() != Some((0x7, 0x74, 0x71)) {
+            return None;
+        }
+        let level = u8::try_from(self.sense_information()?).ok()?;
+        ethersan_channel::Level::from_u8(level)
+    }
 }
 
 enum Request {
@@ -104,6 +140,8 @@ pub struct Session {
     /// How long each command, Text request and logout may wait.
     timeout: Option<Duration>,
     ended: Arc<Ended>,
+    /// The native transport channel's security level (`None`: TCP).
+    channel_level: Option<ethersan_channel::Level>,
 }
 
 /// Why a session ended early, and how to stop its tasks.
@@ -181,6 +219,7 @@ impl Session {
             next_itt: 1,
             pending: HashMap::new(),
             queued: VecDeque::new(),
+            logged_out: None,
         };
         let driver = tokio::spawn(driver.run(rx));
         Session {
@@ -193,7 +232,18 @@ impl Session {
                 driver: driver.abort_handle(),
                 reader: reader.abort_handle(),
             }),
+            channel_level: None,
         }
+    }
+
+    /// The security level of the native transport channel under the
+    /// session (`None`: iSCSI over TCP).
+    pub fn channel_level(&self) -> Option<ethersan_channel::Level> {
+        self.channel_level
+    }
+
+    pub(crate) fn set_channel_level(&mut self, level: ethersan_channel::Level) {
+        self.channel_level = Some(level);
     }
 
     /// Send `req` and wait for its answer, at most the session's timeout;
@@ -303,7 +353,15 @@ struct Driver<W> {
     pending: HashMap<u32, Pending>,
     /// Requests waiting for the CmdSN window to open.
     queued: VecDeque<Request>,
+    /// The logout's answer, given once the connection is closed.
+    logged_out: Option<LogoutReply>,
 }
+
+/// A logout's caller and its outcome.
+type LogoutReply = (oneshot::Sender<Result<(), Error>>, Result<(), Error>);
+
+/// Longest wait, after a logout, for the connection to close.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 impl<W: AsyncWrite + Unpin> Driver<W> {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Request>) {
@@ -329,6 +387,14 @@ impl<W: AsyncWrite + Unpin> Driver<W> {
             }
         }
         .await;
+        if let Some((reply, r)) = self.logged_out.take() {
+            // Close the connection before the logout returns: a client
+            // exits right after it, and over the native transport the
+            // close is a message of this process (the target would
+            // otherwise hold the channel until its timeout).
+            let _ = tokio::time::timeout(CLOSE_WAIT, self.wr.shutdown()).await;
+            let _ = reply.send(r);
+        }
         let err = result.err().unwrap_or(Error::Closed);
         for (_, p) in self.pending.drain() {
             fail(p, err.clone());
@@ -714,7 +780,8 @@ impl<W: AsyncWrite + Unpin> Driver<W> {
                     } else {
                         Err(Error::Protocol(format!("logout response {}", l.response)))
                     };
-                    let _ = reply.send(r);
+                    // Answered once the connection is closed (see `run`).
+                    self.logged_out = Some((reply, r));
                 }
                 return Ok(true);
             }

@@ -166,6 +166,9 @@ pub mod codes {
     pub const SANITIZE_FAILED: Sense = Sense::new(key::MEDIUM_ERROR, 0x31, 0x03);
     /// MEDIUM NOT PRESENT
     pub const MEDIUM_NOT_PRESENT: Sense = Sense::new(key::NOT_READY, 0x3a, 0x00);
+    /// LOGICAL UNIT ACCESS NOT AUTHORIZED: the LUN needs a more secure
+    /// native transport channel (the INFORMATION field holds the level).
+    pub const LUN_ACCESS_NOT_AUTHORIZED: Sense = Sense::new(key::DATA_PROTECT, 0x74, 0x71);
     /// WRITE PROTECTED
     pub const WRITE_PROTECTED: Sense = Sense::new(key::DATA_PROTECT, 0x27, 0x00);
     /// LOGICAL UNIT SOFTWARE WRITE PROTECTED

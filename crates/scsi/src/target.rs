@@ -58,10 +58,7 @@ impl LunPolicy {
     /// What `initiator` may do (`None`: no initiator name known; every
     /// LUN visible and writable, for in-process use).
     pub fn access(&self, who: Requester<'_>) -> LunAccess {
-        if who
-            .channel_level
-            .is_some_and(|level| level < self.min_channel_level)
-        {
+        if self.channel_below(who) {
             return LunAccess {
                 visible: false,
                 read_only: false,
@@ -74,9 +71,31 @@ impl LunPolicy {
             };
         };
         LunAccess {
-            visible: self.visible_to.is_empty() || self.visible_to.iter().any(|n| n == name),
+            visible: self.masked_for(name),
             read_only: self.read_only_for.iter().any(|n| n == name),
         }
+    }
+
+    /// The level `who`'s channel lacks for this LUN: `Some(least level)`
+    /// when `who` came over a native transport channel below the LUN's
+    /// [`min_channel_level`](Self::min_channel_level) and LUN masking
+    /// would let it see the LUN. REPORT LUNS lists such a LUN and its
+    /// commands end with DATA PROTECT, LOGICAL UNIT ACCESS NOT AUTHORIZED
+    /// and this level in the INFORMATION field, so the initiator can say
+    /// which level to ask for.
+    pub fn level_needed(&self, who: Requester<'_>) -> Option<u8> {
+        let masked_in = who.initiator.is_none_or(|name| self.masked_for(name));
+        (self.channel_below(who) && masked_in).then_some(self.min_channel_level)
+    }
+
+    fn channel_below(&self, who: Requester<'_>) -> bool {
+        who.channel_level
+            .is_some_and(|level| level < self.min_channel_level)
+    }
+
+    /// LUN masking alone lets `name` see the LUN.
+    fn masked_for(&self, name: &str) -> bool {
+        self.visible_to.is_empty() || self.visible_to.iter().any(|n| n == name)
     }
 }
 
@@ -280,7 +299,9 @@ impl ScsiTarget {
 
     /// [`submit`](Self::submit) for a [`Requester`] that may carry a
     /// native transport channel's security level: a LUN that needs more
-    /// answers as one that does not exist.
+    /// is listed by REPORT LUNS, and its commands end with DATA PROTECT,
+    /// LOGICAL UNIT ACCESS NOT AUTHORIZED and the level it needs in the
+    /// INFORMATION field (see [`LunPolicy::level_needed`]).
     pub fn submit_from(
         &self,
         cmd: ScsiCommand,
@@ -292,7 +313,21 @@ impl ScsiTarget {
         let access = &Self::access_of(&map, who);
         let opcode = cmd.cdb.first().copied().unwrap_or(0xff);
         if opcode == 0xa0 {
-            return Submitted::Done(self.report_luns(&cmd, &map, access));
+            // Listed: the LUNs it may use, and those its channel is too
+            // weak for (their commands say which level they need).
+            let listed = |l: u64| {
+                access(l).visible
+                    || map
+                        .get(&l)
+                        .is_some_and(|s| s.policy.level_needed(who).is_some())
+            };
+            return Submitted::Done(self.report_luns(&cmd, &map, access, &listed));
+        }
+        if let Some(level) = map.get(&cmd.lun).and_then(|s| s.policy.level_needed(who)) {
+            // The LUN exists for this initiator but its channel is too weak:
+            // say so, with the level it needs (docs/native-transport.md).
+            let s = crate::sense::codes::LUN_ACCESS_NOT_AUTHORIZED.with_info(u64::from(level));
+            return Submitted::Done(plain_check(s, None));
         }
         let Some(lu) = map
             .get(&cmd.lun)
@@ -366,12 +401,13 @@ impl ScsiTarget {
         }
     }
 
-    /// REPORT LUNS: the target answers it, listing the visible LUNs.
+    /// REPORT LUNS: the target answers it, listing the LUNs `listed` names.
     fn report_luns(
         &self,
         cmd: &ScsiCommand,
         map: &LunMap,
         access: &dyn Fn(u64) -> LunAccess,
+        listed: &dyn Fn(u64) -> bool,
     ) -> ScsiResponse {
         let lu = map
             .get(&cmd.lun)
@@ -382,7 +418,7 @@ impl ScsiTarget {
         {
             return plain_check(Sense::invalid_cdb_field(byte, Some(bit)), lu.as_ref());
         }
-        let all: Vec<u64> = map.keys().copied().filter(|l| access(*l).visible).collect();
+        let all: Vec<u64> = map.keys().copied().filter(|l| listed(*l)).collect();
         match report_luns(&cmd.cdb, &all) {
             Ok(data) => ScsiResponse {
                 status: ScsiStatus::Good,
@@ -699,5 +735,76 @@ mod tests {
         );
         let r = run("alice", 1, &cdb10(0x2a, 0, 0, 1), &[1u8; 4096]);
         check(&r, key::DATA_PROTECT, 0x27, 0);
+    }
+
+    /// A LUN above a native channel's level is listed, and its commands
+    /// say which level it needs (DATA PROTECT, LOGICAL UNIT ACCESS NOT
+    /// AUTHORIZED, the level in INFORMATION); LUN masking still hides.
+    #[test]
+    fn a_lun_above_the_channel_level_is_listed_and_says_what_it_needs() {
+        use crate::{ScsiCommand, Submitted};
+        let t = two_luns();
+        t.nexus_added(A);
+        t.set_policy(
+            1,
+            super::LunPolicy {
+                min_channel_level: 2,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let run = |name: &str, level: Option<u8>, lun: u64, cdb: &[u8]| {
+            let who = super::Requester {
+                initiator: Some(name),
+                channel_level: level,
+            };
+            let cmd = ScsiCommand {
+                nexus: A,
+                lun,
+                cdb: cdb.to_vec(),
+                data_out: Vec::new(),
+                expected_len: 0,
+            };
+            match t.submit_from(cmd, who, Box::new(|_| {})) {
+                Submitted::Done(r) => r,
+                _ => panic!("answered at once"),
+            }
+        };
+        // Take the unit attentions of the set_policy.
+        for lun in [0, 1] {
+            run("alice", Some(2), lun, &[0, 0, 0, 0, 0, 0]);
+            run("alice", Some(2), lun, &[0, 0, 0, 0, 0, 0]);
+        }
+        for level in [0, 1] {
+            let d = good(run("alice", Some(level), 0, &report_luns(0, 1024)));
+            assert_eq!(&d[..4], &16u32.to_be_bytes(), "level {level}: both listed");
+            for cdb in [&[0u8, 0, 0, 0, 0, 0][..], &[0x12, 0, 0, 0, 36, 0]] {
+                let r = run("alice", Some(level), 1, cdb);
+                check(&r, key::DATA_PROTECT, 0x74, 0x71);
+                assert_eq!(r.sense[0], 0xf0, "fixed format, INFORMATION valid");
+                assert_eq!(&r.sense[3..7], &2u32.to_be_bytes(), "needs encrypt");
+            }
+        }
+        good(run("alice", Some(2), 1, &[0, 0, 0, 0, 0, 0]));
+        good(run("alice", None, 1, &[0, 0, 0, 0, 0, 0]));
+        // Masked from bob: hidden whatever the channel.
+        t.set_policy(
+            1,
+            super::LunPolicy {
+                min_channel_level: 2,
+                visible_to: vec!["alice".into()],
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        run("bob", Some(0), 0, &[0, 0, 0, 0, 0, 0]);
+        let d = good(run("bob", Some(0), 0, &report_luns(0, 1024)));
+        assert_eq!(&d[..4], &8u32.to_be_bytes(), "bob sees LUN 0 only");
+        check(
+            &run("bob", Some(0), 1, &[0, 0, 0, 0, 0, 0]),
+            key::ILLEGAL_REQUEST,
+            0x25,
+            0,
+        );
     }
 }
