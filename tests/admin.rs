@@ -220,12 +220,12 @@ async fn every_ctl_operation_applies_live_while_a_session_is_logged_in() {
         &sock,
         &["acl", "add", IQN, "iqn.2026-11.org.ethersan:other"],
     );
-    ctl_ok(&sock, &["acl", "add", IQN, "127.0.0.0/8"]);
+    ctl_ok(&sock, &["acl", "add", IQN, "10.0.0.0/8"]);
     let acl = ctl_json(&sock, &["acl", "ls", IQN]);
-    assert_eq!(acl["networks"][0], "127.0.0.0/8", "{acl}");
+    assert_eq!(acl["rules"][2]["rule"], "10.0.0.0/8", "{acl}");
     assert_eq!(sense(&s, 0).await, None, "the session survives grants");
     let e = ctl_err(&sock, &["acl", "add", IQN, "not a name"]);
-    assert!(e.contains("initiator name"), "{e}");
+    assert!(e.contains("initiator name") && e.contains("NAME@ADDR/LEN"), "{e}");
     ctl_ok(&sock, &["acl", "rm", IQN, ME]);
     let gone = s.command(0, &TUR, Bytes::new(), 0).await;
     assert!(gone.is_err(), "the revoked session still answers: {gone:?}");
@@ -373,7 +373,7 @@ async fn every_ctl_operation_applies_live_while_a_session_is_logged_in() {
     assert_eq!(before, after);
 }
 
-/// Targets as (name, LUNs as (number, bytes), initiators, networks).
+/// Targets as (name, LUNs as (number, bytes), access rules, their meaning).
 type Shape = Vec<(String, Vec<(u64, u64)>, Value, Value)>;
 
 fn shape(v: &Value) -> Shape {
@@ -394,8 +394,8 @@ fn shape(v: &Value) -> Shape {
                         )
                     })
                     .collect(),
-                t["initiators"].clone(),
-                t["networks"].clone(),
+                t["rules"].clone(),
+                t["access"].clone(),
             )
         })
         .collect()
@@ -421,7 +421,7 @@ fn sighup_applies_the_changed_file_and_ctl_sees_it() {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let t = ctl_json(&sock, &["target", "ls"]);
-        if t[0]["luns"].as_array().unwrap().len() == 2 && t[0]["initiators"][0] == ME {
+        if t[0]["luns"].as_array().unwrap().len() == 2 && t[0]["rules"][0] == ME {
             break;
         }
         assert!(std::time::Instant::now() < deadline, "not applied: {t}");
