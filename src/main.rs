@@ -815,7 +815,7 @@ async fn serve(
             while hup.recv().await.is_some() {
                 let (c, file) = (control.clone(), config_file.clone());
                 // Its changes are logged as made through SIGHUP.
-                let span = tracing::info_span!("admin", via = "SIGHUP");
+                let span = tracing::info_span!("admin", via = %"SIGHUP");
                 let _ = tokio::task::spawn_blocking(move || {
                     span.in_scope(|| reload(&c, file.as_deref()))
                 })

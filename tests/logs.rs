@@ -110,9 +110,10 @@ fn login_refusals_name_target_initiator_peer_and_reason() {
     std::fs::write(
         &cfg,
         format!(
-            "portals = [\"127.0.0.1:0\"]\n[chap]\nuser = \"alice\"\nsecret = \"alice-secret-12\"\n\
+            "portals = [\"127.0.0.1:0\"]\n\
              [[target]]\nname = \"{IQN}\"\nlun = [\"ram:1M\"]\n\
-             [[target]]\nname = \"{CLOSED}\"\nlun = [\"ram:1M\"]\nchap = \"none\"\nallow = [\"10.0.0.0/8\"]\n"
+             [target.chap]\nuser = \"alice\"\nsecret = \"alice-secret-12\"\n\
+             [[target]]\nname = \"{CLOSED}\"\nlun = [\"ram:1M\"]\nallow = [\"10.0.0.0/8\"]\n"
         ),
     )
     .unwrap();
