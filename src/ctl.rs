@@ -422,7 +422,10 @@ pub(crate) async fn cmd_ctl(a: CtlArgs) -> anyhow::Result<()> {
                 .await?;
                 acl_warning(&v, json_out);
                 done(
-                    format!("granted {entry} on {iqn}: {}", v["access"].as_str().unwrap_or("")),
+                    format!(
+                        "granted {entry} on {iqn}: {}",
+                        v["access"].as_str().unwrap_or("")
+                    ),
                     v,
                 );
             }
@@ -435,7 +438,10 @@ pub(crate) async fn cmd_ctl(a: CtlArgs) -> anyhow::Result<()> {
                 .await?;
                 acl_warning(&v, json_out);
                 done(
-                    format!("revoked {entry} on {iqn}: {}", v["access"].as_str().unwrap_or("")),
+                    format!(
+                        "revoked {entry} on {iqn}: {}",
+                        v["access"].as_str().unwrap_or("")
+                    ),
                     v,
                 );
             }

@@ -166,14 +166,22 @@ fn a_grant_widens_access_and_narrowing_changes_warn() {
     let sock = dir.path().join("api.sock");
     let server = Server::start_with(
         "ram:4M",
-        &["--api-socket", sock.to_str().unwrap(), "--data-dir", dir.path().to_str().unwrap()],
+        &[
+            "--api-socket",
+            sock.to_str().unwrap(),
+            "--data-dir",
+            dir.path().to_str().unwrap(),
+        ],
     );
     let url = server.url(0);
     // Open: our client logs in.
     let o = ethersan(&["inquiry", &url]);
     assert!(o.status.success(), "{}", text(&o));
     // The first rule narrows the open target: a warning.
-    let o = ctl_ok(&sock, &["acl", "add", IQN, "iqn.2026-11.org.ethersan:someone-else"]);
+    let o = ctl_ok(
+        &sock,
+        &["acl", "add", IQN, "iqn.2026-11.org.ethersan:someone-else"],
+    );
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("warning: target")
             && text(&o).contains("admitted every initiator"),
@@ -191,13 +199,29 @@ fn a_grant_widens_access_and_narrowing_changes_warn() {
     // Granting our name admits us; granting a network too keeps us in
     // (the old lists were ANDed: 10.0.0.0/8 locked 127.0.0.1 out).
     let o = ctl_ok(&sock, &["acl", "add", IQN, CLIENT]);
-    assert!(!text(&o).contains("warning"), "a widening grant warned: {}", text(&o));
+    assert!(
+        !text(&o).contains("warning"),
+        "a widening grant warned: {}",
+        text(&o)
+    );
     let o = ctl_ok(&sock, &["acl", "add", IQN, "10.0.0.0/8"]);
     assert!(!text(&o).contains("warning"), "{}", text(&o));
     let o = ethersan(&["inquiry", &url]);
-    assert!(o.status.success(), "a grant locked an allowed initiator out: {}", text(&o));
+    assert!(
+        o.status.success(),
+        "a grant locked an allowed initiator out: {}",
+        text(&o)
+    );
     // A name from a network is one rule.
-    ctl_ok(&sock, &["acl", "add", IQN, "iqn.2026-11.org.ethersan:third@127.0.0.0/8"]);
+    ctl_ok(
+        &sock,
+        &[
+            "acl",
+            "add",
+            IQN,
+            "iqn.2026-11.org.ethersan:third@127.0.0.0/8",
+        ],
+    );
     let ls = String::from_utf8_lossy(&ctl_ok(&sock, &["acl", "ls", IQN]).stdout).into_owned();
     for want in [
         "iqn.2026-11.org.ethersan:someone-else",
@@ -219,7 +243,11 @@ fn a_grant_widens_access_and_narrowing_changes_warn() {
     assert!(!o.status.success(), "{}", text(&o));
     // A bad rule: what is wrong and the forms a rule takes.
     let o = ctl(&sock, &["acl", "add", IQN, "iqn.2026-11.x:y@10.0.0.0/40"]);
-    assert!(!o.status.success() && text(&o).contains("prefix length"), "{}", text(&o));
+    assert!(
+        !o.status.success() && text(&o).contains("prefix length"),
+        "{}",
+        text(&o)
+    );
 }
 
 /// Revoking a rule while its initiator is logged in names the session
@@ -230,17 +258,27 @@ async fn a_narrowing_change_names_the_sessions_it_ends() {
     let sock = dir.path().join("api.sock");
     let server = Server::start_with(
         "ram:4M",
-        &["--api-socket", sock.to_str().unwrap(), "--data-dir", dir.path().to_str().unwrap()],
+        &[
+            "--api-socket",
+            sock.to_str().unwrap(),
+            "--data-dir",
+            dir.path().to_str().unwrap(),
+        ],
     );
     let opts = ethersan_initiator::LoginOptions {
         initiator_name: CLIENT.into(),
         target_name: Some(IQN.into()),
         ..Default::default()
     };
-    let s = ethersan_initiator::connect(&server.addr, &opts).await.expect("login");
+    let s = ethersan_initiator::connect(&server.addr, &opts)
+        .await
+        .expect("login");
     let sock2 = sock.clone();
     let o = tokio::task::spawn_blocking(move || {
-        ctl_ok(&sock2, &["acl", "add", IQN, "iqn.2026-11.org.ethersan:other"])
+        ctl_ok(
+            &sock2,
+            &["acl", "add", IQN, "iqn.2026-11.org.ethersan:other"],
+        )
     })
     .await
     .unwrap();
@@ -273,7 +311,10 @@ fn serve_check_names_targets_open_to_the_network() {
         .lines()
         .find(|l| l.contains("warning:"))
         .unwrap_or_else(|| panic!("no warning: {t}"));
-    assert!(warning.contains(IQN) && warning.contains("0.0.0.0:3260"), "{t}");
+    assert!(
+        warning.contains(IQN) && warning.contains("0.0.0.0:3260"),
+        "{t}"
+    );
     assert!(t.contains("access: open"), "{t}");
     let t = check(&format!("portals = [\"127.0.0.1:3260\"]\n{target}"));
     assert!(!t.contains("warning"), "loopback only: {t}");
@@ -281,22 +322,37 @@ fn serve_check_names_targets_open_to_the_network() {
         "portals = [\"0.0.0.0:3260\"]\n{target}allow = [\"{CLIENT}@10.0.0.0/8\"]\n"
     ));
     assert!(!t.contains("warning"), "{t}");
-    assert!(t.contains(&format!("access: only initiator {CLIENT} from 10.0.0.0/8")), "{t}");
+    assert!(
+        t.contains(&format!("access: only initiator {CLIENT} from 10.0.0.0/8")),
+        "{t}"
+    );
     // Old lists together still mean name AND network, and say so.
     let t = check(&format!(
         "portals = [\"127.0.0.1:3260\"]\n{target}allow_initiators = [\"{CLIENT}\"]\nallow_networks = [\"10.0.0.0/8\"]\n"
     ));
-    assert!(t.contains(&format!("access: only initiator {CLIENT} from 10.0.0.0/8")), "{t}");
-    assert!(t.contains(&format!("allow = [\"{CLIENT}@10.0.0.0/8\"]")), "no migration hint: {t}");
+    assert!(
+        t.contains(&format!("access: only initiator {CLIENT} from 10.0.0.0/8")),
+        "{t}"
+    );
+    assert!(
+        t.contains(&format!("allow = [\"{CLIENT}@10.0.0.0/8\"]")),
+        "no migration hint: {t}"
+    );
     // The packaged configuration: good, and closed.
     let packaged = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/packaging/ethersan.toml"
     ))
     .unwrap();
-    assert!(packaged.contains("0.0.0.0:3260"), "the packaged portal is for the network");
+    assert!(
+        packaged.contains("0.0.0.0:3260"),
+        "the packaged portal is for the network"
+    );
     let t = check(&packaged);
-    assert!(!t.contains("warning"), "the packaged configuration is open: {t}");
+    assert!(
+        !t.contains("warning"),
+        "the packaged configuration is open: {t}"
+    );
     assert!(t.contains("access: only"), "{t}");
 }
 
@@ -317,7 +373,10 @@ fn an_open_target_on_a_network_portal_is_warned_about_at_start() {
         "--lun".into(),
         "ram:4M".into(),
     ]);
-    let o = veth.in_client(&["inquiry", &format!("iscsi://{portal}/{IQN}/0")], Duration::from_secs(30));
+    let o = veth.in_client(
+        &["inquiry", &format!("iscsi://{portal}/{IQN}/0")],
+        Duration::from_secs(30),
+    );
     assert!(o.status.success(), "{}", text(&o));
     let log = server.log.lock().unwrap().clone();
     let warnings: Vec<&String> = log
@@ -325,13 +384,18 @@ fn an_open_target_on_a_network_portal_is_warned_about_at_start() {
         .filter(|l| l.contains("WARN") && l.contains("no CHAP and no access rules"))
         .collect();
     assert_eq!(warnings.len(), 1, "{log:#?}");
-    assert!(warnings[0].contains(IQN) && warnings[0].contains(&portal), "{}", warnings[0]);
+    assert!(
+        warnings[0].contains(IQN) && warnings[0].contains(&portal),
+        "{}",
+        warnings[0]
+    );
     drop(server);
     let local = Server::start_with("ram:4M", &[]);
     std::thread::sleep(Duration::from_millis(200));
     let log = local.log.lock().unwrap().clone();
     assert!(
-        !log.iter().any(|l| l.contains("no CHAP and no access rules")),
+        !log.iter()
+            .any(|l| l.contains("no CHAP and no access rules")),
         "a loopback server warned: {log:#?}"
     );
 }

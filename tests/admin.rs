@@ -225,7 +225,10 @@ async fn every_ctl_operation_applies_live_while_a_session_is_logged_in() {
     assert_eq!(acl["rules"][2]["rule"], "10.0.0.0/8", "{acl}");
     assert_eq!(sense(&s, 0).await, None, "the session survives grants");
     let e = ctl_err(&sock, &["acl", "add", IQN, "not a name"]);
-    assert!(e.contains("initiator name") && e.contains("NAME@ADDR/LEN"), "{e}");
+    assert!(
+        e.contains("initiator name") && e.contains("NAME@ADDR/LEN"),
+        "{e}"
+    );
     ctl_ok(&sock, &["acl", "rm", IQN, ME]);
     let gone = s.command(0, &TUR, Bytes::new(), 0).await;
     assert!(gone.is_err(), "the revoked session still answers: {gone:?}");

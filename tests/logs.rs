@@ -121,8 +121,18 @@ fn login_refusals_name_target_initiator_peer_and_reason() {
     let url = |t: &str| format!("iscsi://{}/{t}/0", s.addr);
     for args in [
         vec!["inquiry".to_string(), url(IQN)],
-        vec!["inquiry".into(), "--chap".into(), "mallory:alice-secret-12".into(), url(IQN)],
-        vec!["inquiry".into(), "--chap".into(), "alice:not-her-secret".into(), url(IQN)],
+        vec![
+            "inquiry".into(),
+            "--chap".into(),
+            "mallory:alice-secret-12".into(),
+            url(IQN),
+        ],
+        vec![
+            "inquiry".into(),
+            "--chap".into(),
+            "alice:not-her-secret".into(),
+            url(IQN),
+        ],
         vec!["inquiry".into(), url(CLOSED)],
     ] {
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -152,7 +162,10 @@ fn login_refusals_name_target_initiator_peer_and_reason() {
         ] {
             assert!(line.contains(&want), "{want} missing: {line}");
         }
-        assert!(!line.contains("alice-secret") && !line.contains("not-her-secret"), "{line}");
+        assert!(
+            !line.contains("alice-secret") && !line.contains("not-her-secret"),
+            "{line}"
+        );
     }
     // Five lines for the eight refusals of one reason from one peer; the
     // last says that the next ones are counted.
@@ -161,7 +174,11 @@ fn login_refusals_name_target_initiator_peer_and_reason() {
         .filter(|l| l.contains("login refused: unknown target"))
         .collect();
     assert_eq!(unknown_lines.len(), 5, "{unknown_lines:#?}");
-    assert!(unknown_lines[4].contains("counted, not logged"), "{}", unknown_lines[4]);
+    assert!(
+        unknown_lines[4].contains("counted, not logged"),
+        "{}",
+        unknown_lines[4]
+    );
     for l in &log {
         assert!(!l.contains("Some("), "Rust debug output in the log: {l}");
     }
@@ -199,7 +216,11 @@ fn changes_are_logged_with_the_interface_and_sessions_end_with_a_reason() {
     ctl(&["lun", "resize", IQN, "0", "8M"]);
     ctl(&["acl", "add", IQN, "10.0.0.0/8"]);
     std::fs::write(&cfg, format!("{base}allow = [\"{CLIENT}\"]\n")).unwrap();
-    common::must_run("kill", &["-HUP", &s.child.id().to_string()], Duration::from_secs(5));
+    common::must_run(
+        "kill",
+        &["-HUP", &s.child.id().to_string()],
+        Duration::from_secs(5),
+    );
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !s.log.lock().unwrap().iter().any(|l| l.contains("SIGHUP")) {
         assert!(std::time::Instant::now() < deadline, "no reload line");
@@ -216,14 +237,27 @@ fn changes_are_logged_with_the_interface_and_sessions_end_with_a_reason() {
     let resized = line("LUN 0 resized to 8388608 bytes");
     assert!(resized.contains("via=socket"), "{resized}");
     let acl = line("access rules changed: added 10.0.0.0/8");
-    assert!(acl.contains("via=socket") && acl.contains("now only any initiator from 10.0.0.0/8"), "{acl}");
-    let hup = line(&format!("access rules changed: added {CLIENT}; removed 10.0.0.0/8"));
+    assert!(
+        acl.contains("via=socket") && acl.contains("now only any initiator from 10.0.0.0/8"),
+        "{acl}"
+    );
+    let hup = line(&format!(
+        "access rules changed: added {CLIENT}; removed 10.0.0.0/8"
+    ));
     assert!(hup.contains("via=SIGHUP"), "{hup}");
     let ended = line("session ended");
-    for want in [format!("initiator={CLIENT}"), format!("target={IQN}"), "reason=".into(), "duration=".into()] {
+    for want in [
+        format!("initiator={CLIENT}"),
+        format!("target={IQN}"),
+        "reason=".into(),
+        "duration=".into(),
+    ] {
         assert!(ended.contains(&want), "{want} missing: {ended}");
     }
     for l in &log {
-        assert!(!l.contains("Some(") && !l.contains("None"), "Rust debug output in the log: {l}");
+        assert!(
+            !l.contains("Some(") && !l.contains("None"),
+            "Rust debug output in the log: {l}"
+        );
     }
 }

@@ -157,9 +157,9 @@ pub fn serve_tcp(
     state: AdminState,
     token: Token,
 ) -> tokio::task::JoinHandle<()> {
-    let app = auth::protect(router(state), token).layer(axum::middleware::from_fn(
-        |req, next| in_span("api-token", req, next),
-    ));
+    let app = auth::protect(router(state), token).layer(axum::middleware::from_fn(|req, next| {
+        in_span("api-token", req, next)
+    }));
     tokio::spawn(async move {
         if let Err(e) = axum::serve(
             listener,

@@ -74,9 +74,15 @@ mod tests {
     fn an_open_target_on_a_remote_portal_is_named() {
         let w = open_to_anyone(&config(&format!("portals = [\"0.0.0.0:3260\"]\n{TARGET}")));
         assert_eq!(w.len(), 1, "{w:?}");
-        assert!(w[0].contains("0.0.0.0:3260") && w[0].contains("iqn.2026-11.org.x:t"), "{w:?}");
+        assert!(
+            w[0].contains("0.0.0.0:3260") && w[0].contains("iqn.2026-11.org.x:t"),
+            "{w:?}"
+        );
         // Loopback only, a rule, or CHAP: nothing to say.
-        assert!(open_to_anyone(&config(&format!("portals = [\"127.0.0.1:3260\", \"[::1]:3260\"]\n{TARGET}"))).is_empty());
+        assert!(open_to_anyone(&config(&format!(
+            "portals = [\"127.0.0.1:3260\", \"[::1]:3260\"]\n{TARGET}"
+        )))
+        .is_empty());
         assert!(open_to_anyone(&config(&format!(
             "portals = [\"0.0.0.0:3260\"]\n{TARGET}allow = [\"10.0.0.0/8\"]\n"
         )))
@@ -98,7 +104,10 @@ mod tests {
             "portals = [\"127.0.0.1:3260\"]\n[aoe]\ninterfaces = [\"eth9\"]\n{TARGET}"
         )));
         assert_eq!(w.len(), 1, "{w:?}");
-        assert!(w[0].contains("AoE on eth9") && w[0].contains("allowed_macs"), "{w:?}");
+        assert!(
+            w[0].contains("AoE on eth9") && w[0].contains("allowed_macs"),
+            "{w:?}"
+        );
         assert!(open_to_anyone(&config(&format!(
             "portals = [\"127.0.0.1:3260\"]\n[aoe]\ninterfaces = [\"eth9\"]\nallowed_macs = [\"02:00:00:00:00:01\"]\n{TARGET}"
         )))

@@ -639,11 +639,20 @@ mod tests {
             );
         }
         for _ in 0..7 {
-            assert_eq!(log.refused_at(a, "wrong CHAP response", start), RefusalLine::Count);
+            assert_eq!(
+                log.refused_at(a, "wrong CHAP response", start),
+                RefusalLine::Count
+            );
         }
         // Another reason from the same peer, and another peer, still log.
-        assert!(matches!(log.refused_at(a, "not allowed by the access rules", start), RefusalLine::Log { .. }));
-        assert!(matches!(log.refused_at(b, "wrong CHAP response", start), RefusalLine::Log { .. }));
+        assert!(matches!(
+            log.refused_at(a, "not allowed by the access rules", start),
+            RefusalLine::Log { .. }
+        ));
+        assert!(matches!(
+            log.refused_at(b, "wrong CHAP response", start),
+            RefusalLine::Log { .. }
+        ));
         // Nothing to report while the window lasts; after it, the count.
         assert!(log.summaries_at(start + Duration::from_secs(1)).is_empty());
         let later = start + REFUSAL_LOG_WINDOW;
@@ -691,7 +700,10 @@ mod tests {
         let mut logged = 0;
         for i in 0..1000u32 {
             let peer = ip(&format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255));
-            if matches!(log.refused_at(peer, "wrong CHAP response", start), RefusalLine::Log { .. }) {
+            if matches!(
+                log.refused_at(peer, "wrong CHAP response", start),
+                RefusalLine::Log { .. }
+            ) {
                 logged += 1;
             }
         }
@@ -706,7 +718,11 @@ mod tests {
             .iter()
             .map(|s| s.suppressed)
             .sum();
-        assert_eq!(total, 1000 - u64::from(REFUSAL_LINES_PER_SECOND), "every one counted");
+        assert_eq!(
+            total,
+            1000 - u64::from(REFUSAL_LINES_PER_SECOND),
+            "every one counted"
+        );
     }
 
     #[test]

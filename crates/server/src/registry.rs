@@ -365,7 +365,9 @@ impl Registry {
             .collect();
         for k in old {
             if let Some(h) = s.remove(&k) {
-                (h.tx)(SessionControl::Shutdown("reinstated: the initiator logged in again with the same ISID"));
+                (h.tx)(SessionControl::Shutdown(
+                    "reinstated: the initiator logged in again with the same ISID",
+                ));
             }
         }
         s.insert(
@@ -413,7 +415,9 @@ impl Registry {
     pub fn end_session(&self, id: u64) -> bool {
         match self.lock().get(&id) {
             Some(h) => {
-                (h.tx)(SessionControl::Shutdown("ended by the administrator (session logout)"));
+                (h.tx)(SessionControl::Shutdown(
+                    "ended by the administrator (session logout)",
+                ));
                 true
             }
             None => false,
@@ -438,7 +442,9 @@ impl Registry {
                 .and_then(|a| a.parse::<SocketAddr>().ok())
                 .map(|a| a.ip());
             if !allowed(&h.initiator, ip) {
-                (h.tx)(SessionControl::Shutdown("no longer allowed by the target's access rules"));
+                (h.tx)(SessionControl::Shutdown(
+                    "no longer allowed by the target's access rules",
+                ));
                 ended.push(match addr {
                     Some(a) => format!("{} from {a}", h.initiator),
                     None => h.initiator.clone(),
@@ -522,7 +528,9 @@ impl Registry {
     pub(crate) fn shutdown_target_others(&self, me: u64, target: Option<&str>) {
         for (id, h) in self.lock().iter() {
             if *id != me && h.target.as_deref() == target && target.is_some() {
-                (h.tx)(SessionControl::Shutdown("another session reset the target (TARGET COLD RESET)"));
+                (h.tx)(SessionControl::Shutdown(
+                    "another session reset the target (TARGET COLD RESET)",
+                ));
             }
         }
     }

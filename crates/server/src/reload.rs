@@ -426,8 +426,20 @@ pub(crate) fn access_change(
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let added = list(after.rules.iter().filter(|r| !before.rules.contains(r)).collect());
-    let removed = list(before.rules.iter().filter(|r| !after.rules.contains(r)).collect());
+    let added = list(
+        after
+            .rules
+            .iter()
+            .filter(|r| !before.rules.contains(r))
+            .collect(),
+    );
+    let removed = list(
+        before
+            .rules
+            .iter()
+            .filter(|r| !after.rules.contains(r))
+            .collect(),
+    );
     let mut line = format!("target {target}: access rules changed:");
     if !added.is_empty() {
         line.push_str(&format!(" added {added};"));

@@ -41,7 +41,8 @@ impl AclRule {
     /// name from that network; iSCSI names cannot hold `@`).
     pub fn parse(s: &str) -> Result<AclRule, String> {
         let s = s.trim();
-        let is_name = |n: &str| n.starts_with("iqn.") || n.starts_with("eui.") || n.starts_with("naa.");
+        let is_name =
+            |n: &str| n.starts_with("iqn.") || n.starts_with("eui.") || n.starts_with("naa.");
         let name = |n: &str| {
             super::validate_name(n)
                 .map(|()| n.to_string())
@@ -64,9 +65,9 @@ impl AclRule {
     /// Whether the rule admits `initiator` connecting from `ip`.
     pub fn admits(&self, initiator: &str, ip: Option<IpAddr>) -> bool {
         self.initiator.as_deref().is_none_or(|n| n == initiator)
-            && self.network.is_none_or(|(net, len)| {
-                ip.is_some_and(|ip| in_network(ip, net, len))
-            })
+            && self
+                .network
+                .is_none_or(|(net, len)| ip.is_some_and(|ip| in_network(ip, net, len)))
     }
 
     /// What the rule admits, in words (`initiator iqn.… from 10.0.0.0/8`).
@@ -121,7 +122,11 @@ impl Access {
         if self.rules.iter().any(|r| r.initiator.is_none()) {
             return Vec::new();
         }
-        let mut names: Vec<String> = self.rules.iter().filter_map(|r| r.initiator.clone()).collect();
+        let mut names: Vec<String> = self
+            .rules
+            .iter()
+            .filter_map(|r| r.initiator.clone())
+            .collect();
         names.dedup();
         names
     }
@@ -250,11 +255,26 @@ mod tests {
 
     #[test]
     fn rules_parse_and_print_back() {
-        for r in ["iqn.2026-11.x:a", "10.0.0.0/8", "::1/128", "eui.0123456789abcdef@fd00::/64"] {
+        for r in [
+            "iqn.2026-11.x:a",
+            "10.0.0.0/8",
+            "::1/128",
+            "eui.0123456789abcdef@fd00::/64",
+        ] {
             assert_eq!(AclRule::parse(r).unwrap().to_string(), r);
         }
-        assert_eq!(AclRule::parse("192.0.2.7").unwrap().to_string(), "192.0.2.7/32");
-        for bad in ["10.0.0.0/33", "nope", "iqn.x y", "iqn.2026-11.x:a@", "@10.0.0.0/8", "::/129"] {
+        assert_eq!(
+            AclRule::parse("192.0.2.7").unwrap().to_string(),
+            "192.0.2.7/32"
+        );
+        for bad in [
+            "10.0.0.0/33",
+            "nope",
+            "iqn.x y",
+            "iqn.2026-11.x:a@",
+            "@10.0.0.0/8",
+            "::/129",
+        ] {
             assert!(AclRule::parse(bad).is_err(), "{bad}");
         }
         let e = AclRule::parse("nope").unwrap_err();
@@ -265,7 +285,9 @@ mod tests {
     fn networks_match_by_prefix_and_mapped_addresses() {
         let a = access(&["10.0.0.0/8", "::1"]);
         assert!(a.allows("any", ip("10.1.2.3")) && !a.allows("any", ip("11.0.0.1")));
-        assert!(a.allows("any", ip("::1")) && !a.allows("any", ip("::2")) && !a.allows("any", None));
+        assert!(
+            a.allows("any", ip("::1")) && !a.allows("any", ip("::2")) && !a.allows("any", None)
+        );
         assert!(a.allows("any", ip("::ffff:10.9.9.9")), "IPv4-mapped IPv6");
         assert!(access(&["0.0.0.0/0"]).allows("x", ip("8.8.8.8")));
     }
@@ -280,7 +302,10 @@ mod tests {
         };
         assert_eq!(both.rules.len(), 2);
         assert!(both.allows("iqn.2026-11.x:b", ip("10.0.0.9")));
-        assert!(!both.allows("iqn.2026-11.x:b", ip("192.0.2.1")), "still ANDed");
+        assert!(
+            !both.allows("iqn.2026-11.x:b", ip("192.0.2.1")),
+            "still ANDed"
+        );
         assert!(!both.allows("iqn.2026-11.x:c", ip("10.0.0.9")));
         assert_eq!(Access::rules_from_lists(&names, &[]).len(), 2);
         assert_eq!(Access::rules_from_lists(&[], &nets).len(), 1);
@@ -292,6 +317,8 @@ mod tests {
             access(&["iqn.2026-11.x:a", "iqn.2026-11.x:b@10.0.0.0/8"]).initiator_names(),
             ["iqn.2026-11.x:a", "iqn.2026-11.x:b"]
         );
-        assert!(access(&["iqn.2026-11.x:a", "10.0.0.0/8"]).initiator_names().is_empty());
+        assert!(access(&["iqn.2026-11.x:a", "10.0.0.0/8"])
+            .initiator_names()
+            .is_empty());
     }
 }

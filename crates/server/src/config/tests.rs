@@ -18,7 +18,9 @@ fn access_rules_from_the_file_old_lists_keep_their_meaning() {
     assert!(!a.allows("iqn.2026-11.x:b", ip("198.51.100.1")));
     // allow_initiators with allow_networks meant name AND network: still so.
     let c = Config::from_toml_str(
-        &format!("{base}allow_initiators = [\"iqn.2026-11.x:a\"]\nallow_networks = [\"10.0.0.0/8\"]\n"),
+        &format!(
+            "{base}allow_initiators = [\"iqn.2026-11.x:a\"]\nallow_networks = [\"10.0.0.0/8\"]\n"
+        ),
         "t",
     )
     .unwrap();

@@ -9,8 +9,9 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::{
-    parse_naa, parse_network, parse_size, shared_backing_file, validate_name, Access, AclRule, Backing,
-    ChapConfig, Config, ConfigError, LunConfig, Options, TargetChap, TargetConfig, DEFAULT_ENGINE,
+    parse_naa, parse_network, parse_size, shared_backing_file, validate_name, Access, AclRule,
+    Backing, ChapConfig, Config, ConfigError, LunConfig, Options, TargetChap, TargetConfig,
+    DEFAULT_ENGINE,
 };
 
 #[derive(Deserialize)]
@@ -752,7 +753,8 @@ impl Config {
             let old = Access::rules_from_lists(&names, &networks);
             if !names.is_empty() && !networks.is_empty() {
                 let (line, _) = line_col(text, t.allow_networks[0].span().start);
-                let written: Vec<String> = old.iter().map(|r| format!("{:?}", r.to_string())).collect();
+                let written: Vec<String> =
+                    old.iter().map(|r| format!("{:?}", r.to_string())).collect();
                 tracing::warn!(
                     "{origin}:{line}: target {}: allow_initiators and allow_networks together admit a listed name only from a listed network; read as allow = [{}]. Write that instead: in allow = [...] each rule admits on its own, so a grant (ethersan ctl acl add) widens access (docs/config.md, access rules)",
                     t.name.get_ref(),

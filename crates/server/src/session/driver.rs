@@ -95,7 +95,11 @@ impl ReadAhead {
 
 /// Run `session` until logout, connection loss or shutdown; returns why
 /// it ended.
-pub(crate) async fn run(mut session: Session, executor: Executor, mut ch: Channels) -> &'static str {
+pub(crate) async fn run(
+    mut session: Session,
+    executor: Executor,
+    mut ch: Channels,
+) -> &'static str {
     session.begin();
     let mut send = |msg| {
         let _ = ch.out.send(msg);

@@ -344,11 +344,8 @@ impl Session {
     /// Forget the nexus and the session; the writer is told to close.
     /// Why the session ended: what ended it first.
     pub(crate) fn end_reason(&self) -> &'static str {
-        self.end_reason.unwrap_or(if self.closing {
-            "logged out"
-        } else {
-            "ended"
-        })
+        self.end_reason
+            .unwrap_or(if self.closing { "logged out" } else { "ended" })
     }
 
     pub(crate) fn close(&mut self) {
