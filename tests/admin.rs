@@ -348,7 +348,10 @@ async fn every_ctl_operation_applies_live_while_a_session_is_logged_in() {
         std::fs::metadata(&saved).unwrap().permissions().mode() & 0o777,
         0o600
     );
-    assert!(text.contains(t2) && text.contains("127.0.0.0/8"), "{text}");
+    assert!(
+        text.contains(t2) && text.contains("allow = [") && text.contains("10.0.0.0/8"),
+        "{text}"
+    );
 
     // session logout: ended, and gone from the list.
     let id = ctl_json(&sock, &["session", "ls"])
