@@ -497,6 +497,28 @@ fn the_tcp_api_needs_the_token_and_says_so() {
         .output()
         .unwrap();
     assert!(common::ok_out(&o, "ctl --api").contains(IQN));
+    // A change over TCP is logged as made through the token, with the
+    // client's address.
+    let o = Command::new(env!("CARGO_BIN_EXE_ethersan"))
+        .args(["ctl", "--api", &api, "--token-file"])
+        .arg(&token)
+        .args(["acl", "add", IQN, "10.0.0.0/8"])
+        .output()
+        .unwrap();
+    common::ok_out(&o, "ctl --api acl add");
+    std::thread::sleep(Duration::from_millis(200));
+    let changed = srv
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|l| l.contains("access rules changed: added 10.0.0.0/8"))
+        .cloned()
+        .expect("the change is logged");
+    assert!(
+        changed.contains("via=api-token") && changed.contains("peer=127.0.0.1:"),
+        "{changed}"
+    );
     // An address that keeps failing is slowed down.
     let mut last = 0;
     for _ in 0..12 {
