@@ -199,6 +199,11 @@ pub(crate) fn login_error(e: ethersan_initiator::Error, what: &str, portal: &str
         } => anyhow::anyhow!(
             "{what} at {portal} refused: {e} (give CHAP credentials with --chap USER:SECRET, $ETHERSAN_CHAP or iscsi://USER%SECRET@host/..., and check them)"
         ),
+        E::LoginRefused {
+            class: 2, detail: 2, ..
+        } => anyhow::anyhow!(
+            "{what} at {portal} refused: {e} (the target's access rules do not admit initiator {CLIENT_IQN} from this host: on the server, ethersan ctl acl ls TARGET shows them and ethersan ctl acl add TARGET {CLIENT_IQN} admits this client, or add this host's network ADDR/LEN)"
+        ),
         E::LoginRefused { .. } => anyhow::anyhow!("{what} at {portal} refused: {e}"),
         E::Timeout { .. } => anyhow::anyhow!(
             "{what} at {portal}: {e} (is the target running and not overloaded? --timeout waits longer)"

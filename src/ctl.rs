@@ -139,23 +139,23 @@ enum LunVerb {
 
 #[derive(Subcommand, Debug)]
 enum AclVerb {
-    /// List who may log in (nothing listed: everyone).
+    /// List the access rules and what they mean (no rules: everyone).
     Ls {
         /// The target.
         iqn: String,
     },
-    /// Let an initiator (iqn.…) or a network (ADDR/LEN) log in.
+    /// Add a rule: an initiator (iqn.…), a network (ADDR/LEN) or a name from a network (NAME@ADDR/LEN). Any rule admits; the first narrows an open target.
     Add {
         /// The target.
         iqn: String,
-        /// The initiator or network.
+        /// The rule.
         entry: String,
     },
-    /// Take a grant back (its sessions end).
+    /// Remove a rule (the sessions only it admitted end).
     Rm {
         /// The target.
         iqn: String,
-        /// The initiator or network.
+        /// The rule, as acl ls shows it.
         entry: String,
     },
 }
@@ -254,6 +254,14 @@ fn absolute_spec(spec: &str) -> anyhow::Result<String> {
     }
     let cwd = std::env::current_dir().context("cannot read the working directory")?;
     Ok(format!("{}/{spec}", cwd.display()))
+}
+
+/// An ACL change's warning (it narrowed access, or opened the target),
+/// on stderr unless the answer is printed as JSON.
+fn acl_warning(v: &Value, json_out: bool) {
+    if let (Some(w), false) = (v["warning"].as_str(), json_out) {
+        note!("warning: {w}");
+    }
 }
 
 pub(crate) async fn cmd_ctl(a: CtlArgs) -> anyhow::Result<()> {
@@ -389,18 +397,20 @@ pub(crate) async fn cmd_ctl(a: CtlArgs) -> anyhow::Result<()> {
                 if json_out {
                     out!("{v}");
                 } else {
-                    let list: Vec<&Value> = v["initiators"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .chain(v["networks"].as_array().into_iter().flatten())
-                        .collect();
-                    if list.is_empty() {
-                        out!("(every initiator may log in)");
+                    let rules = v["rules"].as_array().cloned().unwrap_or_default();
+                    let width = rules
+                        .iter()
+                        .map(|r| r["rule"].as_str().unwrap_or("").len())
+                        .max()
+                        .unwrap_or(0);
+                    for r in &rules {
+                        out!(
+                            "{:width$}  {}",
+                            r["rule"].as_str().unwrap_or(""),
+                            r["meaning"].as_str().unwrap_or("")
+                        );
                     }
-                    for e in list {
-                        out!("{}", e.as_str().unwrap_or(""));
-                    }
+                    out!("{iqn}: {}", v["access"].as_str().unwrap_or(""));
                 }
             }
             AclVerb::Add { iqn, entry } => {
@@ -410,7 +420,14 @@ pub(crate) async fn cmd_ctl(a: CtlArgs) -> anyhow::Result<()> {
                     Some(json!({"entry": entry})),
                 )
                 .await?;
-                done(format!("granted {entry} on {iqn}"), v);
+                acl_warning(&v, json_out);
+                done(
+                    format!(
+                        "granted {entry} on {iqn}: {}",
+                        v["access"].as_str().unwrap_or("")
+                    ),
+                    v,
+                );
             }
             AclVerb::Rm { iqn, entry } => {
                 let v = call(
@@ -419,7 +436,14 @@ pub(crate) async fn cmd_ctl(a: CtlArgs) -> anyhow::Result<()> {
                     None,
                 )
                 .await?;
-                done(format!("revoked {entry} on {iqn}"), v);
+                acl_warning(&v, json_out);
+                done(
+                    format!(
+                        "revoked {entry} on {iqn}: {}",
+                        v["access"].as_str().unwrap_or("")
+                    ),
+                    v,
+                );
             }
         },
         Noun::Chap { verb } => match verb {

@@ -430,7 +430,10 @@ fn serve_config(a: &ServeArgs) -> anyhow::Result<Config> {
     for i in &a.allow_initiator {
         ethersan_server::config::validate_name(i)
             .with_context(|| format!("--allow-initiator {i}"))?;
-        target.access.initiators.push(i.clone());
+        target
+            .access
+            .rules
+            .push(ethersan_server::config::AclRule::initiator(i.clone()));
     }
     if !a.lun.is_empty() {
         target.luns = a
@@ -602,6 +605,7 @@ fn check(cfg: &Config) -> anyhow::Result<()> {
     let dir = &cfg.options.data_dir;
     for t in &cfg.targets {
         out.push_str(&format!("  target {}\n", t.name));
+        out.push_str(&format!("    access: {}\n", t.access.meaning()));
         for (i, idx) in t.numbered() {
             let l = &t.luns[idx];
             let what = match &l.backing {
@@ -671,6 +675,9 @@ fn check(cfg: &Config) -> anyhow::Result<()> {
             "  iSNS server {} (registers the targets and {what})\n",
             i.server()
         ));
+    }
+    for w in ethersan_server::exposure::open_to_anyone(cfg) {
+        out.push_str(&format!("  warning: {w}\n"));
     }
     say(format_args!("ethersan: configuration is good\n{out}"));
     Ok(())
@@ -846,7 +853,12 @@ async fn serve(
         tokio::spawn(async move {
             while hup.recv().await.is_some() {
                 let (c, file) = (control.clone(), config_file.clone());
-                let _ = tokio::task::spawn_blocking(move || reload(&c, file.as_deref())).await;
+                // Its changes are logged as made through SIGHUP.
+                let span = tracing::info_span!("admin", via = %"SIGHUP");
+                let _ = tokio::task::spawn_blocking(move || {
+                    span.in_scope(|| reload(&c, file.as_deref()))
+                })
+                .await;
             }
         });
     }
@@ -854,8 +866,11 @@ async fn serve(
     if json_logs {
         // Log collectors get events, not a banner.
         for p in server.portals().list() {
-            tracing::info!(portal = %p.address, advertise = ?p.advertise, "listening");
+            tracing::info!(portal = %p.address, advertise = p.advertise.map(tracing::field::display), "listening");
         }
+    }
+    for w in ethersan_server::exposure::open_to_anyone(&cfg) {
+        tracing::warn!("{w}");
     }
     let portals = server.portals().list();
     for p in portals.iter().filter(|_| !json_logs) {

@@ -220,12 +220,15 @@ async fn every_ctl_operation_applies_live_while_a_session_is_logged_in() {
         &sock,
         &["acl", "add", IQN, "iqn.2026-11.org.ethersan:other"],
     );
-    ctl_ok(&sock, &["acl", "add", IQN, "127.0.0.0/8"]);
+    ctl_ok(&sock, &["acl", "add", IQN, "10.0.0.0/8"]);
     let acl = ctl_json(&sock, &["acl", "ls", IQN]);
-    assert_eq!(acl["networks"][0], "127.0.0.0/8", "{acl}");
+    assert_eq!(acl["rules"][2]["rule"], "10.0.0.0/8", "{acl}");
     assert_eq!(sense(&s, 0).await, None, "the session survives grants");
     let e = ctl_err(&sock, &["acl", "add", IQN, "not a name"]);
-    assert!(e.contains("initiator name"), "{e}");
+    assert!(
+        e.contains("initiator name") && e.contains("NAME@ADDR/LEN"),
+        "{e}"
+    );
     ctl_ok(&sock, &["acl", "rm", IQN, ME]);
     let gone = s.command(0, &TUR, Bytes::new(), 0).await;
     assert!(gone.is_err(), "the revoked session still answers: {gone:?}");
@@ -345,7 +348,10 @@ async fn every_ctl_operation_applies_live_while_a_session_is_logged_in() {
         std::fs::metadata(&saved).unwrap().permissions().mode() & 0o777,
         0o600
     );
-    assert!(text.contains(t2) && text.contains("127.0.0.0/8"), "{text}");
+    assert!(
+        text.contains(t2) && text.contains("allow = [") && text.contains("10.0.0.0/8"),
+        "{text}"
+    );
 
     // session logout: ended, and gone from the list.
     let id = ctl_json(&sock, &["session", "ls"])
@@ -373,7 +379,7 @@ async fn every_ctl_operation_applies_live_while_a_session_is_logged_in() {
     assert_eq!(before, after);
 }
 
-/// Targets as (name, LUNs as (number, bytes), initiators, networks).
+/// Targets as (name, LUNs as (number, bytes), access rules, their meaning).
 type Shape = Vec<(String, Vec<(u64, u64)>, Value, Value)>;
 
 fn shape(v: &Value) -> Shape {
@@ -394,8 +400,8 @@ fn shape(v: &Value) -> Shape {
                         )
                     })
                     .collect(),
-                t["initiators"].clone(),
-                t["networks"].clone(),
+                t["rules"].clone(),
+                t["access"].clone(),
             )
         })
         .collect()
@@ -421,7 +427,7 @@ fn sighup_applies_the_changed_file_and_ctl_sees_it() {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let t = ctl_json(&sock, &["target", "ls"]);
-        if t[0]["luns"].as_array().unwrap().len() == 2 && t[0]["initiators"][0] == ME {
+        if t[0]["luns"].as_array().unwrap().len() == 2 && t[0]["rules"][0] == ME {
             break;
         }
         assert!(std::time::Instant::now() < deadline, "not applied: {t}");
@@ -491,6 +497,28 @@ fn the_tcp_api_needs_the_token_and_says_so() {
         .output()
         .unwrap();
     assert!(common::ok_out(&o, "ctl --api").contains(IQN));
+    // A change over TCP is logged as made through the token, with the
+    // client's address.
+    let o = Command::new(env!("CARGO_BIN_EXE_ethersan"))
+        .args(["ctl", "--api", &api, "--token-file"])
+        .arg(&token)
+        .args(["acl", "add", IQN, "10.0.0.0/8"])
+        .output()
+        .unwrap();
+    common::ok_out(&o, "ctl --api acl add");
+    std::thread::sleep(Duration::from_millis(200));
+    let changed = srv
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|l| l.contains("access rules changed: added 10.0.0.0/8"))
+        .cloned()
+        .expect("the change is logged");
+    assert!(
+        changed.contains("via=api-token") && changed.contains("peer=127.0.0.1:"),
+        "{changed}"
+    );
     // An address that keeps failing is slowed down.
     let mut last = 0;
     for _ in 0..12 {

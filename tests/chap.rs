@@ -228,7 +228,7 @@ fn repeated_failures_from_one_address_are_slowed_down() {
     );
     // The log says who failed and from where, never the secret.
     let log = server.log.lock().unwrap().join("\n");
-    assert!(log.contains("authentication failed"), "{log}");
+    assert!(log.contains("login refused: wrong CHAP response"), "{log}");
     assert!(
         !log.contains("wrong-secret-999") && !log.contains(SECRET),
         "a secret reached the log"
@@ -386,7 +386,7 @@ fn per_target_and_discovery_credentials() {
     assert!(o.status.success(), "{}", text(&o));
     // The log names who failed, never a secret.
     let log = server.log.lock().unwrap().join("\n");
-    assert!(log.contains("authentication failed"), "{log}");
+    assert!(log.contains("login refused: unknown CHAP user"), "{log}");
     for s in [x.1, y.1, z.1] {
         assert!(!log.contains(s), "a secret reached the log");
     }

@@ -145,8 +145,8 @@ function renderTree() {
       luns.append(el('li', { class: 'session' }, s.initiator,
         el('div', { class: 'meta' }, `${s.address || '?'} · ${s.transport || '?'} · session ${s.id}`)));
     }
-    const acl = t.initiators.length || t.networks.length
-      ? 'allowed: ' + [...t.initiators, ...t.networks].join(', ')
+    const acl = t.rules.length
+      ? 'allowed: ' + t.rules.join(', ')
       : 'allowed: any initiator';
     tree.append(el('li', { class: 'target', 'data-target': t.name },
       el('span', { class: 'name' }, t.name),
@@ -382,8 +382,8 @@ function setup() {
     submitting(ev.target, async () => {
       const target = $('#grant-target').value;
       const entry = $('#grant-entry').value.trim();
-      await api('POST', `/api/v1/targets/${encodeURIComponent(target)}/acl`, { entry });
-      notice(`${entry} may now log in to ${target}`);
+      const r = await api('POST', `/api/v1/targets/${encodeURIComponent(target)}/acl`, { entry });
+      notice(r && r.warning ? r.warning : `${entry} may now log in to ${target}`);
       $('#grant-entry').value = '';
       await refresh();
     });

@@ -53,7 +53,9 @@ async fn blocking<T: Send + 'static>(
     f: impl FnOnce(&Control) -> Result<T, ControlError> + Send + 'static,
 ) -> ApiResult<T> {
     let c = state.control.clone();
-    tokio::task::spawn_blocking(move || f(&c))
+    // The request's span (the interface it came through) goes along.
+    let span = tracing::Span::current();
+    tokio::task::spawn_blocking(move || span.in_scope(|| f(&c)))
         .await
         .map_err(|e| Failure(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
         .map_err(Failure::from)
@@ -68,10 +70,11 @@ pub struct Target {
     pub alias: Option<String>,
     /// Its LUNs.
     pub luns: Vec<Lun>,
-    /// Initiators allowed (empty with no networks: everyone).
-    pub initiators: Vec<String>,
-    /// Networks allowed, `ADDR/LEN`.
-    pub networks: Vec<String>,
+    /// Its access rules (`NAME`, `ADDR/LEN` or `NAME@ADDR/LEN`); any
+    /// admits; none: everyone may log in.
+    pub rules: Vec<String>,
+    /// What the rules mean, in words.
+    pub access: String,
     /// The CHAP user of its own credentials, if it has them (secrets are
     /// never returned).
     pub chap_user: Option<String>,
@@ -115,14 +118,14 @@ fn target(t: &TargetView) -> Target {
         name: t.config.name.clone(),
         alias: t.config.alias.clone(),
         luns: t.luns.iter().map(lun).collect(),
-        initiators: t.config.access.initiators.clone(),
-        networks: t
+        rules: t
             .config
             .access
-            .networks
+            .rules
             .iter()
-            .map(|(a, l)| format!("{a}/{l}"))
+            .map(|r| r.to_string())
             .collect(),
+        access: t.config.access.meaning(),
         chap_user: match &t.config.chap {
             ethersan_server::config::TargetChap::Chap(c) => Some(c.initiator.user.clone()),
             _ => None,
@@ -266,58 +269,104 @@ pub async fn resize_lun(
     Ok(Json(lun(&l)))
 }
 
-/// A target's grants.
+/// A target's access rules.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Acl {
-    /// Initiator names allowed.
-    pub initiators: Vec<String>,
-    /// Networks allowed.
-    pub networks: Vec<String>,
+    /// The rules; an initiator may log in when any admits it.
+    pub rules: Vec<AclRule>,
+    /// No rules: every initiator from any address may log in.
+    pub open: bool,
+    /// What the rules mean, in words.
+    pub access: String,
 }
 
-/// Who may log in to a target (both lists empty: everyone).
+/// One access rule.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct AclRule {
+    /// As written: `NAME`, `ADDR/LEN` or `NAME@ADDR/LEN`.
+    pub rule: String,
+    /// What it admits, in words.
+    pub meaning: String,
+}
+
+/// Who may log in to a target (no rules: everyone).
 #[utoipa::path(get, path = "/api/v1/targets/{target}/acl", params(("target" = String, Path)),
     responses((status = 200, body = Acl), (status = 404, body = ApiError)))]
 pub async fn list_acl(
     State(s): State<AdminState>,
     Path(name): Path<String>,
 ) -> ApiResult<Json<Acl>> {
-    let t = target(&blocking(&s, move |c| c.target(&name)).await?);
+    let t = blocking(&s, move |c| c.target(&name)).await?;
+    let access = &t.config.access;
     Ok(Json(Acl {
-        initiators: t.initiators,
-        networks: t.networks,
+        rules: access
+            .rules
+            .iter()
+            .map(|r| AclRule {
+                rule: r.to_string(),
+                meaning: r.meaning(),
+            })
+            .collect(),
+        open: access.is_open(),
+        access: access.meaning(),
     }))
 }
 
-/// One grant.
+/// One access rule to add or remove.
 #[derive(Debug, Serialize, Deserialize, ToSchema, IntoParams)]
 pub struct Grant {
-    /// An initiator name (`iqn.…`) or a network (`ADDR/LEN`).
+    /// An initiator name (`iqn.…`), a network (`ADDR/LEN`) or a name from
+    /// a network (`NAME@ADDR/LEN`).
     pub entry: String,
 }
 
-/// Let an initiator or a network log in.
+/// What a grant or a revoke did.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct AclChanged {
+    /// The rule added or removed.
+    pub rule: String,
+    /// What the target's rules mean now.
+    pub access: String,
+    /// Set when the change narrowed access (or opened the target): what
+    /// it did and the sessions it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+}
+
+impl From<ethersan_server::control::AclChange> for AclChanged {
+    fn from(c: ethersan_server::control::AclChange) -> Self {
+        AclChanged {
+            rule: c.rule,
+            access: c.meaning,
+            warning: c.warning,
+        }
+    }
+}
+
+/// Add an access rule: any rule admits, so this widens access (the first
+/// rule of an open target narrows it: the answer's warning says so).
 #[utoipa::path(post, path = "/api/v1/targets/{target}/acl", params(("target" = String, Path)), request_body = Grant,
-    responses((status = 204), (status = 400, body = ApiError), (status = 404, body = ApiError), (status = 409, body = ApiError)))]
+    responses((status = 200, body = AclChanged), (status = 400, body = ApiError), (status = 404, body = ApiError), (status = 409, body = ApiError)))]
 pub async fn grant(
     State(s): State<AdminState>,
     Path(name): Path<String>,
     Json(req): Json<Grant>,
-) -> ApiResult<StatusCode> {
-    blocking(&s, move |c| c.grant(&name, &req.entry)).await?;
-    Ok(StatusCode::NO_CONTENT)
+) -> ApiResult<Json<AclChanged>> {
+    let c = blocking(&s, move |c| c.grant(&name, &req.entry)).await?;
+    Ok(Json(c.into()))
 }
 
-/// Take a grant back (its sessions end).
+/// Remove an access rule (the sessions only it admitted end; the
+/// answer's warning names them).
 #[utoipa::path(delete, path = "/api/v1/targets/{target}/acl", params(("target" = String, Path), Grant),
-    responses((status = 204), (status = 404, body = ApiError)))]
+    responses((status = 200, body = AclChanged), (status = 404, body = ApiError)))]
 pub async fn revoke(
     State(s): State<AdminState>,
     Path(name): Path<String>,
     Query(req): Query<Grant>,
-) -> ApiResult<StatusCode> {
-    blocking(&s, move |c| c.revoke(&name, &req.entry)).await?;
-    Ok(StatusCode::NO_CONTENT)
+) -> ApiResult<Json<AclChanged>> {
+    let c = blocking(&s, move |c| c.revoke(&name, &req.entry)).await?;
+    Ok(Json(c.into()))
 }
 
 /// CHAP credentials (write-only).

@@ -140,7 +140,9 @@ pub fn serve_unix(
     }
     let listener = UnixListener::bind(path).map_err(err)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
-    let app = router(state);
+    let app = router(state).layer(axum::middleware::from_fn(|req, next| {
+        in_span("socket", req, next)
+    }));
     Ok(tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::warn!(%e, "the API socket stopped");
@@ -155,7 +157,9 @@ pub fn serve_tcp(
     state: AdminState,
     token: Token,
 ) -> tokio::task::JoinHandle<()> {
-    let app = auth::protect(router(state), token);
+    let app = auth::protect(router(state), token).layer(axum::middleware::from_fn(|req, next| {
+        in_span("api-token", req, next)
+    }));
     tokio::spawn(async move {
         if let Err(e) = axum::serve(
             listener,
@@ -166,4 +170,25 @@ pub fn serve_tcp(
             tracing::warn!(%e, "the API listener stopped");
         }
     })
+}
+
+/// Run a request in a span naming the interface it came through (`socket`,
+/// `api-token`) and the client's address, so that the changes it makes are
+/// logged with who made them (`admin{via=socket}: configuration changed: …`).
+async fn in_span(
+    via: &'static str,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use tracing::Instrument;
+    let peer = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0);
+    let span = tracing::info_span!(
+        "admin",
+        via = %via,
+        peer = peer.map(tracing::field::display)
+    );
+    next.run(req).instrument(span).await
 }

@@ -41,6 +41,8 @@ use utoipa::OpenApi;
         crate::api::NewLun,
         crate::api::Resize,
         crate::api::Acl,
+        crate::api::AclRule,
+        crate::api::AclChanged,
         crate::api::Grant,
         crate::api::Chap,
         crate::api::Counters,

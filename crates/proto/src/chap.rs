@@ -32,9 +32,14 @@ pub enum ChapError {
     /// No algorithm in CHAP_A is supported.
     #[error("no supported CHAP algorithm offered")]
     NoAlgorithm,
-    /// Unknown user or wrong response.
+    /// The response does not match the secret (the user is known).
     #[error("CHAP authentication failed")]
     Failed,
+    /// CHAP_N names no user the target knows (what the initiator is told
+    /// is the same as for [`ChapError::Failed`]; the target's log tells
+    /// them apart).
+    #[error("CHAP authentication failed: unknown user")]
+    UnknownUser,
     /// The peer sent our own challenge back (a reflection attack).
     #[error("CHAP challenge reflected")]
     Reflected,
@@ -281,8 +286,12 @@ impl TargetChap {
         let want = alg.response(self.id, &self.expect.secret, &self.challenge);
         let name_ok = name.as_bytes().ct_eq(self.expect.user.as_bytes());
         let resp_ok = r.as_slice().ct_eq(&want);
-        if !bool::from(name_ok & resp_ok) {
-            return Err(ChapError::Failed);
+        // Both compared before either is looked at: the time taken does
+        // not say which was wrong.
+        match (bool::from(name_ok), bool::from(resp_ok)) {
+            (true, true) => {}
+            (false, _) => return Err(ChapError::UnknownUser),
+            (true, false) => return Err(ChapError::Failed),
         }
         // Mutual: the initiator challenges us.
         let mut out = Vec::new();
@@ -478,12 +487,15 @@ mod tests {
             assert!(i.is_done());
         }
         // Wrong secret, wrong name.
-        for (u, s) in [("alice", "wrong-secret-xx"), ("mallory", "alice-secret-12")] {
+        for (u, s, want) in [
+            ("alice", "wrong-secret-xx", ChapError::Failed),
+            ("mallory", "alice-secret-12", ChapError::UnknownUser),
+        ] {
             let mut t = TargetChap::new(creds("alice", "alice-secret-12"), None, 7, [3; 32]);
             let mut i = InitiatorChap::new(creds(u, s), None, 9, [4; 32]);
             let c = t.on_keys(&i.start()).unwrap();
             let r = i.on_keys(&c).unwrap();
-            assert_eq!(t.on_keys(&r), Err(ChapError::Failed));
+            assert_eq!(t.on_keys(&r), Err(want));
         }
         // Reflection: the initiator sends the target's own challenge back.
         let mut t = TargetChap::new(

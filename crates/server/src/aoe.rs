@@ -214,8 +214,7 @@ pub fn exports(cfg: &Config, registry: &Registry) -> Result<Vec<Export>, AoeErro
             // initiator or network lists, LUN masking, read-only for some)
             // is exported only when its address is given explicitly.
             let guarded = t.chap.effective(cfg.chap.as_ref()).is_some()
-                || !t.access.initiators.is_empty()
-                || !t.access.networks.is_empty()
+                || !t.access.is_open()
                 || t.access.luns.get(idx).is_some_and(|v| !v.is_empty())
                 || t.access.read_only.get(idx).is_some_and(|v| !v.is_empty());
             if guarded && l.aoe == AoeAddress::Default {

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::config::{ChapConfig, Config, LunConfig, TargetChap, TargetConfig};
+use crate::config::{AclRule, ChapConfig, Config, LunConfig, TargetChap, TargetConfig};
 use crate::registry::{Registry, SessionView};
 use crate::reload::{ReloadReport, Reloader};
 use crate::ServerError;
@@ -275,6 +275,10 @@ impl Control {
         live.resize_lun(lun, bytes).map_err(|e| {
             ControlError::Invalid(format!("cannot resize LUN {lun} of {target}: {e}"))
         })?;
+        tracing::info!(
+            "configuration changed: target {target}: LUN {lun} resized to {bytes} bytes ({} blocks)",
+            bytes / bs
+        );
         self.edit(|cfg| {
             let t = find_mut(cfg, target)?;
             pin_numbers(t);
@@ -288,47 +292,89 @@ impl Control {
         Ok(bytes / bs)
     }
 
-    /// Let an initiator (an iSCSI name) or a network (`ADDR/LEN`) log in
-    /// to `target`. A target with empty lists admits everyone: the first
-    /// grant makes it admit only what is granted.
-    pub fn grant(&self, target: &str, entry: &str) -> Result<(), ControlError> {
-        let e = AclEntry::parse(entry)?;
+    /// Add an access rule to `target`: an initiator name, a network
+    /// (`ADDR/LEN`) or a name from a network (`NAME@ADDR/LEN`). Any rule
+    /// admits on its own, so a grant widens access, except the first on
+    /// a target with none (which admitted everyone): that one narrows it,
+    /// and the answer's warning says so and names the sessions it ended.
+    pub fn grant(&self, target: &str, entry: &str) -> Result<AclChange, ControlError> {
+        let rule = parse_rule(entry)?;
+        let mut change = None;
         self.edit(|cfg| {
             let t = find_mut(cfg, target)?;
-            match &e {
-                AclEntry::Initiator(n) if t.access.initiators.contains(n) => {
-                    return Err(ControlError::Conflict(format!("{n} is granted already")))
-                }
-                AclEntry::Network(n) if t.access.networks.contains(n) => {
-                    return Err(ControlError::Conflict(format!(
-                        "{entry} is granted already"
-                    )))
-                }
-                AclEntry::Initiator(n) => t.access.initiators.push(n.clone()),
-                AclEntry::Network(n) => t.access.networks.push(*n),
-            }
-            Ok(())
-        })
-    }
-
-    /// Take a grant back; the sessions it admitted and nothing else does
-    /// end.
-    pub fn revoke(&self, target: &str, entry: &str) -> Result<(), ControlError> {
-        let e = AclEntry::parse(entry)?;
-        self.edit(|cfg| {
-            let t = find_mut(cfg, target)?;
-            let before = t.access.initiators.len() + t.access.networks.len();
-            match &e {
-                AclEntry::Initiator(n) => t.access.initiators.retain(|i| i != n),
-                AclEntry::Network(n) => t.access.networks.retain(|i| i != n),
-            }
-            if t.access.initiators.len() + t.access.networks.len() == before {
-                return Err(ControlError::NotFound(format!(
-                    "{entry} is not granted on {target} (ethersan ctl acl ls {target} lists the grants)"
+            if t.access.rules.contains(&rule) {
+                return Err(ControlError::Conflict(format!(
+                    "{rule} is granted on {target} already (ethersan ctl acl ls {target} lists the rules)"
                 )));
             }
+            let before = t.access.clone();
+            t.access.rules.push(rule.clone());
+            let warning = before.is_open().then(|| {
+                let lose = self.losing_access(target, &t.access);
+                format!(
+                    "target {target} admitted every initiator; now {}{}",
+                    t.access.meaning(),
+                    ending(&lose)
+                )
+            });
+            change = Some(AclChange::new(&rule, &t.access, warning));
             Ok(())
-        })
+        })?;
+        Ok(change.expect("set by the edit").logged())
+    }
+
+    /// Remove an access rule from `target`: the sessions only it admitted
+    /// end, and the answer's warning names them. Removing the last rule
+    /// opens the target to every initiator, which the warning says.
+    pub fn revoke(&self, target: &str, entry: &str) -> Result<AclChange, ControlError> {
+        let rule = parse_rule(entry)?;
+        let mut change = None;
+        self.edit(|cfg| {
+            let t = find_mut(cfg, target)?;
+            if !t.access.rules.contains(&rule) {
+                return Err(ControlError::NotFound(format!(
+                    "{rule} is not granted on {target} (ethersan ctl acl ls {target} lists the rules)"
+                )));
+            }
+            t.access.rules.retain(|r| *r != rule);
+            let warning = if t.access.is_open() {
+                format!(
+                    "target {target} has no access rules left: it is open, any initiator from any address may log in"
+                )
+            } else {
+                let lose = self.losing_access(target, &t.access);
+                format!(
+                    "{rule} no longer admits {}; target {target} now admits {}{}",
+                    rule.meaning(),
+                    t.access.meaning(),
+                    ending(&lose)
+                )
+            };
+            change = Some(AclChange::new(&rule, &t.access, Some(warning)));
+            Ok(())
+        })?;
+        Ok(change.expect("set by the edit").logged())
+    }
+
+    /// The sessions of `target` logged in now that `new` does not admit,
+    /// as `INITIATOR from ADDRESS`.
+    fn losing_access(&self, target: &str, new: &crate::config::Access) -> Vec<String> {
+        self.registry
+            .sessions()
+            .into_iter()
+            .filter(|s| s.target.as_deref() == Some(target))
+            .filter_map(|s| {
+                let addr = s.details.as_ref().map(|d| d.address.clone());
+                let ip = addr
+                    .as_deref()
+                    .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+                    .map(|a| a.ip());
+                (!new.allows(&s.initiator, ip)).then(|| match addr {
+                    Some(a) => format!("{} from {a}", s.initiator),
+                    None => s.initiator.clone(),
+                })
+            })
+            .collect()
     }
 
     /// Require CHAP with these credentials: of every target that has none
@@ -466,7 +512,15 @@ impl Control {
 
     /// End session `id`.
     pub fn logout(&self, id: u64) -> Result<(), ControlError> {
+        let who = self.registry.sessions().into_iter().find(|s| s.id == id);
         if self.registry.end_session(id) {
+            if let Some(s) = who {
+                tracing::info!(
+                    "session {id} ended: initiator {} on {}",
+                    s.initiator,
+                    s.target.as_deref().unwrap_or("(discovery)")
+                );
+            }
             Ok(())
         } else {
             Err(ControlError::NotFound(format!(
@@ -544,33 +598,60 @@ impl Control {
         f: impl FnOnce(&mut Config) -> Result<(), ControlError>,
     ) -> Result<(), ControlError> {
         let report = self.reloader.update(f)?;
+        // In the span of the request: which interface made the change.
         for c in &report.changed {
-            tracing::info!("management API: {c}");
+            tracing::info!("configuration changed: {c}");
         }
         Ok(())
     }
 }
 
-/// A grant: an initiator name or a network.
-enum AclEntry {
-    Initiator(String),
-    Network((std::net::IpAddr, u8)),
+/// What a grant or a revoke did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AclChange {
+    /// The rule, as `acl ls` shows it.
+    pub rule: String,
+    /// What the target's rules mean now.
+    pub meaning: String,
+    /// Set when the change narrowed access (or opened the target): what
+    /// it did and which sessions it ended.
+    pub warning: Option<String>,
 }
 
-impl AclEntry {
-    fn parse(s: &str) -> Result<AclEntry, ControlError> {
-        let s = s.trim();
-        if s.starts_with("iqn.") || s.starts_with("eui.") || s.starts_with("naa.") {
-            crate::config::validate_name(s).map_err(|e| ControlError::Invalid(e.to_string()))?;
-            return Ok(AclEntry::Initiator(s.to_string()));
+impl AclChange {
+    fn new(rule: &AclRule, now: &crate::config::Access, warning: Option<String>) -> Self {
+        AclChange {
+            rule: rule.to_string(),
+            meaning: now.meaning(),
+            warning,
         }
-        crate::config::parse_network(s)
-            .map(AclEntry::Network)
-            .map_err(|e| {
-                ControlError::Invalid(format!(
-                    "{e}; give an initiator name (iqn.…, eui.…, naa.…) or a network ADDR/LEN"
-                ))
-            })
+    }
+}
+
+impl AclChange {
+    /// The change, its warning logged (once it was made).
+    fn logged(self) -> Self {
+        if let Some(w) = &self.warning {
+            tracing::warn!("{w}");
+        }
+        self
+    }
+}
+
+fn parse_rule(s: &str) -> Result<AclRule, ControlError> {
+    AclRule::parse(s).map_err(ControlError::Invalid)
+}
+
+/// `; the sessions of … were ended` for a warning, or nothing.
+fn ending(lose: &[String]) -> String {
+    if lose.is_empty() {
+        "; no session logged in now loses access".into()
+    } else {
+        format!(
+            "; {} session(s) logged in now lose access and end: {}",
+            lose.len(),
+            lose.join(", ")
+        )
     }
 }
 

@@ -12,6 +12,7 @@
 pub mod aoe;
 pub mod config;
 pub mod control;
+pub mod exposure;
 pub mod identity;
 pub mod isns;
 pub mod limits;
@@ -669,6 +670,8 @@ async fn serve_stream<R, W>(
         s
     });
     info!(%peer, initiator = %p.initiator_name, target = %target, isid = %isid, "session started");
+    let started = std::time::Instant::now();
+    let (initiator, target) = (p.initiator_name.clone(), target.to_string());
     reader.framer = p.target_framer();
     let _ = out.send(wire::WriterMsg::Digests {
         header: p.header_digest,
@@ -760,11 +763,18 @@ async fn serve_stream<R, W>(
         read_ahead,
         out,
     };
-    session::driver::run(session, executor, channels).await;
+    let reason = session::driver::run(session, executor, channels).await;
     reader_task.abort();
     ticker.abort();
     let _ = writer.await;
-    info!(%peer, "session ended");
+    info!(
+        %peer,
+        %initiator,
+        %target,
+        reason,
+        duration = %format_args!("{:.3}s", started.elapsed().as_secs_f64()),
+        "session ended: {reason}"
+    );
 }
 
 /// What to do about a portal that cannot be bound.

@@ -222,6 +222,161 @@ impl LogThrottle {
     }
 }
 
+/// Login refusals logged per (peer address, reason) in one window.
+pub const REFUSALS_LOGGED_PER_WINDOW: u32 = 5;
+/// The window of [`REFUSALS_LOGGED_PER_WINDOW`].
+pub const REFUSAL_LOG_WINDOW: Duration = Duration::from_secs(60);
+/// Most refusal lines a second over every peer together (a flood from many
+/// addresses); the rest are counted for their (peer, reason).
+pub const REFUSAL_LINES_PER_SECOND: u32 = 20;
+/// Most (peer, reason) pairs the refusal log remembers.
+pub const REFUSAL_TABLE_CAPACITY: usize = 4096;
+
+/// What to do with one login refusal's log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalLine {
+    /// Log it. `suppressed`: refusals of this (peer, reason) counted and
+    /// not logged before it (say how many); `last`: the last line of this
+    /// window (say that the next ones are counted until it ends).
+    Log {
+        /// Refusals of this pair not logged since its last line.
+        suppressed: u64,
+        /// Whether this is the last line before the pair goes quiet.
+        last: bool,
+    },
+    /// Count it, do not log it.
+    Count,
+}
+
+/// A (peer, reason) pair that went quiet and whose count was not reported
+/// yet: say so once its window is over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefusalSummary {
+    /// The peer.
+    pub peer: IpAddr,
+    /// The reason.
+    pub reason: &'static str,
+    /// Refusals counted and not logged.
+    pub suppressed: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct RefusalWindow {
+    start: Instant,
+    logged: u32,
+    suppressed: u64,
+}
+
+#[derive(Debug)]
+struct RefusalTable {
+    pairs: HashMap<(IpAddr, &'static str), RefusalWindow>,
+    second: Instant,
+    lines_this_second: u32,
+}
+
+/// Rate limit for login refusal lines: by count per (peer address,
+/// reason), so one peer's flood neither floods the log nor hides another
+/// peer's failures, and never silently: the line before a pair goes quiet
+/// says so, and the count of what was held back comes out with the pair's
+/// next line or, once its window is over, as a summary.
+///
+/// Time is passed in (the `_at` calls), so it is tested without clocks.
+#[derive(Debug)]
+pub struct RefusalLog {
+    table: Mutex<RefusalTable>,
+}
+
+impl Default for RefusalLog {
+    fn default() -> Self {
+        RefusalLog::new(Instant::now())
+    }
+}
+
+impl RefusalLog {
+    /// An empty log limiter, its first second starting at `now`.
+    pub fn new(now: Instant) -> Self {
+        RefusalLog {
+            table: Mutex::new(RefusalTable {
+                pairs: HashMap::new(),
+                second: now,
+                lines_this_second: 0,
+            }),
+        }
+    }
+
+    /// Decide about a refusal of `reason` from `peer` at `now`.
+    pub fn refused_at(&self, peer: IpAddr, reason: &'static str, now: Instant) -> RefusalLine {
+        let peer = canonical_ip(peer);
+        let mut t = lock(&self.table);
+        if now.saturating_duration_since(t.second) >= Duration::from_secs(1) {
+            t.second = now;
+            t.lines_this_second = 0;
+        }
+        if !t.pairs.contains_key(&(peer, reason)) && t.pairs.len() >= REFUSAL_TABLE_CAPACITY {
+            // Forget the pairs with nothing to report; then the oldest.
+            t.pairs.retain(|_, w| w.suppressed > 0);
+            if t.pairs.len() >= REFUSAL_TABLE_CAPACITY {
+                if let Some(k) = t.pairs.iter().min_by_key(|(_, w)| w.start).map(|(k, _)| *k) {
+                    t.pairs.remove(&k);
+                }
+            }
+        }
+        let over_budget = t.lines_this_second >= REFUSAL_LINES_PER_SECOND;
+        let w = t.pairs.entry((peer, reason)).or_insert(RefusalWindow {
+            start: now,
+            logged: 0,
+            suppressed: 0,
+        });
+        if now.saturating_duration_since(w.start) >= REFUSAL_LOG_WINDOW {
+            w.start = now;
+            w.logged = 0;
+        }
+        if over_budget || w.logged >= REFUSALS_LOGGED_PER_WINDOW {
+            w.suppressed += 1;
+            return RefusalLine::Count;
+        }
+        w.logged += 1;
+        let line = RefusalLine::Log {
+            suppressed: std::mem::take(&mut w.suppressed),
+            last: w.logged == REFUSALS_LOGGED_PER_WINDOW,
+        };
+        t.lines_this_second += 1;
+        line
+    }
+
+    /// The refusal of now ([`refused_at`](Self::refused_at)).
+    pub fn refused(&self, peer: IpAddr, reason: &'static str) -> RefusalLine {
+        self.refused_at(peer, reason, Instant::now())
+    }
+
+    /// The pairs whose window ended at `now` with refusals held back:
+    /// their counts, reported once (then forgotten).
+    pub fn summaries_at(&self, now: Instant) -> Vec<RefusalSummary> {
+        let mut t = lock(&self.table);
+        let mut out = Vec::new();
+        t.pairs.retain(|(peer, reason), w| {
+            if now.saturating_duration_since(w.start) < REFUSAL_LOG_WINDOW {
+                return true;
+            }
+            if w.suppressed > 0 {
+                out.push(RefusalSummary {
+                    peer: *peer,
+                    reason,
+                    suppressed: w.suppressed,
+                });
+            }
+            false
+        });
+        out.sort_by_key(|s| (s.peer, s.reason));
+        out
+    }
+
+    /// [`summaries_at`](Self::summaries_at) now.
+    pub fn summaries(&self) -> Vec<RefusalSummary> {
+        self.summaries_at(Instant::now())
+    }
+}
+
 /// How long failed authentications count.
 pub const AUTH_FAILURE_MEMORY: Duration = Duration::from_secs(60);
 /// Failures of one (initiator name, address) pair before logins slow down.
@@ -465,6 +620,109 @@ mod tests {
         assert_eq!(t.allow(), None);
         std::thread::sleep(Duration::from_millis(30));
         assert_eq!(t.allow(), Some(1), "reports what it held back");
+    }
+
+    #[test]
+    fn refusals_are_limited_per_peer_and_reason_and_counted() {
+        let start = Instant::now();
+        let log = RefusalLog::new(start);
+        let (a, b) = (ip("192.0.2.1"), ip("192.0.2.2"));
+        let n = REFUSALS_LOGGED_PER_WINDOW;
+        for i in 1..=n {
+            assert_eq!(
+                log.refused_at(a, "wrong CHAP response", start),
+                RefusalLine::Log {
+                    suppressed: 0,
+                    last: i == n
+                },
+                "{i}"
+            );
+        }
+        for _ in 0..7 {
+            assert_eq!(
+                log.refused_at(a, "wrong CHAP response", start),
+                RefusalLine::Count
+            );
+        }
+        // Another reason from the same peer, and another peer, still log.
+        assert!(matches!(
+            log.refused_at(a, "not allowed by the access rules", start),
+            RefusalLine::Log { .. }
+        ));
+        assert!(matches!(
+            log.refused_at(b, "wrong CHAP response", start),
+            RefusalLine::Log { .. }
+        ));
+        // Nothing to report while the window lasts; after it, the count.
+        assert!(log.summaries_at(start + Duration::from_secs(1)).is_empty());
+        let later = start + REFUSAL_LOG_WINDOW;
+        assert_eq!(
+            log.summaries_at(later),
+            vec![RefusalSummary {
+                peer: a,
+                reason: "wrong CHAP response",
+                suppressed: 7
+            }]
+        );
+        assert!(log.summaries_at(later).is_empty(), "reported once");
+        // A new window logs again.
+        assert_eq!(
+            log.refused_at(a, "wrong CHAP response", later),
+            RefusalLine::Log {
+                suppressed: 0,
+                last: false
+            }
+        );
+    }
+
+    #[test]
+    fn held_back_refusals_come_out_with_the_next_line() {
+        let start = Instant::now();
+        let log = RefusalLog::new(start);
+        let a = ip("198.51.100.9");
+        for _ in 0..REFUSALS_LOGGED_PER_WINDOW + 3 {
+            log.refused_at(a, "unknown target", start);
+        }
+        let later = start + REFUSAL_LOG_WINDOW + Duration::from_secs(1);
+        assert_eq!(
+            log.refused_at(a, "unknown target", later),
+            RefusalLine::Log {
+                suppressed: 3,
+                last: false
+            }
+        );
+    }
+
+    #[test]
+    fn a_flood_from_many_peers_is_capped_per_second() {
+        let start = Instant::now();
+        let log = RefusalLog::new(start);
+        let mut logged = 0;
+        for i in 0..1000u32 {
+            let peer = ip(&format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255));
+            if matches!(
+                log.refused_at(peer, "wrong CHAP response", start),
+                RefusalLine::Log { .. }
+            ) {
+                logged += 1;
+            }
+        }
+        assert_eq!(logged, REFUSAL_LINES_PER_SECOND);
+        let next = start + Duration::from_secs(1);
+        assert!(matches!(
+            log.refused_at(ip("10.9.9.9"), "wrong CHAP response", next),
+            RefusalLine::Log { .. }
+        ));
+        let total: u64 = log
+            .summaries_at(start + REFUSAL_LOG_WINDOW)
+            .iter()
+            .map(|s| s.suppressed)
+            .sum();
+        assert_eq!(
+            total,
+            1000 - u64::from(REFUSAL_LINES_PER_SECOND),
+            "every one counted"
+        );
     }
 
     #[test]

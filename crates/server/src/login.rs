@@ -16,7 +16,7 @@ use ethersan_proto::pdu::{LoginRequest, LoginResponse, Pdu, RawPdu};
 use ethersan_proto::text::{encode_text, parse_text, TextAssembler};
 use tokio::io::AsyncRead;
 use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use crate::registry::{Registry, TargetEntry};
 use crate::wire::{Frame, PduReader, ReadError, WriterMsg};
@@ -62,6 +62,79 @@ pub(crate) enum LoginError {
     TimedOut,
 }
 
+/// Why a login was refused, as the target's log says it (the initiator
+/// is told only the status class and detail).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// CHAP is required and the initiator did not offer it (or skipped
+    /// the security stage).
+    NoChapOffered,
+    /// CHAP_N names no user the target knows.
+    UnknownUser,
+    /// The CHAP response does not match the secret.
+    WrongResponse,
+    /// The CHAP exchange itself was wrong (malformed keys, a reflected
+    /// challenge, no common algorithm, mutual CHAP not possible).
+    BadChap,
+    /// The target's access rules do not admit the initiator.
+    NotAllowed,
+    /// No target by the name asked for.
+    UnknownTarget,
+    /// The keys could not be agreed on.
+    Negotiation,
+    /// The login broke the protocol (wrong stage, version, session).
+    Protocol,
+}
+
+impl Refusal {
+    /// The reason in the log.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Refusal::NoChapOffered => "CHAP required but not offered",
+            Refusal::UnknownUser => "unknown CHAP user",
+            Refusal::WrongResponse => "wrong CHAP response",
+            Refusal::BadChap => "bad CHAP exchange",
+            Refusal::NotAllowed => "not allowed by the target's access rules",
+            Refusal::UnknownTarget => "unknown target",
+            Refusal::Negotiation => "negotiation failed",
+            Refusal::Protocol => "login protocol error",
+        }
+    }
+
+    fn of(e: &NegotiationError) -> Refusal {
+        use ethersan_proto::chap::ChapError as C;
+        match e {
+            NegotiationError::AuthFailed => Refusal::NoChapOffered,
+            NegotiationError::Chap(C::UnknownUser) => Refusal::UnknownUser,
+            NegotiationError::Chap(C::Failed) => Refusal::WrongResponse,
+            NegotiationError::Chap(_) => Refusal::BadChap,
+            _ => Refusal::Negotiation,
+        }
+    }
+}
+
+/// What a login attempt said about itself, for the log line of a refusal.
+#[derive(Debug, Default)]
+struct Attempt {
+    /// InitiatorName, once sent.
+    initiator: Option<String>,
+    /// TargetName, or `(discovery)`.
+    target: Option<String>,
+    /// Why it was refused.
+    refusal: Option<Refusal>,
+    /// More about it (a negotiation error).
+    detail: Option<String>,
+}
+
+impl Attempt {
+    /// Refused for a negotiation error.
+    fn refused(&mut self, e: &NegotiationError) {
+        let r = Refusal::of(e);
+        self.refusal = Some(r);
+        self.detail = matches!(r, Refusal::BadChap | Refusal::Negotiation).then(|| e.to_string());
+    }
+}
+
 struct Stage {
     first: Option<LoginRequest>,
     stat_sn: u32,
@@ -97,7 +170,7 @@ pub(crate) async fn login<R: AsyncRead + Unpin>(
     peer_ip: Option<std::net::IpAddr>,
     limits: LoginLimits,
 ) -> Result<LoginOutcome, LoginError> {
-    let mut who: Option<String> = None;
+    let mut attempt = Attempt::default();
     let mut deadline = tokio::time::Instant::now() + limits.timeout;
     let r = login_inner(
         reader,
@@ -107,7 +180,7 @@ pub(crate) async fn login<R: AsyncRead + Unpin>(
         events,
         peer_ip,
         limits.max_text,
-        &mut who,
+        &mut attempt,
         &mut deadline,
     )
     .await;
@@ -124,19 +197,12 @@ pub(crate) async fn login<R: AsyncRead + Unpin>(
             Err(LoginError::Read(_)) => stats.failed(F::Connection),
         }
     }
+    if let Err(LoginError::Rejected(class, detail)) = &r {
+        log_refusal(registry, peer_ip, &attempt, (*class, *detail));
+    }
     match (&r, peer_ip) {
         (Err(LoginError::Rejected(2, 1)), Some(ip)) => {
-            let name = who.as_deref().unwrap_or("");
-            // Never the secret or the response: who and from where; at
-            // most a few a second, with the count of those not logged.
-            if let Some(more) = registry.auth_log_allow() {
-                warn!(
-                    peer = %ip,
-                    initiator = ?printable(name),
-                    not_logged_since_last = more,
-                    "login refused: authentication failed"
-                );
-            }
+            let name = attempt.initiator.as_deref().unwrap_or("");
             registry.auth_throttle().failed(name, ip);
         }
         (Ok(o), Some(ip)) => registry
@@ -145,6 +211,59 @@ pub(crate) async fn login<R: AsyncRead + Unpin>(
         _ => {}
     }
     r
+}
+
+/// One line per refused login, naming target, initiator, peer and reason
+/// (never the secret or the response), limited per (peer, reason) by
+/// [`crate::limits::RefusalLog`]: what it holds back is counted and said.
+fn log_refusal(
+    registry: &Registry,
+    peer_ip: Option<std::net::IpAddr>,
+    attempt: &Attempt,
+    status: (u8, u8),
+) {
+    let reason = attempt.refusal.unwrap_or(Refusal::Protocol).as_str();
+    let ip = peer_ip.unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+    let peer = peer_ip.map_or_else(|| "-".to_string(), |i| i.to_string());
+    let limiter = registry.refusal_log();
+    for s in limiter.summaries() {
+        warn!(
+            peer = %s.peer,
+            reason = %s.reason,
+            not_logged = s.suppressed,
+            "login refused {} more times from {} ({}) in the last {} s; those were counted, not logged",
+            s.suppressed,
+            s.peer,
+            s.reason,
+            crate::limits::REFUSAL_LOG_WINDOW.as_secs()
+        );
+    }
+    let crate::limits::RefusalLine::Log { suppressed, last } = limiter.refused(ip, reason) else {
+        return;
+    };
+    let mut note = String::new();
+    if let Some(d) = &attempt.detail {
+        note.push_str(&format!(" ({d})"));
+    }
+    if suppressed > 0 {
+        note.push_str(&format!(
+            "; {suppressed} more like it from {peer} were counted, not logged"
+        ));
+    }
+    if last {
+        note.push_str(&format!(
+            "; more like it from {peer} are counted, not logged, for {} s",
+            crate::limits::REFUSAL_LOG_WINDOW.as_secs()
+        ));
+    }
+    warn!(
+        target = %printable(attempt.target.as_deref().unwrap_or("-")),
+        initiator = %printable(attempt.initiator.as_deref().unwrap_or("-")),
+        peer = %peer,
+        reason = %reason,
+        status = %format_args!("{:02x}{:02x}", status.0, status.1),
+        "login refused: {reason}{note}"
+    );
 }
 
 /// An initiator-supplied name, shortened for the log (the name itself is
@@ -170,7 +289,7 @@ async fn login_inner<R: AsyncRead + Unpin>(
     events: mpsc::UnboundedSender<crate::session::Event>,
     peer_ip: Option<std::net::IpAddr>,
     max_text: usize,
-    who: &mut Option<String>,
+    attempt: &mut Attempt,
     deadline: &mut tokio::time::Instant,
 ) -> Result<LoginOutcome, LoginError> {
     // CHAP's identifier and challenge come from the OS's CSPRNG.
@@ -257,9 +376,9 @@ async fn login_inner<R: AsyncRead + Unpin>(
         };
         // Back-off after failed authentications of this name from this
         // address: before the first answer that could lead to a challenge.
-        if who.is_none() {
+        if attempt.initiator.is_none() {
             if let Some((_, name)) = keys.iter().find(|(k, _)| k == "InitiatorName") {
-                *who = Some(name.clone());
+                attempt.initiator = Some(name.clone());
                 if let Some(ip) = peer_ip {
                     let wait = registry.auth_throttle().delay(name, ip);
                     if !wait.is_zero() {
@@ -276,26 +395,31 @@ async fn login_inner<R: AsyncRead + Unpin>(
         } else {
             neg.operational_keys(&keys)
         };
+        if attempt.target.is_none() {
+            attempt.target = if neg.is_discovery() {
+                Some("(discovery)".into())
+            } else {
+                neg.target_name().map(str::to_string)
+            };
+        }
         let mut answer = match answer {
             Ok(a) => a,
-            Err(e) => return Err(reject(out, &st, Some(&req), negotiation_status(&e))),
+            Err(e) => {
+                attempt.refused(&e);
+                return Err(reject(out, &st, Some(&req), negotiation_status(&e)));
+            }
         };
         // Resolve the target once the initiator has named it.
         if target.is_none() && !neg.is_discovery() {
             if let Some(name) = neg.target_name() {
                 match registry.target(name) {
                     Some(t) if !t.access.allows(neg.initiator_name().unwrap_or(""), peer_ip) => {
-                        info!(
-                            target = name,
-                            initiator = neg.initiator_name().unwrap_or(""),
-                            ?peer_ip,
-                            "login not authorized"
-                        );
+                        attempt.refusal = Some(Refusal::NotAllowed);
                         return Err(reject(out, &st, Some(&req), status::NOT_AUTHORIZED));
                     }
                     Some(t) => target = Some(t),
                     None => {
-                        info!(target = name, "login to unknown target");
+                        attempt.refusal = Some(Refusal::UnknownTarget);
                         return Err(reject(out, &st, Some(&req), status::NOT_FOUND));
                     }
                 }
@@ -310,7 +434,10 @@ async fn login_inner<R: AsyncRead + Unpin>(
         if transit && nsg == 3 {
             let params = match neg.finish() {
                 Ok(p) => p,
-                Err(e) => return Err(reject(out, &st, Some(&req), negotiation_status(&e))),
+                Err(e) => {
+                    attempt.refused(&e);
+                    return Err(reject(out, &st, Some(&req), negotiation_status(&e)));
+                }
             };
             if !params.is_discovery() && target.is_none() {
                 return Err(reject(out, &st, Some(&req), (0x02, 0x07)));

@@ -195,7 +195,7 @@ impl Portals {
             .as_ref()
             .map(|ctx| self.spawn_accept(listener.clone(), ctx.clone()));
         if task.is_some() {
-            info!(portal = %bound, advertise = ?advertise, "portal added; listening");
+            info!(portal = %bound, advertise = advertise.map(tracing::field::display), "portal added; listening");
         }
         st.entries.push(Entry {
             requested: address,

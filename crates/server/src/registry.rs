@@ -79,7 +79,7 @@ impl ethersan_core::directory::TargetAccess for LiveAccess {
     }
 
     fn initiator_names(&self) -> Vec<String> {
-        self.0.load().initiators.clone()
+        self.0.load().initiator_names()
     }
 }
 
@@ -98,8 +98,9 @@ pub enum SessionControl {
     /// One of the sessions asked to abort tasks for this session's task
     /// management request (its ITT) has finished them.
     OthersAborted(u32),
-    /// End the session (reinstatement, cold reset, server shutdown).
-    Shutdown,
+    /// End the session (reinstatement, cold reset, server shutdown),
+    /// for the reason given (the session's end line says it).
+    Shutdown(&'static str),
 }
 
 /// Held by a session that aborted tasks for another session's task
@@ -194,9 +195,9 @@ pub struct Registry {
     next_id: AtomicU64,
     /// Failed authentications per (initiator name, source address).
     auth: crate::limits::AuthThrottle,
-    /// Authentication-failure warnings: at most five a second, so a
+    /// Login refusal lines, limited per (peer, reason), so a
     /// password-guessing flood cannot flood the log.
-    auth_log: crate::limits::LogThrottle,
+    refusal_log: crate::limits::RefusalLog,
     /// Logins, their failures by reason, open connections.
     login_stats: Arc<crate::stats::LoginStats>,
 }
@@ -267,7 +268,7 @@ impl Registry {
             sessions: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             auth: crate::limits::AuthThrottle::default(),
-            auth_log: crate::limits::LogThrottle::new(std::time::Duration::from_millis(200)),
+            refusal_log: crate::limits::RefusalLog::default(),
             login_stats: Arc::default(),
         }
     }
@@ -332,10 +333,9 @@ impl Registry {
         self.auth.len()
     }
 
-    /// Whether an authentication failure may be logged now: `Some(n)` with
-    /// the number of failures not logged since the last one.
-    pub(crate) fn auth_log_allow(&self) -> Option<u64> {
-        self.auth_log.allow()
+    /// The rate limit of login refusal lines.
+    pub(crate) fn refusal_log(&self) -> &crate::limits::RefusalLog {
+        &self.refusal_log
     }
 
     /// Number of live sessions.
@@ -365,7 +365,9 @@ impl Registry {
             .collect();
         for k in old {
             if let Some(h) = s.remove(&k) {
-                (h.tx)(SessionControl::Shutdown);
+                (h.tx)(SessionControl::Shutdown(
+                    "reinstated: the initiator logged in again with the same ISID",
+                ));
             }
         }
         s.insert(
@@ -413,7 +415,9 @@ impl Registry {
     pub fn end_session(&self, id: u64) -> bool {
         match self.lock().get(&id) {
             Some(h) => {
-                (h.tx)(SessionControl::Shutdown);
+                (h.tx)(SessionControl::Shutdown(
+                    "ended by the administrator (session logout)",
+                ));
                 true
             }
             None => false,
@@ -421,28 +425,33 @@ impl Registry {
     }
 
     /// End the sessions of `target` that `allowed` no longer admits
-    /// (after its access list changed); returns how many.
+    /// (after its access list changed); returns them, as `INITIATOR from
+    /// ADDRESS`.
     pub fn end_sessions_not_allowed(
         &self,
         target: &str,
         allowed: &dyn Fn(&str, Option<std::net::IpAddr>) -> bool,
-    ) -> usize {
-        let mut n = 0;
+    ) -> Vec<String> {
+        let mut ended = Vec::new();
         for h in self.lock().values() {
             if h.target.as_deref() != Some(target) {
                 continue;
             }
-            let ip = h
-                .details
-                .as_ref()
-                .and_then(|d| d.address.parse::<SocketAddr>().ok())
+            let addr = h.details.as_ref().map(|d| d.address.as_str());
+            let ip = addr
+                .and_then(|a| a.parse::<SocketAddr>().ok())
                 .map(|a| a.ip());
             if !allowed(&h.initiator, ip) {
-                (h.tx)(SessionControl::Shutdown);
-                n += 1;
+                (h.tx)(SessionControl::Shutdown(
+                    "no longer allowed by the target's access rules",
+                ));
+                ended.push(match addr {
+                    Some(a) => format!("{} from {a}", h.initiator),
+                    None => h.initiator.clone(),
+                });
             }
         }
-        n
+        ended
     }
 
     /// How many sessions are logged in to `target`.
@@ -519,7 +528,9 @@ impl Registry {
     pub(crate) fn shutdown_target_others(&self, me: u64, target: Option<&str>) {
         for (id, h) in self.lock().iter() {
             if *id != me && h.target.as_deref() == target && target.is_some() {
-                (h.tx)(SessionControl::Shutdown);
+                (h.tx)(SessionControl::Shutdown(
+                    "another session reset the target (TARGET COLD RESET)",
+                ));
             }
         }
     }
@@ -533,7 +544,7 @@ impl Registry {
         let t = self.directory.remove_target(name)?;
         for h in self.lock().values() {
             if h.target.as_deref() == Some(name) {
-                (h.tx)(SessionControl::Shutdown);
+                (h.tx)(SessionControl::Shutdown("target removed"));
             }
         }
         Ok(t)
@@ -542,7 +553,7 @@ impl Registry {
     /// End every session (server shutdown).
     pub fn shutdown_all(&self) {
         for h in self.lock().values() {
-            (h.tx)(SessionControl::Shutdown);
+            (h.tx)(SessionControl::Shutdown("server shutting down"));
         }
     }
 

@@ -156,9 +156,7 @@ impl Reloader {
                     changes.push(TargetChange::Rebuild(build_target(t, &options)?))
                 }
                 Some(o) => {
-                    if o.access.initiators != t.access.initiators
-                        || o.access.networks != t.access.networks
-                    {
+                    if o.access.rules != t.access.rules {
                         changes.push(TargetChange::Access(t.name.clone(), t.access.clone()));
                     }
                     let mut luns = Vec::new();
@@ -218,15 +216,14 @@ impl Reloader {
                     let Some(live) = crate::registry::LiveAccess::of(&t) else {
                         continue;
                     };
+                    let before = live.get();
                     live.set(access.clone());
                     let ended = self
                         .registry
                         .end_sessions_not_allowed(&name, &|i, ip| access.allows(i, ip));
-                    report.changed.push(if ended > 0 {
-                        format!("target {name}: access changed; {ended} session(s) no longer allowed were ended")
-                    } else {
-                        format!("target {name}: access changed")
-                    });
+                    report
+                        .changed
+                        .push(access_change(&name, &before, &access, &ended));
                 }
                 TargetChange::Rebuild(t) => {
                     report.changed.push(format!(
@@ -276,16 +273,36 @@ impl Reloader {
                 }
             }
         }
-        if new.chap != current.chap
-            || new.discovery_chap != current.discovery_chap
-            || new
-                .targets
-                .iter()
-                .any(|t| old.get(t.name.as_str()).is_some_and(|o| o.chap != t.chap))
-        {
-            report
-                .changed
-                .push("CHAP settings (for logins from now on)".into());
+        // Which CHAP settings changed (never the secrets): for the logins
+        // from now on.
+        let mut chap = Vec::new();
+        if new.chap != current.chap {
+            chap.push(match &new.chap {
+                Some(c) => format!("global CHAP user {}", c.initiator.user),
+                None => "global CHAP removed".to_string(),
+            });
+        }
+        if new.discovery_chap != current.discovery_chap {
+            chap.push("discovery CHAP".to_string());
+        }
+        for t in &new.targets {
+            if old.get(t.name.as_str()).is_some_and(|o| o.chap != t.chap) {
+                chap.push(match &t.chap {
+                    crate::config::TargetChap::Chap(c) => {
+                        format!("target {}: CHAP user {}", t.name, c.initiator.user)
+                    }
+                    crate::config::TargetChap::None => format!("target {}: no CHAP", t.name),
+                    crate::config::TargetChap::Inherit => {
+                        format!("target {}: the global CHAP setting", t.name)
+                    }
+                });
+            }
+        }
+        if !chap.is_empty() {
+            report.changed.push(format!(
+                "CHAP settings (for logins from now on): {}",
+                chap.join("; ")
+            ));
         }
         self.finish_portals(&new, removed_portals, &mut report);
         // Login settings for the next connections: built from the new
@@ -392,6 +409,53 @@ impl Reloader {
             Err(e) => warn!("cannot remove target {name}: {e}"),
         }
     }
+}
+
+/// One line saying how a target's access rules changed: the rules added
+/// and removed, what the list means now, and the sessions it ended.
+pub(crate) fn access_change(
+    target: &str,
+    before: &crate::config::Access,
+    after: &crate::config::Access,
+    ended: &[String],
+) -> String {
+    let list = |rules: Vec<&crate::config::AclRule>| {
+        rules
+            .iter()
+            .map(|r| r.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let added = list(
+        after
+            .rules
+            .iter()
+            .filter(|r| !before.rules.contains(r))
+            .collect(),
+    );
+    let removed = list(
+        before
+            .rules
+            .iter()
+            .filter(|r| !after.rules.contains(r))
+            .collect(),
+    );
+    let mut line = format!("target {target}: access rules changed:");
+    if !added.is_empty() {
+        line.push_str(&format!(" added {added};"));
+    }
+    if !removed.is_empty() {
+        line.push_str(&format!(" removed {removed};"));
+    }
+    line.push_str(&format!(" now {}", after.meaning()));
+    if !ended.is_empty() {
+        line.push_str(&format!(
+            "; ended {} session(s) no longer allowed: {}",
+            ended.len(),
+            ended.join(", ")
+        ));
+    }
+    line
 }
 
 /// Whether two LUN configurations describe the same LUN (their number,

@@ -20,7 +20,7 @@ mod tests;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-pub use access::{parse_network, Access};
+pub use access::{parse_network, Access, AclRule};
 pub use aoe::{parse_macs, AoeAddress, AoeConfig, AoeLink};
 pub use ethernet::{parse_ethertype, EthernetConfig, UdpPortal};
 pub use lun::{Backing, LunConfig, DEFAULT_ENGINE};

@@ -135,12 +135,8 @@ fn target(t: &TargetConfig) -> Table {
         out.insert("alias".into(), Value::String(a.clone()));
     }
     out.insert(
-        "allow_initiators".into(),
-        strings(t.access.initiators.iter().cloned()),
-    );
-    out.insert(
-        "allow_networks".into(),
-        strings(t.access.networks.iter().map(|(a, l)| format!("{a}/{l}"))),
+        "allow".into(),
+        strings(t.access.rules.iter().map(|r| r.to_string())),
     );
     match &t.chap {
         TargetChap::Inherit => {}

@@ -2,42 +2,35 @@ use super::*;
 use ethersan_backend::file::IoEngine;
 
 #[test]
-fn networks_and_access_lists() {
+fn access_rules_from_the_file_old_lists_keep_their_meaning() {
     let ip = |s: &str| Some(s.parse::<std::net::IpAddr>().unwrap());
-    let a = Access {
-        initiators: vec![],
-        networks: vec![
-            parse_network("10.0.0.0/8").unwrap(),
-            parse_network("::1").unwrap(),
-        ],
-        luns: vec![],
-        read_only: vec![],
-    };
-    assert!(a.allows("any", ip("10.1.2.3")) && !a.allows("any", ip("11.0.0.1")));
-    assert!(a.allows("any", ip("::1")) && !a.allows("any", ip("::2")) && !a.allows("any", None));
-    assert!(
-        a.allows("any", ip("::ffff:10.9.9.9")),
-        "IPv4-mapped IPv6 matches the IPv4 network"
-    );
-    let b = Access {
-        initiators: vec!["iqn.2026-11.x:a".into()],
-        networks: vec![],
-        luns: vec![],
-        read_only: vec![],
-    };
-    assert!(b.allows("iqn.2026-11.x:a", None) && !b.allows("iqn.2026-11.x:b", ip("10.0.0.1")));
-    assert!(Access::default().allows("anyone", None));
-    for bad in ["10.0.0.0/33", "nope", "::/129", "1.2.3.4/x"] {
-        assert!(parse_network(bad).is_err(), "{bad}");
-    }
-    assert_eq!(parse_network("0.0.0.0/0").unwrap().1, 0);
-    assert!(Access {
-        initiators: vec![],
-        networks: vec![parse_network("0.0.0.0/0").unwrap()],
-        luns: vec![],
-        read_only: vec![]
-    }
-    .allows("x", ip("8.8.8.8")));
+    let base = "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.x:t\"\nlun = [\"ram:1M\"]\n";
+    let c = Config::from_toml_str(
+        &format!("{base}allow = [\"iqn.2026-11.x:a\", \"10.0.0.0/8\", \"iqn.2026-11.x:b@192.0.2.0/24\"]\n"),
+        "t",
+    )
+    .unwrap();
+    let a = &c.targets[0].access;
+    assert_eq!(a.rules.len(), 3);
+    assert!(a.allows("iqn.2026-11.x:a", ip("198.51.100.1")));
+    assert!(a.allows("iqn.2026-11.x:z", ip("10.9.9.9")));
+    assert!(a.allows("iqn.2026-11.x:b", ip("192.0.2.9")));
+    assert!(!a.allows("iqn.2026-11.x:b", ip("198.51.100.1")));
+    // allow_initiators with allow_networks meant name AND network: still so.
+    let c = Config::from_toml_str(
+        &format!(
+            "{base}allow_initiators = [\"iqn.2026-11.x:a\"]\nallow_networks = [\"10.0.0.0/8\"]\n"
+        ),
+        "t",
+    )
+    .unwrap();
+    let a = &c.targets[0].access;
+    assert_eq!(a.rules[0].to_string(), "iqn.2026-11.x:a@10.0.0.0/8");
+    assert!(!a.allows("iqn.2026-11.x:a", ip("192.0.2.1")));
+    let e = Config::from_toml_str(&format!("{base}allow = [\"10.0.0.0/33\"]\n"), "t")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("t:5:") && e.contains("allow"), "{e}");
 }
 
 #[test]

@@ -9,8 +9,9 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::{
-    parse_naa, parse_network, parse_size, shared_backing_file, validate_name, Access, Backing,
-    ChapConfig, Config, ConfigError, LunConfig, Options, TargetChap, TargetConfig, DEFAULT_ENGINE,
+    parse_naa, parse_network, parse_size, shared_backing_file, validate_name, Access, AclRule,
+    Backing, ChapConfig, Config, ConfigError, LunConfig, Options, TargetChap, TargetConfig,
+    DEFAULT_ENGINE,
 };
 
 #[derive(Deserialize)]
@@ -229,6 +230,10 @@ struct RawTarget {
     /// LUNs yet (as `ethersan ctl save` writes one).
     #[serde(rename = "lun")]
     luns: Option<Vec<Spanned<RawLun>>>,
+    /// Access rules: a name, a network, or NAME@NETWORK; any admits.
+    #[serde(default)]
+    allow: Vec<Spanned<String>>,
+    /// Before the rules: names, ANDed with `allow_networks`.
     #[serde(default)]
     allow_initiators: Vec<Spanned<String>>,
     #[serde(default)]
@@ -724,17 +729,39 @@ impl Config {
                 read_only: lun_read_only,
                 ..Access::default()
             };
+            for r in &t.allow {
+                access.rules.push(
+                    AclRule::parse(r.get_ref())
+                        .map_err(|e| at(Some(r.span()), format!("allow: {e}")))?,
+                );
+            }
+            // The lists of before the rules keep their meaning: a name on
+            // the first AND an address on the second.
+            let mut names = Vec::new();
             for i in &t.allow_initiators {
                 validate_name(i.get_ref())
                     .map_err(|e| at(Some(i.span()), format!("allow_initiators: {e}")))?;
-                access.initiators.push(i.get_ref().clone());
+                names.push(i.get_ref().clone());
             }
+            let mut networks = Vec::new();
             for n in &t.allow_networks {
-                access.networks.push(
+                networks.push(
                     parse_network(n.get_ref())
                         .map_err(|e| at(Some(n.span()), format!("allow_networks: {e}")))?,
                 );
             }
+            let old = Access::rules_from_lists(&names, &networks);
+            if !names.is_empty() && !networks.is_empty() {
+                let (line, _) = line_col(text, t.allow_networks[0].span().start);
+                let written: Vec<String> =
+                    old.iter().map(|r| format!("{:?}", r.to_string())).collect();
+                tracing::warn!(
+                    "{origin}:{line}: target {}: allow_initiators and allow_networks together admit a listed name only from a listed network; read as allow = [{}]. Write that instead: in allow = [...] each rule admits on its own, so a grant (ethersan ctl acl add) widens access (docs/config.md, access rules)",
+                    t.name.get_ref(),
+                    written.join(", ")
+                );
+            }
+            access.rules.extend(old);
             let chap = match t.chap {
                 None => TargetChap::Inherit,
                 Some(c) => {

@@ -93,8 +93,13 @@ impl ReadAhead {
     }
 }
 
-/// Run `session` until logout, connection loss or shutdown.
-pub(crate) async fn run(mut session: Session, executor: Executor, mut ch: Channels) {
+/// Run `session` until logout, connection loss or shutdown; returns why
+/// it ended.
+pub(crate) async fn run(
+    mut session: Session,
+    executor: Executor,
+    mut ch: Channels,
+) -> &'static str {
     session.begin();
     let mut send = |msg| {
         let _ = ch.out.send(msg);
@@ -136,6 +141,7 @@ pub(crate) async fn run(mut session: Session, executor: Executor, mut ch: Channe
     }
     session.close();
     carry_out(&mut session, &executor, &TokioBlocking, &mut send, &done);
+    session.end_reason()
 }
 
 /// Do what the session asked for until it asks for nothing more: frames

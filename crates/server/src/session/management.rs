@@ -69,6 +69,8 @@ impl Session {
             // too once the response has gone out.
             self.registry.shutdown_target_others(self.setup.id, name);
             self.closing = true;
+            self.end_reason
+                .get_or_insert("TARGET COLD RESET by this session");
         }
         if let Some(req) = outcome.done {
             self.send_tmf_response(req, outcome.response);

@@ -30,7 +30,7 @@ use ethersan_proto::pdu::{
 use ethersan_proto::seq::{Admission, CmdWindow};
 use ethersan_proto::transfer::WriteTransfer;
 use ethersan_scsi::{Nexus, ScsiResponse};
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use crate::registry::{AbortWaiter, Registry, SessionControl, TargetEntry};
 use crate::wire::{Frame, ReadError, WriterMsg};
@@ -232,6 +232,8 @@ pub(crate) struct Session {
     /// request, still running, and the waiter to drop when they end.
     abort_waiters: Vec<(Vec<u32>, AbortWaiter)>,
     closing: bool,
+    /// Why the session ended, once it has (its end line says it).
+    end_reason: Option<&'static str>,
 }
 
 impl Session {
@@ -271,6 +273,7 @@ impl Session {
             others_aborting: FxHashMap::default(),
             abort_waiters: Vec::new(),
             closing: false,
+            end_reason: None,
         }
     }
 
@@ -339,6 +342,12 @@ impl Session {
     }
 
     /// Forget the nexus and the session; the writer is told to close.
+    /// Why the session ended: what ended it first.
+    pub(crate) fn end_reason(&self) -> &'static str {
+        self.end_reason
+            .unwrap_or(if self.closing { "logged out" } else { "ended" })
+    }
+
     pub(crate) fn close(&mut self) {
         if let Some(t) = &self.setup.target {
             t.scsi.nexus_lost(self.setup.nexus);
@@ -373,8 +382,9 @@ impl Session {
                 self.other_session_aborted(itt);
                 self.goes_on()
             }
-            Event::Control(SessionControl::Shutdown) => {
-                info!(session = self.setup.id, "session shut down");
+            Event::Control(SessionControl::Shutdown(why)) => {
+                debug!(session = self.setup.id, "session shut down: {why}");
+                self.end_reason.get_or_insert(why);
                 self.abort_tasks(AbortScope::All);
                 false
             }
@@ -388,14 +398,21 @@ impl Session {
         match e {
             ReadError::Closed => {
                 debug!(session = self.setup.id, "connection closed by initiator");
+                self.end_reason.get_or_insert(if self.closing {
+                    "logged out"
+                } else {
+                    "connection closed by the initiator"
+                });
                 false
             }
             ReadError::Io(err) => {
                 debug!(session = self.setup.id, %err, "connection lost");
+                self.end_reason.get_or_insert("connection lost");
                 false
             }
             ReadError::HeaderDigest(err) => {
                 warn!(session = self.setup.id, %err, "header digest error; dropping connection");
+                self.end_reason.get_or_insert("header digest error");
                 false
             }
             ReadError::DataDigest(bhs, err) => {
@@ -424,6 +441,8 @@ impl Session {
                     session = self.setup.id,
                     "initiator did not answer NOP-In; dropping connection"
                 );
+                self.end_reason
+                    .get_or_insert("the initiator did not answer NOP-In");
                 return false;
             }
             return true;
