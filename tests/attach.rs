@@ -127,10 +127,11 @@ impl Attached {
         let line = rx
             .recv_timeout(Duration::from_secs(30))
             .unwrap_or_else(|_| panic!("attach did not say it attached:\n{}", a.text()));
+        // The hint is the README's: direct I/O, past a second page cache.
         let path = line
-            .split("losetup --find --show ")
+            .split("losetup --find --show --direct-io=on ")
             .nth(1)
-            .unwrap_or_else(|| panic!("no losetup command in {line:?}"));
+            .unwrap_or_else(|| panic!("no losetup --direct-io=on command in {line:?}"));
         a.file = PathBuf::from(path.trim());
         assert!(
             is_mounted(dir),
