@@ -695,7 +695,8 @@ impl RetryingLun {
         self
     }
 
-    /// The LUN as of now (its geometry does not change between sessions).
+    /// The LUN as of now (its block size does not change between sessions;
+    /// its capacity follows CAPACITY DATA HAS CHANGED, shared by them all).
     pub(crate) fn lun(&self) -> Lun {
         self.current.lock().expect("not poisoned").1.clone()
     }

@@ -663,7 +663,7 @@ mod tests {
             .commands
             .lock()
             .unwrap()
-            .contains(&('z', 512, 2560 - 512)));
+            .contains(&('z', 512, 3072 - 512)));
         // Inside one block; and past the end, cut there.
         f.zero_range(5000, 10, false).await.unwrap();
         assert!(lun.data.lock().unwrap()[5000..5010].iter().all(|&b| b == 0));
