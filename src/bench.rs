@@ -17,7 +17,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::aoe_client::AoeDevice;
-use crate::blockio::{check, login, Lun};
+use crate::blockio::{login, Lun};
 use crate::cp::parse_bytes;
 
 /// The access pattern.
@@ -391,14 +391,11 @@ impl Completions {
 impl Worker {
     async fn read(&mut self, offset: u64, size: u64) -> anyhow::Result<()> {
         match &self.engine {
+            // Through the LUN's one command path, which sends a command
+            // answered with a unit attention (a live `ctl lun add` on the
+            // target) again instead of stopping the run.
             Engine::Iscsi(luns) => {
-                let l = &luns[self.session];
-                let bs = u64::from(l.block_size);
-                let r = l
-                    .session
-                    .read16(l.lun, offset / bs, (size / bs) as u32, l.block_size)
-                    .await?;
-                check("READ(16)", &r)?;
+                luns[self.session].read(offset, size as usize).await?;
                 Ok(())
             }
             Engine::Aoe(d) => {
@@ -424,18 +421,9 @@ impl Worker {
     async fn write(&mut self, offset: u64, size: u64) -> anyhow::Result<()> {
         match &self.engine {
             Engine::Iscsi(luns) => {
-                let l = &luns[self.session];
-                let r = l
-                    .session
-                    .write16(
-                        l.lun,
-                        offset / u64::from(l.block_size),
-                        self.data.slice(..size as usize),
-                        l.block_size,
-                        self.fua,
-                    )
-                    .await?;
-                check("WRITE(16)", &r)
+                luns[self.session]
+                    .write(offset, self.data.slice(..size as usize), self.fua)
+                    .await
             }
             Engine::Aoe(d) => d.write(offset, &self.data[..size as usize]).await,
             Engine::Local(dev) => {
@@ -485,9 +473,10 @@ async fn open_engine(a: &BenchArgs) -> anyhow::Result<(Engine, &'static str)> {
         }
         let url = IscsiUrl::parse(&a.target)?;
         let mut luns = Vec::with_capacity(usize::from(a.sessions));
+        let known = Arc::default();
         for _ in 0..a.sessions {
             let session = login(&url, &a.connect).await?;
-            luns.push(Lun::on(session, url.lun).await?);
+            luns.push(Lun::on_known(session, url.lun, Arc::clone(&known)).await?);
         }
         return Ok((Engine::Iscsi(luns), "iscsi"));
     }

@@ -2,7 +2,11 @@
 
 use anyhow::bail;
 use bytes::Bytes;
-use ethersan_initiator::{discover_with, IscsiUrl, LoginOptions, Session};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use ethersan_initiator::{
+    discover_with, CommandResult, IscsiUrl, LoginOptions, Session, UnitAttention,
+};
 
 use crate::blockio::{login_error, ConnectArgs};
 use serde::Serialize;
@@ -167,9 +171,36 @@ fn be32(b: &[u8], at: usize) -> u32 {
         .map_or(0, |x| u32::from_be_bytes(x.try_into().expect("4 bytes")))
 }
 
-async fn inquiry_data(s: &Session, lun: u64, evpd: bool, page: u8) -> anyhow::Result<Vec<u8>> {
+/// Run one command for `ls`/`inquiry`, sending it again after a unit
+/// attention (see [`ethersan_initiator::attention`]); a REPORTED LUNS DATA
+/// HAS CHANGED seen on the way is noted in `luns_changed`, so that `ls`
+/// reads the LUN list again.
+async fn command(
+    s: &Session,
+    lun: u64,
+    cdb: &[u8],
+    read_len: u32,
+    luns_changed: &AtomicBool,
+) -> anyhow::Result<CommandResult> {
+    let a = s.command_attended(lun, cdb, Bytes::new(), read_len).await?;
+    for ua in &a.attentions {
+        tracing::info!("LUN {lun}: {ua}");
+        if *ua == UnitAttention::LunsChanged {
+            luns_changed.store(true, Ordering::Relaxed);
+        }
+    }
+    Ok(a.result)
+}
+
+async fn inquiry_data(
+    s: &Session,
+    lun: u64,
+    evpd: bool,
+    page: u8,
+    changed: &AtomicBool,
+) -> anyhow::Result<Vec<u8>> {
     let cdb = [0x12, evpd as u8, page, 0x10, 0x00, 0];
-    let r = s.command(lun, &cdb, Bytes::new(), 4096).await?;
+    let r = command(s, lun, &cdb, 4096, changed).await?;
     if r.status != 0 {
         bail!(
             "INQUIRY page {page:#x} on LUN {lun}: status {:#x} sense {:?}",
@@ -180,12 +211,12 @@ async fn inquiry_data(s: &Session, lun: u64, evpd: bool, page: u8) -> anyhow::Re
     Ok(r.data)
 }
 
-async fn lun_info(s: &Session, lun: u64) -> anyhow::Result<LunInfo> {
+async fn lun_info(s: &Session, lun: u64, changed: &AtomicBool) -> anyhow::Result<LunInfo> {
     let tur = s.clear_unit_attention(lun).await?;
     if let Some(e) = crate::native_client::level_too_low(s, lun, &tur) {
         return Err(e.into());
     }
-    let std = inquiry_data(s, lun, false, 0).await?;
+    let std = inquiry_data(s, lun, false, 0, changed).await?;
     // SPC-4 §6.6.2: a LUN that is not there answers INQUIRY with the
     // peripheral qualifier 011b (no device can be attached here).
     if std.first().is_some_and(|b| b >> 5 == 0b011) {
@@ -202,15 +233,15 @@ async fn lun_info(s: &Session, lun: u64) -> anyhow::Result<LunInfo> {
         revision: ascii(&std[32..36]),
         ..Default::default()
     };
-    if let Ok(p0) = inquiry_data(s, lun, true, 0x00).await {
+    if let Ok(p0) = inquiry_data(s, lun, true, 0x00, changed).await {
         let n = p0.get(3).copied().unwrap_or(0) as usize;
         info.vpd_pages = p0.iter().skip(4).take(n).copied().collect();
     }
-    if let Ok(p80) = inquiry_data(s, lun, true, 0x80).await {
+    if let Ok(p80) = inquiry_data(s, lun, true, 0x80, changed).await {
         let n = p80.get(3).copied().unwrap_or(0) as usize;
         info.serial = Some(ascii(&p80[4..(4 + n).min(p80.len())]));
     }
-    if let Ok(p83) = inquiry_data(s, lun, true, 0x83).await {
+    if let Ok(p83) = inquiry_data(s, lun, true, 0x83, changed).await {
         let end = (4 + u16::from_be_bytes([p83[2], p83[3]]) as usize).min(p83.len());
         let mut at = 4;
         while at + 4 <= end {
@@ -237,7 +268,7 @@ async fn lun_info(s: &Session, lun: u64) -> anyhow::Result<LunInfo> {
         }
     }
     if info.vpd_pages.contains(&0xb0) {
-        if let Ok(p) = inquiry_data(s, lun, true, 0xb0).await {
+        if let Ok(p) = inquiry_data(s, lun, true, 0xb0, changed).await {
             info.block_limits = Some(BlockLimits {
                 max_compare_and_write_blocks: p.get(5).copied().unwrap_or(0),
                 max_transfer_blocks: be32(&p, 8),
@@ -251,12 +282,12 @@ async fn lun_info(s: &Session, lun: u64) -> anyhow::Result<LunInfo> {
         }
     }
     if info.vpd_pages.contains(&0xb1) {
-        if let Ok(p) = inquiry_data(s, lun, true, 0xb1).await {
+        if let Ok(p) = inquiry_data(s, lun, true, 0xb1, changed).await {
             info.rotation_rate = p.get(4..6).map(|x| u16::from_be_bytes([x[0], x[1]]));
         }
     }
     if info.vpd_pages.contains(&0xb2) {
-        if let Ok(p) = inquiry_data(s, lun, true, 0xb2).await {
+        if let Ok(p) = inquiry_data(s, lun, true, 0xb2, changed).await {
             let f = p.get(5).copied().unwrap_or(0);
             info.provisioning = Some(Provisioning {
                 unmap: f & 0x80 != 0,
@@ -268,7 +299,7 @@ async fn lun_info(s: &Session, lun: u64) -> anyhow::Result<LunInfo> {
         }
     }
     if info.peripheral_type == 0 {
-        if let Ok((blocks, bs)) = s.read_capacity(lun).await {
+        if let Ok((blocks, bs)) = read_capacity(s, lun, changed).await {
             info.blocks = Some(blocks);
             info.block_size = Some(bs);
             info.capacity_bytes = Some(blocks * u64::from(bs));
@@ -277,12 +308,26 @@ async fn lun_info(s: &Session, lun: u64) -> anyhow::Result<LunInfo> {
     Ok(info)
 }
 
-async fn report_luns(s: &Session) -> anyhow::Result<Vec<u64>> {
+/// READ CAPACITY (16): (number of blocks, block size).
+async fn read_capacity(s: &Session, lun: u64, changed: &AtomicBool) -> anyhow::Result<(u64, u32)> {
+    let mut cdb = [0u8; 16];
+    cdb[0] = 0x9e;
+    cdb[1] = 0x10;
+    cdb[13] = 32;
+    let r = command(s, lun, &cdb, 32, changed).await?;
+    crate::blockio::check("READ CAPACITY(16)", &r)?;
+    anyhow::ensure!(r.data.len() >= 12, "READ CAPACITY(16): short data");
+    let last = u64::from_be_bytes(r.data[0..8].try_into()?);
+    let bs = u32::from_be_bytes(r.data[8..12].try_into()?);
+    Ok((last + 1, bs))
+}
+
+async fn report_luns(s: &Session, changed: &AtomicBool) -> anyhow::Result<Vec<u64>> {
     s.clear_unit_attention(0).await?;
     let mut cdb = [0u8; 12];
     cdb[0] = 0xa0;
     cdb[6..10].copy_from_slice(&4096u32.to_be_bytes());
-    let r = s.command(0, &cdb, Bytes::new(), 4096).await?;
+    let r = command(s, 0, &cdb, 4096, changed).await?;
     if r.status != 0 {
         bail!(
             "REPORT LUNS: status {:#x} sense {:?}",
@@ -303,7 +348,7 @@ async fn report_luns(s: &Session) -> anyhow::Result<Vec<u64>> {
 /// "the target has no LUN 5 (it has LUNs 0, 1)": which LUNs there are
 /// instead, from REPORT LUNS (left out when that fails too).
 pub(crate) async fn no_such_lun(s: &Session, lun: u64) -> String {
-    match report_luns(s).await {
+    match report_luns(s, &AtomicBool::new(false)).await {
         Ok(luns) => format!("the target has no LUN {lun} ({})", it_has(&luns)),
         Err(_) => format!("the target has no LUN {lun}"),
     }
@@ -341,33 +386,47 @@ pub(crate) async fn cmd_ls(url: &str, how: &ConnectArgs, json: bool) -> anyhow::
     let one = u.has_lun;
     let s = open(&u, how).await?;
     let listed = async {
-        let mut luns = report_luns(&s).await?;
-        if one {
-            if !luns.contains(&u.lun) {
-                bail!("the target has no LUN {} ({})", u.lun, it_has(&luns));
+        // The target's LUNs changing while they are listed (REPORTED LUNS
+        // DATA HAS CHANGED on the way): list them again, a few times.
+        for _ in 0..3 {
+            let changed = AtomicBool::new(false);
+            let mut luns = report_luns(&s, &changed).await?;
+            if one {
+                if !luns.contains(&u.lun) {
+                    bail!("the target has no LUN {} ({})", u.lun, it_has(&luns));
+                }
+                luns = vec![u.lun];
             }
-            luns = vec![u.lun];
-        }
-        let mut infos = Vec::new();
-        // LUNs the channel's security level is too low for: listed with
-        // the level they need, and the command fails after the list.
-        let mut refused = Vec::new();
-        for lun in luns {
-            match lun_info(&s, lun).await {
-                Err(e) => match e.downcast::<crate::native_client::LevelTooLow>() {
-                    Ok(r) => {
-                        infos.push(Listed::NeedsSecurity {
-                            lun,
-                            needs_security: r.needed.to_string(),
-                        });
-                        refused.push(r);
-                    }
-                    Err(e) => return Err(e),
-                },
-                Ok(i) => infos.push(Listed::Lun(Box::new(i))),
+            let mut infos = Vec::new();
+            // LUNs the channel's security level is too low for: listed with
+            // the level they need, and the command fails after the list.
+            let mut refused = Vec::new();
+            let mut again = false;
+            for lun in luns {
+                match lun_info(&s, lun, &changed).await {
+                    Ok(i) => infos.push(Listed::Lun(Box::new(i))),
+                    Err(e) => match e.downcast::<crate::native_client::LevelTooLow>() {
+                        Ok(r) => {
+                            infos.push(Listed::NeedsSecurity {
+                                lun,
+                                needs_security: r.needed.to_string(),
+                            });
+                            refused.push(r);
+                        }
+                        // Removed since the list was read: read it again.
+                        Err(_) if changed.load(Ordering::Relaxed) => {
+                            again = true;
+                            break;
+                        }
+                        Err(e) => return Err(e),
+                    },
+                }
+            }
+            if !again && !changed.load(Ordering::Relaxed) {
+                return Ok((infos, refused));
             }
         }
-        Ok((infos, refused))
+        bail!("the target's LUNs kept changing while they were listed: run ethersan ls again")
     }
     .await;
     let _ = s.logout().await;
@@ -438,7 +497,7 @@ pub(crate) async fn cmd_ls(url: &str, how: &ConnectArgs, json: bool) -> anyhow::
 pub(crate) async fn cmd_inquiry(url: &str, how: &ConnectArgs, json: bool) -> anyhow::Result<()> {
     let u = IscsiUrl::parse(url)?;
     let s = open(&u, how).await?;
-    let info = lun_info(&s, u.lun).await;
+    let info = lun_info(&s, u.lun, &AtomicBool::new(false)).await;
     let _ = s.logout().await;
     let info = info?;
     if json {

@@ -967,7 +967,12 @@ fn main() -> ExitCode {
         .with_env_filter(
             EnvFilter::try_from_env("ETHERSAN_LOG")
                 // fuser (attach's FUSE library) says "Mounting …" at info.
-                .unwrap_or_else(|_| EnvFilter::new("info,fuser=warn")),
+                .unwrap_or_else(|_| EnvFilter::new("info,fuser=warn"))
+                // When `umount DIR` ends attach's FUSE session, fuser unmounts
+                // again on its way out and warns that it could not ("Failed
+                // to umount filesystem: Invalid argument"): not a fault.
+                // attach reports its own unmount failures.
+                .add_directive("fuser::session=error".parse().expect("a valid directive")),
         )
         .with_writer(|| QuietStderr);
     match cli.log_format {

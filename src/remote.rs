@@ -108,6 +108,41 @@ impl Remote {
         }
     }
 
+    /// Zero `len` bytes at `at` (both block-aligned): WRITE SAME (16) over
+    /// iSCSI, with UNMAP when `unmap` and the LUN reads unmapped blocks as
+    /// zeros; written zeros where the target has no WRITE SAME and over
+    /// AoE.
+    pub(crate) async fn write_zeroes(&self, at: u64, len: u64, unmap: bool) -> anyhow::Result<()> {
+        if let Remote::Iscsi(l) = self {
+            let step = l.lun().max_write_same;
+            let mut done = 0;
+            while done < len {
+                let n = (len - done).min(step);
+                if !l.write_zeroes(at + done, n, unmap).await? {
+                    break;
+                }
+                done += n;
+            }
+            if done == len {
+                return Ok(());
+            }
+            return self.write_zero_buffers(at + done, len - done).await;
+        }
+        self.write_zero_buffers(at, len).await
+    }
+
+    /// Zero a range with ordinary writes.
+    async fn write_zero_buffers(&self, at: u64, len: u64) -> anyhow::Result<()> {
+        let step = self.max_transfer();
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(step);
+            self.write(at + done, vec![0u8; n as usize], false).await?;
+            done += n;
+        }
+        Ok(())
+    }
+
     /// Make every acknowledged write durable (SYNCHRONIZE CACHE, FLUSH
     /// CACHE EXT).
     pub(crate) async fn flush(&self) -> anyhow::Result<()> {

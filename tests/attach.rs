@@ -127,10 +127,11 @@ impl Attached {
         let line = rx
             .recv_timeout(Duration::from_secs(30))
             .unwrap_or_else(|_| panic!("attach did not say it attached:\n{}", a.text()));
+        // The hint is the README's: direct I/O, past a second page cache.
         let path = line
-            .split("losetup --find --show ")
+            .split("losetup --find --show --direct-io=on ")
             .nth(1)
-            .unwrap_or_else(|| panic!("no losetup command in {line:?}"));
+            .unwrap_or_else(|| panic!("no losetup --direct-io=on command in {line:?}"));
         a.file = PathBuf::from(path.trim());
         assert!(
             is_mounted(dir),
@@ -173,6 +174,13 @@ impl Attached {
             !is_mounted(&self.dir),
             "{} is still mounted",
             self.dir.display()
+        );
+        // A normal detach warns of nothing (fuser's second unmount after
+        // `umount DIR` said "Failed to umount filesystem").
+        let text = self.text();
+        assert!(
+            !text.contains(" WARN ") && !text.contains("Failed to umount"),
+            "a warning on a normal detach:\n{text}"
         );
     }
 }
@@ -620,4 +628,87 @@ fn a_lun_that_goes_away_is_eio_with_a_log_line_naming_it() {
     // It still detaches: nothing was written, so nothing to flush.
     send(att.child.id(), libc::SIGTERM);
     att.detached_cleanly();
+}
+
+/// `fallocate ARGS FILE` must succeed.
+fn fallocate(args: &[&str], file: &Path) {
+    let mut a = args.to_vec();
+    a.push(file.to_str().unwrap());
+    must("fallocate", &a);
+}
+
+/// Bytes `[at, at + len)` of the LUN, read past the page cache.
+fn read_direct(file: &Path, at: u64, len: usize) -> Vec<u8> {
+    let o = run(
+        "dd",
+        &[
+            &format!("if={}", file.display()),
+            "bs=4096",
+            &format!("skip={}", at / 4096),
+            &format!("count={}", len / 4096),
+            "iflag=direct",
+            "status=none",
+        ],
+        TOOL,
+    );
+    assert!(
+        o.status.success(),
+        "dd: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o.stdout
+}
+
+#[test]
+fn zero_range_punch_hole_and_a_loop_devices_write_zeroes_and_discard_reach_the_lun() {
+    require_fuse();
+    require_tool("fallocate");
+    require_tool("blkdiscard");
+    require_tool("dd");
+    let server = Server::start(&["ram:16M"]);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("lun");
+    std::fs::create_dir(&dir).unwrap();
+    let att = Attached::start(&server.url(0), &dir, &[]);
+    let data = pattern(8 << 20, 77);
+    {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&att.file)
+            .unwrap();
+        f.write_all_at(&data, 0).unwrap();
+        f.sync_all().unwrap();
+    }
+    let mut model = data.clone();
+    // On the file: fallocate's ZERO_RANGE and PUNCH_HOLE (odd edges too).
+    fallocate(
+        &["--zero-range", "--offset", "4096", "--length", "1M"],
+        &att.file,
+    );
+    model[4096..4096 + (1 << 20)].fill(0);
+    fallocate(
+        &["--punch-hole", "--offset", "2M", "--length", "512K"],
+        &att.file,
+    );
+    model[2 << 20..(2 << 20) + (512 << 10)].fill(0);
+    fallocate(
+        &["--zero-range", "--offset", "3000", "--length", "100"],
+        &att.file,
+    );
+    model[3000..3100].fill(0);
+    // Through a loop device: the kernel's WRITE ZEROES (blkdiscard -z)
+    // and DISCARD arrive as fallocate on the file.
+    let lp = Loop::on(&att.file, true);
+    must("blkdiscard", &["-f", "-z", "-o", "4M", "-l", "1M", &lp.dev]);
+    model[4 << 20..5 << 20].fill(0);
+    must("blkdiscard", &["-f", "-o", "6M", "-l", "1M", &lp.dev]);
+    model[6 << 20..7 << 20].fill(0);
+    drop(lp);
+    let back = read_direct(&att.file, 0, 8 << 20);
+    assert_eq!(back.len(), model.len());
+    if let Some(i) = (0..model.len()).find(|&i| back[i] != model[i]) {
+        panic!("byte {i} of the LUN is {:#x}, not {:#x}", back[i], model[i]);
+    }
+    let text = att.text();
+    assert!(!text.contains("answered EIO"), "{text}");
 }

@@ -31,6 +31,13 @@ pub(crate) trait Blocks: Send + Sync + 'static {
     fn write(&self, at: u64, data: Vec<u8>) -> impl Future<Output = anyhow::Result<()>> + Send;
     /// Make every acknowledged write durable.
     fn flush(&self) -> impl Future<Output = anyhow::Result<()>> + Send;
+    /// Zero `len` bytes at `at`; `unmap`: they may be deallocated.
+    fn write_zeroes(
+        &self,
+        at: u64,
+        len: u64,
+        unmap: bool,
+    ) -> impl Future<Output = anyhow::Result<()>> + Send;
 }
 
 impl Blocks for Remote {
@@ -51,6 +58,14 @@ impl Blocks for Remote {
     }
     fn flush(&self) -> impl Future<Output = anyhow::Result<()>> + Send {
         Remote::flush(self)
+    }
+    fn write_zeroes(
+        &self,
+        at: u64,
+        len: u64,
+        unmap: bool,
+    ) -> impl Future<Output = anyhow::Result<()>> + Send {
+        Remote::write_zeroes(self, at, len, unmap)
     }
 }
 
@@ -147,6 +162,53 @@ impl Drop for RangeGuard<'_> {
     }
 }
 
+/// Write errors as the kernel's `errseq_t` keeps them for a file
+/// (lib/errseq.c): a counter of failed writes, and whether anyone has been
+/// told of the last one. Each open file handle samples it at open and is
+/// told of every write that failed since, once, at its next fsync, flush
+/// (close) or release, whatever handle the write came through: a write
+/// error the writer never saw (a loop device's write-back, an `attach`
+/// whose user only looks at fsync) cannot vanish.
+#[derive(Debug, Default)]
+pub(crate) struct WriteErrors {
+    /// (writes failed so far, the last failure has been reported).
+    state: Mutex<(u64, bool)>,
+}
+
+impl WriteErrors {
+    /// Remember one failed write.
+    pub(crate) fn record(&self) {
+        let mut st = self.state.lock().expect("not poisoned");
+        st.0 += 1;
+        st.1 = false;
+    }
+
+    /// The sample a newly opened handle starts from: every failure so
+    /// far when the last one has not been reported to anyone yet (as
+    /// `errseq_sample` does), else none of them.
+    pub(crate) fn sample(&self) -> u64 {
+        let st = self.state.lock().expect("not poisoned");
+        if st.1 {
+            st.0
+        } else {
+            0
+        }
+    }
+
+    /// Whether a write failed since `seen`; advances `seen` so that the
+    /// same failures are reported to this handle once
+    /// (`errseq_check_and_advance`).
+    pub(crate) fn check_and_advance(&self, seen: &mut u64) -> bool {
+        let mut st = self.state.lock().expect("not poisoned");
+        if st.0 == *seen {
+            return false;
+        }
+        *seen = st.0;
+        st.1 = true;
+        true
+    }
+}
+
 /// A LUN as a file of fixed size: byte-granular reads and writes, and a
 /// flush that reaches the LUN only when something was written since the
 /// last one.
@@ -154,12 +216,13 @@ impl Drop for RangeGuard<'_> {
 pub(crate) struct LunFile<D> {
     dev: D,
     bs: u64,
-    capacity: u64,
     /// Bytes per command: a multiple of the block size.
     chunk: u64,
     locks: RangeLocks,
     /// A write was acknowledged since the last flush began.
     dirty: AtomicBool,
+    /// Writes that failed, for the next fsync/flush of each handle.
+    errors: WriteErrors,
 }
 
 impl<D: Blocks> LunFile<D> {
@@ -169,11 +232,11 @@ impl<D: Blocks> LunFile<D> {
         let chunk = (dev.max_transfer() / bs).max(1) * bs;
         LunFile {
             bs,
-            capacity: dev.capacity() / bs * bs,
             chunk,
             dev,
             locks: RangeLocks::default(),
             dirty: AtomicBool::new(false),
+            errors: WriteErrors::default(),
         }
     }
 
@@ -182,9 +245,15 @@ impl<D: Blocks> LunFile<D> {
         &self.dev
     }
 
-    /// The file's size: the LUN's capacity.
+    /// The failed writes, for each handle's fsync/flush.
+    pub(crate) fn errors(&self) -> &WriteErrors {
+        &self.errors
+    }
+
+    /// The file's size: the LUN's capacity, as of now (it follows a
+    /// target's CAPACITY DATA HAS CHANGED).
     pub(crate) fn size(&self) -> u64 {
-        self.capacity
+        self.dev.capacity() / self.bs * self.bs
     }
 
     /// Read whole blocks `[start, end)`, a command per chunk, all at once.
@@ -217,10 +286,11 @@ impl<D: Blocks> LunFile<D> {
 
     /// Up to `len` bytes at `at`: fewer at the end of the file, none past it.
     pub(crate) async fn read_at(&self, at: u64, len: usize) -> Result<Vec<u8>, FileError> {
-        if at >= self.capacity || len == 0 {
+        let capacity = self.size();
+        if at >= capacity || len == 0 {
             return Ok(Vec::new());
         }
-        let len = (len as u64).min(self.capacity - at);
+        let len = (len as u64).min(capacity - at);
         let span = Span::of(at, len, self.bs);
         let mut data = self.read_blocks(span.start, span.end).await?;
         let from = (at - span.start) as usize;
@@ -232,17 +302,26 @@ impl<D: Blocks> LunFile<D> {
     /// Write `data` at `at`; returns the bytes written, fewer than given
     /// when the write reaches past the end of the file (as on a block
     /// device); one that starts at or past the end fails.
+    /// A write the LUN failed is remembered for every handle's next fsync
+    /// ([`WriteErrors`]): part of it may have reached the LUN, so the
+    /// file's bytes there are unknown.
     pub(crate) async fn write_at(&self, at: u64, data: &[u8]) -> Result<usize, FileError> {
+        let r = self.write_unrecorded(at, data).await;
+        if let Err(FileError::Lun(_)) = &r {
+            self.errors.record();
+        }
+        r
+    }
+
+    async fn write_unrecorded(&self, at: u64, data: &[u8]) -> Result<usize, FileError> {
         if data.is_empty() {
             return Ok(0);
         }
-        if at >= self.capacity {
-            return Err(FileError::Beyond {
-                at,
-                capacity: self.capacity,
-            });
+        let capacity = self.size();
+        if at >= capacity {
+            return Err(FileError::Beyond { at, capacity });
         }
-        let len = (data.len() as u64).min(self.capacity - at) as usize;
+        let len = (data.len() as u64).min(capacity - at) as usize;
         let data = &data[..len];
         let span = Span::of(at, len as u64, self.bs);
         let _held = self.locks.lock(span.start, span.end).await;
@@ -277,6 +356,47 @@ impl<D: Blocks> LunFile<D> {
         self.write_blocks(span.start, buf).await?;
         self.dirty.store(true, Ordering::Release);
         Ok(len)
+    }
+
+    /// Zero `len` bytes at `at` (fallocate's ZERO_RANGE and PUNCH_HOLE,
+    /// which a loop device sends for WRITE ZEROES and DISCARD): the whole
+    /// blocks with the device's zeroing command (`unmap`: they may be
+    /// deallocated), the partly covered blocks at the edges by a
+    /// read-modify-write. Cut at the end of the file; a failure counts as
+    /// a failed write ([`WriteErrors`]).
+    pub(crate) async fn zero_range(&self, at: u64, len: u64, unmap: bool) -> Result<(), FileError> {
+        let r = self.zero_unrecorded(at, len, unmap).await;
+        if let Err(FileError::Lun(_)) = &r {
+            self.errors.record();
+        }
+        r
+    }
+
+    async fn zero_unrecorded(&self, at: u64, len: u64, unmap: bool) -> Result<(), FileError> {
+        let end = at.saturating_add(len).min(self.size());
+        if at >= end {
+            return Ok(());
+        }
+        // Whole blocks inside [at, end).
+        let first = at.div_ceil(self.bs) * self.bs;
+        let last = end / self.bs * self.bs;
+        if first >= last {
+            self.write_unrecorded(at, &vec![0u8; (end - at) as usize])
+                .await?;
+            return Ok(());
+        }
+        if at < first {
+            self.write_unrecorded(at, &vec![0u8; (first - at) as usize])
+                .await?;
+        }
+        if last < end {
+            self.write_unrecorded(last, &vec![0u8; (end - last) as usize])
+                .await?;
+        }
+        let _held = self.locks.lock(first, last).await;
+        self.dev.write_zeroes(first, last - first, unmap).await?;
+        self.dirty.store(true, Ordering::Release);
+        Ok(())
     }
 
     /// Make every write acknowledged so far durable on the LUN; nothing to
@@ -367,6 +487,16 @@ mod tests {
         async fn flush(&self) -> anyhow::Result<()> {
             anyhow::ensure!(!self.fail.load(Ordering::Relaxed), "LUN unreachable");
             self.flushes.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+        async fn write_zeroes(&self, at: u64, len: u64, _unmap: bool) -> anyhow::Result<()> {
+            anyhow::ensure!(!self.fail.load(Ordering::Relaxed), "LUN unreachable");
+            anyhow::ensure!(
+                at.is_multiple_of(self.bs) && len.is_multiple_of(self.bs),
+                "unaligned zeroing {at}+{len}"
+            );
+            self.commands.lock().unwrap().push(('z', at, len as usize));
+            self.data.lock().unwrap()[at as usize..(at + len) as usize].fill(0);
             Ok(())
         }
     }
@@ -517,6 +647,72 @@ mod tests {
         f.flush().await.unwrap();
         f.flush().await.unwrap();
         assert_eq!(lun.flushes.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn zeroing_a_range_zeroes_whole_blocks_at_once_and_the_edges_by_hand() {
+        let (lun, f) = file(16, 512, 1 << 20);
+        f.write_at(0, &[0xaa; 8192]).await.unwrap();
+        lun.commands.lock().unwrap().clear();
+        f.zero_range(100, 3000, true).await.unwrap();
+        let data = lun.data.lock().unwrap().clone();
+        assert!(data[..100].iter().all(|&b| b == 0xaa));
+        assert!(data[100..3100].iter().all(|&b| b == 0));
+        assert!(data[3100..8192].iter().all(|&b| b == 0xaa));
+        assert!(lun
+            .commands
+            .lock()
+            .unwrap()
+            .contains(&('z', 512, 3072 - 512)));
+        // Inside one block; and past the end, cut there.
+        f.zero_range(5000, 10, false).await.unwrap();
+        assert!(lun.data.lock().unwrap()[5000..5010].iter().all(|&b| b == 0));
+        f.zero_range(8000, 1 << 20, true).await.unwrap();
+        assert!(lun.data.lock().unwrap()[8000..].iter().all(|&b| b == 0));
+        // A failure is a write failure for the next fsync.
+        let mut h = f.errors().sample();
+        lun.fail.store(true, Ordering::Relaxed);
+        assert!(f.zero_range(0, 4096, false).await.is_err());
+        assert!(f.errors().check_and_advance(&mut h));
+    }
+
+    #[test]
+    fn a_write_error_is_told_once_to_every_handle_open_when_it_happened() {
+        let e = WriteErrors::default();
+        let mut a = e.sample();
+        assert!(!e.check_and_advance(&mut a));
+        e.record();
+        // Opened after the failure, before anyone was told: told too.
+        let mut b = e.sample();
+        assert!(e.check_and_advance(&mut a));
+        assert!(!e.check_and_advance(&mut a), "told twice");
+        assert!(e.check_and_advance(&mut b));
+        // Opened after it was told: not told.
+        let mut c = e.sample();
+        assert!(!e.check_and_advance(&mut c));
+        e.record();
+        e.record();
+        assert!(e.check_and_advance(&mut c));
+        assert!(e.check_and_advance(&mut a));
+        assert!(!e.check_and_advance(&mut a));
+    }
+
+    #[tokio::test]
+    async fn a_failed_write_is_recorded_for_the_next_fsync() {
+        let (lun, f) = file(4, 512, 1 << 20);
+        let mut h = f.errors().sample();
+        f.write_at(0, &[1; 512]).await.unwrap();
+        assert!(!f.errors().check_and_advance(&mut h));
+        lun.fail.store(true, Ordering::Relaxed);
+        assert!(f.write_at(512, &[1; 512]).await.is_err());
+        lun.fail.store(false, Ordering::Relaxed);
+        // The flush itself works, the failed write is still reported.
+        f.flush().await.unwrap();
+        assert!(f.errors().check_and_advance(&mut h));
+        // A read error is no write error.
+        lun.fail.store(true, Ordering::Relaxed);
+        assert!(f.read_at(0, 10).await.is_err());
+        assert!(!f.errors().check_and_advance(&mut h));
     }
 
     #[tokio::test]

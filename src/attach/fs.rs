@@ -52,6 +52,10 @@ pub(crate) struct LunFs<D> {
     owner: Owner,
     block_size: u32,
     since: SystemTime,
+    /// Each open handle's sample of the file's write errors
+    /// ([`super::file::WriteErrors`]), by handle number.
+    handles: Arc<std::sync::Mutex<std::collections::HashMap<u64, u64>>>,
+    next_handle: std::sync::atomic::AtomicU64,
 }
 
 impl<D: Blocks> LunFs<D> {
@@ -72,6 +76,8 @@ impl<D: Blocks> LunFs<D> {
             owner,
             block_size,
             since: SystemTime::now(),
+            handles: Arc::default(),
+            next_handle: std::sync::atomic::AtomicU64::new(1),
         }
     }
 
@@ -114,7 +120,31 @@ fn errno(e: &FileError, what: &str, op: &str, at: u64, len: usize) -> Errno {
     }
 }
 
+/// Whether a write failed since handle `fh` last heard (and now it has).
+fn write_failed_since<D: Blocks>(
+    file: &LunFile<D>,
+    handles: &std::sync::Mutex<std::collections::HashMap<u64, u64>>,
+    fh: FileHandle,
+) -> bool {
+    let mut h = handles.lock().expect("not poisoned");
+    let seen = h.entry(fh.0).or_insert_with(|| file.errors().sample());
+    file.errors().check_and_advance(seen)
+}
+
 impl<D: Blocks> Filesystem for LunFs<D> {
+    // What could hide a write error, and why none of it is on:
+    // - FUSE_WRITEBACK_CACHE is not asked for, so the kernel's page cache
+    //   is write-through: each write(2) (and each write a loop device
+    //   sends) is a FUSE WRITE that is answered only after the LUN has
+    //   answered every command of it (`write` below replies from the task
+    //   that awaited the LUN), and a LUN error is that write's EIO.
+    // - FUSE_ASYNC_DIO only lets the kernel send several O_DIRECT requests
+    //   at once; each is still answered after the LUN did.
+    // - A write whose error its writer did not pass on (a loop device's
+    //   write-back under a file system) is still reported: every handle's
+    //   next fsync, flush (close) and release answers EIO for writes that
+    //   failed since it last heard ([`super::file::WriteErrors`]), as the
+    //   kernel's errseq does for a file's write-back errors.
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Each is a wish the kernel may not grant; less is still correct.
         let _ = config.set_max_write(MAX_WRITE);
@@ -190,7 +220,36 @@ impl<D: Blocks> Filesystem for LunFs<D> {
         } else {
             FopenFlags::empty()
         };
-        reply.opened(FileHandle(0), how)
+        let fh = self
+            .next_handle
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.handles
+            .lock()
+            .expect("not poisoned")
+            .insert(fh, self.file.errors().sample());
+        reply.opened(FileHandle(fh), how)
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        if ino != FILE {
+            return reply.ok();
+        }
+        let failed = write_failed_since(&self.file, &self.handles, fh);
+        self.handles.lock().expect("not poisoned").remove(&fh.0);
+        if failed {
+            reply.error(Errno::EIO)
+        } else {
+            reply.ok()
+        }
     }
 
     fn read(
@@ -259,7 +318,7 @@ impl<D: Blocks> Filesystem for LunFs<D> {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
@@ -267,13 +326,23 @@ impl<D: Blocks> Filesystem for LunFs<D> {
             return reply.ok();
         }
         let (file, what) = (self.file.clone(), self.what.clone());
+        let handles = self.handles.clone();
         self.rt.spawn(async move {
-            match file.flush().await {
-                Ok(()) => reply.ok(),
+            let flushed = file.flush().await;
+            // After the flush: a write that failed while it ran is told too.
+            let failed = write_failed_since(&file, &handles, fh);
+            match flushed {
                 Err(e) => {
                     tracing::error!("{what}: cache flush failed, answered EIO: {e}");
                     reply.error(Errno::EIO)
                 }
+                Ok(()) if failed => {
+                    tracing::error!(
+                        "{what}: a write through this file failed since it was last synced, answered EIO"
+                    );
+                    reply.error(Errno::EIO)
+                }
+                Ok(()) => reply.ok(),
             }
         });
     }
@@ -313,16 +382,30 @@ impl<D: Blocks> Filesystem for LunFs<D> {
         reply: ReplyEmpty,
     ) {
         // Every byte of a LUN is there already: reserving space inside the
-        // file is done. Punching holes (a loop device's discard) or
-        // zeroing ranges is not offered.
-        let inside = offset
-            .checked_add(length)
-            .is_some_and(|end| end <= self.file.size());
-        match (ino, mode) {
-            (FILE, 0 | libc::FALLOC_FL_KEEP_SIZE) if inside => reply.ok(),
-            (FILE, 0) => reply.error(Errno::EFBIG),
-            _ => reply.error(Errno::from_i32(libc::EOPNOTSUPP)),
-        }
+        // file is done. Zeroing a range (ZERO_RANGE: a loop device's WRITE
+        // ZEROES with NOUNMAP) is WRITE SAME of zeros; punching a hole
+        // (PUNCH_HOLE: its DISCARD and WRITE ZEROES) is the same with
+        // UNMAP where the LUN reads unmapped blocks as zeros. The file
+        // never grows.
+        const KEEP: i32 = libc::FALLOC_FL_KEEP_SIZE;
+        let size = self.file.size();
+        let inside = offset.checked_add(length).is_some_and(|end| end <= size);
+        let zero = match (ino, mode) {
+            (FILE, 0 | KEEP) if inside => return reply.ok(),
+            (FILE, 0) => return reply.error(Errno::EFBIG),
+            (FILE, m) if m == libc::FALLOC_FL_PUNCH_HOLE | KEEP => true,
+            (FILE, m) if m == libc::FALLOC_FL_ZERO_RANGE | KEEP => false,
+            (FILE, libc::FALLOC_FL_ZERO_RANGE) if inside => false,
+            (FILE, libc::FALLOC_FL_ZERO_RANGE) => return reply.error(Errno::EFBIG),
+            _ => return reply.error(Errno::from_i32(libc::EOPNOTSUPP)),
+        };
+        let (file, what) = (self.file.clone(), self.what.clone());
+        self.rt.spawn(async move {
+            match file.zero_range(offset, length, zero).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e, &what, "zeroing", offset, length as usize)),
+            }
+        });
     }
 
     // No extended attributes (ENOSYS: the kernel stops asking).

@@ -221,7 +221,7 @@ async fn serve(a: &AttachArgs, dir: &Path, file: Arc<LunFile<Remote>>) -> anyhow
         .context("start the FUSE thread")?;
     let path = dir.join(&name);
     out!(
-        "ethersan attach: {what} ({} bytes, {}-byte blocks) is {}{}; as a block device: losetup --find --show {}",
+        "ethersan attach: {what} ({} bytes, {}-byte blocks) is {}{}; as a block device: losetup --find --show --direct-io=on {}",
         file.size(),
         file.dev().block_size(),
         path.display(),

@@ -6,6 +6,7 @@
 //! client commands and the in-memory tests are built on it.
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod attention;
 pub mod native;
 mod session;
 pub mod url;
@@ -19,6 +20,7 @@ use ethersan_proto::text::{encode_text, parse_text, TextAssembler};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+pub use attention::{Attended, UnitAttention};
 pub use session::{CommandResult, Session};
 pub use url::IscsiUrl;
 
