@@ -363,7 +363,15 @@ fn a_wildcard_portal_is_announced_as_the_address_the_initiator_reached() {
         "ram:4M".into(),
     ]);
     let reached = format!("{target_ip}:3260");
-    let log = server.log.lock().unwrap().join("\n");
+    // The hint lines follow "connect with", which the start waits for.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let log = loop {
+        let log = server.log.lock().unwrap().join("\n");
+        if log.contains("--login") || Instant::now() > deadline {
+            break log;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert!(
         log.contains(&format!("answers on this host's addresses: {reached}"))
             && log.contains(&format!("-p {reached} --login"))
@@ -403,7 +411,12 @@ fn a_wildcard_portal_is_announced_as_the_address_the_initiator_reached() {
     // On the target host itself, over loopback: announced as 127.0.0.1.
     let out = in_ns(
         &veth.ns[0],
-        &["iscsi-ls", "-i", "iqn.2026-11.org.test:ls", "iscsi://127.0.0.1:3260"],
+        &[
+            "iscsi-ls",
+            "-i",
+            "iqn.2026-11.org.test:ls",
+            "iscsi://127.0.0.1:3260",
+        ],
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(

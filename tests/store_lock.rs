@@ -37,7 +37,12 @@ fn serve(dir: &Path, sock: &str, luns: &[String]) -> Server {
 /// output.
 fn refused(dir: &Path, args: &[&str]) -> String {
     let out = std::process::Command::new("timeout")
-        .args(["--kill-after=5", "30", env!("CARGO_BIN_EXE_ethersan"), "serve"])
+        .args([
+            "--kill-after=5",
+            "30",
+            env!("CARGO_BIN_EXE_ethersan"),
+            "serve",
+        ])
         .args(args)
         .current_dir(dir)
         .output()
@@ -99,7 +104,8 @@ fn a_second_server_on_one_file_is_refused_naming_the_first() {
     let (p1, p2) = (one.child.id(), two.child.id());
     assert!(
         msg.contains("which exports it shared")
-            && (msg.contains(&format!("process {p1} (")) || msg.contains(&format!("process {p2} ("))),
+            && (msg.contains(&format!("process {p1} ("))
+                || msg.contains(&format!("process {p2} ("))),
         "{msg}"
     );
 }
@@ -126,7 +132,10 @@ fn two_luns_of_one_server_on_one_file_are_refused() {
     .unwrap();
     let msg = refused(dir.path(), &["--config", &path_str(&config)]);
     assert!(
-        msg.contains(&format!("LUN 1: {} is in use by another LUN of this server", link.display())),
+        msg.contains(&format!(
+            "LUN 1: {} is in use by another LUN of this server",
+            link.display()
+        )),
         "{msg}"
     );
     // Both shared on purpose: served.

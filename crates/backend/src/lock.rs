@@ -289,6 +289,10 @@ mod tests {
         assert_eq!(holder_of(text, dev, 44, 1), Holder::Unknown);
         let nvme = (259u64 << 8) | ((259u64 & !0xfff) << 32);
         let text = "5: FLOCK  ADVISORY  WRITE 0 103:00:7 0 EOF\n";
-        assert_eq!(holder_of(text, nvme, 7, 1), Holder::Unknown, "pid 0: not visible");
+        assert_eq!(
+            holder_of(text, nvme, 7, 1),
+            Holder::Unknown,
+            "pid 0: not visible"
+        );
     }
 }

@@ -370,11 +370,13 @@ fn open_lun(
         .numbered()
         .get(i)
         .map_or(i, |(n, _)| usize::try_from(*n).unwrap_or(usize::MAX));
-    let dev = l.open_taking_over(released).map_err(|source| ServerError::Backend {
-        target: t.name.clone(),
-        lun: number,
-        cause: source,
-    })?;
+    let dev = l
+        .open_taking_over(released)
+        .map_err(|source| ServerError::Backend {
+            target: t.name.clone(),
+            lun: number,
+            cause: source,
+        })?;
     let (id, origin) =
         identity::resolve(l, data_dir, &*dev).map_err(|source| ServerError::Identity {
             target: t.name.clone(),

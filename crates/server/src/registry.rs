@@ -554,7 +554,12 @@ impl Registry {
     /// address or, without `local`, the host's addresses.
     pub fn target_addresses(&self, local: Option<SocketAddr>) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
-        for p in self.portals.read().unwrap_or_else(|e| e.into_inner()).iter() {
+        for p in self
+            .portals
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
             for a in p.announced(local) {
                 let value = format!("{a},{}", self.portal_group_tag);
                 if !out.contains(&value) {

@@ -181,7 +181,10 @@ impl Reloader {
                                 if !same_store(&o.luns[a], &t.luns[b])
                                     || lun_policy(o, a) != lun_policy(t, b) =>
                             {
-                                luns.push(LunChange::Replace(n, open_lun(t, b, &options, released)?))
+                                luns.push(LunChange::Replace(
+                                    n,
+                                    open_lun(t, b, &options, released)?,
+                                ))
                             }
                             (Some(&a), Some(&b)) => {
                                 if let Some(bytes) = resized(&o.luns[a], &t.luns[b]) {
@@ -396,8 +399,9 @@ impl Reloader {
                 .targets
                 .iter()
                 .find(|t| t.name == o.name && t.alias == o.alias);
-            let after: BTreeMap<u64, usize> =
-                t.map(|t| t.numbered().into_iter().collect()).unwrap_or_default();
+            let after: BTreeMap<u64, usize> = t
+                .map(|t| t.numbered().into_iter().collect())
+                .unwrap_or_default();
             for (n, a) in o.numbered() {
                 let kept = t.zip(after.get(&n)).is_some_and(|(t, &b)| {
                     same_store(&o.luns[a], &t.luns[b]) && lun_policy(o, a) == lun_policy(t, b)

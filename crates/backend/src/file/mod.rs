@@ -315,8 +315,8 @@ impl FileDevice {
         let lock = match locking {
             Locking::None => None,
             Locking::Inherit(l) if l.locks(&meta) => Some(l),
-            Locking::Take(mode) => Some(Self::lock(path, &file, exists, mode)?),
-            Locking::Inherit(l) => Some(Self::lock(path, &file, exists, l.mode())?),
+            Locking::Take(mode) => Some(Self::lock(path, &file, mode)?),
+            Locking::Inherit(l) => Some(Self::lock(path, &file, l.mode())?),
         };
         let is_block_device = meta.file_type().is_block_device();
         let size = if is_block_device {
@@ -423,23 +423,15 @@ impl FileDevice {
         })
     }
 
-    /// Lock the store just opened, or remove it again if this open created
-    /// it (another server raced to create it too).
+    /// Lock the store just opened. A file this open seemed to create and
+    /// that is locked already was created by the holder in the meantime:
+    /// it is left alone.
     fn lock(
         path: &Path,
         file: &File,
-        existed: bool,
         mode: crate::lock::LockMode,
     ) -> Result<Arc<StoreLock>, BackendError> {
-        match StoreLock::acquire(file, path, mode) {
-            Ok(l) => Ok(Arc::new(l)),
-            Err(e) => {
-                if !existed {
-                    undo_create(path, file, existed, 0);
-                }
-                Err(e)
-            }
-        }
+        StoreLock::acquire(file, path, mode).map(Arc::new)
     }
 
     /// Check that [`FileDevice::open`] would succeed, changing nothing:
