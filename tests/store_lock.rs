@@ -188,18 +188,18 @@ fn a_reload_that_replaces_a_lun_keeps_its_file() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("disk.img");
     let config = dir.path().join("ethersan.toml");
-    let write = |alias: &str, wce: bool| {
+    let write = |alias: &str, wce: bool, ro: bool| {
         std::fs::write(
             &config,
             format!(
-                "portals = [\"127.0.0.1:0\"]\n[options]\ndata_dir = \"{d}\"\n[[target]]\nname = \"{IQN}\"\nalias = \"{alias}\"\n[[target.lun]]\npath = \"{img}\"\nsize = \"4M\"\nwrite_cache = {wce}\n",
+                "portals = [\"127.0.0.1:0\"]\n[options]\ndata_dir = \"{d}\"\n[[target]]\nname = \"{IQN}\"\nalias = \"{alias}\"\n[[target.lun]]\npath = \"{img}\"\nsize = \"4M\"\nwrite_cache = {wce}\nread_only = {ro}\n",
                 d = dir.path().display(),
                 img = img.display()
             ),
         )
         .unwrap()
     };
-    write("one", true);
+    write("one", true, false);
     let server = Server::start_args(&[
         "serve".into(),
         "--config".into(),
@@ -208,13 +208,15 @@ fn a_reload_that_replaces_a_lun_keeps_its_file() {
         path_str(&dir.path().join("a.sock")),
     ]);
     let hup = |want: &str| {
+        let seen = |log: &str| log.matches(want).count();
+        let before = seen(&server.log.lock().unwrap().join("\n"));
         // SAFETY: kill(2) on the server process this test started.
         unsafe { libc::kill(server.child.id() as libc::pid_t, libc::SIGHUP) };
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         loop {
             let log = server.log.lock().unwrap().join("\n");
             assert!(!log.contains("reload of"), "the reload failed: {log}");
-            if log.contains(want) {
+            if seen(&log) > before {
                 break;
             }
             assert!(std::time::Instant::now() < deadline, "no {want:?}: {log}");
@@ -222,11 +224,16 @@ fn a_reload_that_replaces_a_lun_keeps_its_file() {
         }
     };
     // An option of the LUN changes: it is opened again, its lock kept.
-    write("one", false);
+    write("one", false, false);
     hup("replaced LUN 0");
     // The alias changes: the target is rebuilt around the same file.
-    write("two", false);
+    write("two", false, false);
     hup("alias changed");
+    // Read-only and back: the lock is converted, shared and exclusive.
+    write("two", false, true);
+    hup("replaced LUN 0");
+    write("two", false, false);
+    hup("replaced LUN 0");
     // Still locked: another server is refused.
     let listen = ["--listen", "127.0.0.1:0"];
     let spec = path_str(&img);

@@ -103,14 +103,44 @@ impl StoreLock {
                 ino: meta.ino(),
             }),
             Err(std::fs::TryLockError::WouldBlock) => {
-                let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
-                Err(BackendError::InUse {
-                    path: path.display().to_string(),
-                    holder: holder_of(&locks, meta.dev(), meta.ino(), std::process::id()),
-                    wanted: mode,
-                })
+                Err(in_use(path, meta.dev(), meta.ino(), mode))
             }
             Err(std::fs::TryLockError::Error(e)) => Err(open_err(e)),
+        }
+    }
+
+    /// This lock in `mode` instead (a LUN replaced by one that is now
+    /// read-only, or no longer): converted on the same open file
+    /// description, so it is never free for another exporter in between
+    /// when the conversion succeeds. When it fails (another exporter holds
+    /// the store shared and this one wants it alone), Linux has dropped the
+    /// old lock already; it is taken again in its old mode.
+    pub fn convert(&self, path: &Path, mode: LockMode) -> Result<StoreLock, BackendError> {
+        let dup = self._file.try_clone().map_err(|cause| BackendError::Open {
+            path: path.display().to_string(),
+            cause,
+        })?;
+        let take = |m: LockMode| match m {
+            LockMode::Exclusive => dup.try_lock(),
+            LockMode::Shared => dup.try_lock_shared(),
+        };
+        match take(mode) {
+            Ok(()) => Ok(StoreLock {
+                _file: dup,
+                mode,
+                dev: self.dev,
+                ino: self.ino,
+            }),
+            Err(e) => {
+                let _ = take(self.mode);
+                Err(match e {
+                    std::fs::TryLockError::WouldBlock => in_use(path, self.dev, self.ino, mode),
+                    std::fs::TryLockError::Error(cause) => BackendError::Open {
+                        path: path.display().to_string(),
+                        cause,
+                    },
+                })
+            }
         }
     }
 
@@ -122,6 +152,17 @@ impl StoreLock {
     /// Whether it locks the file `meta` describes.
     pub fn locks(&self, meta: &std::fs::Metadata) -> bool {
         self.dev == meta.dev() && self.ino == meta.ino()
+    }
+}
+
+/// The refusal of `mode` on the store at `path` (device `dev`, inode
+/// `ino`), naming the holder from `/proc/locks`.
+fn in_use(path: &Path, dev: u64, ino: u64, mode: LockMode) -> BackendError {
+    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+    BackendError::InUse {
+        path: path.display().to_string(),
+        holder: holder_of(&locks, dev, ino, std::process::id()),
+        wanted: mode,
     }
 }
 
@@ -251,8 +292,9 @@ mod tests {
         }
         // Shared is refused too while an exclusive lock is held.
         assert!(StoreLock::acquire(&b, &p, LockMode::Shared).is_err());
-        drop(held);
-        // Released with the lock: the other descriptor gets it now.
+        // Released once the store's descriptor closes too (the lock belongs
+        // to its open file description): the other descriptor gets it now.
+        drop((held, a));
         StoreLock::acquire(&b, &p, LockMode::Exclusive).unwrap();
         let _ = std::fs::remove_file(&p);
     }
@@ -268,6 +310,28 @@ mod tests {
             StoreLock::acquire(&c, &p, LockMode::Exclusive),
             Err(BackendError::InUse { .. })
         ));
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn a_lock_converts_in_place_and_keeps_its_mode_when_it_cannot() {
+        let p = scratch("convert");
+        let open = || File::open(&p).unwrap();
+        let (a, b) = (open(), open());
+        let shared = StoreLock::acquire(&a, &p, LockMode::Shared).unwrap();
+        let alone = shared.convert(&p, LockMode::Exclusive).unwrap();
+        assert_eq!(alone.mode(), LockMode::Exclusive);
+        assert!(StoreLock::acquire(&b, &p, LockMode::Shared).is_err());
+        let back = alone.convert(&p, LockMode::Shared).unwrap();
+        assert_eq!(back.mode(), LockMode::Shared);
+        drop((shared, alone));
+        // Another shared holder: the conversion is refused, and the
+        // shared lock is still held (an exclusive one is still refused).
+        let other = StoreLock::acquire(&b, &p, LockMode::Shared).unwrap();
+        assert!(back.convert(&p, LockMode::Exclusive).is_err());
+        drop((other, b));
+        let c = open();
+        assert!(StoreLock::acquire(&c, &p, LockMode::Exclusive).is_err());
         let _ = std::fs::remove_file(&p);
     }
 

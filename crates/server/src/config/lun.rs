@@ -288,7 +288,8 @@ impl LunConfig {
     }
 
     /// [`open`](Self::open), keeping a lock of `released` instead when one
-    /// holds this store in this LUN's mode (it is taken out of the list):
+    /// holds this store (it is taken out of the list, and converted to
+    /// this LUN's mode):
     /// the locks of LUNs that a reload replaces, so that reopening their
     /// store does not find it in use by themselves.
     pub fn open_taking_over(
@@ -300,13 +301,13 @@ impl LunConfig {
             Backing::File { path, size } => {
                 let mode = self.lock_mode();
                 let kept = std::fs::metadata(path).ok().and_then(|meta| {
-                    let i = released
-                        .iter()
-                        .position(|l| l.locks(&meta) && l.mode() == mode)?;
+                    let i = released.iter().position(|l| l.locks(&meta))?;
                     Some(released.remove(i))
                 });
                 let locking = match kept {
-                    Some(l) => Locking::Inherit(l),
+                    Some(l) if l.mode() == mode => Locking::Inherit(l),
+                    // Read-only now, or no longer: the same lock, converted.
+                    Some(l) => Locking::Inherit(Arc::new(l.convert(path, mode)?)),
                     None => Locking::Take(mode),
                 };
                 Arc::new(FileDevice::open_locked(
