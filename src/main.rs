@@ -216,7 +216,7 @@ struct ServeArgs {
     /// Target name (IQN).
     #[arg(long, value_name = "IQN")]
     target: Option<String>,
-    /// A LUN: PATH[:SIZE][,ro][,removable][,bs=4096][,engine=sync|uring][,direct][,serial=S][,naa=HEX] or ram:SIZE (repeatable, numbered from 0). A file LUN's WWN and serial are kept in PATH.id.
+    /// A LUN: PATH[:SIZE][,ro][,removable][,shared][,bs=4096][,engine=sync|uring][,direct][,serial=S][,naa=HEX] or ram:SIZE (repeatable, numbered from 0). A file LUN's WWN and serial are kept in PATH.id; the file is locked while served (shared: by other servers too).
     #[arg(long, value_name = "SPEC")]
     lun: Vec<String>,
     /// Directory for the default LUN's backing file (and block devices' identity files).
@@ -866,7 +866,8 @@ async fn serve(
     if json_logs {
         // Log collectors get events, not a banner.
         for p in server.portals().list() {
-            tracing::info!(portal = %p.address, advertise = p.advertise.map(tracing::field::display), "listening");
+            let reachable: Vec<String> = p.announced(None).iter().map(|a| a.to_string()).collect();
+            tracing::info!(portal = %p.address, advertise = p.advertise.map(tracing::field::display), reachable = %reachable.join(", "), "listening");
         }
     }
     for w in ethersan_server::exposure::open_to_anyone(&cfg) {
@@ -880,11 +881,28 @@ async fn serve(
                 "ethersan: portal {} is advertised as {a}",
                 p.address
             ));
+        } else if p.is_wildcard() {
+            // 0.0.0.0 is no address to connect to: name the real ones.
+            let reachable = p.announced(None);
+            say(format_args!(
+                "ethersan: portal {} answers on this host's addresses: {}",
+                p.address,
+                if reachable.is_empty() {
+                    "(none found)".to_string()
+                } else {
+                    reachable
+                        .iter()
+                        .map(|a| a.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            ));
         }
     }
     if let (Some(p), Some(t), false) = (portals.first(), cfg.targets.first(), json_logs) {
-        // Initiators reach it at the address it is advertised as.
-        let addr = p.advertise.unwrap_or(p.address);
+        // Initiators reach it at the address it is advertised as (a
+        // wildcard portal: at the host's first address).
+        let addr = p.announced(None).first().copied().unwrap_or(p.address);
         say(format_args!(
             "{}",
             connect_hint(&addr.to_string(), t, cfg.chap.as_ref())

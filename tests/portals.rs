@@ -342,3 +342,85 @@ fn serve_advertise_on_the_command_line() {
         assert!(!o.status.success() && all.contains(what), "{arg}: {all}");
     }
 }
+
+/// A portal on every address (`--listen 0.0.0.0:3260`, as the packaged
+/// configuration has it) seen from another host: SendTargets names the
+/// address the initiator reached, never 0.0.0.0, and libiscsi logs in
+/// there; the start-up hints name the host's real address. Two network
+/// namespaces joined by a veth pair stand for the two hosts.
+#[test]
+fn a_wildcard_portal_is_announced_as_the_address_the_initiator_reached() {
+    common::require_tool("iscsi-ls");
+    let veth = common::netns::Veth::new("portal", 1500);
+    let target_ip = common::netns::Veth::TARGET_IP;
+    let server = veth.serve(&[
+        "serve".into(),
+        "--target".into(),
+        IQN.into(),
+        "--listen".into(),
+        "0.0.0.0:3260".into(),
+        "--lun".into(),
+        "ram:4M".into(),
+    ]);
+    let reached = format!("{target_ip}:3260");
+    // The hint lines follow "connect with", which the start waits for.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let log = loop {
+        let log = server.log.lock().unwrap().join("\n");
+        if log.contains("--login") || Instant::now() > deadline {
+            break log;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        log.contains(&format!("answers on this host's addresses: {reached}"))
+            && log.contains(&format!("-p {reached} --login"))
+            && !log.contains("-p 0.0.0.0"),
+        "the hints name the host's address: {log}"
+    );
+    let in_ns = |ns: &str, args: &[&str]| {
+        let mut all = vec!["netns", "exec", ns];
+        all.extend_from_slice(args);
+        common::run("ip", &all, Duration::from_secs(30))
+    };
+    // From the other host: discovery, then a login to each address it
+    // names (-s lists the LUNs).
+    let url = format!("iscsi://{reached}");
+    let out = in_ns(
+        &veth.ns[1],
+        &["iscsi-ls", "-s", "-i", "iqn.2026-11.org.test:ls", &url],
+    );
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success()
+            && text.contains(&format!("Portal:{reached},1"))
+            && text.contains("Lun:0")
+            && !text.contains("0.0.0.0"),
+        "iscsi-ls -s from the other host: {text}"
+    );
+    let out = veth.in_client(&["discover", &reached], Duration::from_secs(30));
+    let text = common::ok(&out);
+    assert!(
+        text.contains(&reached) && !text.contains("0.0.0.0"),
+        "ethersan discover: {text}"
+    );
+    // On the target host itself, over loopback: announced as 127.0.0.1.
+    let out = in_ns(
+        &veth.ns[0],
+        &[
+            "iscsi-ls",
+            "-i",
+            "iqn.2026-11.org.test:ls",
+            "iscsi://127.0.0.1:3260",
+        ],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("Portal:127.0.0.1:3260,1") && !text.contains(&reached),
+        "iscsi-ls over loopback: {text}"
+    );
+}

@@ -29,6 +29,7 @@ use std::io;
 pub mod aligned;
 pub mod file;
 mod fill;
+pub mod lock;
 pub mod ram;
 pub mod shared;
 pub mod uring;
@@ -220,6 +221,17 @@ pub enum BackendError {
         /// The OS error.
         cause: io::Error,
     },
+    /// Another server, or another LUN of this one, exports the store (its
+    /// lock, see [`lock`], is held).
+    #[error("{path} is in use by {holder}{}", in_use_hint(.holder, *.wanted))]
+    InUse {
+        /// The path given.
+        path: String,
+        /// Who holds the lock.
+        holder: lock::Holder,
+        /// The lock that was asked for.
+        wanted: lock::LockMode,
+    },
     /// The configuration of the backend is invalid (size, block size...).
     #[error("{0}")]
     Config(String),
@@ -237,6 +249,25 @@ fn open_hint(e: &io::Error) -> &'static str {
         }
         Some(libc::EBUSY) => "; another program (a mount, another server) holds it open exclusively",
         _ => "",
+    }
+}
+
+/// What to do about a store another exporter holds.
+fn in_use_hint(holder: &lock::Holder, wanted: lock::LockMode) -> &'static str {
+    use lock::{Holder, LockMode};
+    match (holder, wanted) {
+        (Holder::ThisProcess, _) => {
+            "; a store backs one LUN: remove that LUN first or choose another file (shared = true on both LUNs lets them share it)"
+        }
+        (Holder::Process { mode: LockMode::Shared, .. }, LockMode::Exclusive) => {
+            ", which exports it shared: set shared = true on this LUN too to share it (--lun PATH,shared), or stop that server first"
+        }
+        (_, LockMode::Shared) => {
+            ", which exports it alone (without shared = true): stop it first, or set shared = true in every server that exports it"
+        }
+        (_, LockMode::Exclusive) => {
+            ": two servers on one disk corrupt it, each with its own cache, reservations and identity; stop that server first or choose another file (if the disk is meant to be shared, as on a cluster file system whose users coordinate, set shared = true on the LUN in every server that exports it: --lun PATH,shared)"
+        }
     }
 }
 
@@ -340,6 +371,12 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     /// (reservations, target port groups, identity); `None` for a store
     /// only this process exports.
     fn shared(&self) -> Option<std::sync::Arc<dyn SharedState>> {
+        None
+    }
+    /// The lock this device holds on its store while it exports it (see
+    /// [`lock`]); `None` for stores that are not locked (RAM, RBD, a file
+    /// opened without one).
+    fn store_lock(&self) -> Option<std::sync::Arc<lock::StoreLock>> {
         None
     }
     /// Whether writes to the store persist (false for RAM).

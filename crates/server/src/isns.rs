@@ -140,7 +140,16 @@ pub fn desired(registry: &Registry, overrides: &[SocketAddr], local: IpAddr) -> 
         })
         .collect();
     Desired {
-        portals: advertised_portals(&registry.portal_addrs(), overrides, local),
+        // A portal's `advertise` is what initiators reach it at, here too.
+        portals: advertised_portals(
+            &registry
+                .portals()
+                .iter()
+                .map(|p| p.advertise.unwrap_or(p.address))
+                .collect::<Vec<_>>(),
+            overrides,
+            local,
+        ),
         targets,
     }
 }

@@ -96,7 +96,7 @@ impl Server {
     pub async fn bind(config: &Config) -> Result<Server, ServerError> {
         let mut targets = Vec::new();
         for t in &config.targets {
-            targets.push(Arc::new(build_target(t, &config.options)?));
+            targets.push(Arc::new(build_target(t, &config.options, &mut Vec::new())?));
         }
         let registry = Arc::new(
             Registry::with_login_limit(targets, Vec::new(), config.options.max_logins_in_progress)
@@ -337,11 +337,16 @@ fn login_slot(registry: &Registry, peer: &str) -> Option<limits::LoginSlot> {
     slot
 }
 
-/// A target with its LUNs opened, as `t` configures it.
-fn build_target(t: &config::TargetConfig, options: &Options) -> Result<TargetEntry, ServerError> {
+/// A target with its LUNs opened, as `t` configures it; `released`: the
+/// store locks of LUNs it replaces (see [`open_lun`]).
+fn build_target(
+    t: &config::TargetConfig,
+    options: &Options,
+    released: &mut Vec<Arc<ethersan_backend::lock::StoreLock>>,
+) -> Result<TargetEntry, ServerError> {
     let mut luns = LunMap::new();
     for (n, i) in t.numbered() {
-        luns.insert(n, open_lun(t, i, options)?);
+        luns.insert(n, open_lun(t, i, options, released)?);
     }
     Ok(TargetEntry::new(
         t.name.clone(),
@@ -351,20 +356,28 @@ fn build_target(t: &config::TargetConfig, options: &Options) -> Result<TargetEnt
     ))
 }
 
-/// The LUN at place `i` of target `t`: its store opened, its identity
-/// resolved.
-fn open_lun(t: &config::TargetConfig, i: usize, options: &Options) -> Result<LunSlot, ServerError> {
+/// The LUN at place `i` of target `t`: its store opened and locked (a
+/// lock of `released`, the LUNs a reload replaces, is kept when it is this
+/// store's), its identity resolved.
+fn open_lun(
+    t: &config::TargetConfig,
+    i: usize,
+    options: &Options,
+    released: &mut Vec<Arc<ethersan_backend::lock::StoreLock>>,
+) -> Result<LunSlot, ServerError> {
     let data_dir = options.data_dir.as_path();
     let l = &t.luns[i];
     let number = t
         .numbered()
         .get(i)
         .map_or(i, |(n, _)| usize::try_from(*n).unwrap_or(usize::MAX));
-    let dev = l.open().map_err(|source| ServerError::Backend {
-        target: t.name.clone(),
-        lun: number,
-        cause: source,
-    })?;
+    let dev = l
+        .open_taking_over(released)
+        .map_err(|source| ServerError::Backend {
+            target: t.name.clone(),
+            lun: number,
+            cause: source,
+        })?;
     let (id, origin) =
         identity::resolve(l, data_dir, &*dev).map_err(|source| ServerError::Identity {
             target: t.name.clone(),
@@ -536,9 +549,11 @@ async fn handle_connection(
     slot: limits::LoginSlot,
 ) {
     let _ = sock.set_nodelay(true);
+    let local = sock.local_addr().ok();
     let (rd, wr) = sock.into_split();
     let conn = Connection {
         peer: peer.to_string(),
+        local,
         channel_level: None,
         login_slot: Some(slot),
     };
@@ -548,6 +563,9 @@ async fn handle_connection(
 /// Where a connection comes from, and its place among those in login.
 struct Connection {
     peer: String,
+    /// This end of a TCP connection (what wildcard portals are announced
+    /// as); `None` for other streams.
+    local: Option<SocketAddr>,
     /// The security level of the native transport channel under the
     /// stream (`None`: TCP or a test pipe).
     channel_level: Option<u8>,
@@ -587,6 +605,7 @@ impl StreamServer {
         };
         let conn = Connection {
             peer: peer.to_string(),
+            local: None,
             channel_level,
             login_slot: Some(slot),
         };
@@ -617,6 +636,7 @@ async fn serve_stream<R, W>(
 {
     let Connection {
         peer,
+        local,
         channel_level,
         login_slot,
     } = conn;
@@ -707,6 +727,7 @@ async fn serve_stream<R, W>(
         exp_cmd_sn: outcome.exp_cmd_sn,
         stat_sn: outcome.stat_sn,
         peer_ip,
+        local_addr: local,
         channel_level,
         options: SessionOptions {
             queue_depth: options.queue_depth,

@@ -14,7 +14,12 @@
 //!
 //! What initiators are told (SendTargets' `TargetAddress`) follows the
 //! live list: each portal's advertised address when it has one (NAT,
-//! containers), else the address it listens on.
+//! containers), else the address it listens on. A portal on every address
+//! of the host (`0.0.0.0`, `[::]`) is never announced as such, which no
+//! initiator can connect to: it is announced as the address the asking
+//! connection came in on (as LIO does), or, where there is no such address
+//! (the native transport), as the host's own addresses
+//! ([`PortalInfo::announced`]).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -35,6 +40,91 @@ pub struct PortalInfo {
     pub address: SocketAddr,
     /// The address SendTargets announces for it instead, if any.
     pub advertise: Option<SocketAddr>,
+}
+
+impl PortalInfo {
+    /// Whether the portal listens on every address of the host
+    /// (`0.0.0.0` or `[::]`).
+    pub fn is_wildcard(&self) -> bool {
+        self.address.ip().is_unspecified()
+    }
+
+    /// The addresses SendTargets announces for this portal to an initiator
+    /// whose connection came in on `local` (the target's side of it, as
+    /// `getsockname` gives it; `None` when the connection is no TCP
+    /// connection): its advertised address when it has one; else the
+    /// address it listens on; for a wildcard portal, `local`'s address with
+    /// the portal's port (an IPv6 connection to a `0.0.0.0` portal, which
+    /// cannot reach it, and a connection with no `local` get the host's
+    /// addresses instead, see [`host_addresses`]).
+    pub fn announced(&self, local: Option<SocketAddr>) -> Vec<SocketAddr> {
+        if let Some(a) = self.advertise {
+            return vec![a];
+        }
+        if !self.is_wildcard() {
+            return vec![self.address];
+        }
+        // An IPv4 initiator on a dual-stack `[::]` socket shows as
+        // ::ffff:a.b.c.d; it connected to a.b.c.d.
+        match local.map(|l| l.ip().to_canonical()) {
+            Some(ip) if self.address.is_ipv6() || ip.is_ipv4() => {
+                vec![SocketAddr::new(ip, self.address.port())]
+            }
+            _ => host_addresses(self.address),
+        }
+    }
+}
+
+/// The addresses of this host that a wildcard portal (`0.0.0.0:PORT`, or
+/// `[::]:PORT`, which takes IPv4 too) can be reached at, with its port:
+/// every address of every interface that is up, IPv4 first, without
+/// loopback and IPv6 link-local addresses (which need an interface to be
+/// named) unless the host has no other. Empty when the interfaces cannot
+/// be read. A portal with a specific address gives just that address.
+pub fn host_addresses(portal: SocketAddr) -> Vec<SocketAddr> {
+    use nix::net::if_::InterfaceFlags;
+    if !portal.ip().is_unspecified() {
+        return vec![portal];
+    }
+    let ifaddrs = match nix::ifaddrs::getifaddrs() {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!("cannot list this host's addresses (getifaddrs): {e}");
+            return Vec::new();
+        }
+    };
+    let mut all: Vec<std::net::IpAddr> = Vec::new();
+    for a in ifaddrs.filter(|a| a.flags.contains(InterfaceFlags::IFF_UP)) {
+        let Some(sa) = a.address else { continue };
+        let ip = if let Some(v4) = sa.as_sockaddr_in() {
+            std::net::IpAddr::V4(v4.ip())
+        } else if let Some(v6) = sa.as_sockaddr_in6() {
+            if portal.is_ipv4() {
+                continue;
+            }
+            std::net::IpAddr::V6(v6.ip())
+        } else {
+            continue;
+        };
+        if !all.contains(&ip) {
+            all.push(ip);
+        }
+    }
+    let routable = |ip: &std::net::IpAddr| match ip {
+        std::net::IpAddr::V4(v4) => !v4.is_loopback() && !v4.is_unspecified(),
+        std::net::IpAddr::V6(v6) => {
+            !v6.is_loopback() && !v6.is_unspecified() && !v6.is_unicast_link_local()
+        }
+    };
+    let mut chosen: Vec<std::net::IpAddr> = all.iter().copied().filter(routable).collect();
+    if chosen.is_empty() {
+        chosen = all.into_iter().filter(|ip| ip.is_loopback()).collect();
+    }
+    chosen.sort_by_key(|ip| ip.is_ipv6());
+    chosen
+        .into_iter()
+        .map(|ip| SocketAddr::new(ip, portal.port()))
+        .collect()
 }
 
 /// Why a portal could not be added, changed or removed.
@@ -317,4 +407,71 @@ fn listing(entries: &[Entry]) -> String {
         .map(|e| e.info.address.to_string())
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn a(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    fn portal(address: &str, advertise: Option<&str>) -> PortalInfo {
+        PortalInfo {
+            address: a(address),
+            advertise: advertise.map(a),
+        }
+    }
+
+    #[test]
+    fn a_wildcard_portal_is_announced_as_the_address_the_connection_reached() {
+        let local = Some(a("10.1.2.3:3260"));
+        // Through another portal: that address, this portal's port.
+        assert_eq!(
+            portal("0.0.0.0:3261", None).announced(local),
+            [a("10.1.2.3:3261")]
+        );
+        // An IPv4 initiator on a dual-stack [::] portal shows as
+        // ::ffff:10.1.2.3 locally; it is told 10.1.2.3.
+        assert_eq!(
+            portal("[::]:3260", None).announced(Some(a("[::ffff:10.1.2.3]:3260"))),
+            [a("10.1.2.3:3260")]
+        );
+        assert_eq!(
+            portal("[::]:3260", None).announced(Some(a("[2001:db8::7]:3260"))),
+            [a("[2001:db8::7]:3260")]
+        );
+        // Advertised and specific portals are announced as they are.
+        assert_eq!(
+            portal("0.0.0.0:3260", Some("203.0.113.5:3260")).announced(local),
+            [a("203.0.113.5:3260")]
+        );
+        assert_eq!(
+            portal("127.0.0.1:3260", None).announced(local),
+            [a("127.0.0.1:3260")]
+        );
+    }
+
+    #[test]
+    fn without_a_connection_address_a_wildcard_portal_names_the_hosts_addresses() {
+        // An IPv6 connection cannot reach a 0.0.0.0 portal; the native
+        // transport has no address: the host's IPv4 addresses stand in.
+        for local in [None, Some(a("[2001:db8::7]:3260"))] {
+            let got = portal("0.0.0.0:3260", None).announced(local);
+            assert!(
+                got.iter()
+                    .all(|s| s.is_ipv4() && !s.ip().is_unspecified() && s.port() == 3260),
+                "{got:?}"
+            );
+        }
+        let got = host_addresses(a("[::]:3262"));
+        assert!(
+            got.iter()
+                .all(|s| !s.ip().is_unspecified() && s.port() == 3262),
+            "{got:?}"
+        );
+        // Every host has at least its loopback address.
+        assert!(!host_addresses(a("0.0.0.0:1")).is_empty());
+    }
 }

@@ -558,21 +558,35 @@ impl Registry {
     }
 
     /// `TargetAddress` values for every live portal, `addr:port,tpgt` with
-    /// IPv6 addresses in brackets (§13.8): a portal's advertised address
-    /// when it has one, else the address it listens on.
-    pub fn target_addresses(&self) -> Vec<String> {
-        self.portals
+    /// IPv6 addresses in brackets (§13.8), for an initiator whose
+    /// connection came in on `local` (see [`PortalInfo::announced`]): a
+    /// portal's advertised address when it has one, else the address it
+    /// listens on, and for a wildcard portal (`0.0.0.0`, `[::]`) `local`'s
+    /// address or, without `local`, the host's addresses.
+    pub fn target_addresses(&self, local: Option<SocketAddr>) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for p in self
+            .portals
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
-            .map(|p| {
-                format!(
-                    "{},{}",
-                    p.advertise.unwrap_or(p.address),
-                    self.portal_group_tag
-                )
-            })
-            .collect()
+        {
+            for a in p.announced(local) {
+                let value = format!("{a},{}", self.portal_group_tag);
+                if !out.contains(&value) {
+                    out.push(value);
+                }
+            }
+        }
+        out
+    }
+
+    /// The live portals: where each listens and what it is advertised as.
+    pub fn portals(&self) -> Vec<PortalInfo> {
+        self.portals
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The addresses the live portals listen on (bound, with their real
@@ -598,13 +612,16 @@ impl Registry {
 
     /// Answer a SendTargets text request (RFC 7143 Appendix C): `All` lists
     /// every target, a name lists that target, an empty value lists the
-    /// session's own target.
+    /// session's own target. `local` is the target's end of the asking
+    /// connection (it names wildcard portals; see
+    /// [`Registry::target_addresses`]).
     pub(crate) fn send_targets(
         &self,
         query: &str,
         own: Option<&TargetEntry>,
         initiator: &str,
         peer_ip: Option<std::net::IpAddr>,
+        local: Option<SocketAddr>,
     ) -> Vec<(String, String)> {
         let targets = self.directory.targets();
         let chosen: Vec<&TargetEntry> = match query {
@@ -616,7 +633,7 @@ impl Registry {
                 .map(|t| t.as_ref())
                 .collect(),
         };
-        let addrs = self.target_addresses();
+        let addrs = self.target_addresses(local);
         let mut out = Vec::new();
         // Only targets this initiator may log in to.
         for t in chosen

@@ -142,6 +142,11 @@ impl Reloader {
                 .push("the AoE exports ([aoe], and targets and LUNs as AoE sees them)".into());
         }
         let options = current.options.clone();
+        // The locks of the LUNs this reload takes away or replaces: a store
+        // the new configuration opens again (a LUN whose options change, a
+        // target rebuilt) keeps its lock instead of finding it held by the
+        // LUN it replaces.
+        let released = &mut self.released_locks(current, &new);
         // Prepare: open every store the new configuration adds or changes.
         let old: BTreeMap<&str, &TargetConfig> = current
             .targets
@@ -151,9 +156,9 @@ impl Reloader {
         let mut changes = Vec::new();
         for t in &new.targets {
             match old.get(t.name.as_str()) {
-                None => changes.push(TargetChange::Add(build_target(t, &options)?)),
+                None => changes.push(TargetChange::Add(build_target(t, &options, released)?)),
                 Some(o) if o.alias != t.alias => {
-                    changes.push(TargetChange::Rebuild(build_target(t, &options)?))
+                    changes.push(TargetChange::Rebuild(build_target(t, &options, released)?))
                 }
                 Some(o) => {
                     if o.access.rules != t.access.rules {
@@ -168,13 +173,16 @@ impl Reloader {
                         match (before.get(&n), after.get(&n)) {
                             (Some(_), None) => luns.push(LunChange::Remove(n)),
                             (None, Some(&i)) => {
-                                luns.push(LunChange::Add(n, open_lun(t, i, &options)?))
+                                luns.push(LunChange::Add(n, open_lun(t, i, &options, released)?))
                             }
                             (Some(&a), Some(&b))
                                 if !same_store(&o.luns[a], &t.luns[b])
                                     || lun_policy(o, a) != lun_policy(t, b) =>
                             {
-                                luns.push(LunChange::Replace(n, open_lun(t, b, &options)?))
+                                luns.push(LunChange::Replace(
+                                    n,
+                                    open_lun(t, b, &options, released)?,
+                                ))
                             }
                             (Some(&a), Some(&b)) => {
                                 if let Some(bytes) = resized(&o.luns[a], &t.luns[b]) {
@@ -389,6 +397,41 @@ impl Reloader {
                 }
             }
         }
+    }
+
+    /// The store locks of the live LUNs that `new` removes or replaces
+    /// (see [`ethersan_backend::lock`]).
+    fn released_locks(
+        &self,
+        current: &Config,
+        new: &Config,
+    ) -> Vec<Arc<ethersan_backend::lock::StoreLock>> {
+        let mut out = Vec::new();
+        for o in &current.targets {
+            let Some(live) = self.registry.target(&o.name) else {
+                continue;
+            };
+            let live = live.scsi.luns();
+            let t = new
+                .targets
+                .iter()
+                .find(|t| t.name == o.name && t.alias == o.alias);
+            let after: BTreeMap<u64, usize> = t
+                .map(|t| t.numbered().into_iter().collect())
+                .unwrap_or_default();
+            for (n, a) in o.numbered() {
+                let kept = t.zip(after.get(&n)).is_some_and(|(t, &b)| {
+                    same_store(&o.luns[a], &t.luns[b]) && lun_policy(o, a) == lun_policy(t, b)
+                });
+                if kept {
+                    continue;
+                }
+                if let Some(l) = live.get(&n).and_then(|s| s.lu.device().store_lock()) {
+                    out.push(l);
+                }
+            }
+        }
+        out
     }
 
     fn add_target(&self, t: TargetEntry) {

@@ -36,6 +36,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::fill::read_fill;
+use crate::lock::{Locking, StoreLock};
 use crate::uring::UringEngine;
 use crate::{BackendError, BlockDevice, IoCompletion, IoRequest, Submission};
 
@@ -117,6 +118,9 @@ pub struct FileDevice {
     num_blocks: AtomicU64,
     is_block_device: bool,
     thin: bool,
+    /// The lock on the store while this device exports it (see
+    /// [`crate::lock`]); `None` when opened without one.
+    lock: Option<Arc<StoreLock>>,
 }
 
 /// Set up io_uring with `setup`; when the kernel refuses it (EPERM with
@@ -281,8 +285,20 @@ fn would_truncate(path: &Path, current: u64, size: u64) -> BackendError {
 }
 
 impl FileDevice {
-    /// Open (or create) the backing store at `path`.
+    /// Open (or create) the backing store at `path`, taking no lock on it.
     pub fn open(path: &Path, opts: &FileOptions) -> Result<FileDevice, BackendError> {
+        FileDevice::open_locked(path, opts, Locking::None)
+    }
+
+    /// Open (or create) the backing store at `path` and lock it as
+    /// `locking` says (see [`crate::lock`]) before anything about it is
+    /// changed (its size): a store another exporter holds is refused with
+    /// [`BackendError::InUse`]. The lock lasts as long as the device.
+    pub fn open_locked(
+        path: &Path,
+        opts: &FileOptions,
+        locking: Locking,
+    ) -> Result<FileDevice, BackendError> {
         let bs = opts.block_size;
         let open_err = |source| BackendError::Open {
             path: path.display().to_string(),
@@ -296,6 +312,12 @@ impl FileDevice {
             .open(path)
             .map_err(open_err)?;
         let meta = file.metadata().map_err(open_err)?;
+        let lock = match locking {
+            Locking::None => None,
+            Locking::Inherit(l) if l.locks(&meta) => Some(l),
+            Locking::Take(mode) => Some(Self::lock(path, &file, mode)?),
+            Locking::Inherit(l) => Some(Self::lock(path, &file, l.mode())?),
+        };
         let is_block_device = meta.file_type().is_block_device();
         let size = if is_block_device {
             let dev_size = block_device_size(&file).map_err(open_err)?;
@@ -397,7 +419,19 @@ impl FileDevice {
             opened: std::time::Instant::now(),
             is_block_device,
             thin,
+            lock,
         })
+    }
+
+    /// Lock the store just opened. A file this open seemed to create and
+    /// that is locked already was created by the holder in the meantime:
+    /// it is left alone.
+    fn lock(
+        path: &Path,
+        file: &File,
+        mode: crate::lock::LockMode,
+    ) -> Result<Arc<StoreLock>, BackendError> {
+        StoreLock::acquire(file, path, mode).map(Arc::new)
     }
 
     /// Check that [`FileDevice::open`] would succeed, changing nothing:
@@ -838,6 +872,9 @@ impl BlockDevice for FileDevice {
         }
         let hole = seek(libc::SEEK_HOLE)?;
         Ok((true, hole.min(end).saturating_sub(offset).max(1)))
+    }
+    fn store_lock(&self) -> Option<Arc<StoreLock>> {
+        self.lock.clone()
     }
     fn describe(&self) -> String {
         format!(

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ethersan_backend::file::{FileDevice, FileOptions, IoEngine};
+use ethersan_backend::lock::{LockMode, Locking, StoreLock};
 use ethersan_backend::ram::RamDevice;
 use ethersan_backend::{BackendError, BlockDevice};
 
@@ -78,6 +79,11 @@ pub struct LunConfig {
     /// Its LUN number when given (`number` in a `[[target.lun]]` table);
     /// otherwise the one after the previous LUN's (the first: 0).
     pub number: Option<u64>,
+    /// Exported on purpose by other servers (or other LUNs) too: its file
+    /// or block device is locked shared instead of for this LUN alone (see
+    /// `ethersan_backend::lock`). A read-only LUN is locked shared anyway;
+    /// an RBD image is always shared.
+    pub shared: bool,
 }
 
 /// The I/O engine of a file LUN that names none: the faster one in the
@@ -85,7 +91,7 @@ pub struct LunConfig {
 pub const DEFAULT_ENGINE: IoEngine = IoEngine::Uring;
 
 impl LunConfig {
-    /// Parse the command-line form `PATH[:SIZE][,ro][,removable][,bs=4096][,serial=S][,naa=HEX]`
+    /// Parse the command-line form `PATH[:SIZE][,ro][,removable][,shared][,bs=4096][,serial=S][,naa=HEX]`
     /// or `ram:SIZE[,...]` or `rbd:POOL/IMAGE[:SIZE][,conf=PATH][,id=USER][,keyring=PATH][,timeout=SECS][,...]`.
     pub fn from_spec(spec: &str) -> Result<LunConfig, ConfigError> {
         let mut parts = spec.split(',');
@@ -153,6 +159,7 @@ impl LunConfig {
             aoe: super::AoeAddress::Default,
             security: ethersan_channel::Level::default(),
             number: None,
+            shared: false,
         };
         lun_opts.extend(parts);
         for opt in lun_opts {
@@ -162,6 +169,7 @@ impl LunConfig {
                 "wce=0" | "nowce" => lun.write_cache = false,
                 "full" | "prealloc" => lun.preallocate = true,
                 "direct" => lun.direct = true,
+                "shared" => lun.shared = true,
                 o if o.starts_with("engine=") => {
                     lun.engine = o[7..].parse().map_err(|e| {
                         ConfigError::Invalid(format!("LUN spec {spec:?}: engine: {e}"))
@@ -205,7 +213,7 @@ impl LunConfig {
                 }
                 o => {
                     return Err(ConfigError::Invalid(format!(
-                        "LUN spec {spec:?}: unknown option {o:?} (known: ro, removable, bs=512|4096, pbs=512|4096, serial=S, naa=HEX, wce=0, full, direct, engine=sync|uring, sanitize_rate=SIZE, aoe=SHELF.SLOT|off, security=none|integrity|encrypt)"
+                        "LUN spec {spec:?}: unknown option {o:?} (known: ro, removable, bs=512|4096, pbs=512|4096, serial=S, naa=HEX, wce=0, full, direct, shared, engine=sync|uring, sanitize_rate=SIZE, aoe=SHELF.SLOT|off, security=none|integrity|encrypt)"
                     )))
                 }
             }
@@ -247,6 +255,9 @@ impl LunConfig {
         if matches!(self.backing, Backing::Ram { .. }) && self.read_only {
             return Err("a RAM LUN cannot be read-only (it would hold only zeros)".into());
         }
+        if matches!(self.backing, Backing::Ram { .. }) && self.shared {
+            return Err("shared is for files and block devices, not RAM LUNs (no other server can see this server's memory)".into());
+        }
         if matches!(self.backing, Backing::Ram { .. }) && self.direct {
             return Err("direct (O_DIRECT) is for files and block devices, not RAM LUNs".into());
         }
@@ -259,12 +270,51 @@ impl LunConfig {
         Ok(())
     }
 
-    /// Open the backing store.
+    /// Open the backing store, locked (a file or block device; see
+    /// `ethersan_backend::lock`): refused while another server, or another
+    /// LUN of this one, exports it, unless both are shared.
     pub fn open(&self) -> Result<Arc<dyn BlockDevice>, BackendError> {
+        self.open_taking_over(&mut Vec::new())
+    }
+
+    /// How this LUN's file or block device is locked: shared when the LUN
+    /// says so or is read-only, else for this LUN alone.
+    pub fn lock_mode(&self) -> LockMode {
+        if self.shared || self.read_only {
+            LockMode::Shared
+        } else {
+            LockMode::Exclusive
+        }
+    }
+
+    /// [`open`](Self::open), keeping a lock of `released` instead when one
+    /// holds this store (it is taken out of the list, and converted to
+    /// this LUN's mode):
+    /// the locks of LUNs that a reload replaces, so that reopening their
+    /// store does not find it in use by themselves.
+    pub fn open_taking_over(
+        &self,
+        released: &mut Vec<Arc<StoreLock>>,
+    ) -> Result<Arc<dyn BlockDevice>, BackendError> {
         Ok(match &self.backing {
             Backing::Ram { size } => Arc::new(RamDevice::new(*size, self.block_size)?),
             Backing::File { path, size } => {
-                Arc::new(FileDevice::open(path, &self.file_options(*size))?)
+                let mode = self.lock_mode();
+                let kept = std::fs::metadata(path).ok().and_then(|meta| {
+                    let i = released.iter().position(|l| l.locks(&meta))?;
+                    Some(released.remove(i))
+                });
+                let locking = match kept {
+                    Some(l) if l.mode() == mode => Locking::Inherit(l),
+                    // Read-only now, or no longer: the same lock, converted.
+                    Some(l) => Locking::Inherit(Arc::new(l.convert(path, mode)?)),
+                    None => Locking::Take(mode),
+                };
+                Arc::new(FileDevice::open_locked(
+                    path,
+                    &self.file_options(*size),
+                    locking,
+                )?)
             }
             Backing::Rbd { spec } => Arc::new(
                 ethersan_rbd::RbdDevice::open(spec, self.block_size)

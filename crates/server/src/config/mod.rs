@@ -260,6 +260,7 @@ impl Config {
                     aoe: AoeAddress::Default,
                     security: ethersan_channel::Level::default(),
                     number: None,
+                    shared: false,
                 }],
             }],
             options,
@@ -273,10 +274,11 @@ impl Config {
 }
 
 /// The first LUN whose backing file an earlier LUN also uses with one of
-/// them writable, as (target index, LUN index, message). Two LUNs writing
-/// one file each keep their own cache, reservations and identity: they
-/// corrupt each other's data.
+/// them writable (and not both `shared`), as (target index, LUN index,
+/// message). Two LUNs writing one file each keep their own cache,
+/// reservations and identity: they corrupt each other's data.
 pub fn shared_backing_file(targets: &[TargetConfig]) -> Option<(usize, usize, String)> {
+    // (file, where, read-only or shared: locked shared)
     let mut seen: Vec<(PathBuf, String, bool)> = Vec::new();
     for (ti, t) in targets.iter().enumerate() {
         for (li, l) in t.luns.iter().enumerate() {
@@ -286,18 +288,18 @@ pub fn shared_backing_file(targets: &[TargetConfig]) -> Option<(usize, usize, St
             let key = same_file_key(path);
             let here = format!("target {} LUN {li}", t.name);
             if let Some((_, there, ro)) = seen.iter().find(|(k, _, _)| *k == key) {
-                if !(*ro && l.read_only) {
+                if !(*ro && (l.read_only || l.shared)) {
                     return Some((
                         ti,
                         li,
                         format!(
-                            "{} is already the backing file of {there}: two LUNs writing one file corrupt each other's data; export it once (every portal reaches it) or make both LUNs read-only",
+                            "{} is already the backing file of {there}: two LUNs writing one file corrupt each other's data; export it once (every portal reaches it) or make both LUNs read-only (or shared = true on both, if something else keeps them coherent)",
                             path.display()
                         ),
                     ));
                 }
             }
-            seen.push((key, here, l.read_only));
+            seen.push((key, here, l.read_only || l.shared));
         }
     }
     None

@@ -218,6 +218,9 @@ fn lun(l: &LunConfig, t: &TargetConfig, i: usize) -> Table {
         Value::String(if l.preallocate { "full" } else { "thin" }.into()),
     );
     out.insert("direct".into(), Value::Boolean(l.direct));
+    if l.shared {
+        out.insert("shared".into(), Value::Boolean(true));
+    }
     if matches!(l.backing, Backing::File { .. }) {
         out.insert("engine".into(), Value::String(l.engine.to_string()));
     }

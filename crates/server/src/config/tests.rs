@@ -659,3 +659,28 @@ fn rbd_luns_in_specs_and_tables_and_saved_back() {
     let t = text.replace("target_port_group = 2", "target_port_group = 0");
     assert!(Config::from_toml_str(&t, "t").is_err(), "group 0 accepted");
 }
+
+#[test]
+fn shared_key_and_spec_option() {
+    assert!(!LunConfig::from_spec("/tmp/x.img:1G").unwrap().shared);
+    let l = LunConfig::from_spec("/tmp/x.img:1G,shared").unwrap();
+    assert!(l.shared);
+    assert_eq!(l.lock_mode(), ethersan_backend::lock::LockMode::Shared);
+    let ro = LunConfig::from_spec("/tmp/x.img,ro").unwrap();
+    assert_eq!(ro.lock_mode(), ethersan_backend::lock::LockMode::Shared);
+    let e = LunConfig::from_spec("ram:1M,shared")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not RAM LUNs"), "{e}");
+    let base = "portals = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.org.t:a\"\n";
+    let two = |opt: &str| {
+        format!("{base}[[target.lun]]\npath = \"/tmp/s.img\"\n{opt}[[target.lun]]\npath = \"/tmp/s.img\"\n{opt}")
+    };
+    // Two LUNs writing one file: refused, unless both are shared.
+    let e = Config::from_toml_str(&two(""), "t")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("shared = true on both"), "{e}");
+    let c = Config::from_toml_str(&two("shared = true\n"), "t").unwrap();
+    assert!(c.targets[0].luns.iter().all(|l| l.shared));
+}

@@ -350,6 +350,9 @@ struct RawLunTable {
     /// O_DIRECT.
     #[serde(default)]
     direct: bool,
+    /// Exported on purpose by other servers too: locked shared.
+    #[serde(default)]
+    shared: bool,
     /// "sync" or "uring".
     engine: Option<String>,
     /// Most bytes per second a SANITIZE writes.
@@ -668,6 +671,7 @@ impl Config {
                             },
                             physical_block_size: tb.physical_block_size.unwrap_or(4096),
                             direct: tb.direct,
+                            shared: tb.shared,
                             sanitize_rate: tb
                                 .sanitize_rate
                                 .as_ref()

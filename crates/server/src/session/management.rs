@@ -186,6 +186,7 @@ impl Session {
                             self.setup.target.as_deref(),
                             &self.setup.params.initiator_name,
                             self.setup.peer_ip,
+                            self.setup.local_addr,
                         ));
                     } else {
                         out.push((k, "NotUnderstood".to_string()));

@@ -77,6 +77,9 @@ pub(crate) struct SessionSetup {
     pub(crate) options: SessionOptions,
     /// The initiator's address (for access lists).
     pub(crate) peer_ip: Option<std::net::IpAddr>,
+    /// The target's end of the TCP connection (`None`: another stream),
+    /// announced for wildcard portals in SendTargets answers.
+    pub(crate) local_addr: Option<std::net::SocketAddr>,
     /// The native transport channel's security level (`None`: TCP).
     pub(crate) channel_level: Option<u8>,
     /// This session's counters (shared with the registry's listing).

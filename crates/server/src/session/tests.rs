@@ -90,6 +90,7 @@ impl Harness {
                 memory_budget,
             },
             peer_ip: None,
+            local_addr: None,
         };
         let woken = Arc::new(AtomicUsize::new(0));
         let w = woken.clone();
