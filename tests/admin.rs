@@ -577,7 +577,10 @@ ram = "4M"
     let (srv, sock) = start(dir.path(), &config);
 
     let disk2 = dir.path().join("disk2.img");
-    ctl_ok(&sock, &["lun", "add", IQN, &format!("{}:1M", disk2.display())]);
+    ctl_ok(
+        &sock,
+        &["lun", "add", IQN, &format!("{}:1M", disk2.display())],
+    );
     ctl_ok(&sock, &["lun", "rm", IQN, "1"]);
     ctl_ok(&sock, &["acl", "add", IQN, "127.0.0.0/8"]);
     let said = ctl_ok(&sock, &["save"]);
@@ -600,7 +603,10 @@ ram = "4M"
             "[[target.lun]]\nnumber = 2\npath = \"disk2.img\"\nsize = 1048576\n",
         );
     let saved = std::fs::read_to_string(&config).unwrap();
-    assert_eq!(saved, expected, "the saved file differs from the expected edit");
+    assert_eq!(
+        saved, expected,
+        "the saved file differs from the expected edit"
+    );
     assert_eq!(std::fs::read_to_string(&backup).unwrap(), original);
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(
@@ -629,7 +635,9 @@ ram = "4M"
     };
     assert!(
         reload.iter().any(|l| l.contains("has no changes to apply"))
-            && !reload.iter().any(|l| l.contains("[options]") || l.contains("WARN")),
+            && !reload
+                .iter()
+                .any(|l| l.contains("[options]") || l.contains("WARN")),
         "the reload of the saved file changed something: {reload:?}"
     );
     // A second save has nothing to write.
