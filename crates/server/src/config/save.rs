@@ -581,7 +581,7 @@ impl Editor {
                     // A key the file has in another form (an explicit
                     // default, a spec string) is replaced in place.
                     let item = if block {
-                        block_item(k, nv)
+                        self::block(k, nv)
                     } else {
                         Item::Value(inline(nv))
                     };
@@ -630,7 +630,7 @@ impl Editor {
             }
             _ => {
                 let fresh = if item.is_table() {
-                    block_item(key, new)
+                    self::block(key, new)
                 } else {
                     Item::Value(inline(new))
                 };
@@ -688,7 +688,7 @@ impl Editor {
             }
             Item::Value(Value::Array(a)) if a.is_empty() && !new.is_empty() => {
                 // `lun = []` that gets LUNs: written as `[[target.lun]]`.
-                *item = block_item(key, &V::A(new.to_vec()));
+                *item = block(key, &V::A(new.to_vec()));
                 for id in &new_ids {
                     self.changes.push(format!("{} added", el(id)));
                 }
@@ -718,7 +718,7 @@ impl Editor {
                 *a = out;
             }
             other => {
-                *other = block_item(key, &V::A(new.to_vec()));
+                *other = block(key, &V::A(new.to_vec()));
                 self.changes.push(format!("{path} changed"));
             }
         }
@@ -760,10 +760,6 @@ fn reuse(a: &Array, old: &[V], new: &[V], mut edit: impl FnMut(usize) -> Option<
     out.set_trailing_comma(a.trailing_comma() && !out.is_empty());
     *out.decor_mut() = a.decor().clone();
     out
-}
-
-fn block_item(key: &str, v: &V) -> Item {
-    block(key, v)
 }
 
 /// Put `new` where `item` is, keeping the comments and spacing around a
