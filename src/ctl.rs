@@ -577,8 +577,29 @@ pub(crate) async fn cmd_ctl(a: CtlArgs) -> anyhow::Result<()> {
                 Some(json!({"path": path.map(|p| p.display().to_string())})),
             )
             .await?;
-            done(format!("saved to {}", v["path"].as_str().unwrap_or("")), v);
+            done(saved_text(&v), v);
         }
     }
     Ok(())
+}
+
+/// What `ctl save` did, for a person: where, how, the backup, the changes.
+fn saved_text(v: &Value) -> String {
+    let path = v["path"].as_str().unwrap_or("");
+    if v["written"] == false {
+        return format!("{path} holds the running configuration already; nothing written");
+    }
+    let mut out = format!("saved the running configuration to {path}");
+    match v["note"].as_str() {
+        Some(n) => out.push_str(&format!(" (written whole: {n})")),
+        None if v["edited"] == true => out.push_str(" (edited in place: comments and layout kept)"),
+        None => {}
+    }
+    if let Some(b) = v["backup"].as_str() {
+        out.push_str(&format!("\nprevious version kept in {b}"));
+    }
+    for c in v["changes"].as_array().into_iter().flatten() {
+        out.push_str(&format!("\n  {}", c.as_str().unwrap_or("")));
+    }
+    out
 }

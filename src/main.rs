@@ -933,6 +933,27 @@ async fn serve(
     Ok(())
 }
 
+/// Whether stderr is connected to systemd's journal: `JOURNAL_STREAM`
+/// names its device and inode (systemd.exec(5)).
+fn stderr_is_journal() -> bool {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::MetadataExt;
+    let Some((dev, ino)) = std::env::var("JOURNAL_STREAM").ok().and_then(|v| {
+        Some((
+            v.split_once(':')?.0.parse::<u64>().ok()?,
+            v.split_once(':')?.1.parse::<u64>().ok()?,
+        ))
+    }) else {
+        return false;
+    };
+    let Ok(fd) = std::io::stderr().as_fd().try_clone_to_owned() else {
+        return false;
+    };
+    std::fs::File::from(fd)
+        .metadata()
+        .is_ok_and(|m| m.dev() == dev && m.ino() == ino)
+}
+
 fn main() -> ExitCode {
     let matches = <Cli as clap::CommandFactory>::command().get_matches();
     let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
@@ -993,12 +1014,20 @@ fn main() -> ExitCode {
                 .add_directive("fuser::session=error".parse().expect("a valid directive")),
         )
         .with_writer(|| QuietStderr);
-    match cli.log_format {
-        LogFormat::Human => logs
+    // The journal stamps every line itself: no second timestamp.
+    match (cli.log_format, stderr_is_journal()) {
+        (LogFormat::Human, false) => logs
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .init(),
+        (LogFormat::Human, true) => logs.with_ansi(false).without_time().init(),
         // Without the Rust module as `target`: the target's name is a field.
-        LogFormat::Json => logs.json().flatten_event(true).with_target(false).init(),
+        (LogFormat::Json, false) => logs.json().flatten_event(true).with_target(false).init(),
+        (LogFormat::Json, true) => logs
+            .json()
+            .flatten_event(true)
+            .with_target(false)
+            .without_time()
+            .init(),
     }
     // The server's configuration decides how many worker threads run.
     let mut serve_cfg = None;

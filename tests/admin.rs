@@ -563,3 +563,113 @@ fn the_checked_in_openapi_description_matches_the_code() {
         assert!(v["paths"].get(p).is_some(), "{p} is not described");
     }
 }
+
+/// `ctl save` into the hand-written `--config` file: only what changed is
+/// edited (comments, order and the `secret_file` reference kept, no
+/// defaults, no `./`), the previous file is kept as FILE.bak, ctl says so,
+/// and the next SIGHUP finds nothing to change and no `[options]` change.
+#[test]
+fn ctl_save_edits_the_hand_written_config_and_sighup_finds_no_change() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("chap.secret"), "a-secret-of-12+\n").unwrap();
+    let config = dir.path().join("ethersan.toml");
+    let original = format!(
+        r#"# The lab's storage.
+portals = ["127.0.0.1:0"]  # loopback only
+
+[options]
+nop_interval_secs = 0   # the old initiator cannot take NOPs
+
+# CHAP for every target; the secret stays out of this file.
+[chap]
+user = "lab"
+secret_file = "chap.secret"
+discovery = false
+
+[[target]]
+name = "{IQN}"
+# Who may log in.
+allow_initiators = ["{ME}"]
+
+# The system disk.
+[[target.lun]]
+path = "disk0.img"
+size = "8M"
+
+# Scratch space, gone soon.
+[[target.lun]]
+ram = "4M"
+"#
+    );
+    std::fs::write(&config, &original).unwrap();
+    let (srv, sock) = start(dir.path(), &config);
+
+    let disk2 = dir.path().join("disk2.img");
+    ctl_ok(
+        &sock,
+        &["lun", "add", IQN, &format!("{}:1M", disk2.display())],
+    );
+    ctl_ok(&sock, &["lun", "rm", IQN, "1"]);
+    ctl_ok(&sock, &["acl", "add", IQN, "127.0.0.0/8"]);
+    let said = ctl_ok(&sock, &["save"]);
+    let backup = dir.path().join("ethersan.toml.bak");
+    assert!(
+        said.contains(&format!("to {}", config.display()))
+            && said.contains(&format!("previous version kept in {}", backup.display()))
+            && said.contains("edited in place")
+            && said.contains("LUN 1 removed")
+            && said.contains("LUN 2 added"),
+        "ctl save does not say what it wrote where: {said}"
+    );
+    let expected = original
+        .replace(
+            &format!("allow_initiators = [\"{ME}\"]\n"),
+            &format!("allow = [\"{ME}\", \"127.0.0.0/8\"]\n"),
+        )
+        .replace(
+            "# Scratch space, gone soon.\n[[target.lun]]\nram = \"4M\"\n",
+            "[[target.lun]]\nnumber = 2\npath = \"disk2.img\"\nsize = 1048576\n",
+        );
+    let saved = std::fs::read_to_string(&config).unwrap();
+    assert_eq!(
+        saved, expected,
+        "the saved file differs from the expected edit"
+    );
+    assert_eq!(std::fs::read_to_string(&backup).unwrap(), original);
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&config).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+
+    // SIGHUP: the saved file is what runs; no `[options]` warning.
+    let pid = srv.child.id().to_string();
+    common::must_run("kill", &["-HUP", &pid], Duration::from_secs(5));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let reload: Vec<String> = loop {
+        let lines: Vec<String> = srv
+            .log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains("reload"))
+            .cloned()
+            .collect();
+        if !lines.is_empty() {
+            break lines;
+        }
+        assert!(std::time::Instant::now() < deadline, "no reload logged");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        reload.iter().any(|l| l.contains("has no changes to apply"))
+            && !reload
+                .iter()
+                .any(|l| l.contains("[options]") || l.contains("WARN")),
+        "the reload of the saved file changed something: {reload:?}"
+    );
+    // A second save has nothing to write.
+    let again = ctl_ok(&sock, &["save"]);
+    assert!(again.contains("nothing written"), "{again}");
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), expected);
+}

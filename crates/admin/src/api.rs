@@ -569,11 +569,25 @@ pub struct Save {
 /// What was saved.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Saved {
-    /// The file written.
+    /// The file written (or found to hold the running configuration).
     pub path: String,
+    /// Where the file's previous version was kept (`FILE.bak`), if it
+    /// existed and changed.
+    pub backup: Option<String>,
+    /// Whether the file was written (false: it said this already).
+    pub written: bool,
+    /// The existing file was edited where it differs, its comments and
+    /// layout kept (false: written whole).
+    pub edited: bool,
+    /// What changed in the file, one line each.
+    pub changes: Vec<String>,
+    /// Why an existing file was written whole instead of edited.
+    pub note: Option<String>,
 }
 
-/// Write the running configuration as TOML (atomically, mode 0600).
+/// Write the running configuration as TOML (atomically, mode 0600): an
+/// existing configuration file is edited where it differs and its
+/// previous version kept as `FILE.bak`.
 #[utoipa::path(post, path = "/api/v1/save", request_body = Save,
     responses((status = 200, body = Saved), (status = 400, body = ApiError), (status = 500, body = ApiError)))]
 pub async fn save(State(s): State<AdminState>, Json(req): Json<Save>) -> ApiResult<Json<Saved>> {
@@ -585,12 +599,17 @@ pub async fn save(State(s): State<AdminState>, Json(req): Json<Save>) -> ApiResu
             ));
         }
     }
-    let path = blocking(&s, move |c| {
+    let r = blocking(&s, move |c| {
         c.save(req.path.as_deref().map(std::path::Path::new))
     })
     .await?;
     Ok(Json(Saved {
-        path: path.display().to_string(),
+        path: r.path.display().to_string(),
+        backup: r.backup.map(|b| b.display().to_string()),
+        written: r.written,
+        edited: r.edited,
+        changes: r.changes,
+        note: r.note,
     }))
 }
 

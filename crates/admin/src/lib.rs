@@ -120,12 +120,10 @@ pub fn router(state: AdminState) -> Router {
 }
 
 /// Serve the API on a unix socket at `path` (an old socket file there is
-/// replaced; the new one is mode 0600). Runs until the task is aborted.
-pub fn serve_unix(
-    path: &Path,
-    state: AdminState,
-) -> Result<tokio::task::JoinHandle<()>, AdminError> {
-    use std::os::unix::fs::PermissionsExt;
+/// replaced; the new one is mode 0600) until the [`UnixApi`] is dropped,
+/// which removes the socket file.
+pub fn serve_unix(path: &Path, state: AdminState) -> Result<UnixApi, AdminError> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let err = |cause| AdminError::Socket {
         path: path.to_path_buf(),
         cause,
@@ -140,14 +138,43 @@ pub fn serve_unix(
     }
     let listener = UnixListener::bind(path).map_err(err)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+    let made = std::fs::symlink_metadata(path).map_err(err)?;
     let app = router(state).layer(axum::middleware::from_fn(|req, next| {
         in_span("socket", req, next)
     }));
-    Ok(tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::warn!(%e, "the API socket stopped");
         }
-    }))
+    });
+    Ok(UnixApi {
+        task,
+        path: path.to_path_buf(),
+        file: (made.dev(), made.ino()),
+    })
+}
+
+/// The API served on a unix socket ([`serve_unix`]). Dropping it stops
+/// serving and removes the socket file, unless another server has put
+/// its own socket there since.
+#[derive(Debug)]
+pub struct UnixApi {
+    task: tokio::task::JoinHandle<()>,
+    path: std::path::PathBuf,
+    /// The socket file's device and inode.
+    file: (u64, u64),
+}
+
+impl Drop for UnixApi {
+    fn drop(&mut self) {
+        use std::os::unix::fs::MetadataExt;
+        self.task.abort();
+        if let Ok(m) = std::fs::symlink_metadata(&self.path) {
+            if (m.dev(), m.ino()) == self.file {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        }
+    }
 }
 
 /// Serve the API on TCP, every request but the dashboard's page needing

@@ -40,6 +40,25 @@ pub enum ControlError {
     },
 }
 
+/// What [`Control::save`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SaveReport {
+    /// The file written (or found to hold the running configuration).
+    pub path: PathBuf,
+    /// Where the file's previous version was kept (`FILE.bak`), if the
+    /// file existed and changed.
+    pub backup: Option<PathBuf>,
+    /// Whether the file was written (false: it said this already).
+    pub written: bool,
+    /// The existing file was edited where it differs, comments and layout
+    /// kept (false: written whole).
+    pub edited: bool,
+    /// What changed in the file, one line each.
+    pub changes: Vec<String>,
+    /// Why an existing file was written whole instead of edited.
+    pub note: Option<String>,
+}
+
 /// The operations of the management plane on one running server.
 pub struct Control {
     reloader: Reloader,
@@ -579,18 +598,62 @@ impl Control {
     }
 
     /// Write the running configuration to `path` (default
-    /// [`Control::default_save_path`]) atomically (a temporary file
-    /// renamed over it), mode 0600 (it holds CHAP secrets). Returns the
-    /// path written.
-    pub fn save(&self, path: Option<&Path>) -> Result<PathBuf, ControlError> {
+    /// [`Control::default_save_path`]), mode 0600 (it may hold CHAP
+    /// secrets). A file there that holds a configuration is edited where
+    /// it differs, comments and layout kept ([`Config::edit_toml`]), and
+    /// its previous version is kept as `FILE.bak`; each file is written
+    /// atomically (a synced temporary file renamed over it). A file that
+    /// already says what runs is left alone.
+    pub fn save(&self, path: Option<&Path>) -> Result<SaveReport, ControlError> {
         let path = path.map_or_else(|| self.default_save_path(), Path::to_path_buf);
         let path = std::path::absolute(&path).unwrap_or(path);
-        let text = self.config().to_toml();
-        write_atomically(&path, text.as_bytes()).map_err(|cause| ControlError::Save {
+        let failed = |path: &Path| {
+            let path = path.to_path_buf();
+            move |cause| ControlError::Save { path, cause }
+        };
+        let existing = match std::fs::read(&path) {
+            Ok(b) => Some(b),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(failed(&path)(e)),
+        };
+        let text = existing.as_deref().map(String::from_utf8_lossy);
+        let base = path.parent().unwrap_or(Path::new("/"));
+        let made = self
+            .config()
+            .edit_toml(text.as_deref(), &path.display().to_string(), base);
+        let mut report = SaveReport {
             path: path.clone(),
-            cause,
-        })?;
-        Ok(path)
+            backup: None,
+            written: false,
+            edited: made.edited,
+            changes: made.changes,
+            note: made.note,
+        };
+        if existing.as_deref() == Some(made.text.as_bytes()) {
+            report.changes.clear();
+            tracing::info!(
+                "save: {} holds the running configuration already; nothing written",
+                path.display()
+            );
+            return Ok(report);
+        }
+        if let Some(old) = &existing {
+            let mut name = path.file_name().unwrap_or_default().to_os_string();
+            name.push(".bak");
+            let backup = path.with_file_name(name);
+            write_atomically(&backup, old).map_err(failed(&backup))?;
+            report.backup = Some(backup);
+        }
+        write_atomically(&path, made.text.as_bytes()).map_err(failed(&path))?;
+        report.written = true;
+        tracing::info!(
+            file = %path.display(),
+            backup = report.backup.as_ref().map(|b| b.display().to_string()),
+            "save: wrote the running configuration ({}): {}",
+            if report.edited { "edited in place" } else { "written whole" },
+            report.changes.join("; ")
+        );
+        Ok(report)
     }
 
     fn edit(

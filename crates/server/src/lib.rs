@@ -246,6 +246,9 @@ pub(crate) async fn accept_loop(l: Arc<TcpListener>, ctx: Arc<AcceptContext>) {
     loop {
         match l.accept().await {
             Ok((sock, peer)) => admit(sock, peer, &ctx),
+            // The listening socket was shut (the portal removed, the
+            // server stopping): nothing more to accept, nothing wrong.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return,
             Err(e) => {
                 warn!(%e, "accept failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;

@@ -207,10 +207,12 @@ impl Entry {
     /// Stop accepting: the listening socket is shut at once (new
     /// connections are refused from now on) and the accept loop ends.
     fn close(self) {
-        shut_listener(&self.listener);
+        // The loop first: woken by the shut socket, it would only find it
+        // shut.
         if let Some(t) = self.task {
             t.abort();
         }
+        shut_listener(&self.listener);
     }
 }
 

@@ -28,6 +28,7 @@ pub use options::{
     GatewayState, Options, Placement, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
     DEFAULT_MAX_KEY_TEXT_BYTES, DEFAULT_MAX_LOGINS_IN_PROGRESS, MIN_KEY_TEXT_BYTES,
 };
+pub use save::EditedToml;
 pub use values::{format_naa, parse_naa, parse_size, validate_name};
 
 /// A configuration error, with its origin.

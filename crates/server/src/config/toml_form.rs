@@ -481,7 +481,7 @@ impl Config {
 
     /// Parse and check TOML text whose relative paths are relative to
     /// `base` (`""`: as they are).
-    fn parse_toml(text: &str, origin: &str, base: &Path) -> Result<Config, ConfigError> {
+    pub(super) fn parse_toml(text: &str, origin: &str, base: &Path) -> Result<Config, ConfigError> {
         let at = |span: Option<Range<usize>>, msg: String| {
             let (span, msg) = point_at_key(text, span, msg);
             let (line, col) = line_col(text, span.map(|s| s.start).unwrap_or(0));
