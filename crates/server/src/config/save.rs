@@ -363,10 +363,7 @@ fn target(t: &TargetConfig, base: &Path) -> Tab {
     let mut out = Tab::default();
     out.put("name", s(t.name.clone()));
     out.put_some("alias", t.alias.clone().map(s));
-    out.put_strings(
-        "allow",
-        t.access.rules.iter().map(|r| r.to_string()),
-    );
+    out.put_strings("allow", t.access.rules.iter().map(|r| r.to_string()));
     match &t.chap {
         TargetChap::Inherit => {}
         TargetChap::None => out.put("chap", s("none")),
@@ -872,9 +869,10 @@ lun = ["ram:4M"]  # spec strings
         l.number = Some(2);
         t.luns.push(l);
         t.luns.remove(1);
-        t.access
-            .rules
-            .push(super::super::access::AclRule::network(("10.0.0.0".parse().unwrap(), 8)));
+        t.access.rules.push(super::super::access::AclRule::network((
+            "10.0.0.0".parse().unwrap(),
+            8,
+        )));
         let e = edit(&cfg, &file);
         let expected = FILE
             .replace(
@@ -909,7 +907,9 @@ lun = ["ram:4M"]  # spec strings
         t.luns.push(LunConfig::from_spec("ram:2M").unwrap());
         t.access
             .rules
-            .push(super::super::access::AclRule::initiator("iqn.2026-11.org.ethersan:b"));
+            .push(super::super::access::AclRule::initiator(
+                "iqn.2026-11.org.ethersan:b",
+            ));
         let e = edit(&cfg, &file);
         assert!(
             e.text.ends_with(
