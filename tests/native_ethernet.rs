@@ -289,7 +289,7 @@ fn attach_format_and_mount_over_raw_ethernet_with_encryption() {
             .recv_timeout(Duration::from_secs(30))
             .expect("attach says where the file is");
         let file = line
-            .split("losetup --find --show ")
+            .split("losetup --find --show --direct-io=on ")
             .nth(1)
             .unwrap_or_else(|| panic!("no losetup command in {line:?}"))
             .trim()
