@@ -212,7 +212,7 @@ fn completions_and_manual_pages_are_generated() {
     }
     assert!(ok(&ethersan(&["completions", "zsh"])).starts_with("#compdef ethersan"));
     assert!(ok(&ethersan(&["completions", "fish"])).contains("complete -c ethersan"));
-    // The manual: the main page and one per subcommand.
+    // The manual: the main page and one per subcommand, at every level.
     let man = ok(&ethersan(&["man"]));
     assert!(
         man.contains(".TH ethersan 1") && man.contains("serve"),
@@ -223,12 +223,17 @@ fn completions_and_manual_pages_are_generated() {
         serve.contains(".TH ethersan-serve 1") && serve.contains("lun"),
         "{serve}"
     );
+    let add = ok(&ethersan(&["man", "ctl", "lun", "add"]));
+    assert!(
+        add.contains(".TH ethersan-ctl-lun-add 1") && add.contains(".SH EXAMPLES"),
+        "{add}"
+    );
     let out = ethersan(&["man", "nope"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success()
-            && err.contains("no subcommand \"nope\"")
-            && err.contains("serve, discover"),
+            && err.contains("no manual page \"ethersan-nope\"")
+            && err.contains("ethersan-serve, ethersan-discover"),
         "{err}"
     );
 }
