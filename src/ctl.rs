@@ -500,14 +500,22 @@ pub(crate) async fn cmd_ctl(a: CtlArgs) -> anyhow::Result<()> {
                     out!("{v}");
                 } else {
                     for p in v.as_array().into_iter().flatten() {
-                        out!(
-                            "{}{}",
-                            p["address"].as_str().unwrap_or(""),
-                            p["advertise"]
-                                .as_str()
-                                .map(|a| format!(" (advertised as {a})"))
-                                .unwrap_or_default()
-                        );
+                        let address = p["address"].as_str().unwrap_or("");
+                        let reachable: Vec<&str> = p["reachable"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(|a| a.as_str())
+                            .collect();
+                        let note = match p["advertise"].as_str() {
+                            Some(a) => format!(" (advertised as {a})"),
+                            // A wildcard portal: where initiators reach it.
+                            None if reachable.iter().any(|r| *r != address) => {
+                                format!(" (reached at {})", reachable.join(", "))
+                            }
+                            None => String::new(),
+                        };
+                        out!("{address}{note}");
                     }
                 }
             }

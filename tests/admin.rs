@@ -309,7 +309,9 @@ async fn every_ctl_operation_applies_live_while_a_session_is_logged_in() {
             .as_array()
             .unwrap()
             .iter()
-            .any(|p| p["address"] == new_portal.as_str() && p["advertise"] == "127.0.0.2:3999"),
+            .any(|p| p["address"] == new_portal.as_str()
+                && p["advertise"] == "127.0.0.2:3999"
+                && p["reachable"] == serde_json::json!(["127.0.0.2:3999"])),
         "{portals}"
     );
     let mut via = login_opts(ME);

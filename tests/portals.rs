@@ -353,6 +353,8 @@ fn a_wildcard_portal_is_announced_as_the_address_the_initiator_reached() {
     common::require_tool("iscsi-ls");
     let veth = common::netns::Veth::new("portal", 1500);
     let target_ip = common::netns::Veth::TARGET_IP;
+    let api_dir = tempfile::tempdir().unwrap();
+    let api = api_dir.path().join("api.sock");
     let server = veth.serve(&[
         "serve".into(),
         "--target".into(),
@@ -361,6 +363,8 @@ fn a_wildcard_portal_is_announced_as_the_address_the_initiator_reached() {
         "0.0.0.0:3260".into(),
         "--lun".into(),
         "ram:4M".into(),
+        "--api-socket".into(),
+        api.display().to_string(),
     ]);
     let reached = format!("{target_ip}:3260");
     // The hint lines follow "connect with", which the start waits for.
@@ -377,6 +381,18 @@ fn a_wildcard_portal_is_announced_as_the_address_the_initiator_reached() {
             && log.contains(&format!("-p {reached} --login"))
             && !log.contains("-p 0.0.0.0"),
         "the hints name the host's address: {log}"
+    );
+    // `ctl portal ls` says where the wildcard portal is reached.
+    let ls = common::ok(&common::ethersan(&[
+        "ctl",
+        "--socket",
+        &api.display().to_string(),
+        "portal",
+        "ls",
+    ]));
+    assert!(
+        ls.contains(&format!("0.0.0.0:3260 (reached at {reached}")),
+        "ctl portal ls: {ls}"
     );
     let in_ns = |ns: &str, args: &[&str]| {
         let mut all = vec!["netns", "exec", ns];

@@ -620,21 +620,28 @@ pub struct Portal {
     pub address: String,
     /// The address SendTargets announces for it, if another.
     pub advertise: Option<String>,
+    /// Where initiators reach it (answered, ignored in a request): the
+    /// advertised address, else the address itself, or for a wildcard
+    /// portal (0.0.0.0, [::]) this host's addresses, as SendTargets
+    /// answers a connection that does not say which one it reached.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reachable: Vec<String>,
+}
+
+impl From<&ethersan_server::portals::PortalInfo> for Portal {
+    fn from(p: &ethersan_server::portals::PortalInfo) -> Portal {
+        Portal {
+            address: p.address.to_string(),
+            advertise: p.advertise.map(|a| a.to_string()),
+            reachable: p.announced(None).iter().map(|a| a.to_string()).collect(),
+        }
+    }
 }
 
 /// The portals listening now.
 #[utoipa::path(get, path = "/api/v1/portals", responses((status = 200, body = Vec<Portal>)))]
 pub async fn list_portals(State(s): State<AdminState>) -> Json<Vec<Portal>> {
-    Json(
-        s.control
-            .portals()
-            .into_iter()
-            .map(|p| Portal {
-                address: p.address.to_string(),
-                advertise: p.advertise.map(|a| a.to_string()),
-            })
-            .collect(),
-    )
+    Json(s.control.portals().iter().map(Portal::from).collect())
 }
 
 fn socket_addr(what: &str, s: &str) -> ApiResult<std::net::SocketAddr> {
@@ -662,10 +669,10 @@ pub async fn add_portal(
     let bound = blocking(&s, move |c| c.add_portal(address, advertise)).await?;
     Ok((
         StatusCode::CREATED,
-        Json(Portal {
-            address: bound.to_string(),
-            advertise: advertise.map(|a| a.to_string()),
-        }),
+        Json(Portal::from(&ethersan_server::portals::PortalInfo {
+            address: bound,
+            advertise,
+        })),
     ))
 }
 
