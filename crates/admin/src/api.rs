@@ -622,7 +622,7 @@ pub struct Portal {
     pub advertise: Option<String>,
     /// Where initiators reach it (answered, ignored in a request): the
     /// advertised address, else the address itself, or for a wildcard
-    /// portal (0.0.0.0, [::]) this host's addresses, as SendTargets
+    /// portal (`0.0.0.0`, `[::]`) this host's addresses, as SendTargets
     /// answers a connection that does not say which one it reached.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reachable: Vec<String>,
