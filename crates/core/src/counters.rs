@@ -232,11 +232,7 @@ impl IoCounters {
 
 /// The sense key of fixed (0x70/0x71) or descriptor (0x72/0x73) sense data.
 fn sense_key(sense: &[u8]) -> Option<u8> {
-    match sense.first()? & 0x7f {
-        0x70 | 0x71 => sense.get(2).map(|b| b & 0x0f),
-        0x72 | 0x73 => sense.get(1).map(|b| b & 0x0f),
-        _ => None,
-    }
+    ethersan_scsi::sense::Sense::parse(sense).map(|s| s.key)
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::{Error, Phase};
 use ethersan_proto::negotiate::SessionParams;
+use ethersan_scsi::sense::Sense;
 
 /// The outcome of one SCSI command.
 #[derive(Debug, Clone, Default)]
@@ -42,36 +43,13 @@ pub struct CommandResult {
 impl CommandResult {
     /// Sense key, ASC and ASCQ from fixed or descriptor sense, if present.
     pub fn sense_key(&self) -> Option<(u8, u8, u8)> {
-        let s = &self.sense;
-        match s.first().map(|b| b & 0x7f) {
-            Some(0x70) | Some(0x71) if s.len() >= 14 => Some((s[2] & 0x0f, s[12], s[13])),
-            Some(0x72) | Some(0x73) if s.len() >= 4 => Some((s[1] & 0x0f, s[2], s[3])),
-            _ => None,
-        }
+        Sense::parse(&self.sense).map(|s| s.triple())
     }
 
     /// The INFORMATION field of the sense data (fixed format with VALID
     /// set, or the descriptor format's information descriptor).
     pub fn sense_information(&self) -> Option<u64> {
-        let s = &self.sense;
-        match s.first()? {
-            0xf0 | 0xf1 if s.len() >= 7 => {
-                Some(u64::from(u32::from_be_bytes(s[3..7].try_into().ok()?)))
-            }
-            0x72 | 0x73 if s.len() >= 8 => {
-                let end = (8 + usize::from(s[7])).min(s.len());
-                let mut at = 8;
-                while at + 2 <= end {
-                    let len = usize::from(s[at + 1]);
-                    if s[at] == 0 && len >= 10 && at + 12 <= end {
-                        return Some(u64::from_be_bytes(s[at + 4..at + 12].try_into().ok()?));
-                    }
-                    at += 2 + len;
-                }
-                None
-            }
-            _ => None,
-        }
+        Sense::parse(&self.sense)?.info
     }
 
     /// When an ethersan target refused the command because the native

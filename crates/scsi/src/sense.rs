@@ -96,6 +96,70 @@ impl Sense {
         self
     }
 
+    /// Read sense data in fixed (0x70/0x71) or descriptor (0x72/0x73)
+    /// format, as a target sends it: key, ASC/ASCQ, the INFORMATION field
+    /// (fixed format only with VALID set) and the sense-key-specific
+    /// bytes (a field pointer under ILLEGAL REQUEST, a progress indication
+    /// under NOT READY or NO SENSE). `None` for an empty, truncated or
+    /// unknown format. The one parser of sense data in ethersan: the
+    /// server's logs, the counters, the initiator and the tests use it.
+    pub fn parse(b: &[u8]) -> Option<Sense> {
+        let (key, asc, ascq, info, sks) = match b.first()? & 0x7f {
+            0x70 | 0x71 if b.len() >= 14 => {
+                let info = (b[0] & 0x80 != 0)
+                    .then(|| u64::from(u32::from_be_bytes([b[3], b[4], b[5], b[6]])));
+                let sks = b.get(15..18).filter(|s| s[0] & 0x80 != 0);
+                (
+                    b[2] & 0x0f,
+                    b[12],
+                    b[13],
+                    info,
+                    sks.map(|s| [s[0], s[1], s[2]]),
+                )
+            }
+            0x72 | 0x73 if b.len() >= 4 => {
+                let (mut info, mut sks) = (None, None);
+                let end = b.len().min(8 + usize::from(*b.get(7).unwrap_or(&0)));
+                let mut at = 8;
+                while at + 2 <= end {
+                    let len = usize::from(b[at + 1]);
+                    let body = b.get(at + 2..(at + 2 + len).min(end)).unwrap_or_default();
+                    match b[at] {
+                        0x00 if body.len() >= 10 => {
+                            info = Some(u64::from_be_bytes(body[2..10].try_into().ok()?));
+                        }
+                        0x02 if body.len() >= 5 && body[2] & 0x80 != 0 => {
+                            sks = Some([body[2], body[3], body[4]]);
+                        }
+                        _ => {}
+                    }
+                    at += 2 + len;
+                }
+                (b[1] & 0x0f, b[2], b[3], info, sks)
+            }
+            _ => return None,
+        };
+        let mut sense = Sense::new(key, asc, ascq);
+        sense.info = info;
+        if let Some([b0, hi, lo]) = sks {
+            let value = u16::from_be_bytes([hi, lo]);
+            match key {
+                key::ILLEGAL_REQUEST => {
+                    let bit = (b0 & 0x08 != 0).then_some(b0 & 7);
+                    sense.field = Some((b0 & 0x40 != 0, value, bit));
+                }
+                key::NOT_READY | key::NO_SENSE => sense.progress = Some(value),
+                _ => {}
+            }
+        }
+        Some(sense)
+    }
+
+    /// (key, ASC, ASCQ), the triple most callers compare against.
+    pub const fn triple(&self) -> (u8, u8, u8) {
+        (self.key, self.asc, self.ascq)
+    }
+
     /// Render as fixed (0x70) or descriptor (0x72) sense data.
     pub fn to_bytes(&self, descriptor: bool) -> Vec<u8> {
         let progress = self.progress.map(|p| [0x80, (p >> 8) as u8, p as u8]);
@@ -222,6 +286,34 @@ pub mod codes {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn parse_reads_back_what_to_bytes_writes_in_both_formats() {
+        let cases = [
+            Sense::new(key::UNIT_ATTENTION, 0x29, 0x00),
+            Sense::invalid_cdb_field(2, Some(5)),
+            Sense::invalid_cdb_field(1, None),
+            Sense::invalid_param_field(7),
+            Sense::new(key::MISCOMPARE, 0x1d, 0).with_info(0x1234_5678),
+            Sense::new(key::NOT_READY, 0x04, 0x1b).with_progress(0x8000),
+            Sense::new(key::DATA_PROTECT, 0x74, 0x71).with_info(2),
+        ];
+        for s in cases {
+            assert_eq!(Sense::parse(&s.to_bytes(false)), Some(s), "fixed {s:?}");
+            assert_eq!(Sense::parse(&s.to_bytes(true)), Some(s), "descriptor {s:?}");
+        }
+    }
+
+    #[test]
+    fn parse_refuses_empty_truncated_and_unknown_sense() {
+        assert_eq!(Sense::parse(&[]), None);
+        assert_eq!(Sense::parse(&[0x70, 0, 6]), None);
+        assert_eq!(Sense::parse(&[0x72, 6]), None);
+        assert_eq!(Sense::parse(&[0x7f; 18]), None);
+        // A descriptor whose length runs past the data is ignored, not read.
+        let s = Sense::parse(&[0x72, 6, 0x29, 0, 0, 0, 0, 12, 0x00, 0x0a, 0x80]).unwrap();
+        assert_eq!((s.triple(), s.info), ((6, 0x29, 0), None));
+    }
     use super::*;
 
     #[test]

@@ -205,11 +205,7 @@ pub(crate) fn sense(r: &ScsiResponse) -> Option<(u8, u8, u8)> {
 
 /// (key, ASC, ASCQ) of raw sense bytes.
 pub(crate) fn sense_of(s: &[u8]) -> Option<(u8, u8, u8)> {
-    match s.first()? & 0x7f {
-        0x70 if s.len() >= 14 => Some((s[2] & 0xf, s[12], s[13])),
-        0x72 if s.len() >= 4 => Some((s[1] & 0xf, s[2], s[3])),
-        _ => None,
-    }
+    crate::sense::Sense::parse(s).map(|s| s.triple())
 }
 
 /// The fixed-format sense-key-specific bytes (SKSV, C/D, BPV, bit; field).

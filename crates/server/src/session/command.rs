@@ -505,12 +505,7 @@ struct SenseSummary<'a>(&'a [u8]);
 impl std::fmt::Display for SenseSummary<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let b = self.0;
-        let fields = match b.first().map(|c| c & 0x7f) {
-            Some(0x70 | 0x71) if b.len() >= 14 => Some((b[2] & 0xf, b[12], b[13])),
-            Some(0x72 | 0x73) if b.len() >= 4 => Some((b[1] & 0xf, b[2], b[3])),
-            _ => None,
-        };
-        match fields {
+        match ethersan_scsi::sense::Sense::parse(b).map(|s| s.triple()) {
             Some((key, asc, ascq)) => write!(f, "{key:x}/{asc:02x}h/{ascq:02x}h"),
             None if b.is_empty() => f.write_str("none"),
             None => write!(f, "{} bytes, unknown format", b.len()),
