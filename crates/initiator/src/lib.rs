@@ -13,7 +13,7 @@ pub mod url;
 
 use bytes::Bytes;
 use ethersan_proto::negotiate::{
-    InitiatorNegotiator, InitiatorSettings, SessionParams, SessionType,
+    InitiatorNegotiator, InitiatorSettings, OperationalParams, SessionParams, SessionType,
 };
 use ethersan_proto::pdu::{Framer, LoginRequest, Pdu};
 use ethersan_proto::text::{encode_text, parse_text, TextAssembler};
@@ -269,8 +269,11 @@ where
         } else {
             SessionType::Discovery
         },
-        header_digest: opts.header_digest,
-        data_digest: opts.data_digest,
+        operational: OperationalParams {
+            header_digests: OperationalParams::digest_offer(opts.header_digest),
+            data_digests: OperationalParams::digest_offer(opts.data_digest),
+            ..OperationalParams::initiator_default()
+        },
         ..InitiatorSettings::default()
     };
     let mut neg = InitiatorNegotiator::new(settings);
