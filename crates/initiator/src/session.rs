@@ -151,9 +151,7 @@ impl Session {
             return Err(e.clone());
         }
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send((req, reply))
-            .map_err(|_| self.ended.gone())?;
+        self.tx.send((req, reply)).map_err(|_| self.ended.gone())?;
         rx.await.map_err(|_| self.ended.gone())?
     }
 
@@ -319,7 +317,8 @@ impl<W: AsyncWrite + Unpin> Driver<W> {
                         let params = self.core.params().clone();
                         let write = write_frame(&mut self.wr, &t.bhs, &t.ahs, &t.data, &params);
                         if let Err(e) = timed(&mut self.core, write).await {
-                            self.core.handle(Event::Failed(e), Instant::now().into_std());
+                            self.core
+                                .handle(Event::Failed(e), Instant::now().into_std());
                         }
                         wrote = true;
                     }
@@ -355,7 +354,9 @@ impl<W: AsyncWrite + Unpin> Driver<W> {
             match timed(&mut self.core, flush).await {
                 Ok(()) => return,
                 // Answer the callers the failure completed.
-                Err(e) => self.core.handle(Event::Failed(e), Instant::now().into_std()),
+                Err(e) => self
+                    .core
+                    .handle(Event::Failed(e), Instant::now().into_std()),
             }
         }
     }

@@ -484,7 +484,9 @@ impl Connection {
     }
 
     fn take_cmd_sn(&mut self) -> u32 {
-        self.window.take().expect("sent only while the window is open")
+        self.window
+            .take()
+            .expect("sent only while the window is open")
     }
 
     fn send_tmf(&mut self, function: TmfFunction, lun: u64, itt: u32, referenced: u32, sn: u32) {

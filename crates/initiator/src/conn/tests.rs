@@ -12,9 +12,8 @@ use ethersan_proto::negotiate::{
     TargetSettings,
 };
 use ethersan_proto::pdu::{
-    reject_reason, DataIn, DataOut, LoginResponse, LogoutResponse, NopIn, Pdu, R2t, RawPdu,
-    Reject, ScsiCommand, ScsiResponse, TaskMgmtRequest, TaskMgmtResponse, TmfFunction,
-    RESERVED_TAG,
+    reject_reason, DataIn, DataOut, LoginResponse, LogoutResponse, NopIn, Pdu, R2t, RawPdu, Reject,
+    ScsiCommand, ScsiResponse, TaskMgmtRequest, TaskMgmtResponse, TmfFunction, RESERVED_TAG,
 };
 use ethersan_proto::seq::CmdSnWindow;
 use ethersan_proto::text::{encode_text, parse_text};
@@ -195,7 +194,10 @@ fn a_data_in_sequence_lands_in_the_callers_buffer() {
     let id = h.read(12 * 1024, buf);
     let (cmd, _) = h.commands().pop().expect("the command");
     assert!(cmd.read && cmd.final_bit && !cmd.write);
-    assert_eq!((cmd.cmd_sn, cmd.exp_stat_sn, cmd.expected_len), (1, 100, 12288));
+    assert_eq!(
+        (cmd.cmd_sn, cmd.exp_stat_sn, cmd.expected_len),
+        (1, 100, 12288)
+    );
     h.target(Pdu::DataIn(data_in(cmd.itt, 0, None)), &[1; 4096]);
     h.target(Pdu::DataIn(data_in(cmd.itt, 4096, None)), &[2; 4096]);
     assert!(h.answers.is_empty());
@@ -224,7 +226,9 @@ fn a_short_read_is_cut_to_what_came_and_its_sense_is_kept() {
     // CHECK CONDITION with sense in the response's data segment.
     let id = h.read(512, Vec::new());
     let (cmd, _) = h.commands().pop().unwrap();
-    let sense = [0x70, 0, 0x05, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x24, 0, 0, 0, 0, 0];
+    let sense = [
+        0x70, 0, 0x05, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x24, 0, 0, 0, 0, 0,
+    ];
     let mut seg = vec![0, sense.len() as u8];
     seg.extend_from_slice(&sense);
     let r = ScsiResponse {
@@ -255,7 +259,11 @@ fn a_write_sends_immediate_and_unsolicited_data_then_answers_each_r2t() {
     let unsol = h.data_outs();
     assert_eq!(unsol.len(), 1);
     assert_eq!(
-        (unsol[0].0.ttt, unsol[0].0.buffer_offset, unsol[0].0.final_bit),
+        (
+            unsol[0].0.ttt,
+            unsol[0].0.buffer_offset,
+            unsol[0].0.final_bit
+        ),
         (RESERVED_TAG, 8192, true)
     );
     for (i, offset) in [16384u32, 32768].into_iter().enumerate() {
@@ -324,7 +332,10 @@ fn commands_wait_while_the_window_is_full_and_go_when_max_cmd_sn_opens_it() {
     let mut h = Harness::new(params(), 2, Config::default());
     let ids: Vec<RequestId> = (0..4).map(|_| h.read(512, Vec::new())).collect();
     let sent = h.commands();
-    assert_eq!(sent.iter().map(|(c, _)| c.cmd_sn).collect::<Vec<_>>(), [1, 2]);
+    assert_eq!(
+        sent.iter().map(|(c, _)| c.cmd_sn).collect::<Vec<_>>(),
+        [1, 2]
+    );
     assert!(!h.c.window().is_open());
     // A response that keeps MaxCmdSN where it is opens nothing.
     h.respond(sent[0].0.itt, 0, 2);
@@ -360,7 +371,10 @@ fn abort_task_ends_the_command_it_names() {
     };
     assert_eq!(tmf.function, TmfFunction::AbortTask);
     assert!(tmf.immediate);
-    assert_eq!((tmf.referenced_task_tag, tmf.ref_cmd_sn), (cmd.itt, cmd.cmd_sn));
+    assert_eq!(
+        (tmf.referenced_task_tag, tmf.ref_cmd_sn),
+        (cmd.itt, cmd.cmd_sn)
+    );
     assert_eq!(tmf.cmd_sn, 2, "immediate: takes no CmdSN");
     let resp = TaskMgmtResponse {
         response: 0,
@@ -427,7 +441,13 @@ fn the_target_is_pinged_when_silent_and_the_connection_closes_without_an_answer(
     h.now += Duration::from_secs(2);
     h.event(Event::Timer);
     let closed = h.closed.clone().expect("closed");
-    assert!(matches!(closed, Some(Error::Timeout { phase: Phase::Ping, .. })));
+    assert!(matches!(
+        closed,
+        Some(Error::Timeout {
+            phase: Phase::Ping,
+            ..
+        })
+    ));
     assert!(matches!(h.answer(id), Err(Error::Timeout { .. })));
     assert!(h.c.is_closed());
 }
@@ -536,11 +556,14 @@ fn logout_closes_the_connection_then_answers() {
         time2wait: 0,
         time2retain: 0,
     };
-    h.c.handle(Event::Pdu(RawPdu {
-        bhs: Pdu::LogoutResponse(resp).encode(0),
-        ahs: Vec::new(),
-        data: Vec::new(),
-    }), h.now);
+    h.c.handle(
+        Event::Pdu(RawPdu {
+            bhs: Pdu::LogoutResponse(resp).encode(0),
+            ahs: Vec::new(),
+            data: Vec::new(),
+        }),
+        h.now,
+    );
     assert!(matches!(h.c.poll_output(), Some(Output::Close(None))));
     assert!(matches!(
         h.c.poll_output(),
@@ -622,8 +645,18 @@ fn login_with_mutual_chap_against_the_target_negotiator() {
     let tp = target.finish().unwrap();
     let ip = &done.params;
     assert_eq!(
-        (ip.max_burst_length, ip.first_burst_length, ip.immediate_data, ip.initial_r2t),
-        (tp.max_burst_length, tp.first_burst_length, tp.immediate_data, tp.initial_r2t)
+        (
+            ip.max_burst_length,
+            ip.first_burst_length,
+            ip.immediate_data,
+            ip.initial_r2t
+        ),
+        (
+            tp.max_burst_length,
+            tp.first_burst_length,
+            tp.immediate_data,
+            tp.initial_r2t
+        )
     );
     assert_eq!(ip.max_data_out_segment(), tp.max_data_out_segment());
     assert_eq!(ip.max_data_in_segment(), tp.max_data_in_segment());
@@ -650,6 +683,9 @@ fn a_refused_login_says_why() {
     };
     assert!(matches!(
         login.handle(raw),
-        Err(Error::LoginRefused { class: 2, detail: 1 })
+        Err(Error::LoginRefused {
+            class: 2,
+            detail: 1
+        })
     ));
 }
