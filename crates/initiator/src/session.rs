@@ -423,10 +423,15 @@ pub(crate) async fn read_pdu<R: AsyncRead + Unpin>(
         .check_header(bhs, &rest)
         .map_err(|e| Error::Protocol(e.to_string()))?;
     let want = head.data_part_len();
+    // read_to_end fills the spare capacity as it is (tokio passes it on
+    // uninitialised), and probes for the end with a small read of its own
+    // once the buffer is full, so the buffer is neither zeroed nor grown.
     let mut part = Vec::with_capacity(want);
-    (&mut *r).take(want as u64).read_to_end(&mut part).await?;
-    if part.len() < want {
-        return Err(Error::Closed);
+    if want > 0 {
+        (&mut *r).take(want as u64).read_to_end(&mut part).await?;
+        if part.len() < want {
+            return Err(Error::Closed);
+        }
     }
     f.finish(head, part)
         .map_err(|e| Error::Protocol(e.to_string()))
