@@ -4,24 +4,32 @@
 //! [`Session`] handle whose driver task keeps many commands in flight;
 //! [`connect`] does the same over TCP from an [`IscsiUrl`]. The `ethersan`
 //! client commands and the in-memory tests are built on it.
+//!
+//! The protocol itself does no I/O: [`login::Login`] is the login phase
+//! and [`conn::Connection`] the full feature phase, state machines fed
+//! PDUs, requests and the time (quinn-proto's manner); the tokio code
+//! (`login` here, `session`) only moves bytes and wakes them.
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod attention;
+pub mod conn;
+pub mod login;
 pub mod native;
+mod result;
 mod session;
 pub mod url;
 
 use bytes::Bytes;
 use ethersan_proto::negotiate::{
-    InitiatorNegotiator, InitiatorSettings, SessionParams, SessionType,
+    InitiatorNegotiator, InitiatorSettings, OperationalParams, SessionParams, SessionType,
 };
-use ethersan_proto::pdu::{Framer, LoginRequest, Pdu};
-use ethersan_proto::text::{encode_text, parse_text, TextAssembler};
+use ethersan_proto::pdu::Framer;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 pub use attention::{Attended, UnitAttention};
-pub use session::{CommandResult, Session};
+pub use result::CommandResult;
+pub use session::Session;
 pub use url::IscsiUrl;
 
 /// Errors of the initiator.
@@ -50,6 +58,9 @@ pub enum Error {
     /// The target rejected a PDU.
     #[error("PDU rejected by target (reason {0:#04x})")]
     Rejected(u8),
+    /// The command was aborted by task management (ABORT TASK).
+    #[error("the command was aborted by task management")]
+    Aborted,
     /// A bad URL.
     #[error("bad iSCSI URL: {0}")]
     Url(String),
@@ -86,6 +97,8 @@ pub enum Phase {
     Logout,
     /// A task management function.
     TaskManagement,
+    /// A NOP-Out ping to the target.
+    Ping,
 }
 
 impl std::fmt::Display for Phase {
@@ -100,6 +113,7 @@ impl std::fmt::Display for Phase {
             Phase::Text => f.write_str("SendTargets/Text request"),
             Phase::Logout => f.write_str("logout"),
             Phase::TaskManagement => f.write_str("task management request"),
+            Phase::Ping => f.write_str("NOP-Out ping"),
         }
     }
 }
@@ -269,8 +283,11 @@ where
         } else {
             SessionType::Discovery
         },
-        header_digest: opts.header_digest,
-        data_digest: opts.data_digest,
+        operational: OperationalParams {
+            header_digests: OperationalParams::digest_offer(opts.header_digest),
+            data_digests: OperationalParams::digest_offer(opts.data_digest),
+            ..OperationalParams::initiator_default()
+        },
         ..InitiatorSettings::default()
     };
     let mut neg = InitiatorNegotiator::new(settings);
@@ -288,99 +305,15 @@ where
     }
     // Login PDUs carry no digests (§13.1) and the RFC default limits.
     let plain = SessionParams::default();
-    let itt = 0x1000;
-    let mut stat_sn = 0u32;
-    let mut csg = 0u8;
-    // Security stage, then operational stage; each may take several rounds.
-    let mut keys = neg.security_proposal();
+    let mut login = login::Login::new(neg, opts.isid);
     loop {
-        let nsg = if csg == 0 { 1 } else { 3 };
-        let data = encode_text(&keys);
-        let req = LoginRequest {
-            transit: true,
-            continue_bit: false,
-            csg,
-            nsg,
-            version_max: 0,
-            version_min: 0,
-            isid: opts.isid,
-            tsih: 0,
-            itt,
-            cid: 0,
-            cmd_sn: 1,
-            exp_stat_sn: stat_sn,
-        };
-        let bhs = Pdu::LoginRequest(req).encode(data.len() as u32);
-        session::write_frame(&mut wr, &bhs, &[], &data, &plain).await?;
+        while let Some(t) = login.poll_transmit() {
+            session::write_frame(&mut wr, &t.bhs, &t.ahs, &t.data, &plain).await?;
+        }
         wr.flush().await?;
-        // Collect the (possibly multi-PDU) response.
-        let mut asm = TextAssembler::default();
-        let (resp, text) = loop {
-            let raw = session::read_pdu(&mut rd, &plain).await?;
-            let Ok(Pdu::LoginResponse(resp)) = Pdu::decode(&raw.bhs) else {
-                return Err(Error::Protocol("expected a Login Response".into()));
-            };
-            if resp.status_class != 0 {
-                return Err(Error::LoginRefused {
-                    class: resp.status_class,
-                    detail: resp.status_detail,
-                });
-            }
-            stat_sn = resp.stat_sn.wrapping_add(1);
-            match asm
-                .push(&raw.data, resp.continue_bit)
-                .map_err(|e| Error::Protocol(e.to_string()))?
-            {
-                Some(t) => break (resp, t),
-                None => {
-                    let more = LoginRequest {
-                        transit: false,
-                        continue_bit: false,
-                        csg,
-                        nsg: 0,
-                        version_max: 0,
-                        version_min: 0,
-                        isid: opts.isid,
-                        tsih: 0,
-                        itt,
-                        cid: 0,
-                        cmd_sn: 1,
-                        exp_stat_sn: stat_sn,
-                    };
-                    let bhs = Pdu::LoginRequest(more).encode(0);
-                    session::write_frame(&mut wr, &bhs, &[], &[], &plain).await?;
-                    wr.flush().await?;
-                }
-            }
-        };
-        let answer =
-            parse_text(&text, &Default::default()).map_err(|e| Error::Protocol(e.to_string()))?;
-        neg.accept_response(&answer).map_err(|e| match e {
-            ethersan_proto::negotiate::NegotiationError::Chap(c) => Error::Auth(c.to_string()),
-            e => Error::Protocol(e.to_string()),
-        })?;
-        if resp.transit && csg == 0 && !neg.auth_complete() {
-            return Err(Error::Auth(
-                "the target left the security stage before CHAP completed".into(),
-            ));
-        }
-        if resp.transit && resp.nsg == 3 {
-            return Ok(Session::start(
-                rd,
-                wr,
-                opts.timeout,
-                neg.finish(),
-                resp.tsih,
-                resp.exp_cmd_sn,
-                stat_sn,
-                resp.max_cmd_sn,
-            ));
-        }
-        if resp.transit {
-            csg = resp.nsg;
-            keys = neg.operational_proposal();
-        } else {
-            keys = neg.pending_answers();
+        let raw = session::read_pdu(&mut rd, &plain).await?;
+        if let Some(done) = login.handle(raw)? {
+            return Ok(Session::start(rd, wr, opts.timeout, done));
         }
     }
 }

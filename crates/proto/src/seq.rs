@@ -1,7 +1,8 @@
 //! RFC 7143 §4.2.2 command numbering: serial-number arithmetic (RFC 1982)
-//! and the target's CmdSN window.
+//! and both ends of the CmdSN window.
 //!
-//! [`CmdWindow`] admits commands in CmdSN order, holds early arrivals until
+//! [`CmdSnWindow`] is the initiator's end: which CmdSN the next command
+//! takes and whether MaxCmdSN lets it go out. [`CmdWindow`] admits commands in CmdSN order, holds early arrivals until
 //! the gap before them fills, drops what lies outside the window, and sizes
 //! MaxCmdSN so that no more than `depth` commands are ever outstanding.
 
@@ -17,6 +18,58 @@ pub fn sn_lt(a: u32, b: u32) -> bool {
 #[inline]
 pub fn sn_le(a: u32, b: u32) -> bool {
     a == b || sn_lt(a, b)
+}
+
+/// The initiator's end of the command window (§4.2.2.1): the CmdSN the
+/// next non-immediate command takes, and the MaxCmdSN the target last
+/// allowed. A command may go out while CmdSN ≤ MaxCmdSN; ExpCmdSN and
+/// MaxCmdSN from every response move the window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CmdSnWindow {
+    cmd_sn: u32,
+    max_cmd_sn: u32,
+}
+
+impl CmdSnWindow {
+    /// A window whose next command takes `cmd_sn`, open up to `max_cmd_sn`
+    /// (the Login Response's ExpCmdSN and MaxCmdSN).
+    pub fn new(cmd_sn: u32, max_cmd_sn: u32) -> Self {
+        CmdSnWindow { cmd_sn, max_cmd_sn }
+    }
+
+    /// The CmdSN the next command carries (immediate commands carry it
+    /// without taking it).
+    pub fn cmd_sn(&self) -> u32 {
+        self.cmd_sn
+    }
+
+    /// The MaxCmdSN the target last allowed.
+    pub fn max_cmd_sn(&self) -> u32 {
+        self.max_cmd_sn
+    }
+
+    /// Whether a command may go out now (CmdSN ≤ MaxCmdSN).
+    pub fn is_open(&self) -> bool {
+        sn_le(self.cmd_sn, self.max_cmd_sn)
+    }
+
+    /// Take the next CmdSN for a non-immediate command, if the window is
+    /// open.
+    pub fn take(&mut self) -> Option<u32> {
+        let sn = self.cmd_sn;
+        self.is_open().then(|| {
+            self.cmd_sn = sn.wrapping_add(1);
+            sn
+        })
+    }
+
+    /// ExpCmdSN and MaxCmdSN from a response. MaxCmdSN only grows, and a
+    /// value below ExpCmdSN - 1 (which no target may send) is ignored.
+    pub fn update(&mut self, exp_cmd_sn: u32, max_cmd_sn: u32) {
+        if sn_le(exp_cmd_sn.wrapping_sub(1), max_cmd_sn) && sn_lt(self.max_cmd_sn, max_cmd_sn) {
+            self.max_cmd_sn = max_cmd_sn;
+        }
+    }
 }
 
 /// What [`CmdWindow::admit`] did with a command.
@@ -158,6 +211,27 @@ mod tests {
         assert_eq!(w.exp_cmd_sn(), 100);
         assert_eq!(w.admit(101, false, 4), Admission::Held);
         assert_eq!(w.admit(101, false, 5), Admission::Dropped(5));
+    }
+
+    #[test]
+    fn the_initiator_window_closes_at_max_cmd_sn_and_opens_with_it() {
+        let mut w = CmdSnWindow::new(1, 2);
+        assert_eq!(w.take(), Some(1));
+        assert_eq!(w.take(), Some(2));
+        assert!(!w.is_open());
+        assert_eq!(w.take(), None);
+        assert_eq!(w.cmd_sn(), 3);
+        // A smaller MaxCmdSN, or one below ExpCmdSN - 1, changes nothing.
+        w.update(3, 1);
+        w.update(10, 5);
+        assert!(!w.is_open());
+        w.update(3, 3);
+        assert_eq!(w.take(), Some(3));
+        // Across the wrap.
+        let mut w = CmdSnWindow::new(u32::MAX, u32::MAX);
+        assert_eq!(w.take(), Some(u32::MAX));
+        w.update(0, 0);
+        assert_eq!(w.take(), Some(0));
     }
 
     #[test]

@@ -459,17 +459,6 @@ fn watch_size(dev: &Arc<dyn BlockDevice>, lu: &Arc<LogicalUnit>, target: &str, l
     }));
 }
 
-fn digests(list: &str) -> Vec<ethersan_proto::negotiate::Digest> {
-    use ethersan_proto::negotiate::Digest;
-    list.split(',')
-        .filter_map(|d| match d.trim() {
-            "None" => Some(Digest::None),
-            "CRC32C" => Some(Digest::Crc32c),
-            _ => None,
-        })
-        .collect()
-}
-
 /// PDUs read ahead of the session at most: enough to keep a session
 /// busy (a full CmdSN window arrives in batches), few enough that a slow
 /// session pushes back on its initiator instead of queueing without end.
@@ -530,14 +519,7 @@ fn target_settings(config: &Config) -> TargetSettings {
                 config::TargetChap::Chap(c) => Some((t.name.clone(), chap_policy(c))),
             })
             .collect(),
-        header_digests: digests(&o.header_digest),
-        data_digests: digests(&o.data_digest),
-        max_recv_data_segment_length: o.max_recv_data_segment_length,
-        max_burst_length: o.max_burst_length,
-        first_burst_length: o.first_burst_length,
-        initial_r2t: o.initial_r2t,
-        immediate_data: o.immediate_data,
-        max_outstanding_r2t: o.max_outstanding_r2t,
+        operational: o.operational(),
         portal_group_tag: o.target_port_group,
         ..TargetSettings::default()
     }

@@ -14,22 +14,8 @@ pub struct InitiatorSettings {
     pub target_name: Option<String>,
     /// Normal or discovery.
     pub session_type: SessionType,
-    /// Ask for CRC32C header digests.
-    pub header_digest: bool,
-    /// Ask for CRC32C data digests.
-    pub data_digest: bool,
-    /// Our MaxRecvDataSegmentLength.
-    pub max_recv_data_segment_length: u32,
-    /// MaxBurstLength to offer.
-    pub max_burst_length: u32,
-    /// FirstBurstLength to offer.
-    pub first_burst_length: u32,
-    /// InitialR2T to offer.
-    pub initial_r2t: bool,
-    /// ImmediateData to offer.
-    pub immediate_data: bool,
-    /// MaxOutstandingR2T to offer.
-    pub max_outstanding_r2t: u32,
+    /// The operational keys to offer (digests in preference order).
+    pub operational: OperationalParams,
 }
 
 impl Default for InitiatorSettings {
@@ -39,14 +25,7 @@ impl Default for InitiatorSettings {
             initiator_alias: None,
             target_name: None,
             session_type: SessionType::Normal,
-            header_digest: false,
-            data_digest: false,
-            max_recv_data_segment_length: 262_144,
-            max_burst_length: 1 << 20,
-            first_burst_length: 262_144,
-            initial_r2t: false,
-            immediate_data: true,
-            max_outstanding_r2t: 4,
+            operational: OperationalParams::initiator_default(),
         }
     }
 }
@@ -65,10 +44,6 @@ pub struct InitiatorNegotiator {
     chap: Option<crate::chap::InitiatorChap>,
 }
 
-pub(super) fn digest_offer(on: bool) -> String {
-    if on { "CRC32C,None" } else { "None" }.to_string()
-}
-
 impl InitiatorNegotiator {
     /// Start with these settings.
     pub fn new(settings: InitiatorSettings) -> Self {
@@ -78,7 +53,7 @@ impl InitiatorNegotiator {
             initiator_alias: settings.initiator_alias.clone(),
             target_name: settings.target_name.clone(),
             max_recv_data_segment_length: 8192,
-            max_send_data_segment_length: settings.max_recv_data_segment_length,
+            max_send_data_segment_length: settings.operational.max_recv_data_segment_length,
             ..SessionParams::default()
         };
         InitiatorNegotiator {
@@ -129,10 +104,16 @@ impl InitiatorNegotiator {
 
     /// Keys for the operational stage.
     pub fn operational_proposal(&self) -> Pairs {
-        let s = &self.settings;
+        let s = &self.settings.operational;
         let mut v = vec![
-            ("HeaderDigest".to_string(), digest_offer(s.header_digest)),
-            ("DataDigest".to_string(), digest_offer(s.data_digest)),
+            (
+                "HeaderDigest".to_string(),
+                Digest::list_value(&s.header_digests),
+            ),
+            (
+                "DataDigest".to_string(),
+                Digest::list_value(&s.data_digests),
+            ),
             ("DefaultTime2Wait".to_string(), "0".to_string()),
             ("DefaultTime2Retain".to_string(), "0".to_string()),
             ("ErrorRecoveryLevel".to_string(), "0".to_string()),
@@ -141,7 +122,7 @@ impl InitiatorNegotiator {
                 s.max_recv_data_segment_length.to_string(),
             ),
         ];
-        if s.session_type == SessionType::Normal {
+        if self.settings.session_type == SessionType::Normal {
             v.extend([
                 ("MaxConnections".to_string(), "1".to_string()),
                 ("InitialR2T".to_string(), yes_no(s.initial_r2t)),

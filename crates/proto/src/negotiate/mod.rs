@@ -6,17 +6,20 @@
 //! end in the same [`SessionParams`].
 //!
 //! Split by seam: the key table and value parsers (`keys`), the settled
-//! parameters and negotiation errors (`params`), the target negotiator
+//! parameters and negotiation errors (`params`), the operational keys
+//! each side offers (`operational`), the target negotiator
 //! (`target`) and the initiator negotiator (`initiator`). Everything is
 //! re-exported here, so paths stay `ethersan_proto::negotiate::*`.
 
 mod initiator;
 mod keys;
+mod operational;
 mod params;
 mod target;
 
 pub use initiator::*;
 pub use keys::*;
+pub use operational::*;
 pub use params::*;
 pub use target::*;
 

@@ -20,50 +20,11 @@ pub enum AuthPolicy {
     },
 }
 
-/// Digest choices in preference order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Digest {
-    /// No digest.
-    None,
-    /// CRC32C.
-    Crc32c,
-}
-
-impl Digest {
-    fn name(self) -> &'static str {
-        match self {
-            Digest::None => "None",
-            Digest::Crc32c => "CRC32C",
-        }
-    }
-    pub(super) fn parse(s: &str) -> Option<Digest> {
-        match s {
-            "None" => Some(Digest::None),
-            "CRC32C" => Some(Digest::Crc32c),
-            _ => None,
-        }
-    }
-}
-
 /// What the target offers and accepts.
 #[derive(Debug, Clone)]
 pub struct TargetSettings {
-    /// Our MaxRecvDataSegmentLength declaration.
-    pub max_recv_data_segment_length: u32,
-    /// Largest MaxBurstLength we accept.
-    pub max_burst_length: u32,
-    /// Largest FirstBurstLength we accept.
-    pub first_burst_length: u32,
-    /// Our InitialR2T preference (false: unsolicited data welcome).
-    pub initial_r2t: bool,
-    /// Our ImmediateData preference.
-    pub immediate_data: bool,
-    /// Largest MaxOutstandingR2T we accept.
-    pub max_outstanding_r2t: u32,
-    /// Acceptable header digests.
-    pub header_digests: Vec<Digest>,
-    /// Acceptable data digests.
-    pub data_digests: Vec<Digest>,
+    /// The operational keys we declare and the largest values we accept.
+    pub operational: OperationalParams,
     /// DefaultTime2Wait we offer.
     pub default_time2wait: u32,
     /// DefaultTime2Retain we offer.
@@ -106,14 +67,7 @@ impl TargetSettings {
 impl Default for TargetSettings {
     fn default() -> Self {
         TargetSettings {
-            max_recv_data_segment_length: 262_144,
-            max_burst_length: 1 << 20,
-            first_burst_length: 65_536,
-            initial_r2t: false,
-            immediate_data: true,
-            max_outstanding_r2t: 4,
-            header_digests: vec![Digest::None, Digest::Crc32c],
-            data_digests: vec![Digest::None, Digest::Crc32c],
+            operational: OperationalParams::target_default(),
             default_time2wait: 2,
             default_time2retain: 0,
             target_alias: None,
@@ -151,7 +105,7 @@ impl TargetNegotiator {
     /// Start negotiating with these settings.
     pub fn new(settings: TargetSettings) -> Self {
         let params = SessionParams {
-            max_recv_data_segment_length: settings.max_recv_data_segment_length,
+            max_recv_data_segment_length: settings.operational.max_recv_data_segment_length,
             default_time2retain: settings.default_time2retain,
             ..SessionParams::default()
         };
@@ -318,7 +272,10 @@ impl TargetNegotiator {
             self.declared_mrdsl = true;
             out.push((
                 "MaxRecvDataSegmentLength".into(),
-                self.settings.max_recv_data_segment_length.to_string(),
+                self.settings
+                    .operational
+                    .max_recv_data_segment_length
+                    .to_string(),
             ));
         }
     }
@@ -394,9 +351,9 @@ impl TargetNegotiator {
             }
             "HeaderDigest" | "DataDigest" => {
                 let acceptable = if key == "HeaderDigest" {
-                    &s.header_digests
+                    &s.operational.header_digests
                 } else {
-                    &s.data_digests
+                    &s.operational.data_digests
                 };
                 let pick = value
                     .split(',')
@@ -428,8 +385,8 @@ impl TargetNegotiator {
                         return reject();
                     };
                     let ours = match key {
-                        "InitialR2T" => s.initial_r2t,
-                        "ImmediateData" => s.immediate_data,
+                        "InitialR2T" => s.operational.initial_r2t,
+                        "ImmediateData" => s.operational.immediate_data,
                         "DataPDUInOrder" | "DataSequenceInOrder" => true,
                         // Markers and iSER are not supported.
                         _ => false,
@@ -458,11 +415,11 @@ impl TargetNegotiator {
                     let n = n as u32;
                     let ours = match key {
                         "MaxConnections" => 1,
-                        "MaxBurstLength" => s.max_burst_length,
-                        "FirstBurstLength" => s.first_burst_length,
+                        "MaxBurstLength" => s.operational.max_burst_length,
+                        "FirstBurstLength" => s.operational.first_burst_length,
                         "DefaultTime2Wait" => s.default_time2wait,
                         "DefaultTime2Retain" => s.default_time2retain,
-                        "MaxOutstandingR2T" => s.max_outstanding_r2t,
+                        "MaxOutstandingR2T" => s.operational.max_outstanding_r2t,
                         "ErrorRecoveryLevel" => 0,
                         "iSCSIProtocolLevel" => 1,
                         _ => n,

@@ -222,7 +222,10 @@ fn initiator_and_target_agree() {
     let mut t = TargetNegotiator::new(TargetSettings::default());
     let mut i = InitiatorNegotiator::new(InitiatorSettings {
         target_name: Some("iqn.2026-11.org.ethersan:default".into()),
-        header_digest: true,
+        operational: OperationalParams {
+            header_digests: OperationalParams::digest_offer(true),
+            ..OperationalParams::initiator_default()
+        },
         ..Default::default()
     });
     let a = t.security_keys(&i.security_proposal()).unwrap();
@@ -252,13 +255,19 @@ fn initiator_and_target_agree() {
 #[test]
 fn both_sides_read_the_segment_limits_by_direction() {
     let mut t = TargetNegotiator::new(TargetSettings {
-        max_recv_data_segment_length: 65_536,
+        operational: OperationalParams {
+            max_recv_data_segment_length: 65_536,
+            ..OperationalParams::target_default()
+        },
         ..TargetSettings::default()
     });
     let mut i = InitiatorNegotiator::new(InitiatorSettings {
         target_name: Some("iqn.2026-11.org.ethersan:default".into()),
-        max_recv_data_segment_length: 16_384,
-        data_digest: true,
+        operational: OperationalParams {
+            max_recv_data_segment_length: 16_384,
+            data_digests: OperationalParams::digest_offer(true),
+            ..OperationalParams::initiator_default()
+        },
         ..Default::default()
     });
     let a = t.security_keys(&i.security_proposal()).unwrap();

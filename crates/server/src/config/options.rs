@@ -157,6 +157,22 @@ impl Default for Options {
 }
 
 impl Options {
+    /// The operational keys the target declares and accepts, from the
+    /// `[options]` that name them: the one place they are read for login.
+    pub fn operational(&self) -> ethersan_proto::negotiate::OperationalParams {
+        use ethersan_proto::negotiate::{Digest, OperationalParams};
+        OperationalParams {
+            max_recv_data_segment_length: self.max_recv_data_segment_length,
+            max_burst_length: self.max_burst_length,
+            first_burst_length: self.first_burst_length,
+            initial_r2t: self.initial_r2t,
+            immediate_data: self.immediate_data,
+            max_outstanding_r2t: self.max_outstanding_r2t,
+            header_digests: Digest::parse_list(&self.header_digest),
+            data_digests: Digest::parse_list(&self.data_digest),
+        }
+    }
+
     /// Check ranges (RFC 7143 §13) and consistency; a message per problem.
     pub fn validate(&self) -> Result<(), String> {
         const MAX24: u32 = (1 << 24) - 1;

@@ -41,6 +41,8 @@ type FxHashMap<K, V> = HashMap<K, V, BuildHasherDefault<rustc_hash::FxHasher>>;
 mod command;
 pub(crate) mod driver;
 mod management;
+#[cfg(test)]
+mod pair;
 mod tasks;
 #[cfg(test)]
 mod tests;

@@ -36,7 +36,8 @@ struct Harness {
     cmd_sn: u32,
 }
 
-fn target() -> Arc<TargetEntry> {
+/// A target with one 64 MiB RAM LUN.
+pub(super) fn target() -> Arc<TargetEntry> {
     let dev = Arc::new(ethersan_backend::ram::RamDevice::new(64 << 20, 512).unwrap());
     let lu = LogicalUnit::new(
         dev,

@@ -1,0 +1,46 @@
+//! What one SCSI command returns to its caller: status, sense, Data-In
+//! and the residual (RFC 7143 §11.4).
+
+use ethersan_scsi::sense::Sense;
+
+/// The outcome of one SCSI command.
+#[derive(Debug, Clone, Default)]
+pub struct CommandResult {
+    /// SCSI status byte.
+    pub status: u8,
+    /// Sense data (without the 2-byte length), empty if none.
+    pub sense: Vec<u8>,
+    /// Data-In received.
+    pub data: Vec<u8>,
+    /// Residual count reported by the target.
+    pub residual: u32,
+    /// Residual overflow flag.
+    pub overflow: bool,
+    /// Residual underflow flag.
+    pub underflow: bool,
+}
+
+impl CommandResult {
+    /// Sense key, ASC and ASCQ from fixed or descriptor sense, if present.
+    pub fn sense_key(&self) -> Option<(u8, u8, u8)> {
+        Sense::parse(&self.sense).map(|s| s.triple())
+    }
+
+    /// The INFORMATION field of the sense data (fixed format with VALID
+    /// set, or the descriptor format's information descriptor).
+    pub fn sense_information(&self) -> Option<u64> {
+        Sense::parse(&self.sense)?.info
+    }
+
+    /// When an ethersan target refused the command because the native
+    /// transport channel is below the LUN's security level (DATA PROTECT,
+    /// LOGICAL UNIT ACCESS NOT AUTHORIZED): the level the LUN needs, from
+    /// the INFORMATION field (docs/native-transport.md).
+    pub fn channel_level_needed(&self) -> Option<ethersan_channel::Level> {
+        if self.status != 0x02 || self.sense_key() != Some((0x7, 0x74, 0x71)) {
+            return None;
+        }
+        let level = u8::try_from(self.sense_information()?).ok()?;
+        ethersan_channel::Level::from_u8(level)
+    }
+}
