@@ -14,7 +14,7 @@ use bytes::Bytes;
 use ethersan_backend::file::{FileDevice, FileOptions};
 use ethersan_backend::{BlockDevice, IoRequest, Submission};
 
-use crate::{BlockTarget, BoxFuture, Capabilities};
+use crate::target::{BlockTarget, BoxFuture, Capabilities};
 
 /// A local file or block device driven by the backend's file engine, as
 /// the server drives a LUN's store.

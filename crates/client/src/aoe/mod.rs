@@ -30,10 +30,10 @@ pub use ethersan_server::config::AoeLink;
 pub use device::{discover, initiator_config, AoeDevice, Failure, SECTOR};
 
 use crate::options::ConnectArgs;
-use crate::{BlockTarget, BoxFuture, Capabilities, OpenOptions};
+use crate::target::{BlockTarget, BoxFuture, Capabilities, OpenOptions};
 
 /// The AoE transport: `aoe://` and `aoe+unix:` URLs.
-pub static TRANSPORT: crate::Transport = crate::Transport {
+pub static TRANSPORT: crate::target::Transport = crate::target::Transport {
     name: "aoe",
     schemes: &["aoe://", "aoe+unix:"],
     forms: "aoe://IFACE/SHELF.SLOT or aoe+unix://SHELF.SLOT?local=PATH&peer=PATH",

@@ -24,11 +24,11 @@ pub use lun::{Known, Lun};
 pub use retry::RetryingLun;
 
 use crate::options::ConnectArgs;
+use crate::target::{BlockTarget, BoxFuture, Capabilities, OpenOptions, Say};
 use crate::url::IscsiUrl;
-use crate::{BlockTarget, BoxFuture, Capabilities, OpenOptions, Say};
 
 /// The iSCSI transport: `iscsi://`, `eth://` and `udp://` URLs.
-pub static TRANSPORT: crate::Transport = crate::Transport {
+pub static TRANSPORT: crate::target::Transport = crate::target::Transport {
     name: "iscsi",
     schemes: &["iscsi://", "eth://", "udp://"],
     forms: "iscsi://[USER%SECRET@]HOST[:PORT]/IQN/LUN, \
@@ -111,7 +111,7 @@ where
     if done == len {
         return Ok(());
     }
-    crate::write_zero_buffers(t, at + done, len - done).await
+    crate::target::write_zero_buffers(t, at + done, len - done).await
 }
 
 impl BlockTarget for IscsiLun {

@@ -8,8 +8,8 @@ use bytes::Bytes;
 use super::login::login;
 use super::lun::Lun;
 use crate::options::ConnectArgs;
+use crate::target::Say;
 use crate::url::IscsiUrl;
-use crate::Say;
 
 /// How often a command that lost its session is tried again, each time on
 /// a new session.
@@ -89,7 +89,7 @@ impl RetryingLun {
     fn say(&self, msg: &str) {
         match &*self.say.lock().expect("not poisoned") {
             Some(say) => say(msg),
-            None => crate::say_on_stderr(msg),
+            None => crate::target::say_on_stderr(msg),
         }
     }
 
