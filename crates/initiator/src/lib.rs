@@ -3,8 +3,9 @@
 //! [`login`] runs the login phase over any byte stream and returns a
 //! [`Session`] handle whose driver task keeps many commands in flight;
 //! [`connect`] does the same over TCP to a `host:port`. iSCSI alone: URLs,
-//! the native transport's streams and the other transports are the
-//! `ethersan-client` crate's; the in-memory tests are built on it too.
+//! the native transport's streams and the other transports belong to the
+//! `ethersan-client` crate, which is built on this one, as are the
+//! in-memory tests.
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod attention;
