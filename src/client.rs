@@ -1,14 +1,16 @@
 //! Client subcommands: discover, ls, inquiry — built on the initiator library.
 
 use anyhow::bail;
-use bytes::Bytes;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use ethersan_initiator::{
-    discover_with, CommandResult, IscsiUrl, LoginOptions, Session, UnitAttention,
-};
-
-use crate::blockio::{login_error, ConnectArgs};
+use ethersan_channel::Level;
+use ethersan_client::iscsi::luns::{command, it_has, no_such_lun, report_luns};
+use ethersan_client::iscsi::{login, login_error, LoggedIn};
+use ethersan_client::native::{level_too_low, LevelTooLow};
+use ethersan_client::options::CLIENT_IQN;
+use ethersan_client::url::IscsiUrl;
+use ethersan_client::ConnectArgs;
+use ethersan_initiator::{discover_with, LoginOptions, Session};
 use serde::Serialize;
 
 /// The portal and the credentials a `discover` argument names:
@@ -95,13 +97,9 @@ pub(crate) async fn cmd_discover(
     if list.is_empty() {
         // Nothing found is a failure (exit status 1), as for every form
         // of discover.
-        bail!("the portal at {addr} offers no targets (SendTargets listed none): the server serves none, or none to this initiator ({})", crate::blockio::CLIENT_IQN);
+        bail!("the portal at {addr} offers no targets (SendTargets listed none): the server serves none, or none to this initiator ({})", CLIENT_IQN);
     }
     Ok(())
-}
-
-async fn open(url: &IscsiUrl, how: &ConnectArgs) -> anyhow::Result<Session> {
-    crate::blockio::login(url, how).await
 }
 
 fn ascii(b: &[u8]) -> String {
@@ -171,27 +169,6 @@ fn be32(b: &[u8], at: usize) -> u32 {
         .map_or(0, |x| u32::from_be_bytes(x.try_into().expect("4 bytes")))
 }
 
-/// Run one command for `ls`/`inquiry`, sending it again after a unit
-/// attention (see [`ethersan_initiator::attention`]); a REPORTED LUNS DATA
-/// HAS CHANGED seen on the way is noted in `luns_changed`, so that `ls`
-/// reads the LUN list again.
-async fn command(
-    s: &Session,
-    lun: u64,
-    cdb: &[u8],
-    read_len: u32,
-    luns_changed: &AtomicBool,
-) -> anyhow::Result<CommandResult> {
-    let a = s.command_attended(lun, cdb, Bytes::new(), read_len).await?;
-    for ua in &a.attentions {
-        tracing::info!("LUN {lun}: {ua}");
-        if *ua == UnitAttention::LunsChanged {
-            luns_changed.store(true, Ordering::Relaxed);
-        }
-    }
-    Ok(a.result)
-}
-
 async fn inquiry_data(
     s: &Session,
     lun: u64,
@@ -211,9 +188,14 @@ async fn inquiry_data(
     Ok(r.data)
 }
 
-async fn lun_info(s: &Session, lun: u64, changed: &AtomicBool) -> anyhow::Result<LunInfo> {
+async fn lun_info(
+    s: &Session,
+    channel: Option<Level>,
+    lun: u64,
+    changed: &AtomicBool,
+) -> anyhow::Result<LunInfo> {
     let tur = s.clear_unit_attention(lun).await?;
-    if let Some(e) = crate::native_client::level_too_low(s, lun, &tur) {
+    if let Some(e) = level_too_low(channel, lun, &tur) {
         return Err(e.into());
     }
     let std = inquiry_data(s, lun, false, 0, changed).await?;
@@ -315,57 +297,11 @@ async fn read_capacity(s: &Session, lun: u64, changed: &AtomicBool) -> anyhow::R
     cdb[1] = 0x10;
     cdb[13] = 32;
     let r = command(s, lun, &cdb, 32, changed).await?;
-    crate::blockio::check("READ CAPACITY(16)", &r)?;
+    ethersan_client::scsi::check("READ CAPACITY(16)", &r)?;
     anyhow::ensure!(r.data.len() >= 12, "READ CAPACITY(16): short data");
     let last = u64::from_be_bytes(r.data[0..8].try_into()?);
     let bs = u32::from_be_bytes(r.data[8..12].try_into()?);
     Ok((last + 1, bs))
-}
-
-async fn report_luns(s: &Session, changed: &AtomicBool) -> anyhow::Result<Vec<u64>> {
-    s.clear_unit_attention(0).await?;
-    let mut cdb = [0u8; 12];
-    cdb[0] = 0xa0;
-    cdb[6..10].copy_from_slice(&4096u32.to_be_bytes());
-    let r = command(s, 0, &cdb, 4096, changed).await?;
-    if r.status != 0 {
-        bail!(
-            "REPORT LUNS: status {:#x} sense {:?}",
-            r.status,
-            r.sense_key()
-        );
-    }
-    let len = u32::from_be_bytes(r.data[0..4].try_into()?) as usize;
-    let mut luns = Vec::new();
-    for e in r.data[8..(8 + len).min(r.data.len())].chunks_exact(8) {
-        luns.push(ethersan_proto::pdu::lun_from_wire(u64::from_be_bytes(
-            e.try_into()?,
-        )));
-    }
-    Ok(luns)
-}
-
-/// "the target has no LUN 5 (it has LUNs 0, 1)": which LUNs there are
-/// instead, from REPORT LUNS (left out when that fails too).
-pub(crate) async fn no_such_lun(s: &Session, lun: u64) -> String {
-    match report_luns(s, &AtomicBool::new(false)).await {
-        Ok(luns) => format!("the target has no LUN {lun} ({})", it_has(&luns)),
-        Err(_) => format!("the target has no LUN {lun}"),
-    }
-}
-
-/// "it has LUN 0", "it has LUNs 0, 1", "it has no LUNs".
-fn it_has(luns: &[u64]) -> String {
-    let list = luns
-        .iter()
-        .map(u64::to_string)
-        .collect::<Vec<_>>()
-        .join(", ");
-    match luns.len() {
-        0 => "it has no LUNs".into(),
-        1 => format!("it has LUN {list}"),
-        _ => format!("it has LUNs {list}"),
-    }
 }
 
 fn human(bytes: u64) -> String {
@@ -384,7 +320,10 @@ pub(crate) async fn cmd_ls(url: &str, how: &ConnectArgs, json: bool) -> anyhow::
     let u = IscsiUrl::parse(url)?;
     // A URL that ends in a LUN number lists that LUN alone.
     let one = u.has_lun;
-    let s = open(&u, how).await?;
+    let LoggedIn {
+        session: s,
+        channel,
+    } = login(&u, how).await?;
     let listed = async {
         // The target's LUNs changing while they are listed (REPORTED LUNS
         // DATA HAS CHANGED on the way): list them again, a few times.
@@ -403,9 +342,9 @@ pub(crate) async fn cmd_ls(url: &str, how: &ConnectArgs, json: bool) -> anyhow::
             let mut refused = Vec::new();
             let mut again = false;
             for lun in luns {
-                match lun_info(&s, lun, &changed).await {
+                match lun_info(&s, channel, lun, &changed).await {
                     Ok(i) => infos.push(Listed::Lun(Box::new(i))),
-                    Err(e) => match e.downcast::<crate::native_client::LevelTooLow>() {
+                    Err(e) => match e.downcast::<LevelTooLow>() {
                         Ok(r) => {
                             infos.push(Listed::NeedsSecurity {
                                 lun,
@@ -496,8 +435,11 @@ pub(crate) async fn cmd_ls(url: &str, how: &ConnectArgs, json: bool) -> anyhow::
 /// `ethersan inquiry URL`: one LUN's INQUIRY data and VPD pages.
 pub(crate) async fn cmd_inquiry(url: &str, how: &ConnectArgs, json: bool) -> anyhow::Result<()> {
     let u = IscsiUrl::parse(url)?;
-    let s = open(&u, how).await?;
-    let info = lun_info(&s, u.lun, &AtomicBool::new(false)).await;
+    let LoggedIn {
+        session: s,
+        channel,
+    } = login(&u, how).await?;
+    let info = lun_info(&s, channel, u.lun, &AtomicBool::new(false)).await;
     let _ = s.logout().await;
     let info = info?;
     if json {
@@ -571,14 +513,4 @@ pub(crate) async fn cmd_inquiry(url: &str, how: &ConnectArgs, json: bool) -> any
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn it_has_names_the_luns_as_luns() {
-        assert_eq!(super::it_has(&[]), "it has no LUNs");
-        assert_eq!(super::it_has(&[0]), "it has LUN 0");
-        assert_eq!(super::it_has(&[0, 1, 7]), "it has LUNs 0, 1, 7");
-    }
 }

@@ -13,8 +13,8 @@ use futures::stream::{self, StreamExt, TryStreamExt};
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::blockio::{ConnectArgs, Local};
-use crate::remote::{self, Remote};
+use ethersan_client::local::LocalFile;
+use ethersan_client::{BlockTarget, ConnectArgs, OpenOptions};
 
 /// Arguments of `ethersan cp`.
 #[derive(Args, Debug)]
@@ -65,8 +65,8 @@ pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
 
 #[derive(Clone, Debug)]
 enum End {
-    Lun(Arc<Remote>),
-    Local(Local, PathBuf),
+    Lun(Arc<dyn BlockTarget>),
+    Local(LocalFile, PathBuf),
     Stdio,
 }
 
@@ -86,7 +86,7 @@ async fn read_chunk(src: &End, at: u64, len: usize) -> anyhow::Result<Vec<u8>> {
         End::Lun(l) => {
             let bs = l.block_size() as usize;
             let padded = len.div_ceil(bs) * bs;
-            let mut data = l.read(at, padded).await?;
+            let mut data = l.read(at, padded, Vec::new()).await?;
             data.truncate(len);
             Ok(data)
         }
@@ -121,17 +121,17 @@ async fn write_chunk(
         End::Lun(l) => {
             let bs = l.block_size() as usize;
             if data.len().is_multiple_of(bs) {
-                return l.write(at, data, fua).await;
+                return l.write(at, Bytes::from(data), fua).await;
             }
             // A tail shorter than a block: keep the rest of the last block.
             let whole = data.len() / bs * bs;
             let mut data = data;
             let tail_at = at + whole as u64;
-            let mut block = l.read(tail_at, bs).await?;
+            let mut block = l.read(tail_at, bs, Vec::new()).await?;
             block[..data.len() - whole].copy_from_slice(&data[whole..]);
             data.truncate(whole);
             data.extend_from_slice(&block);
-            l.write(at, data, fua).await
+            l.write(at, Bytes::from(data), fua).await
         }
         End::Local(f, p) => {
             if sparse && data.iter().all(|b| *b == 0) {
@@ -172,6 +172,19 @@ fn progress(label: &'static str, total: Option<u64>, quiet: bool) -> ProgressBar
             .expect("valid template"),
         ),
     }
+}
+
+/// Where a LUN says what happened (a session replaced): above the bar
+/// while it is drawn, else on stderr.
+fn say_above(bar: &ProgressBar) -> ethersan_client::Say {
+    let bar = bar.clone();
+    Arc::new(move |msg: &str| {
+        if bar.is_hidden() {
+            note!("{msg}");
+        } else {
+            bar.println(msg);
+        }
+    })
 }
 
 /// "ETA 1m05s" from the average rate since the start, or "ETA …" while
@@ -229,9 +242,13 @@ fn summary(copied: u64, copy_secs: f64, verify_secs: Option<f64>, retries: (u64,
 }
 
 async fn open_end(spec: &str, as_dst: bool, how: &ConnectArgs) -> anyhow::Result<End> {
-    if remote::is_remote_url(spec) {
-        return Ok(End::Lun(Arc::new(
-            Remote::open(spec, how, "ethersan cp").await?,
+    if ethersan_client::is_url(spec) {
+        let opts = OpenOptions {
+            program: "ethersan cp",
+            retry: true,
+        };
+        return Ok(End::Lun(Arc::from(
+            ethersan_client::open(spec, how, &opts).await?,
         )));
     }
     if spec == "-" {
@@ -239,9 +256,9 @@ async fn open_end(spec: &str, as_dst: bool, how: &ConnectArgs) -> anyhow::Result
     }
     let path = PathBuf::from(spec);
     let local = if as_dst {
-        Local::open_write(&path, true)?
+        LocalFile::open_write(&path, true)?
     } else {
-        Local::open_read(&path)?
+        LocalFile::open_read(&path)?
     };
     Ok(End::Local(local, path))
 }
@@ -249,10 +266,10 @@ async fn open_end(spec: &str, as_dst: bool, how: &ConnectArgs) -> anyhow::Result
 /// `ethersan cp`.
 pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
     let src = open_end(&a.src, false, &a.connect).await?;
-    if matches!(src, End::Local(..) | End::Stdio) && !remote::is_remote_url(&a.dst) {
+    if matches!(src, End::Local(..) | End::Stdio) && !ethersan_client::is_url(&a.dst) {
         bail!(
             "one side of cp must be a LUN's URL: {}",
-            crate::remote::URL_FORMS
+            ethersan_client::url_forms()
         );
     }
     if a.verify && a.dst == "-" {
@@ -312,7 +329,9 @@ pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
             );
         }
     }
-    let mut chunk = a.chunk.unwrap_or(crate::blockio::DEFAULT_MAX_TRANSFER);
+    let mut chunk = a
+        .chunk
+        .unwrap_or(ethersan_client::options::DEFAULT_MAX_TRANSFER);
     for end in [&src, &dst] {
         if let End::Lun(l) = end {
             chunk = chunk.min(l.max_transfer());
@@ -326,7 +345,7 @@ pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
     let bar = progress("copy  ", length, a.quiet);
     for end in [&src, &dst] {
         if let End::Lun(l) = end {
-            l.set_bar(&bar);
+            l.set_say(say_above(&bar));
         }
     }
     let started = Instant::now();
@@ -459,7 +478,7 @@ pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
         let sums = std::mem::take(&mut *sums.lock().expect("not poisoned"));
         let check_bar = progress("verify", Some(copied), a.quiet);
         if let End::Lun(l) = &dst {
-            l.set_bar(&check_bar);
+            l.set_say(say_above(&check_bar));
         }
         let (dst_ref, bar_ref) = (&dst, &check_bar);
         stream::iter(sums)

@@ -78,13 +78,11 @@ pub(crate) struct StdoutError(pub std::io::Error);
 mod aoe_client;
 mod attach;
 mod bench;
-mod blockio;
 mod client;
 mod cp;
 mod ctl;
 mod manual;
 mod native_client;
-mod remote;
 
 /// Network block storage in software: an iSCSI target and client.
 #[derive(Parser, Debug)]
@@ -138,7 +136,7 @@ enum Command {
         #[arg(long, value_name = "IFACE", conflicts_with = "portal")]
         aoe: Option<String>,
         #[command(flatten)]
-        connect: blockio::ConnectArgs,
+        connect: ethersan_client::ConnectArgs,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -151,7 +149,7 @@ enum Command {
         /// aoe://IFACE/SHELF.SLOT or aoe+unix://SHELF.SLOT?local=PATH&peer=PATH
         url: String,
         #[command(flatten)]
-        connect: blockio::ConnectArgs,
+        connect: ethersan_client::ConnectArgs,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -164,7 +162,7 @@ enum Command {
         /// aoe://IFACE/SHELF.SLOT or aoe+unix://SHELF.SLOT?local=PATH&peer=PATH
         url: String,
         #[command(flatten)]
-        connect: blockio::ConnectArgs,
+        connect: ethersan_client::ConnectArgs,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -1148,11 +1146,11 @@ fn main() -> ExitCode {
                 (None, Some(portal)) => client::cmd_discover(&portal, &connect, json).await,
                 (None, None) => unreachable!("clap requires one"),
             },
-            Command::Ls { url, connect, json } if aoe_client::is_aoe_url(&url) => {
+            Command::Ls { url, connect, json } if ethersan_client::aoe::is_aoe_url(&url) => {
                 aoe_client::cmd_ls(&url, &connect, json).await
             }
             Command::Ls { url, connect, json } => client::cmd_ls(&url, &connect, json).await,
-            Command::Inquiry { url, connect, json } if aoe_client::is_aoe_url(&url) => {
+            Command::Inquiry { url, connect, json } if ethersan_client::aoe::is_aoe_url(&url) => {
                 aoe_client::cmd_inquiry(&url, &connect, json).await
             }
             Command::Inquiry { url, connect, json } => {
@@ -1169,7 +1167,7 @@ fn main() -> ExitCode {
         // The native transport's channels close before the process ends
         // (their CLOSE is sent by this process), so the target does not
         // hold them until its channel timeout.
-        ethersan_initiator::native::wait_closed(std::time::Duration::from_secs(2)).await;
+        ethersan_client::native::wait_closed(std::time::Duration::from_secs(2)).await;
         result
     });
     match result {

@@ -5,11 +5,10 @@
 
 use std::time::Duration;
 
-use ethersan_channel::Level;
-use ethersan_initiator::{CommandResult, IscsiUrl, Session};
+use ethersan_client::native;
+use ethersan_client::url::{IscsiUrl, Transport};
+use ethersan_client::ConnectArgs;
 use serde::Serialize;
-
-use crate::blockio::ConnectArgs;
 
 #[derive(Serialize)]
 struct Server {
@@ -44,11 +43,11 @@ pub(crate) async fn cmd_discover(
     let keys = how.group_keys()?;
     let wait = match how.timeout.0 {
         Some(t) if timeout_given => t,
-        _ => ethersan_initiator::native::DISCOVER_WAIT,
+        _ => native::DISCOVER_WAIT,
     };
-    let found = ethersan_initiator::native::discover(&url, &keys, wait).await?;
+    let found = native::discover(&url, &keys, wait).await?;
     let scheme_host = match &url.transport {
-        ethersan_initiator::url::Transport::Eth(_) => format!("eth://{}", url.host),
+        Transport::Eth(_) => format!("eth://{}", url.host),
         _ => format!("udp://{}", url.portal()),
     };
     let list: Vec<Server> = found
@@ -111,28 +110,4 @@ pub(crate) async fn cmd_discover(
 
 fn secs(d: Duration) -> String {
     format!("{:.1} s", d.as_secs_f64())
-}
-
-/// A LUN the target refused because the native transport channel is below
-/// the LUN's security level (DATA PROTECT, LOGICAL UNIT ACCESS NOT
-/// AUTHORIZED, the level in the sense data's INFORMATION field).
-#[derive(Debug, thiserror::Error)]
-#[error("LUN {lun} needs a channel at security={needed} and this one is at security={channel}: connect with ?security={needed} in the URL")]
-pub(crate) struct LevelTooLow {
-    /// The LUN.
-    pub lun: u64,
-    /// The least level it needs.
-    pub needed: Level,
-    /// The channel's level.
-    pub channel: Level,
-}
-
-/// The error for `r`, the answer of a command to `lun`, when the target
-/// refused it for the channel's security level.
-pub(crate) fn level_too_low(s: &Session, lun: u64, r: &CommandResult) -> Option<LevelTooLow> {
-    Some(LevelTooLow {
-        lun,
-        needed: r.channel_level_needed()?,
-        channel: s.channel_level()?,
-    })
 }

@@ -247,7 +247,8 @@ async fn udp_discovery_answers_only_the_group() {
 async fn scsi_commands_and_task_management_over_the_native_transport() {
     use bytes::Bytes;
     use ethersan_channel::group::GroupKeys;
-    use ethersan_initiator::{IscsiUrl, LoginOptions};
+    use ethersan_client::url::IscsiUrl;
+    use ethersan_initiator::LoginOptions;
     use ethersan_proto::pdu::TmfFunction;
     let dir = tempfile::tempdir().unwrap();
     let port = free_udp_port();
@@ -262,7 +263,7 @@ async fn scsi_commands_and_task_management_over_the_native_transport() {
         timeout: Some(Duration::from_secs(20)),
         ..Default::default()
     };
-    let s = ethersan_initiator::native::connect(&url, &keys, &opts)
+    let (s, _level) = ethersan_client::native::connect(&url, &keys, &opts)
         .await
         .expect("login over the native transport");
     let _ = s.clear_unit_attention(0).await;

@@ -14,7 +14,8 @@ use std::sync::Mutex;
 use futures::future::try_join_all;
 use tokio::sync::Notify;
 
-use crate::remote::Remote;
+use bytes::Bytes;
+use ethersan_client::BlockTarget;
 
 /// A block device addressed in bytes, every offset and length a multiple
 /// of the block size: what a [`LunFile`] reads and writes through.
@@ -40,24 +41,24 @@ pub(crate) trait Blocks: Send + Sync + 'static {
     ) -> impl Future<Output = anyhow::Result<()>> + Send;
 }
 
-impl Blocks for Remote {
+impl Blocks for Box<dyn BlockTarget> {
     fn block_size(&self) -> u64 {
-        Remote::block_size(self)
+        (**self).block_size()
     }
     fn capacity(&self) -> u64 {
-        Remote::capacity(self)
+        (**self).capacity()
     }
     fn max_transfer(&self) -> u64 {
-        Remote::max_transfer(self)
+        (**self).max_transfer()
     }
     fn read(&self, at: u64, len: usize) -> impl Future<Output = anyhow::Result<Vec<u8>>> + Send {
-        Remote::read(self, at, len)
+        (**self).read(at, len, Vec::new())
     }
     fn write(&self, at: u64, data: Vec<u8>) -> impl Future<Output = anyhow::Result<()>> + Send {
-        Remote::write(self, at, data, false)
+        (**self).write(at, Bytes::from(data), false)
     }
     fn flush(&self) -> impl Future<Output = anyhow::Result<()>> + Send {
-        Remote::flush(self)
+        (**self).flush()
     }
     fn write_zeroes(
         &self,
@@ -65,7 +66,7 @@ impl Blocks for Remote {
         len: u64,
         unmap: bool,
     ) -> impl Future<Output = anyhow::Result<()>> + Send {
-        Remote::write_zeroes(self, at, len, unmap)
+        (**self).write_zeroes(at, len, unmap)
     }
 }
 

@@ -6,8 +6,8 @@
 //! - [`fs`]: the FUSE file system (one directory, one file) over it;
 //! - here: the command: options, mount, signals, clean detach.
 //!
-//! The LUN comes from [`Remote`], so every URL scheme the client knows
-//! works here too.
+//! The LUN comes from [`ethersan_client::open`], so every URL scheme the
+//! client knows works here too.
 
 mod file;
 mod fs;
@@ -21,8 +21,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::blockio::ConnectArgs;
-use crate::remote::{self, Remote};
+use ethersan_client::{BlockTarget, ConnectArgs, OpenOptions};
 use file::LunFile;
 use fs::{LunFs, Owner};
 
@@ -124,7 +123,7 @@ pub(crate) async fn cmd_attach(a: AttachArgs) -> anyhow::Result<()> {
     if let Some(n) = &a.name {
         check_name(n)?;
     }
-    if !remote::is_remote_url(&a.url) {
+    if !ethersan_client::is_url(&a.url) {
         // Only the scheme: whatever follows may hold a secret.
         let shown = match a.url.split_once("://") {
             Some((scheme, _)) => format!("{scheme}://…"),
@@ -132,14 +131,18 @@ pub(crate) async fn cmd_attach(a: AttachArgs) -> anyhow::Result<()> {
         };
         bail!(
             "{shown} is not a LUN URL; attach takes {}",
-            remote::URL_FORMS
+            ethersan_client::url_forms()
         );
     }
     if !Path::new("/dev/fuse").exists() {
         bail!("/dev/fuse is missing: load the FUSE module (modprobe fuse)");
     }
     let dir = std::fs::canonicalize(&a.dir).with_context(|| a.dir.display().to_string())?;
-    let lun = Remote::open(&a.url, &a.connect, "ethersan attach").await?;
+    let opts = OpenOptions {
+        program: "ethersan attach",
+        retry: true,
+    };
+    let lun = ethersan_client::open(&a.url, &a.connect, &opts).await?;
     let file = Arc::new(LunFile::new(lun));
     let result = serve(&a, &dir, file.clone()).await;
     // Whatever happened: what was acknowledged is made durable, the
@@ -152,7 +155,7 @@ pub(crate) async fn cmd_attach(a: AttachArgs) -> anyhow::Result<()> {
         "ethersan attach: detached {} ({} flushed{})",
         dir.display(),
         file.dev().name(),
-        if matches!(file.dev(), Remote::Iscsi(_)) {
+        if file.dev().capabilities().logout {
             ", logged out"
         } else {
             ""
@@ -162,7 +165,11 @@ pub(crate) async fn cmd_attach(a: AttachArgs) -> anyhow::Result<()> {
 }
 
 /// Mount, serve until unmounted or signalled, unmount.
-async fn serve(a: &AttachArgs, dir: &Path, file: Arc<LunFile<Remote>>) -> anyhow::Result<()> {
+async fn serve(
+    a: &AttachArgs,
+    dir: &Path,
+    file: Arc<LunFile<Box<dyn BlockTarget>>>,
+) -> anyhow::Result<()> {
     let name = a.name.clone().unwrap_or_else(|| file.dev().file_name());
     let what = file.dev().name();
     let (uid, gid) = caller();

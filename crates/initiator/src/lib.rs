@@ -2,8 +2,10 @@
 //!
 //! [`login`] runs the login phase over any byte stream and returns a
 //! [`Session`] handle whose driver task keeps many commands in flight;
-//! [`connect`] does the same over TCP from an [`IscsiUrl`]. The `ethersan`
-//! client commands and the in-memory tests are built on it.
+//! [`connect`] does the same over TCP to a `host:port`. iSCSI alone: URLs,
+//! the native transport's streams and the other transports belong to the
+//! `ethersan-client` crate, which is built on this one, as are the
+//! in-memory tests.
 //!
 //! The protocol itself does no I/O: [`login::Login`] is the login phase
 //! and [`conn::Connection`] the full feature phase, state machines fed
@@ -14,10 +16,8 @@
 pub mod attention;
 pub mod conn;
 pub mod login;
-pub mod native;
 mod result;
 mod session;
-pub mod url;
 
 use bytes::Bytes;
 use ethersan_proto::negotiate::{
@@ -30,7 +30,6 @@ use tokio::net::TcpStream;
 pub use attention::{Attended, UnitAttention};
 pub use result::CommandResult;
 pub use session::Session;
-pub use url::IscsiUrl;
 
 /// Errors of the initiator.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -61,13 +60,6 @@ pub enum Error {
     /// The command was aborted by task management (ABORT TASK).
     #[error("the command was aborted by task management")]
     Aborted,
-    /// A bad URL.
-    #[error("bad iSCSI URL: {0}")]
-    Url(String),
-    /// The native transport could not reach the target (no member of the
-    /// group answered, the handshake failed, the link did not open).
-    #[error("{0}")]
-    Native(String),
     /// The target did not answer in time. The session it happened on is
     /// closed: every other command on it fails with the same error.
     #[error("{phase} timed out: no answer from the target within {}", secs(*.after))]

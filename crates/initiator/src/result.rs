@@ -31,16 +31,4 @@ impl CommandResult {
     pub fn sense_information(&self) -> Option<u64> {
         Sense::parse(&self.sense)?.info
     }
-
-    /// When an ethersan target refused the command because the native
-    /// transport channel is below the LUN's security level (DATA PROTECT,
-    /// LOGICAL UNIT ACCESS NOT AUTHORIZED): the level the LUN needs, from
-    /// the INFORMATION field (docs/native-transport.md).
-    pub fn channel_level_needed(&self) -> Option<ethersan_channel::Level> {
-        if self.status != 0x02 || self.sense_key() != Some((0x7, 0x74, 0x71)) {
-            return None;
-        }
-        let level = u8::try_from(self.sense_information()?).ok()?;
-        ethersan_channel::Level::from_u8(level)
-    }
 }

@@ -36,8 +36,6 @@ pub struct Session {
     /// How long each command, Text request and logout may wait.
     timeout: Option<Duration>,
     ended: Arc<Ended>,
-    /// The native transport channel's security level (`None`: TCP).
-    channel_level: Option<ethersan_channel::Level>,
 }
 
 /// Why a session ended early, and how to stop its tasks.
@@ -130,18 +128,7 @@ impl Session {
             tsih: login.tsih,
             timeout,
             ended,
-            channel_level: None,
         }
-    }
-
-    /// The security level of the native transport channel under the
-    /// session (`None`: iSCSI over TCP).
-    pub fn channel_level(&self) -> Option<ethersan_channel::Level> {
-        self.channel_level
-    }
-
-    pub(crate) fn set_channel_level(&mut self, level: ethersan_channel::Level) {
-        self.channel_level = Some(level);
     }
 
     /// Send `req` and wait for its answer; the connection times it out

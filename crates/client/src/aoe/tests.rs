@@ -12,7 +12,7 @@ use ethersan_link::{Link, MacAddr, ETHERTYPE_AOE};
 
 use super::device::initiator_config;
 use super::*;
-use crate::blockio::Timeout;
+use crate::options::Timeout;
 use ethersan_server::config::AoeLink;
 
 const TARGET_MAC: MacAddr = MacAddr([2, 0, 0, 0, 0xa0, 1]);
@@ -108,7 +108,7 @@ async fn round_trip(mtu: usize, seed: u64) {
     let mut at = 0;
     while at < data.len() {
         let n = (37 * 512).min(data.len() - at);
-        back.extend(dev.read(at as u64, n).await.unwrap());
+        back.extend(dev.read(at as u64, n, Vec::new()).await.unwrap());
         at += n;
     }
     assert!(back == data, "read back differs from what was written");
@@ -148,11 +148,11 @@ async fn an_aoe_unix_url_reaches_a_target_on_a_unix_datagram_link() {
         ours.display(),
         theirs.display()
     );
-    let how = crate::blockio::ConnectArgs {
+    let how = crate::options::ConnectArgs {
         timeout: Timeout(Some(Duration::from_secs(10))),
         ..Default::default()
     };
-    let dev = tokio::time::timeout(Duration::from_secs(30), cli::open(&url, &how))
+    let dev = tokio::time::timeout(Duration::from_secs(30), open(&url, &how))
         .await
         .expect("bounded")
         .unwrap();
@@ -166,8 +166,12 @@ async fn an_aoe_unix_url_reaches_a_target_on_a_unix_datagram_link() {
     );
     let data: Vec<u8> = (0..64 * 1024).map(|i| (i % 251) as u8).collect();
     dev.write(4096, &data).await.unwrap();
-    assert!(dev.read(4096, data.len()).await.unwrap() == data);
-    let err = dev.read(255 * 512, 1024).await.unwrap_err().to_string();
+    assert!(dev.read(4096, data.len(), Vec::new()).await.unwrap() == data);
+    let err = dev
+        .read(255 * 512, 1024, Vec::new())
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("beyond the end of the device"), "{err}");
     dev.close().await;
     target.abort();

@@ -10,7 +10,11 @@
 //! Secrets never appear in an error: a URL is quoted with its secrets
 //! replaced by `***`.
 
-use crate::Error;
+/// A URL that does not parse. Its text quotes the URL with the secrets
+/// replaced by `***`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("bad iSCSI URL: {0}")]
+pub struct UrlError(pub String);
 
 /// A parsed iSCSI URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,7 +69,7 @@ pub struct NativeParams {
 
 impl IscsiUrl {
     /// Parse a URL.
-    pub fn parse(url: &str) -> Result<IscsiUrl, Error> {
+    pub fn parse(url: &str) -> Result<IscsiUrl, UrlError> {
         let s = &redact(url);
         let (rest, mut transport, default_port) = if let Some(r) = url.strip_prefix("iscsi://") {
             (r, Transport::Tcp, 3260)
@@ -74,7 +78,7 @@ impl IscsiUrl {
         } else if let Some(r) = url.strip_prefix("udp://") {
             (r, Transport::Udp(NativeParams::default()), 3262)
         } else {
-            return Err(Error::Url(format!(
+            return Err(UrlError(format!(
                 "{s}: must start with iscsi://, eth:// or udp://"
             )));
         };
@@ -96,11 +100,11 @@ impl IscsiUrl {
         let (host, port) = if let Some(h) = hostport.strip_prefix('[') {
             let (h, after) = h
                 .split_once(']')
-                .ok_or_else(|| Error::Url(format!("{s}: unclosed '['")))?;
+                .ok_or_else(|| UrlError(format!("{s}: unclosed '['")))?;
             let port = match after.strip_prefix(':') {
                 Some(p) => p
                     .parse()
-                    .map_err(|_| Error::Url(format!("{s}: bad port {p:?}")))?,
+                    .map_err(|_| UrlError(format!("{s}: bad port {p:?}")))?,
                 None => default_port,
             };
             (h.to_string(), port)
@@ -109,13 +113,13 @@ impl IscsiUrl {
                 Some((h, p)) => (
                     h.to_string(),
                     p.parse()
-                        .map_err(|_| Error::Url(format!("{s}: bad port {p:?}")))?,
+                        .map_err(|_| UrlError(format!("{s}: bad port {p:?}")))?,
                 ),
                 None => (hostport.to_string(), default_port),
             }
         };
         if host.is_empty() {
-            return Err(Error::Url(format!("{s}: no host")));
+            return Err(UrlError(format!("{s}: no host")));
         }
         let (path, query) = match path.split_once('?') {
             Some((p, q)) => (p, Some(q)),
@@ -137,9 +141,7 @@ impl IscsiUrl {
                             .ok()
                             .filter(|m| (576..=65_535).contains(m))
                             .ok_or_else(|| {
-                                Error::Url(format!(
-                                    "{s}: mtu={v:?}: give a number from 576 to 65535"
-                                ))
+                                UrlError(format!("{s}: mtu={v:?}: give a number from 576 to 65535"))
                             })?,
                     )
                 }
@@ -150,7 +152,7 @@ impl IscsiUrl {
                             .ok()
                             .filter(|t| *t >= 0x0600)
                             .ok_or_else(|| {
-                                Error::Url(format!(
+                                UrlError(format!(
                                     "{s}: ethertype={v:?}: give a hex EtherType such as 0x88B5"
                                 ))
                             })?,
@@ -165,7 +167,7 @@ impl IscsiUrl {
                     } else {
                         "target_user, target_password"
                     };
-                    return Err(Error::Url(format!(
+                    return Err(UrlError(format!(
                         "{s}: unknown parameter in the query (known: {known})"
                     )));
                 }
@@ -176,7 +178,7 @@ impl IscsiUrl {
             Some((t, l)) => (
                 t.to_string(),
                 l.parse()
-                    .map_err(|_| Error::Url(format!("{s}: bad LUN {l:?}")))?,
+                    .map_err(|_| UrlError(format!("{s}: bad LUN {l:?}")))?,
                 true,
             ),
             None => (path.to_string(), 0, false),

@@ -25,10 +25,10 @@ use ethersan_aoe::{Initiator, InitiatorConfig, Mac};
 use ethersan_link::{Link, LinkError};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::blockio::Timeout;
+use crate::options::Timeout;
 
 /// Sector size of every AoE device.
-pub(crate) const SECTOR: u64 = 512;
+pub const SECTOR: u64 = 512;
 
 /// Commands handed to the initiator at once beyond which the rest wait in
 /// the driver's backlog (the initiator scans its commands on every timer
@@ -43,7 +43,7 @@ const QUERY_EVERY: Duration = Duration::from_millis(250);
 
 /// Why one command failed.
 #[derive(Debug, Clone, thiserror::Error)]
-pub(crate) enum Failure {
+pub enum Failure {
     /// The target answered with an error, or never answered.
     #[error(transparent)]
     Command(#[from] CommandError),
@@ -212,7 +212,7 @@ impl Driver {
 
 /// An AoE target device, reached over a link.
 #[derive(Debug)]
-pub(crate) struct AoeDevice {
+pub struct AoeDevice {
     /// How messages name it, e.g. `AoE device e0.1 on eth0`.
     name: String,
     requests: mpsc::UnboundedSender<Control>,
@@ -234,7 +234,7 @@ pub(crate) struct AoeDevice {
 /// The initiator's settings for a link: its MAC and MTU, a tag seeded at
 /// random (so a late answer to a previous run's command is not taken for
 /// a new one's).
-pub(crate) fn initiator_config(link: &Link) -> InitiatorConfig {
+pub fn initiator_config(link: &Link) -> InitiatorConfig {
     let mut cfg = InitiatorConfig::new(Mac(link.mac().0));
     cfg.mtu = link.mtu();
     cfg.initial_tag = fastrand::u32(..);
@@ -244,7 +244,7 @@ pub(crate) fn initiator_config(link: &Link) -> InitiatorConfig {
 impl AoeDevice {
     /// Find the device `shelf.slot` on `link` (Query Config to broadcast)
     /// and attach to the first that answers.
-    pub(crate) async fn open(
+    pub async fn open(
         link: Link,
         name: String,
         shelf: u16,
@@ -301,7 +301,7 @@ impl AoeDevice {
     /// Start a driver for `target` on `link` and IDENTIFY it. Only one
     /// device may receive on a link at a time: [`close`](Self::close) one
     /// before attaching the next.
-    pub(crate) async fn attach(
+    pub async fn attach(
         link: Arc<Link>,
         target: TargetInfo,
         cfg: InitiatorConfig,
@@ -359,17 +359,17 @@ impl AoeDevice {
     }
 
     /// How messages name the device.
-    pub(crate) fn name(&self) -> &str {
+    pub fn name(&self) -> &str {
         &self.name
     }
 
     /// Capacity in bytes.
-    pub(crate) fn capacity(&self) -> u64 {
+    pub fn capacity(&self) -> u64 {
         self.identify.sectors * SECTOR
     }
 
     /// Bytes one command carries.
-    pub(crate) fn frame_bytes(&self) -> usize {
+    pub fn frame_bytes(&self) -> usize {
         usize::from(self.max_sectors) * SECTOR as usize
     }
 
@@ -439,8 +439,9 @@ impl AoeDevice {
         Ok(())
     }
 
-    /// Read `len` bytes at `offset` (both multiples of 512).
-    pub(crate) async fn read(&self, offset: u64, len: usize) -> anyhow::Result<Vec<u8>> {
+    /// Read `len` bytes at `offset` (both multiples of 512), into `spare`
+    /// (its allocation reused, its contents dropped).
+    pub async fn read(&self, offset: u64, len: usize, spare: Vec<u8>) -> anyhow::Result<Vec<u8>> {
         self.check(offset, len)?;
         let per = u64::from(self.max_sectors);
         let (first, end) = (offset / SECTOR, (offset + len as u64) / SECTOR);
@@ -452,7 +453,9 @@ impl AoeDevice {
             })
             .collect();
         let parts = self.run("READ", reqs).await?;
-        let mut out = Vec::with_capacity(len);
+        let mut out = spare;
+        out.clear();
+        out.reserve(len);
         for p in parts {
             out.extend_from_slice(&p);
         }
@@ -460,7 +463,7 @@ impl AoeDevice {
     }
 
     /// Write `data` at `offset` (both multiples of 512).
-    pub(crate) async fn write(&self, offset: u64, data: &[u8]) -> anyhow::Result<()> {
+    pub async fn write(&self, offset: u64, data: &[u8]) -> anyhow::Result<()> {
         self.check(offset, data.len())?;
         let first = offset / SECTOR;
         let reqs = data
@@ -476,7 +479,7 @@ impl AoeDevice {
 
     /// FLUSH CACHE EXT, when the device says its write cache is on (with
     /// it off, every write is already durable when answered).
-    pub(crate) async fn flush(&self) -> anyhow::Result<()> {
+    pub async fn flush(&self) -> anyhow::Result<()> {
         if !self.identify.write_cache {
             return Ok(());
         }
@@ -487,7 +490,7 @@ impl AoeDevice {
 
     /// Stop the driver once its commands are answered or given up, and
     /// wait for it (the link is then free for another device).
-    pub(crate) async fn close(self) {
+    pub async fn close(self) {
         drop(self.requests);
         let _ = self.driver.await;
     }
@@ -495,7 +498,7 @@ impl AoeDevice {
 
 /// Broadcast a Query Config on `link` and collect the distinct devices
 /// that answer within `wait`, sorted by shelf, slot and MAC.
-pub(crate) async fn discover(link: &Link, wait: Duration) -> anyhow::Result<Vec<TargetInfo>> {
+pub async fn discover(link: &Link, wait: Duration) -> anyhow::Result<Vec<TargetInfo>> {
     let local = Mac(link.mac().0);
     let give_up = Instant::now() + wait;
     let mut found: Vec<TargetInfo> = Vec::new();

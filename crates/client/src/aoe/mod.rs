@@ -1,8 +1,8 @@
-//! The client's AoE (ATA over Ethernet, AoE r11) side: where a device is
-//! ([`AoeUrl`], [`AoeLink`]), the device handle ([`AoeDevice`]) that
-//! drives `ethersan_aoe`'s sans-I/O [`Initiator`](ethersan_aoe::Initiator)
-//! over an `ethersan_link` [`Link`], discovery, and the `discover --aoe`,
-//! `ls` and `inquiry` output for AoE devices.
+//! The AoE (ATA over Ethernet, AoE r11) transport: where a device is
+//! ([`AoeUrl`], [`AoeLink`]), the device handle ([`AoeDevice`], a
+//! [`BlockTarget`]) that drives `ethersan_aoe`'s sans-I/O
+//! [`Initiator`](ethersan_aoe::Initiator) over an `ethersan_link`
+//! [`Link`], and discovery.
 //!
 //! Accepted forms:
 //! - `aoe://IFACE/SHELF.SLOT`: AF_PACKET on interface IFACE (needs
@@ -15,29 +15,38 @@
 //! parsed by the same code ([`AoeLink::parse`]): `IFACE`, or
 //! `unix:LOCAL,peer=PEER[,mac=MAC][,mtu=N]`.
 
-mod cli;
 mod device;
 #[cfg(test)]
 mod tests;
 
 use std::path::PathBuf;
 
+use bytes::Bytes;
 use ethersan_link::packet::{PacketConfig, PacketLink, RingVersion};
 use ethersan_link::unix::{UnixDgramConfig, UnixDgramLink};
 use ethersan_link::{Link, MacAddr, DEFAULT_MTU, ETHERTYPE_AOE, MAX_MTU};
-use ethersan_server::config::AoeLink;
+pub use ethersan_server::config::AoeLink;
 
-pub(crate) use cli::open;
-pub(crate) use cli::{cmd_discover, cmd_inquiry, cmd_ls};
-pub(crate) use device::{discover, AoeDevice, SECTOR};
+pub use device::{discover, initiator_config, AoeDevice, Failure, SECTOR};
+
+use crate::options::ConnectArgs;
+use crate::target::{BlockTarget, BoxFuture, Capabilities, OpenOptions};
+
+/// The AoE transport: `aoe://` and `aoe+unix:` URLs.
+pub static TRANSPORT: crate::target::Transport = crate::target::Transport {
+    name: "aoe",
+    schemes: &["aoe://", "aoe+unix:"],
+    forms: "aoe://IFACE/SHELF.SLOT or aoe+unix://SHELF.SLOT?local=PATH&peer=PATH",
+    open: open_target,
+};
 
 /// The accepted forms, for error messages.
-const URL_FORMS: &str = "aoe://IFACE/SHELF.SLOT (e.g. aoe://eth0/0.1) or \
+pub const URL_FORMS: &str = "aoe://IFACE/SHELF.SLOT (e.g. aoe://eth0/0.1) or \
      aoe+unix://SHELF.SLOT?local=PATH&peer=PATH[&mtu=N][&mac=MAC]";
 
 /// Whether a command-line argument names an AoE device (and so is parsed
 /// by [`AoeUrl::parse`], errors included).
-pub(crate) fn is_aoe_url(s: &str) -> bool {
+pub fn is_aoe_url(s: &str) -> bool {
     s.starts_with("aoe://") || s.starts_with("aoe+unix:")
 }
 
@@ -45,7 +54,7 @@ pub(crate) fn is_aoe_url(s: &str) -> bool {
 /// frame is handed over as it arrives: request/response latency matters
 /// more here than wake-ups; V3's block timeout would add about 1 ms per
 /// round trip), or the unix datagram socket.
-pub(crate) fn open_link(link: &AoeLink) -> anyhow::Result<Link> {
+pub fn open_link(link: &AoeLink) -> anyhow::Result<Link> {
     Ok(match link {
         AoeLink::Interface(ifname) => {
             let mut cfg = PacketConfig::new(ifname.clone(), ETHERTYPE_AOE);
@@ -68,7 +77,7 @@ pub(crate) fn open_link(link: &AoeLink) -> anyhow::Result<Link> {
 
 /// An AoE device address and the link it is reached over.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct AoeUrl {
+pub struct AoeUrl {
     /// The medium.
     pub link: AoeLink,
     /// Shelf (major).
@@ -80,7 +89,7 @@ pub(crate) struct AoeUrl {
 impl AoeUrl {
     /// Parse `aoe://IFACE/SHELF.SLOT` or
     /// `aoe+unix://SHELF.SLOT?local=PATH&peer=PATH[&mtu=N][&mac=MAC]`.
-    pub(crate) fn parse(s: &str) -> Result<AoeUrl, String> {
+    pub fn parse(s: &str) -> Result<AoeUrl, String> {
         if let Some(rest) = s.strip_prefix("aoe://") {
             let Some((ifname, addr)) = rest.split_once('/') else {
                 return Err(format!(
@@ -115,7 +124,7 @@ impl AoeUrl {
     }
 
     /// `e0.1 on eth0`: how messages name the device.
-    pub(crate) fn describe(&self) -> String {
+    pub fn describe(&self) -> String {
         format!("AoE device e{}.{} on {}", self.shelf, self.slot, self.link)
     }
 }
@@ -177,5 +186,71 @@ fn unix_link(whole: &str, kv: &[(&str, &str)]) -> Result<AoeLink, String> {
         _ => Err(format!(
             "{whole:?} needs both local=PATH (the socket to bind) and peer=PATH (the other end's); give {URL_FORMS}"
         )),
+    }
+}
+
+/// Open the device an AoE URL names.
+pub async fn open(url: &str, how: &ConnectArgs) -> anyhow::Result<AoeDevice> {
+    let u = AoeUrl::parse(url).map_err(anyhow::Error::msg)?;
+    let link = open_link(&u.link)?;
+    AoeDevice::open(link, u.describe(), u.shelf, u.slot, how.timeout).await
+}
+
+/// The dispatch's entry: [`open`] as a [`BlockTarget`].
+pub(crate) fn open_target<'a>(
+    url: &'a str,
+    how: &'a ConnectArgs,
+    _opts: &'a OpenOptions,
+) -> BoxFuture<'a, anyhow::Result<Box<dyn BlockTarget>>> {
+    Box::pin(async move { Ok(Box::new(open(url, how).await?) as Box<dyn BlockTarget>) })
+}
+
+impl BlockTarget for AoeDevice {
+    fn name(&self) -> String {
+        AoeDevice::name(self).to_string()
+    }
+
+    /// `eSHELF.SLOT`, as Linux's aoe driver names it under /dev/etherd.
+    fn file_name(&self) -> String {
+        format!("e{}.{}", self.target.shelf, self.target.slot)
+    }
+
+    fn block_size(&self) -> u64 {
+        SECTOR
+    }
+
+    fn capacity(&self) -> u64 {
+        AoeDevice::capacity(self)
+    }
+
+    /// A good size per call: the device splits any transfer into frames.
+    fn max_transfer(&self) -> u64 {
+        crate::options::DEFAULT_MAX_TRANSFER
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            splits: true,
+            ..Capabilities::default()
+        }
+    }
+
+    fn read(
+        &self,
+        offset: u64,
+        len: usize,
+        spare: Vec<u8>,
+    ) -> BoxFuture<'_, anyhow::Result<Vec<u8>>> {
+        Box::pin(AoeDevice::read(self, offset, len, spare))
+    }
+
+    /// ATA writes over AoE have no FUA: `fua` is not asked of the target
+    /// (flush makes the writes durable).
+    fn write(&self, offset: u64, data: Bytes, _fua: bool) -> BoxFuture<'_, anyhow::Result<()>> {
+        Box::pin(async move { AoeDevice::write(self, offset, &data).await })
+    }
+
+    fn flush(&self) -> BoxFuture<'_, anyhow::Result<()>> {
+        Box::pin(AoeDevice::flush(self))
     }
 }

@@ -1,7 +1,8 @@
 //! Log in over ethersan's native transport: `eth://IFACE/TARGET/LUN` (raw
 //! Ethernet; the target is found by group discovery unless the URL gives
 //! `mac=`) and `udp://HOST[:PORT]/TARGET/LUN`. The iSCSI session on top is
-//! the same as over TCP.
+//! the same as over TCP: this module opens the channel and logs in on its
+//! stream; the [`iscsi`](crate::iscsi) module comes here for these URLs.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,8 +14,29 @@ use ethersan_endpoint::{Endpoint, EndpointConfig, Medium, PeerAddr};
 use ethersan_link::packet::{PacketConfig, PacketLink, RingVersion};
 use ethersan_link::{Link, MacAddr};
 
-use crate::url::{IscsiUrl, NativeParams, Transport};
-use crate::{login, Error, LoginOptions, Session};
+use ethersan_initiator::{login, LoginOptions, Session};
+
+use crate::url::{IscsiUrl, NativeParams, Transport, UrlError};
+
+mod level;
+
+pub use level::{level_needed, level_too_low, LevelTooLow};
+
+/// Why the native transport could not give a session.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The URL's native settings are wrong (`security=`, `mac=`), or it
+    /// is not a native transport URL.
+    #[error(transparent)]
+    Url(#[from] UrlError),
+    /// The target could not be reached: no member of the group answered,
+    /// the handshake failed, the link did not open.
+    #[error("{0}")]
+    Unreachable(String),
+    /// The channel is up and the iSCSI login on it failed.
+    #[error(transparent)]
+    Login(#[from] ethersan_initiator::Error),
+}
 
 /// How long discovery waits for answers when nothing else is said.
 pub const DISCOVER_WAIT: Duration = Duration::from_millis(1500);
@@ -41,10 +63,10 @@ pub async fn wait_closed(limit: Duration) {
 }
 
 /// The level a URL asks for (`security=`; default encrypt).
-pub fn level_of(p: &NativeParams) -> Result<Level, Error> {
+pub fn level_of(p: &NativeParams) -> Result<Level, UrlError> {
     match &p.security {
         None => Ok(Level::Encrypt),
-        Some(s) => s.parse().map_err(Error::Url),
+        Some(s) => s.parse().map_err(UrlError),
     }
 }
 
@@ -58,11 +80,13 @@ pub async fn open_medium(url: &IscsiUrl) -> Result<(Medium, Option<PeerAddr>), E
                 ring: RingVersion::V2,
                 ..PacketConfig::new(url.host.clone(), ethertype)
             })
-            .map_err(|e| Error::Native(format!("cannot open Ethernet link {}: {e}", url.host)))?;
+            .map_err(|e| {
+                Error::Unreachable(format!("cannot open Ethernet link {}: {e}", url.host))
+            })?;
             let peer = match &p.mac {
                 Some(m) => Some(PeerAddr::Mac(
                     m.parse::<MacAddr>()
-                        .map_err(|e| Error::Url(format!("mac={m:?}: {e}")))?,
+                        .map_err(|e| UrlError(format!("mac={m:?}: {e}")))?,
                 )),
                 None => None,
             };
@@ -71,9 +95,9 @@ pub async fn open_medium(url: &IscsiUrl) -> Result<(Medium, Option<PeerAddr>), E
         Transport::Udp(p) => {
             let addr = tokio::net::lookup_host(url.portal())
                 .await
-                .map_err(|e| Error::Native(format!("cannot resolve {}: {e}", url.portal())))?
+                .map_err(|e| Error::Unreachable(format!("cannot resolve {}: {e}", url.portal())))?
                 .next()
-                .ok_or_else(|| Error::Native(format!("{} has no address", url.portal())))?;
+                .ok_or_else(|| Error::Unreachable(format!("{} has no address", url.portal())))?;
             let bind = if addr.is_ipv6() {
                 "[::]:0"
             } else {
@@ -81,12 +105,12 @@ pub async fn open_medium(url: &IscsiUrl) -> Result<(Medium, Option<PeerAddr>), E
             };
             let sock = tokio::net::UdpSocket::bind(bind)
                 .await
-                .map_err(|e| Error::Native(format!("cannot bind a UDP socket: {e}")))?;
+                .map_err(|e| Error::Unreachable(format!("cannot bind a UDP socket: {e}")))?;
             let medium = Medium::udp(sock, p.mtu.unwrap_or(ethersan_link::DEFAULT_MTU))
-                .map_err(|e| Error::Native(format!("UDP socket: {e}")))?;
+                .map_err(|e| Error::Unreachable(format!("UDP socket: {e}")))?;
             Ok((medium, Some(PeerAddr::Udp(addr))))
         }
-        Transport::Tcp => Err(Error::Url("not a native transport URL".into())),
+        Transport::Tcp => Err(UrlError("not a native transport URL".into()).into()),
     }
 }
 
@@ -102,19 +126,20 @@ pub async fn discover(
     let ep = Endpoint::initiator(medium, EndpointConfig::new(group.clone()));
     ep.discover(dst, wait)
         .await
-        .map_err(|e| Error::Native(e.to_string()))
+        .map_err(|e| Error::Unreachable(e.to_string()))
 }
 
 /// Connect over the native transport the URL names and log in with
-/// `opts`, each step bounded by `opts.timeout`.
+/// `opts`, each step bounded by `opts.timeout`: the session, and the
+/// security level of the channel under it.
 pub async fn connect(
     url: &IscsiUrl,
     group: &GroupKeys,
     opts: &LoginOptions,
-) -> Result<Session, Error> {
+) -> Result<(Session, Level), Error> {
     let params = match &url.transport {
         Transport::Eth(p) | Transport::Udp(p) => p,
-        Transport::Tcp => return Err(Error::Url("not a native transport URL".into())),
+        Transport::Tcp => return Err(UrlError("not a native transport URL".into()).into()),
     };
     let level = level_of(params)?;
     let (medium, peer) = open_medium(url).await?;
@@ -136,21 +161,21 @@ pub async fn connect(
                     |c| c.targets.iter().any(|t| t.name == url.target),
                 )
                 .await
-                .map_err(|e| Error::Native(e.to_string()))?;
+                .map_err(|e| Error::Unreachable(e.to_string()))?;
             let serving = found
                 .iter()
                 .find(|(_, c)| c.targets.iter().any(|t| t.name == url.target));
             match serving {
                 Some((p, _)) => *p,
                 None if found.is_empty() => {
-                    return Err(Error::Native(format!(
+                    return Err(Error::Unreachable(format!(
                         "no target of group {:?} answered discovery on {} ({where_}): check the group name and secret, and that the target serves --eth on this link",
                         group.group(),
                         url.host
                     )))
                 }
                 None => {
-                    return Err(Error::Native(format!(
+                    return Err(Error::Unreachable(format!(
                         "no member of group {:?} on {} serves {}; they serve: {}",
                         group.group(),
                         url.host,
@@ -178,7 +203,7 @@ pub async fn connect(
             r = &mut connecting => r,
             found = ep.discover_until(peer, wait, |_| true) => match found {
                 Ok(found) if found.is_empty() => {
-                    return Err(Error::Native(format!(
+                    return Err(Error::Unreachable(format!(
                         "no member of group {:?} answered at {peer} within {:.1} s (neither discovery nor the channel handshake): check the group name and secret (a wrong one gets no answer) and that the target serves the native transport there",
                         group.group(),
                         wait.as_secs_f64()
@@ -188,9 +213,8 @@ pub async fn connect(
             },
         }
     }
-    .map_err(|e| Error::Native(e.to_string()))?;
+    .map_err(|e| Error::Unreachable(e.to_string()))?;
     // Its logout waits for the channel's close (see ChannelWriter::linger).
-    let mut session = login(stream.reader, stream.writer.linger(), opts).await?;
-    session.set_channel_level(level);
-    Ok(session)
+    let session = login(stream.reader, stream.writer.linger(), opts).await?;
+    Ok((session, level))
 }

@@ -6,10 +6,8 @@ use std::time::Duration;
 use ethersan_aoe::initiator::TargetInfo;
 use serde::Serialize;
 
-use super::device::{initiator_config, AoeDevice};
-use super::{open_link, AoeUrl};
-use crate::blockio::{ConnectArgs, Timeout};
-use ethersan_server::config::AoeLink;
+use ethersan_client::aoe::{initiator_config, open, open_link, AoeDevice, AoeLink};
+use ethersan_client::{ConnectArgs, Timeout};
 
 /// How long `discover --aoe` listens for answers unless `--timeout` is
 /// given.
@@ -91,7 +89,7 @@ pub(crate) async fn cmd_discover(
         Some(t) if timeout_given => t,
         _ => DISCOVER_WAIT,
     };
-    let found = super::discover(&link, wait).await?;
+    let found = ethersan_client::aoe::discover(&link, wait).await?;
     let mut list = Vec::with_capacity(found.len());
     for t in &found {
         let name = format!("AoE device e{}.{} on {spec}", t.shelf, t.slot);
@@ -129,13 +127,6 @@ pub(crate) async fn cmd_discover(
         );
     }
     Ok(())
-}
-
-/// Open the device an AoE URL names.
-pub(crate) async fn open(url: &str, how: &ConnectArgs) -> anyhow::Result<AoeDevice> {
-    let u = AoeUrl::parse(url).map_err(anyhow::Error::msg)?;
-    let link = open_link(&u.link)?;
-    AoeDevice::open(link, u.describe(), u.shelf, u.slot, how.timeout).await
 }
 
 /// `ethersan ls aoe://…`: the one device.

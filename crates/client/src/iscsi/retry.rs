@@ -1,0 +1,213 @@
+//! A LUN whose commands survive a lost session: reads, whole-block writes
+//! and WRITE SAME are sent again on a new session when a command times
+//! out or the connection is lost (at most [`RETRIES`] times); a cache
+//! flush is not (see [`RetryingLun::flush`]).
+
+use bytes::Bytes;
+
+use super::login::login;
+use super::lun::Lun;
+use crate::options::ConnectArgs;
+use crate::target::Say;
+use crate::url::IscsiUrl;
+
+/// How often a command that lost its session is tried again, each time on
+/// a new session.
+const RETRIES: u32 = 3;
+
+/// A LUN whose reads and whole-block writes are retried on a new session
+/// when a command times out or the connection is lost: each of them can be
+/// repeated without changing the outcome (a write sends the same bytes to
+/// the same blocks again). A cache flush is not (see
+/// [`RetryingLun::flush`]). Used by `cp` and `attach`.
+pub struct RetryingLun {
+    url: IscsiUrl,
+    how: ConnectArgs,
+    /// The current session's LUN and its generation (bumped per new session).
+    current: std::sync::Mutex<(u64, Lun)>,
+    /// One new login at a time.
+    relogin: tokio::sync::Mutex<()>,
+    /// Commands retried, and new sessions opened for them.
+    retried: std::sync::atomic::AtomicU64,
+    sessions: std::sync::atomic::AtomicU64,
+    /// Where to say what happened (above a progress bar when there is
+    /// one); standard error when not set.
+    say: std::sync::Mutex<Option<Say>>,
+    /// What starts those lines ("ethersan cp").
+    program: &'static str,
+}
+
+impl std::fmt::Debug for RetryingLun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RetryingLun")
+            .field("target", &self.url.target)
+            .field("lun", &self.url.lun)
+            .field("program", &self.program)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RetryingLun {
+    /// Log in and learn the LUN's geometry.
+    pub async fn open(url: &IscsiUrl, how: &ConnectArgs) -> anyhow::Result<RetryingLun> {
+        let lun = Lun::open(url, how).await?;
+        Ok(RetryingLun {
+            url: url.clone(),
+            how: how.clone(),
+            current: std::sync::Mutex::new((0, lun)),
+            relogin: tokio::sync::Mutex::new(()),
+            retried: 0.into(),
+            sessions: 0.into(),
+            say: std::sync::Mutex::new(None),
+            program: "ethersan cp",
+        })
+    }
+
+    /// Start the lines said when a session is replaced with `program`.
+    pub fn said_by(mut self, program: &'static str) -> RetryingLun {
+        self.program = program;
+        self
+    }
+
+    /// The LUN as of now (its block size does not change between sessions;
+    /// its capacity follows CAPACITY DATA HAS CHANGED, shared by them all).
+    pub fn lun(&self) -> Lun {
+        self.current.lock().expect("not poisoned").1.clone()
+    }
+
+    /// (commands retried, new sessions opened) so far.
+    pub fn retries(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.retried.load(Relaxed), self.sessions.load(Relaxed))
+    }
+
+    /// Say what happened from now on through `say`.
+    pub fn set_say(&self, say: Say) {
+        *self.say.lock().expect("not poisoned") = Some(say);
+    }
+
+    fn say(&self, msg: &str) {
+        match &*self.say.lock().expect("not poisoned") {
+            Some(say) => say(msg),
+            None => crate::target::say_on_stderr(msg),
+        }
+    }
+
+    /// Run `op` on the current session; when the session fails (timeout,
+    /// connection lost), log in again and run it again, up to [`RETRIES`]
+    /// times.
+    async fn run<T, F, Fut>(&self, what: &str, op: F) -> anyhow::Result<T>
+    where
+        F: Fn(Lun) -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<T>>,
+    {
+        let mut tries = 0;
+        loop {
+            let (generation, lun) = self.current.lock().expect("not poisoned").clone();
+            let err = match op(lun).await {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            };
+            let failed = err
+                .downcast_ref::<ethersan_initiator::Error>()
+                .is_some_and(|e| e.is_session_failure());
+            if !failed || tries == RETRIES {
+                return Err(if tries > 0 {
+                    err.context(format!(
+                        "{what} failed after {tries} retries on new sessions"
+                    ))
+                } else {
+                    err
+                });
+            }
+            tries += 1;
+            self.retried
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.renew(generation, &err).await?;
+        }
+    }
+
+    /// A new session in place of generation `generation`, unless another
+    /// command has already replaced it.
+    async fn renew(&self, generation: u64, why: &anyhow::Error) -> anyhow::Result<()> {
+        let _one = self.relogin.lock().await;
+        let old = {
+            let cur = self.current.lock().expect("not poisoned");
+            if cur.0 != generation {
+                return Ok(());
+            }
+            cur.1.clone()
+        };
+        old.session.abandon();
+        self.say(&format!(
+            "{}: {why:#}; logging in again to retry",
+            self.program
+        ));
+        let mut last = None;
+        for _ in 0..RETRIES {
+            let opened = match login(&self.url, &self.how).await {
+                Ok(logged) => Lun::on_known(logged, self.url.lun, old.known()).await,
+                Err(e) => Err(e),
+            };
+            match opened {
+                Ok(lun) => {
+                    self.sessions
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    *self.current.lock().expect("not poisoned") = (generation + 1, lun);
+                    return Ok(());
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last
+            .expect("tried at least once")
+            .context(format!("{why:#}, and logging in again failed")))
+    }
+
+    /// Read `len` bytes at `offset` (both block-aligned).
+    pub async fn read(&self, offset: u64, len: usize) -> anyhow::Result<Vec<u8>> {
+        self.run("read", |l| async move { l.read(offset, len).await })
+            .await
+    }
+
+    /// Write `data` at `offset` (both block-aligned).
+    pub async fn write(&self, offset: u64, data: Bytes, fua: bool) -> anyhow::Result<()> {
+        self.run("write", |l| {
+            let data = data.clone();
+            async move { l.write(offset, data, fua).await }
+        })
+        .await
+    }
+
+    /// Zero `len` bytes at `offset` (see [`Lun::write_zeroes`]); false
+    /// when the target has no WRITE SAME (16). Repeatable like a write.
+    pub async fn write_zeroes(&self, offset: u64, len: u64, unmap: bool) -> anyhow::Result<bool> {
+        self.run("write same", |l| async move {
+            l.write_zeroes(offset, len, unmap).await
+        })
+        .await
+    }
+
+    /// SYNCHRONIZE CACHE over the whole LUN. Not repeated on a new
+    /// session: writes the old session had acknowledged but the target had
+    /// not yet made durable may be gone with it, and a flush on the new
+    /// session would report them durable.
+    pub async fn flush(&self) -> anyhow::Result<()> {
+        let lun = self.lun();
+        lun.flush().await.map_err(|e| {
+            let lost = e
+                .downcast_ref::<ethersan_initiator::Error>()
+                .is_some_and(|e| e.is_session_failure());
+            if lost {
+                e.context("SYNCHRONIZE CACHE lost its session, so the copy's durability is unknown: run cp --sync again")
+            } else {
+                e
+            }
+        })
+    }
+
+    /// Log out of the current session.
+    pub async fn logout(&self) {
+        let _ = self.lun().session.logout().await;
+    }
+}
