@@ -304,7 +304,6 @@ fn serve_config(a: &ServeArgs) -> anyhow::Result<Config> {
     Ok(cfg)
 }
 
-
 /// The configuration `serve` runs: [`serve_config`] with the options the
 /// command line overrides (workers, placement, limits, ALUA).
 pub(crate) fn config(a: &ServeArgs) -> anyhow::Result<Config> {

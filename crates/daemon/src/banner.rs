@@ -8,12 +8,7 @@ use ethersan_server::Server;
 
 /// Say where `server` listens and how to connect (nothing but log events
 /// with `json_logs`).
-pub(crate) fn announce(
-    server: &Server,
-    cfg: &Config,
-    json_logs: bool,
-    say: &crate::Say,
-) {
+pub(crate) fn announce(server: &Server, cfg: &Config, json_logs: bool, say: &crate::Say) {
     let portals = server.portals().list();
     if json_logs {
         // Log collectors get events, not a banner.
@@ -31,36 +26,39 @@ pub(crate) fn announce(
     for p in &portals {
         crate::line(say, format_args!("ethersan: listening on {}", p.address));
         if let Some(a) = p.advertise {
-            crate::line(say, format_args!(
-                "ethersan: portal {} is advertised as {a}",
-                p.address
-            ));
+            crate::line(
+                say,
+                format_args!("ethersan: portal {} is advertised as {a}", p.address),
+            );
         } else if p.is_wildcard() {
             // 0.0.0.0 is no address to connect to: name the real ones.
             let reachable = p.announced(None);
-            crate::line(say, format_args!(
-                "ethersan: portal {} answers on this host's addresses: {}",
-                p.address,
-                if reachable.is_empty() {
-                    "(none found)".to_string()
-                } else {
-                    reachable
-                        .iter()
-                        .map(|a| a.to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                }
-            ));
+            crate::line(
+                say,
+                format_args!(
+                    "ethersan: portal {} answers on this host's addresses: {}",
+                    p.address,
+                    if reachable.is_empty() {
+                        "(none found)".to_string()
+                    } else {
+                        reachable
+                            .iter()
+                            .map(|a| a.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    }
+                ),
+            );
         }
     }
     if let (Some(p), Some(t)) = (portals.first(), cfg.targets.first()) {
         // Initiators reach it at the address it is advertised as (a
         // wildcard portal: at the host's first address).
         let addr = p.announced(None).first().copied().unwrap_or(p.address);
-        crate::line(say, format_args!(
-            "{}",
-            connect_hint(&addr.to_string(), t, cfg.chap.as_ref())
-        ));
+        crate::line(
+            say,
+            format_args!("{}", connect_hint(&addr.to_string(), t, cfg.chap.as_ref())),
+        );
     }
 }
 

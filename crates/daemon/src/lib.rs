@@ -225,21 +225,23 @@ impl Daemon {
                 .await?;
         let group = cfg.ethernet.group.as_deref().unwrap_or("");
         for l in &cfg.ethernet.links {
-            line(&opts.say, format_args!(
-                "ethersan: native transport on {l} (group {group})"
-            ));
+            line(
+                &opts.say,
+                format_args!("ethersan: native transport on {l} (group {group})"),
+            );
         }
         for u in &cfg.ethernet.udp {
-            line(&opts.say, format_args!(
-                "ethersan: native transport on {u} (group {group})"
-            ));
+            line(
+                &opts.say,
+                format_args!("ethersan: native transport on {u} (group {group})"),
+            );
         }
         // iSNS: register the targets, portals and discovery domains.
         let isns = cfg.isns.clone().map(|i| {
-            line(&opts.say, format_args!(
-                "ethersan: registering with iSNS server {}",
-                i.server()
-            ));
+            line(
+                &opts.say,
+                format_args!("ethersan: registering with iSNS server {}", i.server()),
+            );
             ethersan_server::isns::start(i, server.registry().clone())
         });
         // The management plane: every change goes through one Control (and
@@ -249,8 +251,8 @@ impl Daemon {
             server.registry().clone(),
             opts.config_file.clone(),
         ));
-        let state = ethersan_admin::AdminState::new(control.clone())
-            .with_native(native.endpoints.clone());
+        let state =
+            ethersan_admin::AdminState::new(control.clone()).with_native(native.endpoints.clone());
         let api_socket = api_socket(&cfg, &opts, state.clone())?;
         let api_tcp = match (opts.api_tcp, &opts.api_token_file) {
             (Some(addr), Some(file)) => {
@@ -260,9 +262,10 @@ impl Daemon {
                     .map_err(|cause| DaemonError::ApiListen { addr, cause })?;
                 let bound = l.local_addr().unwrap_or(addr);
                 if !opts.json_logs {
-                    line(&opts.say, format_args!(
-                        "ethersan: management API and dashboard on http://{bound}/"
-                    ));
+                    line(
+                        &opts.say,
+                        format_args!("ethersan: management API and dashboard on http://{bound}/"),
+                    );
                 }
                 info!(%bound, "management API on TCP");
                 Some((bound, ethersan_admin::serve_tcp(l, state.clone(), token)))
@@ -278,7 +281,10 @@ impl Daemon {
                 let bound = listener.local_addr().unwrap_or(addr);
                 info!(address = %bound, "metrics");
                 if !opts.json_logs {
-                    line(&opts.say, format_args!("ethersan: metrics on http://{bound}/metrics"));
+                    line(
+                        &opts.say,
+                        format_args!("ethersan: metrics on http://{bound}/metrics"),
+                    );
                 }
                 Some((bound, ethersan_admin::serve_metrics(listener, state)))
             }

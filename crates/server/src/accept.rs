@@ -142,7 +142,6 @@ fn admit(sock: TcpStream, peer: SocketAddr, ctx: &AcceptContext) {
     }
 }
 
-
 /// Warnings about refused connections, each at most once a second.
 struct Refusals {
     per_address: limits::LogThrottle,
@@ -168,4 +167,3 @@ async fn handle_connection(
     };
     crate::serve_stream(rd, wr, conn, registry, options, settings).await;
 }
-

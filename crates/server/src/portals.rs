@@ -29,9 +29,9 @@ use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 use tracing::info;
 
+use crate::accept::AcceptContext;
 pub use crate::portal::{host_addresses, PortalInfo};
 use crate::registry::Registry;
-use crate::accept::AcceptContext;
 
 /// Why a portal could not be added, changed or removed.
 #[derive(Debug, thiserror::Error)]
