@@ -4,11 +4,11 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use toml_edit::{Array, ArrayOfTables, DocumentMut, InlineTable, Item, Table, TableLike, Value};
+use toml_edit::{DocumentMut, Value};
 
 use super::super::{
-    AoeAddress, AoeLink, Backing, ChapConfig, Config, EthernetConfig, IsnsConfig, LunConfig,
-    Options, TargetChap, TargetConfig,
+    format_naa, AoeAddress, AoeConfig, AoeLink, Backing, ChapConfig, Config, EthernetConfig,
+    IsnsConfig, LunConfig, Options, TargetChap, TargetConfig, DEFAULT_ENGINE,
 };
 
 /// are written in a new file.
@@ -114,7 +114,7 @@ pub(super) fn canonical(c: &Config, base: &Path) -> Tab {
         t.put("chap", V::T(chap(d, false)));
         top.put("discovery", V::T(t));
     }
-    if c.aoe != super::AoeConfig::default() {
+    if c.aoe != AoeConfig::default() {
         let mut t = Tab::default();
         links(&mut t, &c.aoe.links, base);
         t.put_strings(
@@ -290,7 +290,13 @@ pub(super) fn target(t: &TargetConfig, base: &Path) -> Tab {
     out
 }
 
-pub(super) fn lun(l: &LunConfig, t: &TargetConfig, i: usize, number: Option<u64>, base: &Path) -> Tab {
+pub(super) fn lun(
+    l: &LunConfig,
+    t: &TargetConfig,
+    i: usize,
+    number: Option<u64>,
+    base: &Path,
+) -> Tab {
     let mut out = Tab::default();
     out.put_some("number", number.map(int));
     match &l.backing {
@@ -332,7 +338,7 @@ pub(super) fn lun(l: &LunConfig, t: &TargetConfig, i: usize, number: Option<u64>
         out.put("physical_block_size", int(u64::from(l.physical_block_size)));
     }
     out.put_some("serial", l.serial.clone().map(s));
-    out.put_some("naa", l.naa.as_ref().map(|n| s(super::format_naa(n))));
+    out.put_some("naa", l.naa.as_ref().map(|n| s(format_naa(n))));
     if !l.write_cache {
         out.put("write_cache", V::B(false));
     }
@@ -342,7 +348,7 @@ pub(super) fn lun(l: &LunConfig, t: &TargetConfig, i: usize, number: Option<u64>
     if l.direct {
         out.put("direct", V::B(true));
     }
-    if matches!(l.backing, Backing::File { .. }) && l.engine != super::DEFAULT_ENGINE {
+    if matches!(l.backing, Backing::File { .. }) && l.engine != DEFAULT_ENGINE {
         out.put("engine", s(l.engine.to_string()));
     }
     out.put_some("sanitize_rate", l.sanitize_rate.map(int));
@@ -362,6 +368,3 @@ pub(super) fn lun(l: &LunConfig, t: &TargetConfig, i: usize, number: Option<u64>
     }
     out
 }
-
-/// The arrays whose elements are tables with an identity (a target's
-/// name, a LUN's number), matched by it rather than by place.

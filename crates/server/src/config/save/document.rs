@@ -1,16 +1,11 @@
 //! TOML documents, tables and values made from the canonical form (a
 //! file written whole, and the parts an edit adds).
 
-use std::path::{Component, Path, PathBuf};
-
-use toml_edit::{Array, ArrayOfTables, DocumentMut, InlineTable, Item, Table, TableLike, Value};
-
-use super::super::{
-    AoeAddress, AoeLink, Backing, ChapConfig, Config, EthernetConfig, IsnsConfig, LunConfig,
-    Options, TargetChap, TargetConfig,
-};
 use super::canonical::{Tab, V};
+use toml_edit::{ArrayOfTables, DocumentMut, InlineTable, Item, Table, Value};
 
+/// The arrays whose elements are tables with an identity (a target's
+/// name, a LUN's number), matched by it rather than by place.
 pub(super) fn is_keyed_list(key: &str) -> bool {
     key == "target" || key == "lun"
 }
@@ -92,5 +87,3 @@ pub(super) fn inline(v: &V) -> Value {
         }
     }
 }
-
-/// Edits a document in place, noting each change.

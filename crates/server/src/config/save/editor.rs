@@ -1,20 +1,14 @@
 //! Editing a document in place where the running configuration differs
 //! from the one it describes, keeping comments, order and layout.
 
-use std::path::{Component, Path, PathBuf};
-
-use toml_edit::{Array, ArrayOfTables, DocumentMut, InlineTable, Item, Table, TableLike, Value};
-
-use super::super::{
-    AoeAddress, AoeLink, Backing, ChapConfig, Config, EthernetConfig, IsnsConfig, LunConfig,
-    Options, TargetChap, TargetConfig,
-};
 use super::canonical::{Tab, V};
 use super::document::{block, block_table, identities, inline, is_keyed_list};
+use toml_edit::{Array, ArrayOfTables, Item, TableLike, Value};
 
+/// Edits a document in place, noting each change.
 #[derive(Default)]
 pub(super) struct Editor {
-    changes: Vec<String>,
+    pub(super) changes: Vec<String>,
 }
 
 impl Editor {
@@ -98,7 +92,15 @@ impl Editor {
     }
 
     /// Make `item` (under `key`), which reads as `old`, read as `new`.
-    pub(super) fn item(&mut self, item: &mut Item, key: &str, old: &V, new: &V, path: &str, chap: bool) {
+    pub(super) fn item(
+        &mut self,
+        item: &mut Item,
+        key: &str,
+        old: &V,
+        new: &V,
+        path: &str,
+        chap: bool,
+    ) {
         match (old, new) {
             (V::T(o), V::T(n)) if item.is_table_like() => {
                 let block = item.is_table();
@@ -128,7 +130,14 @@ impl Editor {
 
     /// A list of targets or LUNs: elements matched by identity, each kept
     /// (and edited where it changed), new ones added, gone ones dropped.
-    pub(super) fn keyed_list(&mut self, item: &mut Item, key: &str, old: &[V], new: &[V], path: &str) {
+    pub(super) fn keyed_list(
+        &mut self,
+        item: &mut Item,
+        key: &str,
+        old: &[V],
+        new: &[V],
+        path: &str,
+    ) {
         let (old_ids, new_ids) = (identities(key, old), identities(key, new));
         let what = if key == "target" { "target" } else { "LUN" };
         // `target NAME LUN 1`, not `target NAME lun LUN 1`.
@@ -215,7 +224,12 @@ impl Editor {
 /// equal to one of `old` keeps its text and comments; `edit(j)` may make
 /// the `j`th from the old element it replaces; anything else is written
 /// new, laid out as the last element was.
-pub(super) fn reuse(a: &Array, old: &[V], new: &[V], mut edit: impl FnMut(usize) -> Option<Value>) -> Array {
+pub(super) fn reuse(
+    a: &Array,
+    old: &[V],
+    new: &[V],
+    mut edit: impl FnMut(usize) -> Option<Value>,
+) -> Array {
     let mut used = vec![false; old.len()];
     let mut out = Array::new();
     // New elements are laid out as the last one is (on a line of their
@@ -262,4 +276,3 @@ pub(super) fn replace(item: &mut Item, mut new: Item) {
     }
     *item = new;
 }
-

@@ -15,7 +15,7 @@
 //! the same bytes. A new file (or one that cannot be edited) is written
 //! whole from the canonical form.
 
-use std::path::{Component, Path, PathBuf};
+use std::path::Path;
 
 mod canonical;
 mod document;
@@ -25,12 +25,9 @@ use canonical::canonical;
 use document::fresh;
 use editor::Editor;
 
-use toml_edit::{Array, ArrayOfTables, DocumentMut, InlineTable, Item, Table, TableLike, Value};
+use toml_edit::DocumentMut;
 
-use super::{
-    AoeAddress, AoeLink, Backing, ChapConfig, Config, EthernetConfig, IsnsConfig, LunConfig,
-    Options, TargetChap, TargetConfig,
-};
+use super::Config;
 
 /// The header of a configuration file written whole.
 const HEADER: &str = "# Written by `ethersan ctl save`: the running configuration of an\n\
@@ -117,6 +114,9 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
+
+    use crate::config::{LunConfig, Options};
 
     /// A hand-written file: comments, an order of its own, a secret in a
     /// file, spec strings and tables, explicit defaults.

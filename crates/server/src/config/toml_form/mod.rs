@@ -12,9 +12,7 @@ mod sections;
 mod target;
 
 use super::{
-    parse_naa, parse_network, parse_size, shared_backing_file, validate_name, Access, AclRule,
-    Backing, ChapConfig, Config, ConfigError, LunConfig, Options, TargetChap, TargetConfig,
-    DEFAULT_ENGINE,
+    parse_size, shared_backing_file, ChapConfig, Config, ConfigError, Options, TargetConfig,
 };
 
 #[derive(Deserialize)]

@@ -9,9 +9,7 @@ use std::net::SocketAddr;
 use toml::Spanned;
 
 use super::super::{AoeConfig, ChapConfig, ConfigError, EthernetConfig, IsnsConfig, Options};
-use super::{
-    socket_addr, RawAoe, RawChap, RawDiscovery, RawEthernet, RawIsns, RawPortal, Source,
-};
+use super::{socket_addr, RawAoe, RawChap, RawDiscovery, RawEthernet, RawIsns, RawPortal, Source};
 
 /// `[options]`, checked, its `data_dir` relative to the file.
 pub(super) fn options(src: &Source, raw: Option<Spanned<Options>>) -> Result<Options, ConfigError> {
@@ -103,8 +101,7 @@ pub(super) fn discovery_chap(
             if chap.is_some_and(|c| !c.discovery) {
                 return Err(src.at(
                     Some(span),
-                    "[discovery.chap] contradicts discovery = false in [chap]; remove one"
-                        .into(),
+                    "[discovery.chap] contradicts discovery = false in [chap]; remove one".into(),
                 ));
             }
             let mut d = c
@@ -228,10 +225,9 @@ pub(super) fn isns(
             }
             if let Some(e) = &i.entity {
                 if e.is_empty() || e.len() > 255 {
-                    return Err(src.at(
-                        Some(span),
-                        "[isns] entity: give 1 to 255 characters".into(),
-                    ));
+                    return Err(
+                        src.at(Some(span), "[isns] entity: give 1 to 255 characters".into())
+                    );
                 }
             }
             c.entity = i.entity;

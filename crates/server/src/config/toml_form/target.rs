@@ -77,8 +77,7 @@ fn lun(
             Ok((lun, Vec::new(), Vec::new()))
         }
         RawLun::Table(tb) => {
-            let (seen_by, read_only_for) =
-                (tb.initiators.clone(), tb.read_only_initiators.clone());
+            let (seen_by, read_only_for) = (tb.initiators.clone(), tb.read_only_initiators.clone());
             Ok((lun_table(src, span, *tb)?, seen_by, read_only_for))
         }
     }
@@ -88,13 +87,11 @@ fn lun(
 /// `span`.
 fn lun_table(src: &Source, span: Range<usize>, tb: RawLunTable) -> Result<LunConfig, ConfigError> {
     for i in &tb.initiators {
-        validate_name(i)
-            .map_err(|e| src.at(Some(span.clone()), format!("initiators: {e}")))?;
+        validate_name(i).map_err(|e| src.at(Some(span.clone()), format!("initiators: {e}")))?;
     }
     for i in &tb.read_only_initiators {
-        validate_name(i).map_err(|e| {
-            src.at(Some(span.clone()), format!("read_only_initiators: {e}"))
-        })?;
+        validate_name(i)
+            .map_err(|e| src.at(Some(span.clone()), format!("read_only_initiators: {e}")))?;
     }
     if tb.rbd.is_none()
         && (tb.ceph_conf.is_some()
@@ -160,14 +157,14 @@ fn lun_table(src: &Source, span: Range<usize>, tb: RawLunTable) -> Result<LunCon
             .map_err(|m| src.at(Some(span.clone()), m))?,
         write_cache: tb.write_cache.unwrap_or(true),
         aoe: match tb.aoe.as_deref() {
-            None => super::AoeAddress::Default,
+            None => super::super::AoeAddress::Default,
             Some(a) => a.parse().map_err(|m| src.at(Some(span.clone()), m))?,
         },
         security: match tb.security.as_deref() {
             None => ethersan_channel::Level::default(),
-            Some(l) => l.parse().map_err(|m| {
-                src.at(Some(span.clone()), format!("security = {m}"))
-            })?,
+            Some(l) => l
+                .parse()
+                .map_err(|m| src.at(Some(span.clone()), format!("security = {m}")))?,
         },
         physical_block_size: tb.physical_block_size.unwrap_or(4096),
         direct: tb.direct,
@@ -177,9 +174,7 @@ fn lun_table(src: &Source, span: Range<usize>, tb: RawLunTable) -> Result<LunCon
             .as_ref()
             .map(raw_size)
             .transpose()
-            .map_err(|e| {
-                src.at(Some(span.clone()), format!("sanitize_rate: {e}"))
-            })?,
+            .map_err(|e| src.at(Some(span.clone()), format!("sanitize_rate: {e}")))?,
         engine: match tb.engine.as_deref() {
             None => DEFAULT_ENGINE,
             Some(e) => e
@@ -192,15 +187,12 @@ fn lun_table(src: &Source, span: Range<usize>, tb: RawLunTable) -> Result<LunCon
             Some(other) => {
                 return Err(src.at(
                     Some(span),
-                    format!(
-                        "provisioning = {other:?}: use \"thin\" or \"full\""
-                    ),
+                    format!("provisioning = {other:?}: use \"thin\" or \"full\""),
                 ))
             }
         },
     };
     lun.check().map_err(|m| src.at(Some(span.clone()), m))?;
-    lun
     Ok(lun)
 }
 
@@ -270,8 +262,7 @@ fn access(
     let old = Access::rules_from_lists(&names, &networks);
     if !names.is_empty() && !networks.is_empty() {
         let (line, _) = line_col(src.text, t.allow_networks[0].span().start);
-        let written: Vec<String> =
-            old.iter().map(|r| format!("{:?}", r.to_string())).collect();
+        let written: Vec<String> = old.iter().map(|r| format!("{:?}", r.to_string())).collect();
         tracing::warn!(
             "{}:{line}: target {}: allow_initiators and allow_networks together admit a listed name only from a listed network; read as allow = [{}]. Write that instead: in allow = [...] each rule admits on its own, so a grant (ethersan ctl acl add) widens access (docs/config.md, access rules)",
             src.origin,
