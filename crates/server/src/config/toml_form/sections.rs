@@ -9,7 +9,8 @@ use std::net::SocketAddr;
 use toml::Spanned;
 
 use super::super::{AoeConfig, ChapConfig, ConfigError, EthernetConfig, IsnsConfig, Options};
-use super::{socket_addr, RawAoe, RawChap, RawDiscovery, RawEthernet, RawIsns, RawPortal, Source};
+use super::raw::{socket_addr, RawAoe, RawChap, RawDiscovery, RawEthernet, RawIsns, RawPortal};
+use super::source::Source;
 
 /// `[options]`, checked, its `data_dir` relative to the file.
 pub(super) fn options(src: &Source, raw: Option<Spanned<Options>>) -> Result<Options, ConfigError> {

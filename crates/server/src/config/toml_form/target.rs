@@ -9,7 +9,8 @@ use super::super::{
     parse_naa, parse_network, validate_name, Access, AclRule, Backing, ConfigError, LunConfig,
     TargetChap, TargetConfig, DEFAULT_ENGINE,
 };
-use super::{line_col, raw_size, RawLun, RawLunTable, RawTarget, RawTargetChap, Source};
+use super::raw::{raw_size, RawLun, RawLunTable, RawTarget, RawTargetChap};
+use super::source::{line_col, Source};
 
 /// One `[[target]]`; `before`: the targets read before it (a name is
 /// used once). Returns the target and the spans of its LUNs, for the
