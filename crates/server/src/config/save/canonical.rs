@@ -11,6 +11,7 @@ use super::super::{
     IsnsConfig, LunConfig, Options, TargetChap, TargetConfig, DEFAULT_ENGINE,
 };
 
+/// A value in canonical form. Tables keep their keys in the order they
 /// are written in a new file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum V {

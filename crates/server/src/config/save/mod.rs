@@ -109,8 +109,6 @@ impl Config {
     }
 }
 
-/// A value in canonical form. Tables keep their keys in the order they
-
 #[cfg(test)]
 mod tests {
     use super::*;
