@@ -80,6 +80,7 @@ pub mod frame;
 pub mod mac;
 pub mod memory;
 pub mod packet;
+pub mod spec;
 pub mod unix;
 
 pub use error::LinkError;

@@ -9,6 +9,7 @@
 //! directory of targets and LUNs.
 #![warn(missing_docs, unreachable_pub)]
 
+mod accept;
 pub mod aoe;
 pub mod config;
 pub mod control;
@@ -19,6 +20,7 @@ pub mod limits;
 mod login;
 pub mod native;
 mod placement;
+pub mod portal;
 pub mod portals;
 pub mod registry;
 pub mod reload;
@@ -35,7 +37,6 @@ use arc_swap::ArcSwap;
 use ethersan_backend::{BlockDevice, BlockDeviceExt};
 use ethersan_proto::negotiate::TargetSettings;
 use ethersan_scsi::{LogicalUnit, LuConfig, LunMap, LunPolicy, LunSlot, Nexus};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
@@ -177,45 +178,48 @@ impl Server {
     }
 
     /// Serve until `shutdown` resolves, then stop accepting, end every
-    /// session (commands in flight finish), flush every LUN and return.
+    /// session (commands in flight finish), flush every LUN and return:
+    /// [`Server::start`], then the steps of a stop in their order.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
-        let settings = self.settings.clone();
-        let placement = match self.options.placement {
-            config::Placement::Shared => None,
-            config::Placement::Pinned => {
-                match placement::Placement::start(
-                    self.options.worker_threads,
-                    self.options.worker_rings,
-                ) {
-                    Ok(p) => Some(Arc::new(p)),
-                    Err(e) => {
-                        warn!(%e, "cannot start pinned workers; using the shared runtime");
-                        None
-                    }
-                }
-            }
-        };
-        // Shared by every portal: the limit is per address, not per portal.
-        let ctx = Arc::new(AcceptContext {
-            registry: self.registry.clone(),
-            options: self.options.clone(),
-            settings,
-            limiter: limits::ConnectionLimiter::new(self.options.max_connections_per_address),
-            refusals: Refusals {
-                per_address: limits::LogThrottle::new(Duration::from_secs(1)),
-                sessions: limits::LogThrottle::new(Duration::from_secs(1)),
-            },
-            placement,
-        });
-        self.portals.start(ctx);
+        self.start();
         shutdown.await;
         info!("shutting down: no new connections; ending sessions");
+        self.stop_accepting();
+        self.end_sessions().await;
+        self.flush();
+        info!("stopped");
+    }
+
+    /// Start accepting connections on every portal (and on those added
+    /// later), on the pinned workers when the placement says so.
+    pub fn start(&self) {
+        let ctx = accept::AcceptContext::new(
+            self.registry.clone(),
+            self.options.clone(),
+            self.settings.clone(),
+        );
+        self.portals.start(Arc::new(ctx));
+    }
+
+    /// The first step of a stop: every portal's listening socket is shut,
+    /// no new connection is accepted and no portal can be added.
+    pub fn stop_accepting(&self) {
         self.portals.stop();
+    }
+
+    /// The second step of a stop: end every session (commands in flight
+    /// finish) and wait until they have ended, at most 10 s.
+    pub async fn end_sessions(&self) {
         self.registry.shutdown_all();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while self.registry.session_count() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// The third step of a stop: flush every LUN's store (a failure is
+    /// logged, the others are flushed still).
+    pub fn flush(&self) {
         for t in self.registry.targets().iter() {
             for slot in t.scsi.luns().values() {
                 let d = slot.lu.device();
@@ -223,97 +227,6 @@ impl Server {
                     warn!(%e, backend = %d.describe(), "flush at shutdown failed");
                 }
             }
-        }
-        info!("stopped");
-    }
-}
-
-/// What every accept loop shares: the limits, the settings and where
-/// connections run.
-pub(crate) struct AcceptContext {
-    registry: Arc<Registry>,
-    options: Options,
-    settings: Arc<ArcSwap<TargetSettings>>,
-    /// Connections per source address, over every portal.
-    limiter: Arc<limits::ConnectionLimiter>,
-    refusals: Refusals,
-    placement: Option<Arc<placement::Placement>>,
-}
-
-/// Accept connections on one portal until the task is aborted (the
-/// portal removed, the server stopping).
-pub(crate) async fn accept_loop(l: Arc<TcpListener>, ctx: Arc<AcceptContext>) {
-    loop {
-        match l.accept().await {
-            Ok((sock, peer)) => admit(sock, peer, &ctx),
-            // The listening socket was shut (the portal removed, the
-            // server stopping): nothing more to accept, nothing wrong.
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return,
-            Err(e) => {
-                warn!(%e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
-
-/// Admit an accepted connection, or close it before any PDU is read when
-/// a limit says so (the log says so at most once a second, with how many
-/// it did not mention).
-fn admit(sock: TcpStream, peer: SocketAddr, ctx: &AcceptContext) {
-    let options = &ctx.options;
-    let Some(guard) = ctx.limiter.try_acquire(peer.ip()) else {
-        ctx.registry
-            .login_stats()
-            .failed(stats::LoginFailure::RefusedLimit);
-        if let Some(more) = ctx.refusals.per_address.allow() {
-            warn!(
-                peer = %peer.ip(),
-                limit = options.max_connections_per_address,
-                refused_since_last_warning = more,
-                "too many connections from one address; refusing connection"
-            );
-        }
-        return;
-    };
-    if ctx.registry.session_count() >= options.max_sessions {
-        ctx.registry
-            .login_stats()
-            .failed(stats::LoginFailure::RefusedLimit);
-        if let Some(more) = ctx.refusals.sessions.allow() {
-            warn!(%peer, refused_since_last_warning = more, "session limit reached; refusing connection");
-        }
-        return;
-    }
-    let Some(slot) = login_slot(&ctx.registry, &peer.to_string()) else {
-        return;
-    };
-    let registry = ctx.registry.clone();
-    let options = options.clone();
-    // The settings of the moment: a reload applies to the connections
-    // after it.
-    let settings = ctx.settings.load_full();
-    match &ctx.placement {
-        // The socket moves to the worker's own reactor.
-        Some(p) => match sock.into_std() {
-            Ok(std_sock) => p.spawn(async move {
-                // Held until the connection ends, however.
-                let _guard = guard;
-                match TcpStream::from_std(std_sock) {
-                    Ok(sock) => {
-                        handle_connection(sock, peer, registry, options, settings, slot).await
-                    }
-                    Err(e) => warn!(%peer, %e, "cannot move connection to its worker"),
-                }
-            }),
-            Err(e) => warn!(%peer, %e, "cannot move connection to its worker"),
-        },
-        None => {
-            tokio::spawn(async move {
-                // Held until the connection ends, however.
-                let _guard = guard;
-                handle_connection(sock, peer, registry, options, settings, slot).await;
-            });
         }
     }
 }
@@ -464,12 +377,6 @@ fn watch_size(dev: &Arc<dyn BlockDevice>, lu: &Arc<LogicalUnit>, target: &str, l
 /// session pushes back on its initiator instead of queueing without end.
 const PDU_QUEUE: usize = 64;
 
-/// Warnings about refused connections, each at most once a second.
-struct Refusals {
-    per_address: limits::LogThrottle,
-    sessions: limits::LogThrottle,
-}
-
 fn chap_policy(c: &config::ChapConfig) -> ethersan_proto::negotiate::AuthPolicy {
     ethersan_proto::negotiate::AuthPolicy::Chap {
         initiator: c.initiator.clone(),
@@ -523,26 +430,6 @@ fn target_settings(config: &Config) -> TargetSettings {
         portal_group_tag: o.target_port_group,
         ..TargetSettings::default()
     }
-}
-
-async fn handle_connection(
-    sock: TcpStream,
-    peer: SocketAddr,
-    registry: Arc<Registry>,
-    options: Options,
-    settings: Arc<TargetSettings>,
-    slot: limits::LoginSlot,
-) {
-    let _ = sock.set_nodelay(true);
-    let local = sock.local_addr().ok();
-    let (rd, wr) = sock.into_split();
-    let conn = Connection {
-        peer: peer.to_string(),
-        local,
-        channel_level: None,
-        login_slot: Some(slot),
-    };
-    serve_stream(rd, wr, conn, registry, options, settings).await;
 }
 
 /// Where a connection comes from, and its place among those in login.

@@ -114,17 +114,40 @@ pub fn host_name() -> String {
         .unwrap_or_else(|| "ethersan".into())
 }
 
+/// The native transport of a running server (from [`start`]): an endpoint
+/// per link and UDP portal, and the tasks accepting channels on them.
+#[derive(Debug, Default)]
+pub struct Native {
+    /// One endpoint per link or UDP portal (the management plane reads
+    /// their channels' counters).
+    pub endpoints: Vec<Endpoint>,
+    /// One per endpoint: accepts channels and serves each as a connection.
+    accepting: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Native {
+    /// Accept no more channels; returns once the accepting tasks have
+    /// ended. Sessions already running go on until they end; the
+    /// endpoints run until every handle and stream of theirs is gone.
+    pub async fn stop_accepting(&mut self) {
+        for t in self.accepting.drain(..) {
+            t.abort();
+            let _ = t.await;
+        }
+    }
+}
+
 /// Open every link and UDP portal `cfg` configures and serve channels on
-/// them until the returned endpoints are dropped and their sessions end.
-/// Needs a tokio runtime.
+/// them until [`Native::stop_accepting`], or the runtime stops. Needs a
+/// tokio runtime.
 pub async fn start(
     cfg: &Config,
     server: StreamServer,
     registry: Arc<Registry>,
-) -> Result<Vec<Endpoint>, NativeError> {
+) -> Result<Native, NativeError> {
     let e = &cfg.ethernet;
     if !e.enabled() {
-        return Ok(Vec::new());
+        return Ok(Native::default());
     }
     let keys = group_keys(e)?;
     let name = host_name();
@@ -153,13 +176,13 @@ pub async fn start(
         })?;
         media.push((format!("udp {bound}"), medium));
     }
-    let mut endpoints = Vec::new();
+    let mut native = Native::default();
     for (what, medium) in media {
         info!(medium = %what, group = %ecfg.group.group(), max_frame = medium.max_frame(), "native transport listening");
         let ep = Endpoint::target(medium, ecfg.clone());
         let accepting = ep.clone();
         let server = server.clone();
-        tokio::spawn(async move {
+        native.accepting.push(tokio::spawn(async move {
             while let Some(a) = accepting.accept().await {
                 let s = a.stream;
                 let peer = s.info.peer.to_string();
@@ -170,8 +193,8 @@ pub async fn start(
                 });
             }
             warn!(medium = %what, "native transport endpoint stopped");
-        });
-        endpoints.push(ep);
+        }));
+        native.endpoints.push(ep);
     }
-    Ok(endpoints)
+    Ok(native)
 }

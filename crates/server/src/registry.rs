@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use ethersan_core::directory::Directory;
 
-use crate::portals::PortalInfo;
+use crate::portal::PortalInfo;
 
 /// The I_T nexus identifier of a session: a stable hash of (initiator
 /// name, ISID, target), so a reinstated session maps to the same nexus.
@@ -185,7 +185,7 @@ impl std::fmt::Debug for SessionHandle {
 #[derive(Debug)]
 pub struct Registry {
     directory: Arc<Directory>,
-    /// The live portals (see [`crate::portals`]).
+    /// The live portals (the `portals` module keeps this list).
     portals: RwLock<Vec<PortalInfo>>,
     /// Connections in the login phase, over every portal and the native
     /// transport.
@@ -600,7 +600,7 @@ impl Registry {
             .collect()
     }
 
-    /// The live portals as [`crate::portals::Portals`] last set them.
+    /// The live portals as the live set (`Portals`) last set them.
     pub(crate) fn set_portals(&self, portals: Vec<PortalInfo>) {
         *self.portals.write().unwrap_or_else(|e| e.into_inner()) = portals;
     }

@@ -23,9 +23,9 @@ use std::path::PathBuf;
 
 use bytes::Bytes;
 use ethersan_link::packet::{PacketConfig, PacketLink, RingVersion};
+pub use ethersan_link::spec::LinkSpec as AoeLink;
 use ethersan_link::unix::{UnixDgramConfig, UnixDgramLink};
 use ethersan_link::{Link, MacAddr, DEFAULT_MTU, ETHERTYPE_AOE, MAX_MTU};
-pub use ethersan_server::config::AoeLink;
 
 pub use device::{discover, initiator_config, AoeDevice, Failure, SECTOR};
 

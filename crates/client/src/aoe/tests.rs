@@ -13,7 +13,7 @@ use ethersan_link::{Link, MacAddr, ETHERTYPE_AOE};
 use super::device::initiator_config;
 use super::*;
 use crate::options::Timeout;
-use ethersan_server::config::AoeLink;
+use ethersan_link::spec::LinkSpec as AoeLink;
 
 const TARGET_MAC: MacAddr = MacAddr([2, 0, 0, 0, 0xa0, 1]);
 const CLIENT_MAC: MacAddr = MacAddr([2, 0, 0, 0, 0xc0, 1]);

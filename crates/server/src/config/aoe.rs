@@ -3,9 +3,9 @@
 //! use the devices (`serve --aoe`, `aoe=` in a `--lun` spec, `[aoe]` in a
 //! config file).
 
-use std::path::PathBuf;
-
 use ethersan_link::MacAddr;
+
+pub use ethersan_link::spec::LinkSpec as AoeLink;
 
 /// `[aoe]`, or `serve --aoe`: the AoE target is on when `links` is not
 /// empty.
@@ -16,104 +16,6 @@ pub struct AoeConfig {
     /// Initiator MACs allowed to issue commands (the devices' initial MAC
     /// mask list); empty: any.
     pub allowed_macs: Vec<MacAddr>,
-}
-
-/// One Ethernet link of the AoE target.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AoeLink {
-    /// A network interface, through an AF_PACKET socket (needs
-    /// CAP_NET_RAW).
-    Interface(String),
-    /// A unix datagram socket pair, one datagram per Ethernet frame, as
-    /// QEMU's `-netdev dgram` speaks it: ethersan binds `local` and sends
-    /// to `peer`.
-    Unix {
-        /// The socket ethersan binds.
-        local: PathBuf,
-        /// The socket of the other end (QEMU's `local.path`).
-        peer: PathBuf,
-        /// Our MAC (random, locally administered, when not given).
-        mac: Option<MacAddr>,
-        /// Payload bytes per frame.
-        mtu: usize,
-    },
-}
-
-impl AoeLink {
-    /// Parse `IFACE` or `unix:LOCAL,peer=PEER[,mac=MAC][,mtu=N]`.
-    pub fn parse(spec: &str) -> Result<AoeLink, String> {
-        Self::parse_option(spec, "--aoe")
-    }
-
-    /// [`parse`](Self::parse), naming `option` in error messages.
-    pub fn parse_option(spec: &str, option: &str) -> Result<AoeLink, String> {
-        let Some(rest) = spec.strip_prefix("unix:") else {
-            if spec.is_empty() || spec.contains(['/', ',', ' ']) || spec.len() > 15 {
-                return Err(format!(
-                    "{option} {spec:?}: give a network interface name (see `ip link`) or unix:LOCAL.sock,peer=PEER.sock"
-                ));
-            }
-            return Ok(AoeLink::Interface(spec.to_string()));
-        };
-        let mut parts = rest.split(',');
-        let local = PathBuf::from(parts.next().unwrap_or(""));
-        let (mut peer, mut mac, mut mtu) = (None, None, ethersan_link::DEFAULT_MTU);
-        for p in parts {
-            match p.split_once('=') {
-                Some(("peer", v)) if !v.is_empty() => peer = Some(PathBuf::from(v)),
-                Some(("mac", v)) => {
-                    mac = Some(
-                        v.parse::<MacAddr>()
-                            .map_err(|e| format!("{option} {spec:?}: mac: {e}"))?,
-                    )
-                }
-                Some(("mtu", v)) => {
-                    mtu = v
-                        .parse::<usize>()
-                        .ok()
-                        .filter(|m| (1024..=ethersan_link::MAX_MTU).contains(m))
-                        .ok_or_else(|| {
-                            format!(
-                                "{option} {spec:?}: mtu must be a number from 1024 to {}",
-                                ethersan_link::MAX_MTU
-                            )
-                        })?
-                }
-                _ => {
-                    return Err(format!(
-                        "{option} {spec:?}: unknown option {p:?} (known: peer=PATH, mac=MAC, mtu=N)"
-                    ))
-                }
-            }
-        }
-        if local.as_os_str().is_empty() {
-            return Err(format!(
-                "{option} {spec:?}: unix: needs the socket path to bind, as unix:LOCAL.sock,peer=PEER.sock"
-            ));
-        }
-        let peer = peer.ok_or_else(|| {
-            format!(
-                "{option} {spec:?}: needs peer=PATH, the other end's socket (QEMU's local.path)"
-            )
-        })?;
-        Ok(AoeLink::Unix {
-            local,
-            peer,
-            mac,
-            mtu,
-        })
-    }
-}
-
-impl std::fmt::Display for AoeLink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            AoeLink::Interface(i) => f.write_str(i),
-            AoeLink::Unix { local, peer, .. } => {
-                write!(f, "unix:{},peer={}", local.display(), peer.display())
-            }
-        }
-    }
 }
 
 /// Where a LUN appears over AoE.
@@ -170,32 +72,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn links_and_addresses_parse_or_say_what_is_wrong() {
-        assert_eq!(
-            AoeLink::parse("eth0").unwrap(),
-            AoeLink::Interface("eth0".into())
-        );
-        let l = AoeLink::parse("unix:/run/a.sock,peer=/run/b.sock,mtu=9000,mac=02:00:00:00:00:01")
-            .unwrap();
-        assert_eq!(
-            l,
-            AoeLink::Unix {
-                local: "/run/a.sock".into(),
-                peer: "/run/b.sock".into(),
-                mac: Some("02:00:00:00:00:01".parse().unwrap()),
-                mtu: 9000
-            }
-        );
-        assert!(AoeLink::parse("unix:/a.sock")
-            .unwrap_err()
-            .contains("peer=PATH"));
-        assert!(AoeLink::parse("unix:/a,peer=/b,mtu=99")
-            .unwrap_err()
-            .contains("mtu must be"));
-        assert!(AoeLink::parse("unix:/a,peer=/b,speed=1")
-            .unwrap_err()
-            .contains("unknown option"));
-        assert!(AoeLink::parse("").unwrap_err().contains("ip link"));
+    fn addresses_and_macs_parse_or_say_what_is_wrong() {
         assert_eq!(
             "3.7".parse::<AoeAddress>(),
             Ok(AoeAddress::At { shelf: 3, slot: 7 })
