@@ -1,8 +1,11 @@
 //! The one table of supported commands (SPC-4, SBC-3).
 //!
-//! Dispatch, the reserved-bit check of every CDB, and REPORT SUPPORTED
-//! OPERATION CODES all read [`COMMANDS`]: a command exists, has a CDB
-//! layout and is reported exactly when it has a row here.
+//! Dispatch, the reserved-bit check of every CDB, REPORT SUPPORTED
+//! OPERATION CODES and every per-command rule read [`COMMANDS`]: a command
+//! exists, has a CDB layout and is reported exactly when it has a row
+//! here, and its row's [`Rules`] say how it stands under reservations, on
+//! a read-only LUN, without a medium, during SANITIZE, with a unit
+//! attention pending and in each ALUA state. A new command is one row.
 
 use crate::be::{be16, be32};
 use crate::sense::Sense;
@@ -51,6 +54,159 @@ pub enum Op {
     Sanitize,
 }
 
+/// How a command touches the medium, which decides when it conflicts
+/// with a reservation another I_T nexus holds (SPC-4 §5.9.1 table 46,
+/// SBC-4 §4.17 table 13): under Write Exclusive (and its registrants-only
+/// and all-registrants types, for a nexus that holds no registration)
+/// [`Access::Write`] conflicts; under Exclusive Access (and its types)
+/// [`Access::Read`] conflicts too. RESERVE(6/10) held by another nexus
+/// refuses both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Never conflicts (INQUIRY, REPORT LUNS, REQUEST SENSE, TEST UNIT
+    /// READY, READ CAPACITY, PERSISTENT RESERVE IN/OUT, ...).
+    Free,
+    /// Reads the medium or its parameters.
+    Read,
+    /// Changes the medium or its parameters.
+    Write,
+}
+
+/// The asymmetric access states that serve a command (SPC-4 §5.16.2.4);
+/// in the others it ends with NOT READY, ASYMMETRIC ACCESS STATE
+/// TRANSITION... (04h/0Bh standby, 04h/0Ch unavailable).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServedIn {
+    /// Every state this unit has, unavailable included (INQUIRY, REPORT
+    /// LUNS, REQUEST SENSE, the REPORT SUPPORTED commands, REPORT/SET
+    /// TARGET PORT GROUPS; §5.16.2.4.5).
+    EveryState,
+    /// The active states and standby (MODE SENSE/SELECT, PERSISTENT
+    /// RESERVE IN/OUT; §5.16.2.4.4).
+    Standby,
+    /// The active states only.
+    ActiveOnly,
+}
+
+/// The rules one command follows, checked before it runs; columns of
+/// [`COMMANDS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rules {
+    /// How it stands under reservations.
+    pub access: Access,
+    /// It writes the medium: a LUN read-only for the initiator answers
+    /// DATA PROTECT, WRITE PROTECTED.
+    pub changes_medium: bool,
+    /// It needs the medium: without one (ejected) it ends with MEDIUM NOT
+    /// PRESENT, after a failed SANITIZE with SANITIZE FAILED.
+    pub needs_medium: bool,
+    /// It may run while a SANITIZE is in progress (SBC-4 §4.11.2); every
+    /// other command ends with NOT READY, SANITIZE IN PROGRESS.
+    pub during_sanitize: bool,
+    /// It reports no unit attention (SAM-5 §5.14): a pending one stays
+    /// queued for the next command.
+    pub ua_exempt: bool,
+    /// The ALUA states that serve it.
+    pub alua: ServedIn,
+}
+
+impl Rules {
+    /// Touches nothing, served in the active states only; the builders
+    /// below add to it.
+    const fn new(access: Access) -> Rules {
+        Rules {
+            access,
+            changes_medium: false,
+            needs_medium: false,
+            during_sanitize: false,
+            ua_exempt: false,
+            alua: ServedIn::ActiveOnly,
+        }
+    }
+    const fn needs_medium(self) -> Rules {
+        Rules {
+            needs_medium: true,
+            ..self
+        }
+    }
+    const fn changes_medium(self) -> Rules {
+        Rules {
+            changes_medium: true,
+            ..self
+        }
+    }
+    const fn served_in(self, alua: ServedIn) -> Rules {
+        Rules { alua, ..self }
+    }
+    const fn during_sanitize(self) -> Rules {
+        Rules {
+            during_sanitize: true,
+            ..self
+        }
+    }
+    const fn ua_exempt(self) -> Rules {
+        Rules {
+            ua_exempt: true,
+            ..self
+        }
+    }
+}
+
+/// The rules of each family of commands, one place per family; each row
+/// of [`COMMANDS`] names one.
+pub mod rules {
+    use super::{Access, Rules, ServedIn};
+
+    /// INQUIRY, REQUEST SENSE, REPORT LUNS: what an initiator asks first,
+    /// answered in every state, with no unit attention.
+    pub const STATUS: Rules = Rules::new(Access::Free)
+        .served_in(ServedIn::EveryState)
+        .during_sanitize()
+        .ua_exempt();
+    /// REPORT SUPPORTED OPERATION CODES / TASK MANAGEMENT FUNCTIONS.
+    pub const SUPPORTED: Rules = Rules::new(Access::Free)
+        .served_in(ServedIn::EveryState)
+        .during_sanitize();
+    /// REPORT/SET TARGET PORT GROUPS: how a path checker finds and moves
+    /// the active path.
+    pub const PORT_GROUPS: Rules = Rules::new(Access::Free).served_in(ServedIn::EveryState);
+    /// TEST UNIT READY: says whether the medium is there.
+    pub const TEST_UNIT_READY: Rules = Rules::new(Access::Free).needs_medium();
+    /// READ CAPACITY (10/16).
+    pub const CAPACITY: Rules = Rules::new(Access::Free).needs_medium();
+    /// READ, VERIFY, PRE-FETCH, GET LBA STATUS: read the medium.
+    pub const MEDIUM_READ: Rules = Rules::new(Access::Read).needs_medium();
+    /// WRITE, WRITE AND VERIFY, WRITE SAME, UNMAP, COMPARE AND WRITE,
+    /// ORWRITE, WRITE ATOMIC: write the medium.
+    pub const MEDIUM_WRITE: Rules = Rules::new(Access::Write).needs_medium().changes_medium();
+    /// SYNCHRONIZE CACHE: makes writes durable (conflicts as a write,
+    /// SBC-4 table 13; changes no data).
+    pub const SYNC_CACHE: Rules = Rules::new(Access::Write).needs_medium();
+    /// MODE SENSE (6/10).
+    pub const MODE_SENSE: Rules = Rules::new(Access::Read).served_in(ServedIn::Standby);
+    /// MODE SELECT (6/10): changes the unit's parameters, not its data.
+    pub const MODE_SELECT: Rules = Rules::new(Access::Write).served_in(ServedIn::Standby);
+    /// PERSISTENT RESERVE IN/OUT (PERSISTENT RESERVE OUT checks its own
+    /// conflicts, SPC-4 table 47).
+    pub const PERSISTENT_RESERVE: Rules = Rules::new(Access::Free).served_in(ServedIn::Standby);
+    /// RESERVE/RELEASE (6/10): check their own conflicts.
+    pub const RESERVE_RELEASE: Rules = Rules::new(Access::Free);
+    /// START STOP UNIT: loads and ejects the medium.
+    pub const START_STOP: Rules = Rules::new(Access::Write);
+    /// PREVENT ALLOW MEDIUM REMOVAL.
+    pub const PREVENT_ALLOW: Rules = Rules::new(Access::Free);
+    /// READ DEFECT DATA (10/12): reads the unit's parameters.
+    pub const DEFECTS: Rules = Rules::new(Access::Read);
+    /// EXTENDED COPY: writes the LUNs its descriptors name (the copy
+    /// manager reaches them, not this unit's medium).
+    pub const EXTENDED_COPY: Rules = Rules::new(Access::Write).changes_medium();
+    /// RECEIVE COPY RESULTS.
+    pub const COPY_RESULTS: Rules = Rules::new(Access::Free);
+    /// SANITIZE: erases the medium; runs without one being usable, since
+    /// it is how a unit leaves the failure mode a failed SANITIZE left.
+    pub const SANITIZE: Rules = Rules::new(Access::Write).changes_medium();
+}
+
 /// One supported command.
 #[derive(Debug, Clone, Copy)]
 pub struct CommandDef {
@@ -66,9 +222,17 @@ pub struct CommandDef {
     pub usage: &'static [u8],
     /// Behaviour.
     pub op: Op,
+    /// The rules it follows before it runs.
+    pub rules: Rules,
 }
 
-const fn c(opcode: u8, name: &'static str, usage: &'static [u8], op: Op) -> CommandDef {
+const fn c(
+    opcode: u8,
+    name: &'static str,
+    usage: &'static [u8],
+    op: Op,
+    rules: Rules,
+) -> CommandDef {
     CommandDef {
         opcode,
         service_action: None,
@@ -76,6 +240,7 @@ const fn c(opcode: u8, name: &'static str, usage: &'static [u8], op: Op) -> Comm
         cdb_len: usage.len(),
         usage,
         op,
+        rules,
     }
 }
 
@@ -85,6 +250,7 @@ const fn sa(
     name: &'static str,
     usage: &'static [u8],
     op: Op,
+    rules: Rules,
 ) -> CommandDef {
     CommandDef {
         opcode,
@@ -93,6 +259,7 @@ const fn sa(
         cdb_len: usage.len(),
         usage,
         op,
+        rules,
     }
 }
 
@@ -110,125 +277,171 @@ pub const COMMANDS: &[CommandDef] = &[
         "TEST UNIT READY",
         &[0x00, 0, 0, 0, 0, 0],
         Op::TestUnitReady,
+        rules::TEST_UNIT_READY,
     ),
     c(
         0x03,
         "REQUEST SENSE",
         &[0x03, 0x01, 0, 0, 0xff, 0],
         Op::RequestSense,
+        rules::STATUS,
     ),
     c(
         0x08,
         "READ(6)",
         &[0x08, 0x1f, 0xff, 0xff, 0xff, 0],
         Op::Read,
+        rules::MEDIUM_READ,
     ),
     c(
         0x0a,
         "WRITE(6)",
         &[0x0a, 0x1f, 0xff, 0xff, 0xff, 0],
         Op::Write,
+        rules::MEDIUM_WRITE,
     ),
     c(
         0x12,
         "INQUIRY",
         &[0x12, 0x01, 0xff, 0xff, 0xff, 0],
         Op::Inquiry,
+        rules::STATUS,
     ),
     c(
         0x15,
         "MODE SELECT(6)",
         &[0x15, 0x11, 0, 0, 0xff, 0],
         Op::ModeSelect6,
+        rules::MODE_SELECT,
     ),
-    c(0x16, "RESERVE(6)", &[0x16, 0, 0, 0, 0, 0], Op::Reserve),
-    c(0x17, "RELEASE(6)", &[0x17, 0, 0, 0, 0, 0], Op::Release),
+    c(
+        0x16,
+        "RESERVE(6)",
+        &[0x16, 0, 0, 0, 0, 0],
+        Op::Reserve,
+        rules::RESERVE_RELEASE,
+    ),
+    c(
+        0x17,
+        "RELEASE(6)",
+        &[0x17, 0, 0, 0, 0, 0],
+        Op::Release,
+        rules::RESERVE_RELEASE,
+    ),
     c(
         0x1a,
         "MODE SENSE(6)",
         &[0x1a, 0x08, 0xff, 0xff, 0xff, 0],
         Op::ModeSense6,
+        rules::MODE_SENSE,
     ),
     c(
         0x1b,
         "START STOP UNIT",
         &[0x1b, 0x01, 0, 0x0f, 0xf7, 0],
         Op::StartStopUnit,
+        rules::START_STOP,
     ),
     c(
         0x1e,
         "PREVENT ALLOW MEDIUM REMOVAL",
         &[0x1e, 0, 0, 0, 0x03, 0],
         Op::PreventAllow,
+        rules::PREVENT_ALLOW,
     ),
     c(
         0x25,
         "READ CAPACITY(10)",
         &[0x25, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0x01, 0],
         Op::ReadCapacity10,
+        rules::CAPACITY,
     ),
     c(
         0x28,
         "READ(10)",
         &[0x28, 0xfe, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0],
         Op::Read,
+        rules::MEDIUM_READ,
     ),
     c(
         0x2a,
         "WRITE(10)",
         &[0x2a, 0xfa, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0],
         Op::Write,
+        rules::MEDIUM_WRITE,
     ),
     c(
         0x2e,
         "WRITE AND VERIFY(10)",
         &[0x2e, 0xf6, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0],
         Op::WriteVerify,
+        rules::MEDIUM_WRITE,
     ),
     c(
         0x2f,
         "VERIFY(10)",
         &[0x2f, 0xf6, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0],
         Op::Verify,
+        rules::MEDIUM_READ,
     ),
     c(
         0x34,
         "PRE-FETCH(10)",
         &[0x34, 0x02, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0],
         Op::PreFetch,
+        rules::MEDIUM_READ,
     ),
     c(
         0x35,
         "SYNCHRONIZE CACHE(10)",
         &[0x35, 0x06, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0],
         Op::SyncCache,
+        rules::SYNC_CACHE,
     ),
     c(
         0x37,
         "READ DEFECT DATA(10)",
         &[0x37, 0, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0],
         Op::ReadDefectData,
+        rules::DEFECTS,
     ),
     c(
         0x41,
         "WRITE SAME(10)",
         &[0x41, 0xf8, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0],
         Op::WriteSame,
+        rules::MEDIUM_WRITE,
     ),
     c(
         0x42,
         "UNMAP",
         &[0x42, 0x01, 0, 0, 0, 0, 0x3f, 0xff, 0xff, 0],
         Op::Unmap,
+        rules::MEDIUM_WRITE,
     ),
-    sa(0x48, 0x01, "SANITIZE / OVERWRITE", SANITIZE, Op::Sanitize),
-    sa(0x48, 0x02, "SANITIZE / BLOCK ERASE", SANITIZE, Op::Sanitize),
+    sa(
+        0x48,
+        0x01,
+        "SANITIZE / OVERWRITE",
+        SANITIZE,
+        Op::Sanitize,
+        rules::SANITIZE,
+    ),
+    sa(
+        0x48,
+        0x02,
+        "SANITIZE / BLOCK ERASE",
+        SANITIZE,
+        Op::Sanitize,
+        rules::SANITIZE,
+    ),
     sa(
         0x48,
         0x03,
         "SANITIZE / CRYPTOGRAPHIC ERASE",
         SANITIZE,
         Op::Sanitize,
+        rules::SANITIZE,
     ),
     sa(
         0x48,
@@ -236,30 +449,35 @@ pub const COMMANDS: &[CommandDef] = &[
         "SANITIZE / EXIT FAILURE MODE",
         SANITIZE,
         Op::Sanitize,
+        rules::SANITIZE,
     ),
     c(
         0x55,
         "MODE SELECT(10)",
         &[0x55, 0x11, 0, 0, 0, 0, 0, 0xff, 0xff, 0],
         Op::ModeSelect10,
+        rules::MODE_SELECT,
     ),
     c(
         0x56,
         "RESERVE(10)",
         &[0x56, 0, 0, 0, 0, 0, 0, 0, 0, 0],
         Op::Reserve,
+        rules::RESERVE_RELEASE,
     ),
     c(
         0x57,
         "RELEASE(10)",
         &[0x57, 0, 0, 0, 0, 0, 0, 0, 0, 0],
         Op::Release,
+        rules::RESERVE_RELEASE,
     ),
     c(
         0x5a,
         "MODE SENSE(10)",
         &[0x5a, 0x18, 0xff, 0xff, 0, 0, 0, 0xff, 0xff, 0],
         Op::ModeSense10,
+        rules::MODE_SENSE,
     ),
     sa(
         0x5e,
@@ -267,6 +485,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "PERSISTENT RESERVE IN / READ KEYS",
         PR_IN,
         Op::PrIn,
+        rules::PERSISTENT_RESERVE,
     ),
     sa(
         0x5e,
@@ -274,6 +493,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "PERSISTENT RESERVE IN / READ RESERVATION",
         PR_IN,
         Op::PrIn,
+        rules::PERSISTENT_RESERVE,
     ),
     sa(
         0x5e,
@@ -281,6 +501,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "PERSISTENT RESERVE IN / REPORT CAPABILITIES",
         PR_IN,
         Op::PrIn,
+        rules::PERSISTENT_RESERVE,
     ),
     sa(
         0x5e,
@@ -288,6 +509,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "PERSISTENT RESERVE IN / READ FULL STATUS",
         PR_IN,
         Op::PrIn,
+        rules::PERSISTENT_RESERVE,
     ),
     sa(
         0x5f,
@@ -295,6 +517,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "PERSISTENT RESERVE OUT / REGISTER",
         PR_OUT,
         Op::PrOut,
+        rules::PERSISTENT_RESERVE,
     ),
     sa(
         0x5f,
@@ -302,6 +525,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "PERSISTENT RESERVE OUT / RESERVE",
         PR_OUT,
         Op::PrOut,
+        rules::PERSISTENT_RESERVE,
     ),
     sa(
         0x5f,
@@ -309,6 +533,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "PERSISTENT RESERVE OUT / RELEASE",
         PR_OUT,
         Op::PrOut,
+        rules::PERSISTENT_RESERVE,
     ),
     sa(
         0x5f,
@@ -316,6 +541,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "PERSISTENT RESERVE OUT / CLEAR",
         PR_OUT,
         Op::PrOut,
+        rules::PERSISTENT_RESERVE,
     ),
     sa(
         0x5f,
@@ -323,6 +549,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "PERSISTENT RESERVE OUT / PREEMPT",
         PR_OUT,
         Op::PrOut,
+        rules::PERSISTENT_RESERVE,
     ),
     sa(
         0x5f,
@@ -330,6 +557,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "PERSISTENT RESERVE OUT / PREEMPT AND ABORT",
         PR_OUT,
         Op::PrOut,
+        rules::PERSISTENT_RESERVE,
     ),
     sa(
         0x5f,
@@ -337,6 +565,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "PERSISTENT RESERVE OUT / REGISTER AND IGNORE EXISTING KEY",
         PR_OUT,
         Op::PrOut,
+        rules::PERSISTENT_RESERVE,
     ),
     sa(
         0x83,
@@ -346,6 +575,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0x83, 0x1f, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0,
         ],
         Op::ExtendedCopy,
+        rules::EXTENDED_COPY,
     ),
     sa(
         0x84,
@@ -353,6 +583,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "RECEIVE COPY RESULTS / COPY STATUS",
         RCR,
         Op::ReceiveCopyResults,
+        rules::COPY_RESULTS,
     ),
     sa(
         0x84,
@@ -360,6 +591,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "RECEIVE COPY RESULTS / OPERATING PARAMETERS",
         RCR,
         Op::ReceiveCopyResults,
+        rules::COPY_RESULTS,
     ),
     c(
         0x88,
@@ -369,6 +601,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0x3f, 0,
         ],
         Op::Read,
+        rules::MEDIUM_READ,
     ),
     c(
         0x89,
@@ -377,6 +610,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0x89, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0xff, 0x3f, 0,
         ],
         Op::CompareAndWrite,
+        rules::MEDIUM_WRITE,
     ),
     c(
         0x8a,
@@ -386,6 +620,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0x3f, 0,
         ],
         Op::Write,
+        rules::MEDIUM_WRITE,
     ),
     c(
         0x8b,
@@ -395,6 +630,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0x3f, 0,
         ],
         Op::OrWrite,
+        rules::MEDIUM_WRITE,
     ),
     c(
         0x8e,
@@ -404,6 +640,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0x3f, 0,
         ],
         Op::WriteVerify,
+        rules::MEDIUM_WRITE,
     ),
     c(
         0x8f,
@@ -413,6 +650,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0x3f, 0,
         ],
         Op::Verify,
+        rules::MEDIUM_READ,
     ),
     c(
         0x90,
@@ -422,6 +660,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0x3f, 0,
         ],
         Op::PreFetch,
+        rules::MEDIUM_READ,
     ),
     c(
         0x91,
@@ -431,6 +670,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0x3f, 0,
         ],
         Op::SyncCache,
+        rules::SYNC_CACHE,
     ),
     c(
         0x93,
@@ -440,6 +680,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0x3f, 0,
         ],
         Op::WriteSame,
+        rules::MEDIUM_WRITE,
     ),
     c(
         0x9c,
@@ -448,6 +689,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0x9c, 0xf8, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0xff, 0xff, 0x3f, 0,
         ],
         Op::WriteAtomic,
+        rules::MEDIUM_WRITE,
     ),
     sa(
         0x9e,
@@ -458,6 +700,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0x01, 0,
         ],
         Op::ReadCapacity16,
+        rules::CAPACITY,
     ),
     sa(
         0x9e,
@@ -468,12 +711,14 @@ pub const COMMANDS: &[CommandDef] = &[
             0,
         ],
         Op::GetLbaStatus,
+        rules::MEDIUM_READ,
     ),
     c(
         0xa0,
         "REPORT LUNS",
         &[0xa0, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0],
         Op::ReportLuns,
+        rules::STATUS,
     ),
     sa(
         0xa3,
@@ -482,6 +727,7 @@ pub const COMMANDS: &[CommandDef] = &[
         // PARAMETER DATA FORMAT 000b or 001b: bit 5 only.
         &[0xa3, 0x3f, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0],
         Op::ReportTpg,
+        rules::PORT_GROUPS,
     ),
     sa(
         0xa4,
@@ -489,6 +735,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "SET TARGET PORT GROUPS",
         &[0xa4, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0],
         Op::SetTpg,
+        rules::PORT_GROUPS,
     ),
     sa(
         0xa3,
@@ -498,6 +745,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0xa3, 0x1f, 0x87, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0,
         ],
         Op::ReportOpcodes,
+        rules::SUPPORTED,
     ),
     sa(
         0xa3,
@@ -505,6 +753,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS",
         &[0xa3, 0x1f, 0x80, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0],
         Op::ReportTmfs,
+        rules::SUPPORTED,
     ),
     c(
         0xa8,
@@ -513,6 +762,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0xa8, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0,
         ],
         Op::Read,
+        rules::MEDIUM_READ,
     ),
     c(
         0xaa,
@@ -521,12 +771,14 @@ pub const COMMANDS: &[CommandDef] = &[
             0xaa, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0,
         ],
         Op::Write,
+        rules::MEDIUM_WRITE,
     ),
     c(
         0xb7,
         "READ DEFECT DATA(12)",
         &[0xb7, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0],
         Op::ReadDefectData,
+        rules::DEFECTS,
     ),
     c(
         0xae,
@@ -535,6 +787,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0xae, 0xf6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0,
         ],
         Op::WriteVerify,
+        rules::MEDIUM_WRITE,
     ),
     c(
         0xaf,
@@ -543,6 +796,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0xaf, 0xf6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0,
         ],
         Op::Verify,
+        rules::MEDIUM_READ,
     ),
 ];
 

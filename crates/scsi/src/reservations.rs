@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 use crate::alua::BlobError;
 use crate::be::be64;
+use crate::commands::Access;
 use crate::sense::{codes, key, Sense};
 use crate::Nexus;
 
@@ -97,18 +98,6 @@ pub(crate) mod pr_type {
     pub(crate) const EA_REGISTRANTS_ONLY: u8 = 6;
     pub(crate) const WE_ALL_REGISTRANTS: u8 = 7;
     pub(crate) const EA_ALL_REGISTRANTS: u8 = 8;
-}
-
-/// What a command does to the medium, for conflict checks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Access {
-    /// Never conflicts (INQUIRY, REPORT LUNS, REQUEST SENSE, TEST UNIT
-    /// READY, READ CAPACITY, PERSISTENT RESERVE IN/OUT, ...).
-    Free,
-    /// Reads the medium or its parameters.
-    Read,
-    /// Changes the medium or its parameters.
-    Write,
 }
 
 /// Outcome of a reservation command or check.
