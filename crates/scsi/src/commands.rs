@@ -988,6 +988,47 @@ mod tests {
         assert!(lookup(&[0xff]).is_none());
     }
 
+    /// The columns of every row agree with each other, and every row of
+    /// one command kind has the same rules.
+    #[test]
+    fn every_row_has_consistent_rules() {
+        for d in COMMANDS {
+            let r = d.rules;
+            // Writing the medium conflicts under Write Exclusive (SPC-4
+            // table 46): WRITE ATOMIC(16) was the one that did not.
+            if r.changes_medium {
+                assert_eq!(r.access, Access::Write, "{}", d.name);
+            }
+            // Writing the medium needs one, except SANITIZE (it is how a
+            // unit leaves the failure mode a failed SANITIZE left) and
+            // EXTENDED COPY (it writes the LUNs its descriptors name).
+            if r.changes_medium && !matches!(d.op, Op::Sanitize | Op::ExtendedCopy) {
+                assert!(r.needs_medium, "{}", d.name);
+            }
+            // What runs during a SANITIZE touches no medium and conflicts
+            // with nothing; what reports no unit attention also runs then,
+            // in every ALUA state.
+            if r.during_sanitize {
+                assert!(!r.needs_medium && r.access == Access::Free, "{}", d.name);
+                assert_eq!(r.alua, ServedIn::EveryState, "{}", d.name);
+            }
+            if r.ua_exempt {
+                assert!(r.during_sanitize, "{}", d.name);
+            }
+            // Standby and unavailable serve nothing that needs the medium.
+            if r.alua != ServedIn::ActiveOnly {
+                assert!(!r.needs_medium, "{}", d.name);
+            }
+            // Every block read or write of the data path needs the medium.
+            if matches!(d.op, Op::Read | Op::Write | Op::WriteVerify | Op::SyncCache) {
+                assert!(r.needs_medium && r.access != Access::Free, "{}", d.name);
+            }
+            for o in COMMANDS.iter().filter(|o| o.op == d.op) {
+                assert_eq!(o.rules, r, "{} and {}", d.name, o.name);
+            }
+        }
+    }
+
     #[test]
     fn reserved_bit_check() {
         let d = lookup(&[0x12]).unwrap();
