@@ -435,8 +435,12 @@ impl LogicalUnit {
             Op::ReadCapacity10 => self.read_capacity10(cdb),
             Op::ReadCapacity16 => self.read_capacity16(cdb),
             Op::PreFetch => self.prefetch(cdb),
-            Op::ReportOpcodes => commands::report_supported_opcodes(cdb).map(|data| Reply { data }),
-            Op::ReportTmfs => commands::report_supported_tmfs(cdb).map(|data| Reply { data }),
+            Op::ReportOpcodes => {
+                commands::report::report_supported_opcodes(cdb).map(|data| Reply { data })
+            }
+            Op::ReportTmfs => {
+                commands::report::report_supported_tmfs(cdb).map(|data| Reply { data })
+            }
             Op::WriteSame => self.write_same(cdb, req.data_out),
             Op::Unmap => self.unmap(cdb, req.data_out),
             Op::GetLbaStatus => self.get_lba_status(cdb),
