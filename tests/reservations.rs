@@ -120,3 +120,54 @@ async fn aptpl_reservation_survives_kill_9() {
     assert_eq!(s.command(0, &cdb, p, 0).await.unwrap().status, 0);
     assert!(!dir.path().join("pr.img.pr").exists());
 }
+
+/// WRITE ATOMIC(16) obeys a persistent reservation like every other
+/// write: from an initiator that holds no registration, under Write
+/// Exclusive held by another, RESERVATION CONFLICT and nothing written;
+/// the holder's goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_atomic_from_an_unregistered_initiator_is_a_reservation_conflict() {
+    let dir = tempfile::tempdir().unwrap();
+    let lun = format!("{}:64M", dir.path().join("atomic.img").display());
+    let server = Server::start(&[&lun]);
+    let holder = session(
+        &server.addr,
+        "iqn.2026-11.org.ethersan:holder",
+        [0x80, 1, 1, 1, 1, 1],
+    )
+    .await;
+    let other = session(
+        &server.addr,
+        "iqn.2026-11.org.ethersan:other",
+        [0x80, 2, 2, 2, 2, 2],
+    )
+    .await;
+    let (cdb, p) = pr_out(6, 0, 0, KEY, false);
+    assert_eq!(holder.command(0, &cdb, p, 0).await.unwrap().status, 0);
+    let (cdb, p) = pr_out(1, 0x01, KEY, 0, false);
+    assert_eq!(holder.command(0, &cdb, p, 0).await.unwrap().status, 0);
+    // 8 blocks of 512 bytes at LBA 0: one whole 4 KiB atomic unit.
+    let mut atomic = vec![0u8; 16];
+    atomic[0] = 0x9c;
+    atomic[13] = 8;
+    let r = other
+        .command(0, &atomic, Bytes::from(vec![0xbb; 4096]), 0)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 0x18, "RESERVATION CONFLICT: {:?}", r.sense_key());
+    let back = other.read16(0, 0, 8, 512).await.unwrap();
+    assert_eq!(back.status, 0);
+    assert!(back.data.iter().all(|b| *b == 0), "nothing written");
+    let r = holder
+        .command(0, &atomic, Bytes::from(vec![0xaa; 4096]), 0)
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status,
+        0,
+        "the holder's WRITE ATOMIC: {:?}",
+        r.sense_key()
+    );
+    let back = other.read16(0, 0, 8, 512).await.unwrap();
+    assert!(back.data.iter().all(|b| *b == 0xaa), "the holder's data");
+}

@@ -18,7 +18,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::commands::Op;
+use crate::commands::{CommandDef, ServedIn};
 use crate::sense::{codes, Sense};
 
 /// An asymmetric access state (SPC-4 §5.16.2.4).
@@ -66,38 +66,16 @@ impl AluaState {
     }
 
     /// The sense a command gets in this state, `None` if it may run
-    /// (SPC-4 §5.16.2.4.4 and §5.16.2.4.5). Standby serves INQUIRY,
-    /// REPORT LUNS, REQUEST SENSE, MODE SENSE/SELECT, PERSISTENT RESERVE
-    /// IN/OUT, REPORT/SET TARGET PORT GROUPS and the REPORT SUPPORTED
-    /// commands (TEST UNIT READY is not among them); unavailable serves
-    /// the same without MODE and PERSISTENT RESERVE.
-    pub(crate) fn refusal(self, op: Op) -> Option<Sense> {
-        let always = matches!(
-            op,
-            Op::Inquiry
-                | Op::ReportLuns
-                | Op::RequestSense
-                | Op::ReportTpg
-                | Op::SetTpg
-                | Op::ReportOpcodes
-                | Op::ReportTmfs
-        );
-        match self {
-            AluaState::ActiveOptimized | AluaState::ActiveNonOptimized => None,
-            AluaState::Standby => {
-                let allowed = always
-                    || matches!(
-                        op,
-                        Op::ModeSense6
-                            | Op::ModeSense10
-                            | Op::ModeSelect6
-                            | Op::ModeSelect10
-                            | Op::PrIn
-                            | Op::PrOut
-                    );
-                (!allowed).then_some(codes::ALUA_STANDBY)
-            }
-            AluaState::Unavailable => (!always).then_some(codes::ALUA_UNAVAILABLE),
+    /// (SPC-4 §5.16.2.4.4 and §5.16.2.4.5): its row's
+    /// [`Rules::alua`](crate::commands::Rules::alua) says which states
+    /// serve it.
+    pub(crate) fn refusal(self, def: &CommandDef) -> Option<Sense> {
+        match (self, def.rules.alua) {
+            (AluaState::ActiveOptimized | AluaState::ActiveNonOptimized, _) => None,
+            (AluaState::Standby, ServedIn::ActiveOnly) => Some(codes::ALUA_STANDBY),
+            (AluaState::Standby, _) => None,
+            (AluaState::Unavailable, ServedIn::EveryState) => None,
+            (AluaState::Unavailable, _) => Some(codes::ALUA_UNAVAILABLE),
         }
     }
 }
@@ -452,21 +430,22 @@ mod tests {
 
     #[test]
     fn states_serve_what_spc4_lists() {
+        let row = |cdb: &[u8]| crate::commands::lookup(cdb).expect("a row of the table");
         assert_eq!(
-            AluaState::Standby.refusal(Op::Read),
+            AluaState::Standby.refusal(row(&[0x28])),
             Some(codes::ALUA_STANDBY)
         );
         assert_eq!(
-            AluaState::Standby.refusal(Op::TestUnitReady),
+            AluaState::Standby.refusal(row(&[0x00])),
             Some(codes::ALUA_STANDBY)
         );
-        assert_eq!(AluaState::Standby.refusal(Op::PrIn), None);
-        assert_eq!(AluaState::Standby.refusal(Op::ReportTpg), None);
+        assert_eq!(AluaState::Standby.refusal(row(&[0x5e, 0x00])), None);
+        assert_eq!(AluaState::Standby.refusal(row(&[0xa3, 0x0a])), None);
         assert_eq!(
-            AluaState::Unavailable.refusal(Op::PrIn),
+            AluaState::Unavailable.refusal(row(&[0x5e, 0x00])),
             Some(codes::ALUA_UNAVAILABLE)
         );
-        assert_eq!(AluaState::Unavailable.refusal(Op::Inquiry), None);
-        assert_eq!(AluaState::ActiveNonOptimized.refusal(Op::Write), None);
+        assert_eq!(AluaState::Unavailable.refusal(row(&[0x12])), None);
+        assert_eq!(AluaState::ActiveNonOptimized.refusal(row(&[0x2a])), None);
     }
 }

@@ -273,5 +273,5 @@ impl Default for LuConfig {
 }
 
 pub use alua::{Alua, AluaState, TargetPortGroup};
-pub use disk::{LogicalUnit, PreemptListener, SharedStateError};
+pub use disk::{BlockCommand, LogicalUnit, PreemptListener, Refusal, SharedStateError};
 pub use target::{LunMap, LunMapError, LunPolicy, LunSlot, Requester, ScsiTarget, MAX_LUN};

@@ -337,20 +337,8 @@ impl ScsiTarget {
             return Submitted::Done(crate::missing_lun::execute(&cmd.request()));
         };
         if access(cmd.lun).read_only {
-            let changes_medium = crate::commands::lookup(&cmd.cdb).is_some_and(|d| {
-                matches!(
-                    d.op,
-                    Op::Write
-                        | Op::WriteVerify
-                        | Op::WriteSame
-                        | Op::Unmap
-                        | Op::CompareAndWrite
-                        | Op::OrWrite
-                        | Op::WriteAtomic
-                        | Op::Sanitize
-                        | Op::ExtendedCopy
-                )
-            });
+            let changes_medium =
+                crate::commands::lookup(&cmd.cdb).is_some_and(|d| d.rules.changes_medium);
             if changes_medium {
                 return Submitted::Done(lu.check(crate::sense::codes::WRITE_PROTECTED));
             }

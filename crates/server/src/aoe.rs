@@ -4,11 +4,16 @@
 //! One task per link owns that link's [`AoeTarget`] (the protocol core:
 //! decoding, addressing, MAC masks, reservations, config strings) and
 //! carries out the I/O it asks for against the LUN's own volume, the one
-//! its iSCSI sessions use (shared range locks and write cache). A read or
-//! write that finishes at once (page cache, RAM) is answered in the same
-//! turn of the loop; one that waits comes back through a channel. Each
-//! device's config string is kept beside its backing store and read again
-//! at start-up, as AoE initiators find their disks by it.
+//! its iSCSI sessions use (shared range locks and write cache). Before
+//! that, each run of I/O passes the LUN's own gates
+//! ([`LogicalUnit::admit`]: ALUA state, SCSI reservations, SANITIZE, the
+//! medium) as the SCSI command with the same rules would, from an I_T
+//! nexus of its own per initiator MAC that holds no registration; a
+//! refused one is answered with the ATA abort error. A read or write that
+//! finishes at once (page cache, RAM) is answered in the same turn of the
+//! loop; one that waits comes back through a channel. Each device's
+//! config string is kept beside its backing store and read again at
+//! start-up, as AoE initiators find their disks by it.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -22,6 +27,7 @@ use ethersan_backend::{BackendError, Submission};
 use ethersan_link::packet::{PacketConfig, PacketLink, RingVersion};
 use ethersan_link::unix::{UnixDgramConfig, UnixDgramLink};
 use ethersan_link::{Link, LinkError, ETHERTYPE_AOE};
+use ethersan_scsi::{BlockCommand, LogicalUnit, Nexus};
 use ethersan_volume::{Volume, VolumeError};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
@@ -92,9 +98,18 @@ pub enum AoeError {
     },
 }
 
-/// Each device's volume, state file and whether IDENTIFY reports its write
-/// cache on.
-type Volumes = HashMap<DeviceAddr, (Arc<Volume>, Option<PathBuf>, bool)>;
+/// What a link needs of one device: the logical unit whose gates its
+/// I/O passes, the volume it goes to, where its config string is kept,
+/// and whether IDENTIFY reported its write cache on.
+struct Device {
+    lu: Arc<LogicalUnit>,
+    volume: Arc<Volume>,
+    state_file: Option<PathBuf>,
+    cached: bool,
+}
+
+/// Each device of a link by its address.
+type Volumes = HashMap<DeviceAddr, Device>;
 
 /// One LUN as an AoE device.
 #[derive(Debug, Clone)]
@@ -105,7 +120,10 @@ pub struct Export {
     pub name: String,
     /// The protocol core's view of it.
     pub device: DeviceConfig,
-    /// The volume its commands go to.
+    /// The logical unit: its gates (ALUA, reservations, SANITIZE,
+    /// medium) apply to AoE I/O too.
+    pub lu: Arc<LogicalUnit>,
+    /// The volume its commands go to (the unit's own).
     pub volume: Arc<Volume>,
     /// Where its config string is kept (`None`: a RAM LUN, not kept).
     pub state_file: Option<PathBuf>,
@@ -257,6 +275,7 @@ pub fn exports(cfg: &Config, registry: &Registry) -> Result<Vec<Export>, AoeErro
                 addr,
                 name,
                 device,
+                lu,
                 volume,
                 state_file,
             });
@@ -339,7 +358,12 @@ pub fn start(
                 })?;
             volumes.insert(
                 e.addr,
-                (e.volume.clone(), e.state_file.clone(), e.device.write_cache),
+                Device {
+                    lu: e.lu.clone(),
+                    volume: e.volume.clone(),
+                    state_file: e.state_file.clone(),
+                    cached: e.device.write_cache,
+                },
             );
         }
         let list: Vec<String> = exports
@@ -409,6 +433,28 @@ fn kind(op: &IoOp) -> u8 {
     }
 }
 
+/// The SCSI command whose rules an AoE I/O follows.
+fn block_command(op: &IoOp) -> BlockCommand {
+    match op {
+        IoOp::Read { .. } => BlockCommand::Read,
+        IoOp::Write { .. } => BlockCommand::Write,
+        IoOp::Flush => BlockCommand::Flush,
+    }
+}
+
+/// The I_T nexus of an AoE initiator: one per MAC, never one a session
+/// has (sessions' values hash initiator name, ISID and target; this
+/// hashes a prefix no iSCSI name has and the MAC, FNV-1a), and never
+/// registered: AoE has no PERSISTENT RESERVE OUT, so a SCSI reservation
+/// fences every AoE initiator as one that holds no registration.
+fn aoe_nexus(mac: Mac) -> Nexus {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in b"aoe-initiator ".iter().chain(mac.0.iter()) {
+        h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    Nexus(h)
+}
+
 /// The I/O of one received batch of frames. An initiator sends a large
 /// request as one command per frame (1 KiB each at MTU 1500), and the
 /// frames of one request arrive together: reads or writes of consecutive
@@ -432,7 +478,8 @@ impl IoBatch {
 
     /// Start every request of the batch: responses that are ready at once
     /// go to `now`, the others through `later`; returns how many will come
-    /// through `later`.
+    /// through `later`. A run joins requests of one initiator only, so
+    /// that one check of the unit's gates answers for all of them.
     fn start(
         &mut self,
         volumes: &Volumes,
@@ -441,7 +488,10 @@ impl IoBatch {
     ) -> usize {
         let mut deferred = 0;
         let mut ios = std::mem::take(&mut self.ios);
-        ios.sort_by_key(|(io, _)| (io.device, kind(&io.op), extent(&io.op).0));
+        ios.sort_by_key(|(io, _)| {
+            let from = io.pending.initiator().0;
+            (io.device, kind(&io.op), from, extent(&io.op).0)
+        });
         let mut run: Vec<(IoRequest, Vec<u8>)> = Vec::new();
         for (io, data) in ios {
             if let Some((last, _)) = run.last() {
@@ -450,6 +500,7 @@ impl IoBatch {
                 let (next, m) = extent(&io.op);
                 let joins = last.device == io.device
                     && kind(&last.op) == kind(&io.op)
+                    && last.pending.initiator() == io.pending.initiator()
                     && !matches!(io.op, IoOp::Flush)
                     && next == lba + n
                     && next + m - first <= MAX_RUN_SECTORS;
@@ -475,13 +526,25 @@ fn start_run(
     now: &mut Vec<Vec<u8>>,
     later: &mpsc::UnboundedSender<Vec<u8>>,
 ) -> usize {
-    let Some(&(ref volume, _, cached)) = volumes.get(&run[0].0.device) else {
+    let Some(dev) = volumes.get(&run[0].0.device) else {
         now.extend(
             run.iter()
                 .map(|(io, _)| respond(io, Err(IoFailure::Unavailable))),
         );
         return 0;
     };
+    // The unit's gates, once for the run (one device, one kind, one
+    // initiator): a few atomic loads unless a reservation is held.
+    let head = &run[0].0;
+    let from = aoe_nexus(head.pending.initiator());
+    if dev.lu.admit(block_command(&head.op), from).is_err() {
+        now.extend(
+            run.iter()
+                .map(|(io, _)| respond(io, Err(IoFailure::Aborted))),
+        );
+        return 0;
+    }
+    let (volume, cached) = (&dev.volume, dev.cached);
     let (first, _) = extent(&run[0].0.op);
     let sectors: u64 = run.iter().map(|(io, _)| extent(&io.op).1).sum();
     let read = matches!(run[0].0.op, IoOp::Read { .. });
@@ -608,7 +671,11 @@ async fn serve_link(name: String, link: Arc<Link>, mut target: AoeTarget, volume
         while let Some(ev) = target.poll_event() {
             if let TargetEvent::ConfigChanged { device, config } = ev {
                 info!(link = %name, device = %device, "AoE config string set ({} bytes)", config.len());
-                if let Some((_, Some(file), _)) = volumes.get(&device) {
+                if let Some(Device {
+                    state_file: Some(file),
+                    ..
+                }) = volumes.get(&device)
+                {
                     if let Err(e) = save_config_string(file, &config) {
                         warn!(device = %device, file = %file.display(), "AoE: cannot keep the config string: {e}");
                     }

@@ -8,7 +8,7 @@ use std::ops::Range;
 
 use super::DeviceAddr;
 use crate::ata;
-use crate::frame::{pad, ErrorCode, Header, HEADER_LEN, MIN_FRAME_LEN};
+use crate::frame::{pad, ErrorCode, Header, Mac, HEADER_LEN, MIN_FRAME_LEN};
 use crate::issue::{AtaArg, AtaFlags, ATA_ARG_LEN, ATA_HEADER_LEN, SECTOR_SIZE};
 
 /// An I/O the front end carries out against a device's volume.
@@ -77,6 +77,11 @@ impl Pending {
     /// The request's tag.
     pub fn tag(&self) -> u32 {
         self.header.tag
+    }
+
+    /// The initiator that sent the request (where the response goes).
+    pub fn initiator(&self) -> Mac {
+        self.header.dst
     }
 
     /// Where a read's data lies in the response frame (empty otherwise).

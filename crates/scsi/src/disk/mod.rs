@@ -7,16 +7,19 @@
 //! pages and medium state sit behind one mutex that only slow-path
 //! commands touch.
 //!
-//! This module holds the unit's state, the checks every command passes and
-//! dispatch; [`submit`] is the one entry point (checks once, then done
-//! now, pending on the engine, or a blocking job); the command families
-//! live in submodules: [`io`] (READ, WRITE, VERIFY, COMPARE AND WRITE, capacity, cache), [`provisioning`] (WRITE
+//! This module holds the unit's state and dispatch; [`gate`] the checks
+//! every command passes (each a column of the command table, and the
+//! same for a transport without CDBs: [`LogicalUnit::admit`]); [`submit`]
+//! is the one entry point (checks once, then done now, pending on the
+//! engine, or a blocking job); the command families live in submodules:
+//! [`io`] (READ, WRITE, VERIFY, COMPARE AND WRITE, capacity, cache), [`provisioning`] (WRITE
 //! SAME, UNMAP, GET LBA STATUS), [`inquiry`] (standard data and VPD pages),
 //! [`mode`] (MODE SENSE/SELECT), [`medium`] (START STOP UNIT, PREVENT ALLOW
 //! MEDIUM REMOVAL, REQUEST SENSE), [`sanitize`], and [`multipath`]
 //! (reservations and target port groups shared with the other gateways
 //! that export the same store; REPORT/SET TARGET PORT GROUPS).
 
+mod gate;
 mod inquiry;
 mod io;
 mod medium;
@@ -38,10 +41,11 @@ use ethersan_volume::{MediumError, Volume};
 use crate::be::{be16, be32};
 use crate::cdb::BlockCdb;
 use crate::commands::{self, CommandDef, Op};
-use crate::reservations::{Access, PrError, Reservations};
+use crate::reservations::{PrError, Reservations};
 use crate::sense::{codes, Sense};
 use crate::unit_attention::UnitAttentions;
 use crate::{LuConfig, Nexus, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus};
+pub use gate::{BlockCommand, Refusal};
 use mode::ModeState;
 use multipath::AluaView;
 pub use multipath::{PreemptListener, SharedStateError};
@@ -410,85 +414,6 @@ impl LogicalUnit {
 
     // ---- dispatch ----
 
-    /// The checks every command passes before it runs: known opcode and
-    /// service action, no reserved bits, no pending unit attention, no
-    /// reservation conflict, medium present.
-    pub(crate) fn precheck(
-        &self,
-        req: &ScsiRequest<'_>,
-    ) -> Result<&'static CommandDef, ScsiResponse> {
-        let cdb = req.cdb;
-        let Some(def) = commands::lookup(cdb) else {
-            // A known opcode with an unknown service action is a bad field.
-            if cdb
-                .first()
-                .is_some_and(|op| commands::has_service_actions(*op))
-            {
-                return Err(self.check(Sense::invalid_cdb_field(1, Some(4))));
-            }
-            return Err(self.check(codes::INVALID_OPCODE));
-        };
-        if cdb.len() < def.cdb_len {
-            return Err(self.check(codes::INVALID_FIELD_IN_CDB));
-        }
-        if let Some((byte, bit)) = commands::reserved_bits(def, cdb) {
-            return Err(self.check(Sense::invalid_cdb_field(byte, Some(bit))));
-        }
-        // SAM-5 §5.14: these report no unit attention.
-        let ua_exempt = matches!(def.op, Op::Inquiry | Op::ReportLuns | Op::RequestSense);
-        if !ua_exempt {
-            if let Some(ua) = self.ua.take(req.nexus) {
-                return Err(self.check(ua));
-            }
-        }
-        if let Some(s) = self.alua.state().refusal(def.op) {
-            return Err(self.check(s));
-        }
-        if self.reserved.load(Ordering::Acquire) {
-            if let Err(PrError::Conflict) = self.res().check(req.nexus, access(def.op)) {
-                return Err(conflict());
-            }
-        }
-        if self.sanitize.running.load(Ordering::Acquire)
-            && !matches!(
-                def.op,
-                Op::Inquiry
-                    | Op::ReportLuns
-                    | Op::RequestSense
-                    | Op::ReportOpcodes
-                    | Op::ReportTmfs
-            )
-        {
-            let p = self.sanitize.progress.load(Ordering::Relaxed) as u16;
-            return Err(self.check(codes::SANITIZE_IN_PROGRESS.with_progress(p)));
-        }
-        let needs_medium = matches!(
-            def.op,
-            Op::TestUnitReady
-                | Op::Read
-                | Op::Write
-                | Op::WriteVerify
-                | Op::Verify
-                | Op::ReadCapacity10
-                | Op::ReadCapacity16
-                | Op::PreFetch
-                | Op::SyncCache
-                | Op::WriteSame
-                | Op::Unmap
-                | Op::GetLbaStatus
-                | Op::CompareAndWrite
-                | Op::OrWrite
-                | Op::WriteAtomic
-        );
-        if needs_medium && self.ejected.load(Ordering::Relaxed) {
-            return Err(self.check(codes::MEDIUM_NOT_PRESENT));
-        }
-        if needs_medium && self.sanitize.failed.load(Ordering::Acquire) {
-            return Err(self.check(codes::SANITIZE_FAILED));
-        }
-        Ok(def)
-    }
-
     fn dispatch(&self, def: &'static CommandDef, req: &ScsiRequest<'_>) -> ScsiResponse {
         let cdb = req.cdb;
         let result = match def.op {
@@ -510,8 +435,12 @@ impl LogicalUnit {
             Op::ReadCapacity10 => self.read_capacity10(cdb),
             Op::ReadCapacity16 => self.read_capacity16(cdb),
             Op::PreFetch => self.prefetch(cdb),
-            Op::ReportOpcodes => commands::report_supported_opcodes(cdb).map(|data| Reply { data }),
-            Op::ReportTmfs => commands::report_supported_tmfs(cdb).map(|data| Reply { data }),
+            Op::ReportOpcodes => {
+                commands::report::report_supported_opcodes(cdb).map(|data| Reply { data })
+            }
+            Op::ReportTmfs => {
+                commands::report::report_supported_tmfs(cdb).map(|data| Reply { data })
+            }
             Op::WriteSame => self.write_same(cdb, req.data_out),
             Op::Unmap => self.unmap(cdb, req.data_out),
             Op::GetLbaStatus => self.get_lba_status(cdb),
@@ -672,32 +601,6 @@ impl LogicalUnit {
     /// Queue a unit attention for every nexus except `except`.
     pub fn unit_attention_others(&self, s: Sense, except: Nexus) {
         self.ua.raise_all(s, Some(except));
-    }
-}
-
-/// How a command touches the medium, for reservation checks.
-fn access(op: Op) -> Access {
-    match op {
-        Op::Read
-        | Op::Verify
-        | Op::PreFetch
-        | Op::GetLbaStatus
-        | Op::ModeSense6
-        | Op::ModeSense10
-        | Op::ReadDefectData => Access::Read,
-        Op::Write
-        | Op::WriteVerify
-        | Op::WriteSame
-        | Op::Unmap
-        | Op::CompareAndWrite
-        | Op::OrWrite
-        | Op::SyncCache
-        | Op::ModeSelect6
-        | Op::ModeSelect10
-        | Op::StartStopUnit
-        | Op::ExtendedCopy
-        | Op::Sanitize => Access::Write,
-        _ => Access::Free,
     }
 }
 

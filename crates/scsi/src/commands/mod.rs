@@ -1,11 +1,16 @@
 //! The one table of supported commands (SPC-4, SBC-3).
 //!
-//! Dispatch, the reserved-bit check of every CDB, and REPORT SUPPORTED
-//! OPERATION CODES all read [`COMMANDS`]: a command exists, has a CDB
-//! layout and is reported exactly when it has a row here.
+//! Dispatch, the reserved-bit check of every CDB, REPORT SUPPORTED
+//! OPERATION CODES and every per-command rule read [`COMMANDS`]: a command
+//! exists, has a CDB layout and is reported exactly when it has a row
+//! here, and its row's [`Rules`] say how it stands under reservations, on
+//! a read-only LUN, without a medium, during SANITIZE, with a unit
+//! attention pending and in each ALUA state. A new command is one row.
 
-use crate::be::{be16, be32};
-use crate::sense::Sense;
+pub(crate) mod report;
+pub mod rules;
+
+pub use rules::{Access, Rules, ServedIn};
 
 /// What a command does; the logical unit matches on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,9 +71,17 @@ pub struct CommandDef {
     pub usage: &'static [u8],
     /// Behaviour.
     pub op: Op,
+    /// The rules it follows before it runs.
+    pub rules: Rules,
 }
 
-const fn c(opcode: u8, name: &'static str, usage: &'static [u8], op: Op) -> CommandDef {
+const fn c(
+    opcode: u8,
+    name: &'static str,
+    usage: &'static [u8],
+    op: Op,
+    rules: Rules,
+) -> CommandDef {
     CommandDef {
         opcode,
         service_action: None,
@@ -76,6 +89,7 @@ const fn c(opcode: u8, name: &'static str, usage: &'static [u8], op: Op) -> Comm
         cdb_len: usage.len(),
         usage,
         op,
+        rules,
     }
 }
 
@@ -85,6 +99,7 @@ const fn sa(
     name: &'static str,
     usage: &'static [u8],
     op: Op,
+    rules: Rules,
 ) -> CommandDef {
     CommandDef {
         opcode,
@@ -93,6 +108,7 @@ const fn sa(
         cdb_len: usage.len(),
         usage,
         op,
+        rules,
     }
 }
 
@@ -110,125 +126,171 @@ pub const COMMANDS: &[CommandDef] = &[
         "TEST UNIT READY",
         &[0x00, 0, 0, 0, 0, 0],
         Op::TestUnitReady,
+        rules::TEST_UNIT_READY,
     ),
     c(
         0x03,
         "REQUEST SENSE",
         &[0x03, 0x01, 0, 0, 0xff, 0],
         Op::RequestSense,
+        rules::STATUS,
     ),
     c(
         0x08,
         "READ(6)",
         &[0x08, 0x1f, 0xff, 0xff, 0xff, 0],
         Op::Read,
+        rules::MEDIUM_READ,
     ),
     c(
         0x0a,
         "WRITE(6)",
         &[0x0a, 0x1f, 0xff, 0xff, 0xff, 0],
         Op::Write,
+        rules::MEDIUM_WRITE,
     ),
     c(
         0x12,
         "INQUIRY",
         &[0x12, 0x01, 0xff, 0xff, 0xff, 0],
         Op::Inquiry,
+        rules::STATUS,
     ),
     c(
         0x15,
         "MODE SELECT(6)",
         &[0x15, 0x11, 0, 0, 0xff, 0],
         Op::ModeSelect6,
+        rules::MODE_SELECT,
     ),
-    c(0x16, "RESERVE(6)", &[0x16, 0, 0, 0, 0, 0], Op::Reserve),
-    c(0x17, "RELEASE(6)", &[0x17, 0, 0, 0, 0, 0], Op::Release),
+    c(
+        0x16,
+        "RESERVE(6)",
+        &[0x16, 0, 0, 0, 0, 0],
+        Op::Reserve,
+        rules::RESERVE_RELEASE,
+    ),
+    c(
+        0x17,
+        "RELEASE(6)",
+        &[0x17, 0, 0, 0, 0, 0],
+        Op::Release,
+        rules::RESERVE_RELEASE,
+    ),
     c(
         0x1a,
         "MODE SENSE(6)",
         &[0x1a, 0x08, 0xff, 0xff, 0xff, 0],
         Op::ModeSense6,
+        rules::MODE_SENSE,
     ),
     c(
         0x1b,
         "START STOP UNIT",
         &[0x1b, 0x01, 0, 0x0f, 0xf7, 0],
         Op::StartStopUnit,
+        rules::START_STOP,
     ),
     c(
         0x1e,
         "PREVENT ALLOW MEDIUM REMOVAL",
         &[0x1e, 0, 0, 0, 0x03, 0],
         Op::PreventAllow,
+        rules::PREVENT_ALLOW,
     ),
     c(
         0x25,
         "READ CAPACITY(10)",
         &[0x25, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0x01, 0],
         Op::ReadCapacity10,
+        rules::CAPACITY,
     ),
     c(
         0x28,
         "READ(10)",
         &[0x28, 0xfe, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0],
         Op::Read,
+        rules::MEDIUM_READ,
     ),
     c(
         0x2a,
         "WRITE(10)",
         &[0x2a, 0xfa, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0],
         Op::Write,
+        rules::MEDIUM_WRITE,
     ),
     c(
         0x2e,
         "WRITE AND VERIFY(10)",
         &[0x2e, 0xf6, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0],
         Op::WriteVerify,
+        rules::MEDIUM_WRITE,
     ),
     c(
         0x2f,
         "VERIFY(10)",
         &[0x2f, 0xf6, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0],
         Op::Verify,
+        rules::MEDIUM_READ,
     ),
     c(
         0x34,
         "PRE-FETCH(10)",
         &[0x34, 0x02, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0],
         Op::PreFetch,
+        rules::MEDIUM_READ,
     ),
     c(
         0x35,
         "SYNCHRONIZE CACHE(10)",
         &[0x35, 0x06, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0],
         Op::SyncCache,
+        rules::SYNC_CACHE,
     ),
     c(
         0x37,
         "READ DEFECT DATA(10)",
         &[0x37, 0, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0],
         Op::ReadDefectData,
+        rules::DEFECTS,
     ),
     c(
         0x41,
         "WRITE SAME(10)",
         &[0x41, 0xf8, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0],
         Op::WriteSame,
+        rules::MEDIUM_WRITE,
     ),
     c(
         0x42,
         "UNMAP",
         &[0x42, 0x01, 0, 0, 0, 0, 0x3f, 0xff, 0xff, 0],
         Op::Unmap,
+        rules::MEDIUM_WRITE,
     ),
-    sa(0x48, 0x01, "SANITIZE / OVERWRITE", SANITIZE, Op::Sanitize),
-    sa(0x48, 0x02, "SANITIZE / BLOCK ERASE", SANITIZE, Op::Sanitize),
+    sa(
+        0x48,
+        0x01,
+        "SANITIZE / OVERWRITE",
+        SANITIZE,
+        Op::Sanitize,
+        rules::SANITIZE,
+    ),
+    sa(
+        0x48,
+        0x02,
+        "SANITIZE / BLOCK ERASE",
+        SANITIZE,
+        Op::Sanitize,
+        rules::SANITIZE,
+    ),
     sa(
         0x48,
         0x03,
         "SANITIZE / CRYPTOGRAPHIC ERASE",
         SANITIZE,
         Op::Sanitize,
+        rules::SANITIZE,
     ),
     sa(
         0x48,
@@ -236,30 +298,35 @@ pub const COMMANDS: &[CommandDef] = &[
         "SANITIZE / EXIT FAILURE MODE",
         SANITIZE,
         Op::Sanitize,
+        rules::SANITIZE,
     ),
     c(
         0x55,
         "MODE SELECT(10)",
         &[0x55, 0x11, 0, 0, 0, 0, 0, 0xff, 0xff, 0],
         Op::ModeSelect10,
+        rules::MODE_SELECT,
     ),
     c(
         0x56,
         "RESERVE(10)",
         &[0x56, 0, 0, 0, 0, 0, 0, 0, 0, 0],
         Op::Reserve,
+        rules::RESERVE_RELEASE,
     ),
     c(
         0x57,
         "RELEASE(10)",
         &[0x57, 0, 0, 0, 0, 0, 0, 0, 0, 0],
         Op::Release,
+        rules::RESERVE_RELEASE,
     ),
     c(
         0x5a,
         "MODE SENSE(10)",
         &[0x5a, 0x18, 0xff, 0xff, 0, 0, 0, 0xff, 0xff, 0],
         Op::ModeSense10,
+        rules::MODE_SENSE,
     ),
     sa(
         0x5e,
@@ -267,6 +334,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "PERSISTENT RESERVE IN / READ KEYS",
         PR_IN,
         Op::PrIn,
+        rules::PERSISTENT_RESERVE,
     ),
     sa(
         0x5e,
@@ -274,6 +342,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "PERSISTENT RESERVE IN / READ RESERVATION",
         PR_IN,
         Op::PrIn,
+        rules::PERSISTENT_RESERVE,
     ),
     sa(
         0x5e,
@@ -281,6 +350,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "PERSISTENT RESERVE IN / REPORT CAPABILITIES",
         PR_IN,
         Op::PrIn,
+        rules::PERSISTENT_RESERVE,
     ),
     sa(
         0x5e,
@@ -288,6 +358,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "PERSISTENT RESERVE IN / READ FULL STATUS",
         PR_IN,
         Op::PrIn,
+        rules::PERSISTENT_RESERVE,
     ),
     sa(
         0x5f,
@@ -295,6 +366,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "PERSISTENT RESERVE OUT / REGISTER",
         PR_OUT,
         Op::PrOut,
+        rules::PERSISTENT_RESERVE,
     ),
     sa(
         0x5f,
@@ -302,6 +374,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "PERSISTENT RESERVE OUT / RESERVE",
         PR_OUT,
         Op::PrOut,
+        rules::PERSISTENT_RESERVE,
     ),
     sa(
         0x5f,
@@ -309,6 +382,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "PERSISTENT RESERVE OUT / RELEASE",
         PR_OUT,
         Op::PrOut,
+        rules::PERSISTENT_RESERVE,
     ),
     sa(
         0x5f,
@@ -316,6 +390,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "PERSISTENT RESERVE OUT / CLEAR",
         PR_OUT,
         Op::PrOut,
+        rules::PERSISTENT_RESERVE,
     ),
     sa(
         0x5f,
@@ -323,6 +398,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "PERSISTENT RESERVE OUT / PREEMPT",
         PR_OUT,
         Op::PrOut,
+        rules::PERSISTENT_RESERVE,
     ),
     sa(
         0x5f,
@@ -330,6 +406,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "PERSISTENT RESERVE OUT / PREEMPT AND ABORT",
         PR_OUT,
         Op::PrOut,
+        rules::PERSISTENT_RESERVE,
     ),
     sa(
         0x5f,
@@ -337,6 +414,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "PERSISTENT RESERVE OUT / REGISTER AND IGNORE EXISTING KEY",
         PR_OUT,
         Op::PrOut,
+        rules::PERSISTENT_RESERVE,
     ),
     sa(
         0x83,
@@ -346,6 +424,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0x83, 0x1f, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0,
         ],
         Op::ExtendedCopy,
+        rules::EXTENDED_COPY,
     ),
     sa(
         0x84,
@@ -353,6 +432,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "RECEIVE COPY RESULTS / COPY STATUS",
         RCR,
         Op::ReceiveCopyResults,
+        rules::COPY_RESULTS,
     ),
     sa(
         0x84,
@@ -360,6 +440,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "RECEIVE COPY RESULTS / OPERATING PARAMETERS",
         RCR,
         Op::ReceiveCopyResults,
+        rules::COPY_RESULTS,
     ),
     c(
         0x88,
@@ -369,6 +450,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0x3f, 0,
         ],
         Op::Read,
+        rules::MEDIUM_READ,
     ),
     c(
         0x89,
@@ -377,6 +459,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0x89, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0xff, 0x3f, 0,
         ],
         Op::CompareAndWrite,
+        rules::MEDIUM_WRITE,
     ),
     c(
         0x8a,
@@ -386,6 +469,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0x3f, 0,
         ],
         Op::Write,
+        rules::MEDIUM_WRITE,
     ),
     c(
         0x8b,
@@ -395,6 +479,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0x3f, 0,
         ],
         Op::OrWrite,
+        rules::MEDIUM_WRITE,
     ),
     c(
         0x8e,
@@ -404,6 +489,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0x3f, 0,
         ],
         Op::WriteVerify,
+        rules::MEDIUM_WRITE,
     ),
     c(
         0x8f,
@@ -413,6 +499,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0x3f, 0,
         ],
         Op::Verify,
+        rules::MEDIUM_READ,
     ),
     c(
         0x90,
@@ -422,6 +509,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0x3f, 0,
         ],
         Op::PreFetch,
+        rules::MEDIUM_READ,
     ),
     c(
         0x91,
@@ -431,6 +519,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0x3f, 0,
         ],
         Op::SyncCache,
+        rules::SYNC_CACHE,
     ),
     c(
         0x93,
@@ -440,6 +529,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0x3f, 0,
         ],
         Op::WriteSame,
+        rules::MEDIUM_WRITE,
     ),
     c(
         0x9c,
@@ -448,6 +538,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0x9c, 0xf8, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0xff, 0xff, 0x3f, 0,
         ],
         Op::WriteAtomic,
+        rules::MEDIUM_WRITE,
     ),
     sa(
         0x9e,
@@ -458,6 +549,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0x01, 0,
         ],
         Op::ReadCapacity16,
+        rules::CAPACITY,
     ),
     sa(
         0x9e,
@@ -468,12 +560,14 @@ pub const COMMANDS: &[CommandDef] = &[
             0,
         ],
         Op::GetLbaStatus,
+        rules::MEDIUM_READ,
     ),
     c(
         0xa0,
         "REPORT LUNS",
         &[0xa0, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0],
         Op::ReportLuns,
+        rules::STATUS,
     ),
     sa(
         0xa3,
@@ -482,6 +576,7 @@ pub const COMMANDS: &[CommandDef] = &[
         // PARAMETER DATA FORMAT 000b or 001b: bit 5 only.
         &[0xa3, 0x3f, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0],
         Op::ReportTpg,
+        rules::PORT_GROUPS,
     ),
     sa(
         0xa4,
@@ -489,6 +584,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "SET TARGET PORT GROUPS",
         &[0xa4, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0],
         Op::SetTpg,
+        rules::PORT_GROUPS,
     ),
     sa(
         0xa3,
@@ -498,6 +594,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0xa3, 0x1f, 0x87, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0,
         ],
         Op::ReportOpcodes,
+        rules::SUPPORTED,
     ),
     sa(
         0xa3,
@@ -505,6 +602,7 @@ pub const COMMANDS: &[CommandDef] = &[
         "REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS",
         &[0xa3, 0x1f, 0x80, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0],
         Op::ReportTmfs,
+        rules::SUPPORTED,
     ),
     c(
         0xa8,
@@ -513,6 +611,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0xa8, 0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0,
         ],
         Op::Read,
+        rules::MEDIUM_READ,
     ),
     c(
         0xaa,
@@ -521,12 +620,14 @@ pub const COMMANDS: &[CommandDef] = &[
             0xaa, 0xfa, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0,
         ],
         Op::Write,
+        rules::MEDIUM_WRITE,
     ),
     c(
         0xb7,
         "READ DEFECT DATA(12)",
         &[0xb7, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0],
         Op::ReadDefectData,
+        rules::DEFECTS,
     ),
     c(
         0xae,
@@ -535,6 +636,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0xae, 0xf6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0,
         ],
         Op::WriteVerify,
+        rules::MEDIUM_WRITE,
     ),
     c(
         0xaf,
@@ -543,6 +645,7 @@ pub const COMMANDS: &[CommandDef] = &[
             0xaf, 0xf6, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0,
         ],
         Op::Verify,
+        rules::MEDIUM_READ,
     ),
 ];
 
@@ -606,251 +709,5 @@ pub fn reserved_bits(def: &CommandDef, cdb: &[u8]) -> Option<(u16, u8)> {
     None
 }
 
-/// Nominal and recommended command timeouts (seconds) for RCTD.
-const TIMEOUTS: [u8; 12] = [0x00, 0x0a, 0, 0, 0, 0, 0, 30, 0, 0, 0, 60];
-
-/// REPORT SUPPORTED OPERATION CODES (SPC-4 §6.35), generated from
-/// [`COMMANDS`]: reporting option 0 lists every row, 1 and 2 return one
-/// command's CDB usage data (1: opcode without service actions, 2: opcode
-/// and service action); RCTD adds the command timeouts descriptor.
-pub(crate) fn report_supported_opcodes(cdb: &[u8]) -> Result<Vec<u8>, Sense> {
-    let rctd = cdb[2] & 0x80 != 0;
-    let options = cdb[2] & 0x07;
-    let req_op = cdb[3];
-    let req_sa = be16(&cdb[4..6]);
-    let alloc = be32(&cdb[6..10]) as usize;
-    let mut out = Vec::new();
-    match options {
-        0 => {
-            let mut descs = Vec::new();
-            for d in COMMANDS {
-                descs.push(d.opcode);
-                descs.push(0);
-                descs.extend_from_slice(&u16::from(d.service_action.unwrap_or(0)).to_be_bytes());
-                descs.push(0);
-                descs.push((if rctd { 0x02 } else { 0 }) | u8::from(d.service_action.is_some()));
-                descs.extend_from_slice(&(d.cdb_len as u16).to_be_bytes());
-                if rctd {
-                    descs.extend_from_slice(&TIMEOUTS);
-                }
-            }
-            out.extend_from_slice(&(descs.len() as u32).to_be_bytes());
-            out.extend(descs);
-        }
-        1 | 2 => {
-            let has_sa = has_service_actions(req_op);
-            if options == 1 && has_sa {
-                return Err(Sense::invalid_cdb_field(2, Some(2)));
-            }
-            if options == 2 && !has_sa && find(req_op, None).is_some() {
-                return Err(Sense::invalid_cdb_field(2, Some(2)));
-            }
-            let action = if options == 2 {
-                Some(req_sa as u8).filter(|_| req_sa < 0x20)
-            } else {
-                None
-            };
-            let found = if options == 2 && req_sa >= 0x20 {
-                None
-            } else {
-                find(req_op, action)
-            };
-            match found {
-                Some(d) => {
-                    out.push(0);
-                    out.push((if rctd { 0x80 } else { 0 }) | 0x03);
-                    out.extend_from_slice(&(d.cdb_len as u16).to_be_bytes());
-                    out.extend_from_slice(d.usage);
-                    if rctd {
-                        out.extend_from_slice(&TIMEOUTS);
-                    }
-                }
-                None => out.extend_from_slice(&[0, 0x01, 0, 0]),
-            }
-        }
-        _ => return Err(Sense::invalid_cdb_field(2, Some(2))),
-    }
-    out.truncate(alloc);
-    Ok(out)
-}
-/// REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS (SPC-4 §6.40).
-pub(crate) fn report_supported_tmfs(cdb: &[u8]) -> Result<Vec<u8>, Sense> {
-    let alloc = be32(&cdb[6..10]) as usize;
-    let repd = cdb[2] & 0x80 != 0;
-    // ATS, ATSS, CTSS, LURS and TRS; no CLEAR ACA, QUERY TASK or wakeup.
-    let mut d = vec![0xda, 0, 0, 0];
-    if repd {
-        d.resize(16, 0);
-        d[3] = 0x0c;
-    }
-    d.truncate(alloc);
-    Ok(d)
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn indexed_lookup_matches_a_scan_of_the_table() {
-        for op in 0..=255u8 {
-            for byte1 in 0..=255u8 {
-                let action = byte1 & 0x1f;
-                let scan = COMMANDS.iter().find(|d| {
-                    d.opcode == op
-                        && (d.service_action.is_none() || d.service_action == Some(action))
-                });
-                let found = lookup(&[op, byte1]);
-                assert_eq!(
-                    found.map(|d| d.name),
-                    scan.map(|d| d.name),
-                    "{op:#04x} {byte1:#04x}"
-                );
-            }
-            let alone = COMMANDS
-                .iter()
-                .find(|d| d.opcode == op && d.service_action.is_none());
-            assert_eq!(lookup(&[op]).map(|d| d.name), alone.map(|d| d.name));
-        }
-    }
-
-    #[test]
-    fn table_is_consistent() {
-        for d in COMMANDS {
-            assert_eq!(d.usage[0], d.opcode, "{}", d.name);
-            assert!(matches!(d.cdb_len, 6 | 10 | 12 | 16), "{}", d.name);
-            if let Some(a) = d.service_action {
-                assert_eq!(d.usage[1] & 0x1f, 0x1f, "{}", d.name);
-                assert!(a < 0x20);
-            }
-            let dups = COMMANDS
-                .iter()
-                .filter(|o| o.opcode == d.opcode && o.service_action == d.service_action)
-                .count();
-            assert_eq!(dups, 1, "{}", d.name);
-        }
-        assert_eq!(lookup(&[0x9e, 0x10]).unwrap().op, Op::ReadCapacity16);
-        assert!(lookup(&[0x9e, 0x11]).is_none());
-        assert!(lookup(&[0xff]).is_none());
-    }
-
-    #[test]
-    fn reserved_bit_check() {
-        let d = lookup(&[0x12]).unwrap();
-        assert_eq!(reserved_bits(d, &[0x12, 0x02, 0, 0, 36, 0]), Some((1, 1)));
-        assert_eq!(reserved_bits(d, &[0x12, 0x01, 0x80, 0, 36, 0]), None);
-        assert_eq!(reserved_bits(d, &[0x12, 0, 0, 0, 36, 0x04]), Some((5, 2)));
-    }
-
-    fn rsoc(rctd: bool, options: u8, opcode: u8, sa: u16, alloc: u32) -> Vec<u8> {
-        let (s, a) = (sa.to_be_bytes(), alloc.to_be_bytes());
-        vec![
-            0xa3,
-            0x0c,
-            u8::from(rctd) << 7 | options,
-            opcode,
-            s[0],
-            s[1],
-            a[0],
-            a[1],
-            a[2],
-            a[3],
-            0,
-            0,
-        ]
-    }
-
-    #[test]
-    fn all_commands_come_from_the_table() {
-        for rctd in [false, true] {
-            let d = report_supported_opcodes(&rsoc(rctd, 0, 0, 0, 1 << 16)).unwrap();
-            let len = u32::from_be_bytes([d[0], d[1], d[2], d[3]]) as usize;
-            assert_eq!(len, d.len() - 4);
-            let size = if rctd { 20 } else { 8 };
-            assert_eq!(len, COMMANDS.len() * size);
-            for (desc, def) in d[4..].chunks(size).zip(COMMANDS) {
-                assert_eq!(desc[0], def.opcode);
-                assert_eq!(
-                    desc[5] & 1,
-                    u8::from(def.service_action.is_some()),
-                    "SERVACTV"
-                );
-                assert_eq!(
-                    u16::from_be_bytes([desc[2], desc[3]]),
-                    u16::from(def.service_action.unwrap_or(0))
-                );
-                assert_eq!(
-                    usize::from(u16::from_be_bytes([desc[6], desc[7]])),
-                    def.cdb_len
-                );
-                assert_eq!(desc[5] & 2 != 0, rctd, "CTDP");
-                if rctd {
-                    assert_eq!(&desc[8..10], &[0, 0x0a], "timeouts descriptor length");
-                }
-            }
-        }
-        // Truncated to the allocation length.
-        assert_eq!(
-            report_supported_opcodes(&rsoc(false, 0, 0, 0, 10))
-                .unwrap()
-                .len(),
-            10
-        );
-    }
-
-    #[test]
-    fn one_command_returns_its_usage_data() {
-        // Option 1: an opcode without service actions.
-        let d = report_supported_opcodes(&rsoc(false, 1, 0x28, 0, 64)).unwrap();
-        assert_eq!(d[1] & 0x07, 3, "supported as the standard says");
-        assert_eq!(u16::from_be_bytes([d[2], d[3]]), 10);
-        assert_eq!(&d[4..14], lookup(&[0x28]).unwrap().usage);
-        // Option 2: opcode and service action, with the timeouts descriptor.
-        let d = report_supported_opcodes(&rsoc(true, 2, 0x9e, 0x10, 64)).unwrap();
-        assert_eq!(d[1], 0x83);
-        assert_eq!(d[4], 0x9e);
-        assert_eq!(d.len(), 4 + 16 + 12);
-        // Not supported: SUPPORT = 1, no usage data.
-        assert_eq!(
-            report_supported_opcodes(&rsoc(false, 1, 0xff, 0, 64)).unwrap(),
-            [0, 1, 0, 0]
-        );
-        assert_eq!(
-            report_supported_opcodes(&rsoc(false, 2, 0x9e, 0x1f, 64)).unwrap(),
-            [0, 1, 0, 0]
-        );
-        assert_eq!(
-            report_supported_opcodes(&rsoc(false, 2, 0x9e, 0x100, 64)).unwrap(),
-            [0, 1, 0, 0]
-        );
-    }
-
-    #[test]
-    fn reporting_option_mismatches_are_invalid_fields() {
-        let bad = Sense::invalid_cdb_field(2, Some(2));
-        // Option 1 for an opcode with service actions, option 2 for one without.
-        assert_eq!(
-            report_supported_opcodes(&rsoc(false, 1, 0x9e, 0, 64)),
-            Err(bad)
-        );
-        assert_eq!(
-            report_supported_opcodes(&rsoc(false, 2, 0x28, 0, 64)),
-            Err(bad)
-        );
-        for options in 3..8 {
-            assert_eq!(
-                report_supported_opcodes(&rsoc(false, options, 0, 0, 64)),
-                Err(bad)
-            );
-        }
-    }
-
-    #[test]
-    fn task_management_functions() {
-        let d = report_supported_tmfs(&[0xa3, 0x0d, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0]).unwrap();
-        assert_eq!(d.len(), 4);
-        assert_ne!(d[0] & 0x08, 0, "LOGICAL UNIT RESET supported");
-        let d = report_supported_tmfs(&[0xa3, 0x0d, 0x80, 0, 0, 0, 0, 0, 0, 255, 0, 0]).unwrap();
-        assert_eq!(d.len(), 16);
-    }
-}
+mod tests;
