@@ -265,7 +265,7 @@ impl Header {
     }
 
     /// Decode the first [`HEADER_LEN`] bytes. The version is not checked
-    /// here (a target answers a foreign version with an error); [`decode`]
+    /// here (a target answers a foreign version with an error); [`decode`](crate::message::decode)
     /// checks it.
     pub fn decode(frame: &[u8]) -> Result<Header, DecodeError> {
         need(frame, ETH_HEADER_LEN, ETH_HEADER_WHAT)?;
