@@ -390,8 +390,9 @@ fn an_open_target_on_a_network_portal_is_warned_about_at_start() {
         warnings[0]
     );
     drop(server);
-    let local = Server::start_with("ram:4M", &[]);
-    std::thread::sleep(Duration::from_millis(200));
+    let mut local = Server::start_with("ram:4M", &[]);
+    // Every line it logged, up to its exit.
+    local.stop();
     let log = local.log.lock().unwrap().clone();
     assert!(
         !log.iter()

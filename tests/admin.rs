@@ -508,15 +508,10 @@ fn the_tcp_api_needs_the_token_and_says_so() {
         .output()
         .unwrap();
     common::ok_out(&o, "ctl --api acl add");
-    std::thread::sleep(Duration::from_millis(200));
-    let changed = srv
-        .log
-        .lock()
-        .unwrap()
-        .iter()
-        .find(|l| l.contains("access rules changed: added 10.0.0.0/8"))
-        .cloned()
-        .expect("the change is logged");
+    let changed = srv.wait_log(
+        "access rules changed: added 10.0.0.0/8",
+        Duration::from_secs(10),
+    );
     assert!(
         changed.contains("via=api-token") && changed.contains("peer=127.0.0.1:"),
         "{changed}"

@@ -276,9 +276,8 @@ fn serve_log(args: &[String], cwd: &Path) -> Vec<String> {
     let mut all = vec!["serve".to_string()];
     all.extend_from_slice(args);
     let mut s = Server::start_args_in(&all, Some(cwd));
+    // Returns once the log reader has read the server's stderr to its end.
     s.stop();
-    // The reader thread sees the end of the pipe soon after the exit.
-    std::thread::sleep(Duration::from_millis(200));
     let log = s.log.lock().unwrap().clone();
     log
 }
@@ -409,7 +408,6 @@ fn too_little_space_warns_when_thin_and_leaves_nothing_when_full() {
     std::fs::write(big.path(), pattern(40 << 20, 3)).unwrap();
     let out = ethersan(&["cp", "-q", big.path().to_str().unwrap(), &s.url(0)]);
     s.stop();
-    std::thread::sleep(Duration::from_millis(200));
     let log = s.log.lock().unwrap().clone();
     assert!(
         log.iter().any(

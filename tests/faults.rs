@@ -128,9 +128,12 @@ async fn acknowledged_writes_survive_kill_9() {
     // block and the round, half of them with FUA; every acknowledged write
     // is recorded. The server is killed while they run.
     let acked: Arc<Mutex<Vec<(u64, u8)>>> = Arc::default();
+    // Notified when KILL_AFTER writes have been acknowledged.
+    const KILL_AFTER: usize = 400;
+    let enough = Arc::new(tokio::sync::Notify::new());
     let mut tasks = Vec::new();
     for w in 0..32u64 {
-        let (s, acked) = (s.clone(), acked.clone());
+        let (s, acked, enough) = (s.clone(), acked.clone(), enough.clone());
         tasks.push(tokio::spawn(async move {
             for round in 1..=255u8 {
                 let lba = (w * 4096 + u64::from(round) * 8) % (64 << 11);
@@ -140,13 +143,22 @@ async fn acknowledged_writes_survive_kill_9() {
                     .write16(0, lba, Bytes::from(block), 512, round % 2 == 0)
                     .await
                 {
-                    Ok(r) if r.status == 0 => acked.lock().unwrap().push((lba, round)),
+                    Ok(r) if r.status == 0 => {
+                        let mut a = acked.lock().unwrap();
+                        a.push((lba, round));
+                        if a.len() == KILL_AFTER {
+                            enough.notify_one();
+                        }
+                    }
                     _ => return,
                 }
             }
         }));
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Killed while the writers run, once KILL_AFTER writes are acknowledged.
+    tokio::time::timeout(Duration::from_secs(30), enough.notified())
+        .await
+        .expect("writes acknowledged within 30 s");
     server.child.kill().unwrap(); // SIGKILL
     server.child.wait().unwrap();
     for t in tasks {

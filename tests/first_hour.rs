@@ -140,7 +140,9 @@ fn a_peer_that_never_answers_times_out_at_login_in_every_subcommand() {
 
 #[test]
 fn a_frozen_target_times_out_at_login_and_mid_command() {
-    let server = Server::start(&["ram:64M"]);
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("api.sock");
+    let server = Server::start_with("ram:64M", &["--api-socket", sock.to_str().unwrap()]);
     let url = server.url(0);
     // A command in flight when the target stops.
     let bench = command(
@@ -160,7 +162,11 @@ fn a_frozen_target_times_out_at_login_and_mid_command() {
     )
     .spawn()
     .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    // Frozen once the target has answered the bench's first READs: its
+    // next ones are in flight.
+    wait_sessions(&sock, "the bench's reads", Duration::from_secs(20), |s| {
+        counter(s, "reads") > 0
+    });
     let frozen = Frozen::new(&server);
     let started = Instant::now();
     let o = finish(bench, "bench on a frozen target", Duration::from_secs(20));
@@ -214,7 +220,9 @@ fn relay(to: String, cut: Arc<AtomicBool>) -> String {
 
 #[test]
 fn a_half_open_connection_times_out() {
-    let server = Server::start(&["ram:64M"]);
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("api.sock");
+    let server = Server::start_with("ram:64M", &["--api-socket", sock.to_str().unwrap()]);
     let cut = Arc::new(AtomicBool::new(false));
     let via = relay(server.addr.clone(), cut.clone());
     let url = format!("iscsi://{via}/{IQN}/0");
@@ -235,7 +243,11 @@ fn a_half_open_connection_times_out() {
     )
     .spawn()
     .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    // Cut once the target has done the bench's first WRITEs through the
+    // relay: its next ones are in flight.
+    wait_sessions(&sock, "the bench's writes", Duration::from_secs(20), |s| {
+        counter(s, "writes") > 0
+    });
     cut.store(true, Ordering::Relaxed);
     let o = finish(bench, "bench over a dead link", Duration::from_secs(20));
     let line = error_line(&o, "bench over a dead link");
@@ -247,7 +259,9 @@ fn a_half_open_connection_times_out() {
 
 #[test]
 fn cp_retries_on_a_new_session_when_the_target_freezes() {
-    let server = Server::start(&["ram:16M"]);
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("api.sock");
+    let server = Server::start_with("ram:16M", &["--api-socket", sock.to_str().unwrap()]);
     let url = server.url(0);
     let data = pattern(4 << 20, 0x5eed);
     let mut cp = command(
@@ -279,7 +293,11 @@ fn cp_retries_on_a_new_session_when_the_target_freezes() {
             stdin.write_all(&data[1 << 20..])
         })
     };
-    std::thread::sleep(Duration::from_millis(1500));
+    // Frozen once the target has taken the first MiB (all cp has been
+    // given so far).
+    wait_sessions(&sock, "cp's first MiB", Duration::from_secs(20), |s| {
+        counter(s, "write_bytes") >= 1 << 20
+    });
     {
         let _frozen = Frozen::new(&server);
         // The next writes wait on a stopped target and time out after

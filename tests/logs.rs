@@ -14,7 +14,6 @@ fn human_log_lines_show_names_and_hex() {
     let mut s = Server::start(&["ram:1M"]);
     ok(&ethersan(&["ls", &s.url(0)]));
     s.stop();
-    std::thread::sleep(Duration::from_millis(200));
     let log = s.log.lock().unwrap().clone();
     let started = log
         .iter()
@@ -95,8 +94,9 @@ fn client(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-fn log_of(s: &Server) -> Vec<String> {
-    std::thread::sleep(Duration::from_millis(300));
+/// Every line the server logged: stopped, its log read to the end.
+fn log_of(s: &mut Server) -> Vec<String> {
+    s.stop().expect("the server stops on SIGTERM");
     s.log.lock().unwrap().clone()
 }
 
@@ -117,7 +117,7 @@ fn login_refusals_name_target_initiator_peer_and_reason() {
         ),
     )
     .unwrap();
-    let s = Server::start_args(&["serve".into(), "--config".into(), cfg.display().to_string()]);
+    let mut s = Server::start_args(&["serve".into(), "--config".into(), cfg.display().to_string()]);
     let url = |t: &str| format!("iscsi://{}/{t}/0", s.addr);
     for args in [
         vec!["inquiry".to_string(), url(IQN)],
@@ -142,7 +142,7 @@ fn login_refusals_name_target_initiator_peer_and_reason() {
     for _ in 0..8 {
         assert!(!client(&["inquiry", &url(unknown)]).status.success());
     }
-    let log = log_of(&s);
+    let log = log_of(&mut s);
     let refused: Vec<&String> = log.iter().filter(|l| l.contains("login refused")).collect();
     for (target, reason) in [
         (IQN, "CHAP required but not offered"),
@@ -199,7 +199,7 @@ fn changes_are_logged_with_the_interface_and_sessions_end_with_a_reason() {
         disk.display()
     );
     std::fs::write(&cfg, &base).unwrap();
-    let s = Server::start_args(&[
+    let mut s = Server::start_args(&[
         "serve".into(),
         "--config".into(),
         cfg.display().to_string(),
@@ -226,7 +226,7 @@ fn changes_are_logged_with_the_interface_and_sessions_end_with_a_reason() {
         assert!(std::time::Instant::now() < deadline, "no reload line");
         std::thread::sleep(Duration::from_millis(100));
     }
-    let log = log_of(&s);
+    let log = log_of(&mut s);
     let line = |what: &str| {
         log.iter()
             .find(|l| l.contains(what))

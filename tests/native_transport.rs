@@ -34,6 +34,11 @@ fn secret_file(dir: &Path, secret: &str) -> PathBuf {
 
 /// `ethersan serve` on loopback with the native transport on UDP `port`.
 fn serve_udp(dir: &Path, port: u16, luns: &[String]) -> Server {
+    serve_udp_with(dir, port, luns, &[])
+}
+
+/// [`serve_udp`] with more `serve` arguments.
+fn serve_udp_with(dir: &Path, port: u16, luns: &[String], extra: &[&str]) -> Server {
     let mut args: Vec<String> = [
         "serve",
         "--listen",
@@ -54,6 +59,7 @@ fn serve_udp(dir: &Path, port: u16, luns: &[String]) -> Server {
         args.push("--lun".into());
         args.push(l.clone());
     }
+    args.extend(extra.iter().map(|a| a.to_string()));
     Server::start_args(&args)
 }
 
@@ -400,7 +406,8 @@ fn a_target_killed_mid_write_loses_nothing_acknowledged() {
     let port = free_udp_port();
     let img = dir.path().join("disk.img");
     let luns = vec![format!("{}:128M", path_str(&img))];
-    let server = serve_udp(dir.path(), port, &luns);
+    let sock = dir.path().join("api.sock");
+    let server = serve_udp_with(dir.path(), port, &luns, &["--api-socket", &path_str(&sock)]);
     let src = dir.path().join("src.img");
     std::fs::write(&src, pattern(96 << 20, 31)).unwrap();
     let url = format!("udp://127.0.0.1:{port}/{IQN}/0");
@@ -411,20 +418,14 @@ fn a_target_killed_mid_write_loses_nothing_acknowledged() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // Kill the target once the copy is under way: just after its session
-    // starts (the copy takes a second or more).
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !server
-        .log
-        .lock()
-        .unwrap()
-        .iter()
-        .any(|l| l.contains("session started"))
-    {
-        assert!(Instant::now() < deadline, "the copy never logged in");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    std::thread::sleep(Duration::from_millis(150));
+    // Kill the target once the copy is under way: once the target has
+    // acknowledged its first writes (the copy takes a second or more).
+    wait_sessions(
+        &sock,
+        "the copy's first writes",
+        Duration::from_secs(20),
+        |s| counter(s, "writes") > 0,
+    );
     let mut server = server;
     server.child.kill().unwrap();
     let _ = server.child.wait();

@@ -175,7 +175,6 @@ fn readiness_reload_and_stop_are_notified_and_sighup_applies_the_file() {
 
     s.stop();
     notes.wait_for("STOPPING=1");
-    std::thread::sleep(Duration::from_millis(200));
     let log = s.log.lock().unwrap().clone();
     assert!(
         log.iter()

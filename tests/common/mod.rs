@@ -128,6 +128,12 @@ pub struct Server {
     /// Every portal, in `--listen` order.
     pub addrs: Vec<String>,
     pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    /// Notified (with `log` held) for every line the log reader adds and
+    /// when it reaches the end of the server's stderr.
+    log_changed: std::sync::Arc<std::sync::Condvar>,
+    /// Set (with `log` held) once the log reader has read the server's
+    /// stderr to its end: every line the server wrote is in `log`.
+    log_ended: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Server {
@@ -211,7 +217,9 @@ impl Server {
         let stderr = child.stderr.take().expect("stderr");
         let (tx, rx) = std::sync::mpsc::channel();
         let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let log2 = log.clone();
+        let log_changed = std::sync::Arc::new(std::sync::Condvar::new());
+        let log_ended = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (log2, changed2, ended2) = (log.clone(), log_changed.clone(), log_ended.clone());
         std::thread::spawn(move || {
             let mut addrs = Vec::new();
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -223,7 +231,11 @@ impl Server {
                     let _ = tx.send(std::mem::take(&mut addrs));
                 }
                 log2.lock().unwrap().push(line);
+                changed2.notify_all();
             }
+            let _held = log2.lock().unwrap();
+            ended2.store(true, std::sync::atomic::Ordering::SeqCst);
+            changed2.notify_all();
         });
         let addrs: Vec<String> = rx
             .recv_timeout(Duration::from_secs(20))
@@ -237,6 +249,8 @@ impl Server {
             addr: addrs[0].clone(),
             addrs,
             log,
+            log_changed,
+            log_ended,
         }
     }
 
@@ -325,10 +339,15 @@ impl Server {
             addr: addr.clone(),
             addrs: vec![addr.clone(), addr],
             log: Default::default(),
+            log_changed: Default::default(),
+            // tgtd's output is not collected: there is nothing to wait for.
+            log_ended: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)),
         }
     }
 
-    /// Send SIGTERM and wait (bounded); returns the exit status.
+    /// Send SIGTERM and wait (bounded) for the exit and then for the log
+    /// reader to reach the end of the server's stderr, so that `log` holds
+    /// every line the server wrote when this returns; the exit status.
     pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
         // SAFETY: kill(2) with a pid we spawned and still own; no memory involved.
         unsafe {
@@ -337,12 +356,45 @@ impl Server {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             if let Ok(Some(st)) = self.child.try_wait() {
+                self.wait_log_end(deadline.saturating_duration_since(Instant::now()));
                 return Some(st);
             }
             std::thread::sleep(Duration::from_millis(50));
         }
         let _ = self.child.kill();
         None
+    }
+
+    /// Wait (at most `limit`) until the log reader has read the server's
+    /// stderr to its end; whether it has.
+    pub fn wait_log_end(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        let mut log = self.log.lock().unwrap();
+        while !self.log_ended.load(std::sync::atomic::Ordering::SeqCst) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            log = self.log_changed.wait_timeout(log, left).unwrap().0;
+        }
+        true
+    }
+
+    /// The first log line containing `needle`, waiting (at most `limit`)
+    /// for the server to write it; panics with the log when it does not.
+    pub fn wait_log(&self, needle: &str, limit: Duration) -> String {
+        let deadline = Instant::now() + limit;
+        let mut log = self.log.lock().unwrap();
+        loop {
+            if let Some(l) = log.iter().find(|l| l.contains(needle)) {
+                return l.clone();
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || self.log_ended.load(std::sync::atomic::Ordering::SeqCst) {
+                panic!("no log line with {needle:?} within {limit:?}: {:#?}", *log);
+            }
+            log = self.log_changed.wait_timeout(log, left).unwrap().0;
+        }
     }
 }
 
@@ -352,6 +404,55 @@ impl Drop for Server {
             let _ = self.stop();
         }
     }
+}
+
+/// The live sessions of the server whose API socket is `sock`
+/// (`ethersan ctl --socket SOCK --json session ls`).
+pub fn sessions(sock: &Path) -> Vec<serde_json::Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_ethersan"))
+        .arg("ctl")
+        .arg("--socket")
+        .arg(sock)
+        .args(["--json", "session", "ls"])
+        .output()
+        .expect("run ethersan ctl session ls");
+    let text = ok_out(&out, "ethersan ctl session ls");
+    match serde_json::from_str(text.trim()) {
+        Ok(serde_json::Value::Array(v)) => v,
+        other => panic!("session ls is not a JSON list ({other:?}): {text}"),
+    }
+}
+
+/// Wait (at most `limit`) until the sessions the server lists satisfy
+/// `until` — a login, commands counted — asking its API socket `sock`;
+/// panics naming `what` with the last list when they do not.
+pub fn wait_sessions(
+    sock: &Path,
+    what: &str,
+    limit: Duration,
+    until: impl Fn(&[serde_json::Value]) -> bool,
+) -> Vec<serde_json::Value> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let s = sessions(sock);
+        if until(&s) {
+            return s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {limit:?}: {s:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The sum of one counter (`reads`, `writes`, `write_bytes`, ...) over
+/// `sessions`.
+pub fn counter(sessions: &[serde_json::Value], name: &str) -> u64 {
+    sessions
+        .iter()
+        .map(|s| s["counters"][name].as_u64().unwrap_or(0))
+        .sum()
 }
 
 /// No cause is printed twice: no part of the message between `: ` or `; `

@@ -1,5 +1,6 @@
-//! AoE r11 §2: the Ethernet header, the AoE common header and whole-frame
-//! decoding into typed messages.
+//! AoE r11 §2: the Ethernet header, the AoE common header, MAC addresses,
+//! error codes and the decode error every argument decoder shares (whole
+//! frames are decoded into typed messages by [`crate::message`]).
 //!
 //! A frame on the wire is the 14-byte Ethernet header (destination MAC,
 //! source MAC, ethertype 0x88A2), the 10-byte AoE header (version and
@@ -12,11 +13,6 @@
 //! and accept the padding.
 
 use std::fmt;
-
-use crate::config::ConfigArg;
-use crate::issue::AtaArg;
-use crate::mask::MaskArg;
-use crate::reserve::ReserveArg;
 
 /// The registered ethertype of AoE.
 pub const ETHERTYPE_AOE: u16 = 0x88A2;
@@ -269,7 +265,7 @@ impl Header {
     }
 
     /// Decode the first [`HEADER_LEN`] bytes. The version is not checked
-    /// here (a target answers a foreign version with an error); [`decode`]
+    /// here (a target answers a foreign version with an error); [`decode`](crate::message::decode)
     /// checks it.
     pub fn decode(frame: &[u8]) -> Result<Header, DecodeError> {
         need(frame, ETH_HEADER_LEN, ETH_HEADER_WHAT)?;
@@ -358,49 +354,6 @@ pub fn pad(frame: &mut Vec<u8>) {
     }
 }
 
-/// A command's argument, borrowed from the frame.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Message<'a> {
-    /// §3.1 Issue ATA Command.
-    Ata(AtaArg<'a>),
-    /// §3.2 Query Config Information.
-    Config(ConfigArg<'a>),
-    /// §3.3 MAC Mask List.
-    MacMask(MaskArg<'a>),
-    /// §3.4 Reserve/Release.
-    Reserve(ReserveArg<'a>),
-}
-
-/// A decoded frame: the header and a typed view of its argument.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Frame<'a> {
-    /// Ethernet and AoE headers.
-    pub header: Header,
-    /// The argument.
-    pub message: Message<'a>,
-}
-
-/// Decode a whole frame (Ethernet header first). Rejects other ethertypes,
-/// versions other than 1 and unknown commands; the argument is decoded as a
-/// request or a response according to the response flag (see
-/// [`AtaArg::decode`] for how ATA data is sized).
-pub fn decode(frame: &[u8]) -> Result<Frame<'_>, DecodeError> {
-    let header = Header::decode(frame)?;
-    if header.version != AOE_VERSION {
-        return Err(DecodeError::UnsupportedVersion(header.version));
-    }
-    let command =
-        Command::from_u8(header.command).ok_or(DecodeError::UnknownCommand(header.command))?;
-    let arg = &frame[HEADER_LEN..];
-    let message = match command {
-        Command::Ata => Message::Ata(AtaArg::decode(arg, header.response)?),
-        Command::Config => Message::Config(ConfigArg::decode(arg)?),
-        Command::MacMask => Message::MacMask(MaskArg::decode(arg)?),
-        Command::Reserve => Message::Reserve(ReserveArg::decode(arg)?),
-    };
-    Ok(Frame { header, message })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -463,22 +416,6 @@ mod tests {
                 ..
             })
         ));
-    }
-
-    #[test]
-    fn version_and_command_checked_by_decode() {
-        let mut f = Vec::new();
-        let mut h = hdr();
-        h.version = 2;
-        h.encode(&mut f);
-        pad(&mut f);
-        assert_eq!(decode(&f), Err(DecodeError::UnsupportedVersion(2)));
-        let mut f = Vec::new();
-        let mut h = hdr();
-        h.command = 0xF0;
-        h.encode(&mut f);
-        pad(&mut f);
-        assert_eq!(decode(&f), Err(DecodeError::UnknownCommand(0xF0)));
     }
 
     #[test]

@@ -25,8 +25,9 @@ use std::time::{Duration, Instant};
 
 use crate::ata;
 use crate::config::{ConfigArg, ConfigCommand};
-use crate::frame::{self, pad, Command, DecodeError, ErrorCode, Header, Mac, Message, HEADER_LEN};
+use crate::frame::{self, pad, Command, DecodeError, ErrorCode, Header, Mac, HEADER_LEN};
 use crate::issue::{AtaArg, AtaFlags, ATA_HEADER_LEN, SECTOR_SIZE};
+use crate::message::{self, Message};
 use crate::rtt::RttEstimator;
 use crate::target::max_sectors_for_mtu;
 use crate::window::SendWindow;
@@ -106,7 +107,7 @@ pub enum ResponseError {
 
 /// Parse a Query Config response (to discovery or any query).
 pub fn parse_config_response(frame: &[u8]) -> Result<TargetInfo, ResponseError> {
-    let f = frame::decode(frame)?;
+    let f = message::decode(frame)?;
     let Message::Config(c) = f.message else {
         return Err(ResponseError::NotConfigResponse);
     };

@@ -90,6 +90,7 @@ pub mod frame;
 pub mod initiator;
 pub mod issue;
 pub mod mask;
+pub mod message;
 pub mod reserve;
 pub mod rtt;
 pub mod target;
@@ -98,8 +99,9 @@ pub mod window;
 #[cfg(test)]
 mod proptests;
 
-pub use frame::{decode, DecodeError, ErrorCode, Frame, Header, Mac, Message};
+pub use frame::{DecodeError, ErrorCode, Header, Mac};
 pub use initiator::{Initiator, InitiatorConfig};
+pub use message::{decode, Frame, Message};
 pub use target::{
     Action, AoeTarget, DeviceAddr, DeviceConfig, IoFailure, IoOp, IoRequest, Pending, TargetConfig,
 };

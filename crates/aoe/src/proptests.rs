@@ -8,10 +8,11 @@ use proptest::prelude::*;
 
 use crate::ata::{self, IdentifyParams};
 use crate::config::{ConfigArg, ConfigCommand};
-use crate::frame::{decode, pad, Command, Header, Mac, Message, HEADER_LEN, MIN_FRAME_LEN};
+use crate::frame::{pad, Command, Header, Mac, HEADER_LEN, MIN_FRAME_LEN};
 use crate::initiator::{AtaRequest, Initiator, InitiatorConfig, TargetInfo};
 use crate::issue::{AtaArg, AtaFlags, SECTOR_SIZE};
 use crate::mask::{Directive, MaskArg, MaskCommand};
+use crate::message::{decode, Message};
 use crate::reserve::{ReserveArg, ReserveCommand};
 use crate::target::{Action, AoeTarget, DeviceAddr, DeviceConfig, IoFailure, TargetConfig};
 

@@ -34,6 +34,7 @@ use crate::frame::{
 };
 use crate::issue::{AtaArg, ATA_ARG_LEN, ATA_HEADER_LEN, SECTOR_SIZE};
 use crate::mask::{Directive, DirectiveCommand, MaskArg, MaskCommand, MaskError, MASK_ARG_LEN};
+use crate::message;
 use crate::reserve::{ReserveArg, ReserveCommand, RESERVE_ARG_LEN};
 
 mod io;
@@ -448,7 +449,7 @@ impl AoeTarget {
             Command::Reserve => RESERVE_ARG_LEN,
         };
         let echo = &arg[..arg.len().min(fixed_len)];
-        let decoded = frame::decode(frame);
+        let decoded = message::decode(frame);
         let message = match decoded {
             Ok(f) => f.message,
             Err(e) if e.is_argument_error() => {
@@ -457,8 +458,8 @@ impl AoeTarget {
             Err(e) => return Action::Drop(DropReason::Malformed(e)),
         };
         match message {
-            frame::Message::Ata(a) => self.ata(&h, admitted[0], &a),
-            frame::Message::Config(c) => {
+            message::Message::Ata(a) => self.ata(&h, admitted[0], &a),
+            message::Message::Config(c) => {
                 let replies: Vec<Vec<u8>> = admitted
                     .iter()
                     .filter_map(|a| self.query_config(&h, *a, &c))
@@ -469,10 +470,10 @@ impl AoeTarget {
                     Action::Reply(replies)
                 }
             }
-            frame::Message::MacMask(m) => {
+            message::Message::MacMask(m) => {
                 Action::Reply(admitted.iter().map(|a| self.mac_mask(&h, *a, &m)).collect())
             }
-            frame::Message::Reserve(r) => {
+            message::Message::Reserve(r) => {
                 Action::Reply(admitted.iter().map(|a| self.reserve(&h, *a, &r)).collect())
             }
         }

@@ -20,7 +20,7 @@ use tracing::{debug, info, trace, warn};
 
 use crate::medium::{Medium, PeerAddr};
 use crate::stream::{ChannelReader, ChannelStream, ChannelWriter, Shared};
-use crate::{Accepted, ChannelInfo, EndpointConfig, EndpointError, Role};
+use crate::{Accepted, ChannelInfo, Command, EndpointConfig, EndpointError, Role};
 
 /// Most frames one channel sends per round before the others get a turn.
 const FRAMES_PER_ROUND: usize = 512;
@@ -28,34 +28,6 @@ const FRAMES_PER_ROUND: usize = 512;
 const HELLO_RESEND: Duration = Duration::from_millis(200);
 /// How often an initiator resends HELLO_FINISH until the target answers.
 const FINISH_RESEND: Duration = Duration::from_millis(200);
-
-/// What the API and the stream halves ask of the task.
-#[derive(Debug)]
-pub(crate) enum Command {
-    /// A stream half wrote a message.
-    Write { id: u32, data: Vec<u8> },
-    /// A writer was shut down or dropped.
-    Close { id: u32 },
-    /// Open a channel to `peer`.
-    Connect {
-        peer: PeerAddr,
-        level: Level,
-        timeout: Duration,
-        reply: oneshot::Sender<Result<ChannelStream, EndpointError>>,
-    },
-    /// Send a discovery query to `dst`; answers go to `parts`.
-    Discover {
-        dst: PeerAddr,
-        parts: mpsc::UnboundedSender<(PeerAddr, ReplyPart)>,
-        nonce: [u8; 16],
-    },
-    /// Stop routing answers to the query with this nonce.
-    DiscoverDone { nonce: [u8; 16] },
-    /// The state of every channel.
-    Stats {
-        reply: oneshot::Sender<Vec<(ChannelInfo, ChannelStats)>>,
-    },
-}
 
 struct Chan {
     ch: Channel,
@@ -662,3 +634,6 @@ fn unix_ms() -> u64 {
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
 }
+
+#[cfg(test)]
+mod tests;

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ethersan_channel::channel::{ChannelConfig, ChannelStats};
-use ethersan_channel::discovery::Catalog;
+use ethersan_channel::discovery::{Catalog, ReplyPart};
 use ethersan_channel::group::GroupKeys;
 use ethersan_channel::Level;
 use tokio::sync::{mpsc, oneshot, watch, Mutex};
@@ -28,7 +28,37 @@ use tokio::sync::{mpsc, oneshot, watch, Mutex};
 pub use medium::{Medium, PeerAddr};
 pub use stream::{ChannelReader, ChannelStream, ChannelWriter};
 
-use driver::{Command, Driver};
+use driver::Driver;
+
+/// What the API and the stream halves ask of the endpoint's task (defined
+/// here, beside the API, so that the driver and the stream halves both use
+/// it and neither imports the other for it).
+#[derive(Debug)]
+pub(crate) enum Command {
+    /// A stream half wrote a message.
+    Write { id: u32, data: Vec<u8> },
+    /// A writer was shut down or dropped.
+    Close { id: u32 },
+    /// Open a channel to `peer`.
+    Connect {
+        peer: PeerAddr,
+        level: Level,
+        timeout: Duration,
+        reply: oneshot::Sender<Result<ChannelStream, EndpointError>>,
+    },
+    /// Send a discovery query to `dst`; answers go to `parts`.
+    Discover {
+        dst: PeerAddr,
+        parts: mpsc::UnboundedSender<(PeerAddr, ReplyPart)>,
+        nonce: [u8; 16],
+    },
+    /// Stop routing answers to the query with this nonce.
+    DiscoverDone { nonce: [u8; 16] },
+    /// The state of every channel.
+    Stats {
+        reply: oneshot::Sender<Vec<(ChannelInfo, ChannelStats)>>,
+    },
+}
 
 /// Errors of an endpoint.
 #[derive(Debug, thiserror::Error)]

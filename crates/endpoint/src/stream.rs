@@ -18,8 +18,7 @@ use futures::task::AtomicWaker;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::mpsc;
 
-use crate::driver::Command;
-use crate::ChannelInfo;
+use crate::{ChannelInfo, Command};
 
 /// Most bytes a writer may have queued or unacknowledged on a channel.
 pub const WRITE_LIMIT: usize = 8 << 20;

@@ -80,6 +80,7 @@ mod callback;
 mod cluster;
 mod device;
 mod ffi;
+mod image;
 mod shared;
 mod spec;
 

@@ -34,8 +34,8 @@ use ethersan_backend::shared::ChangeHandler;
 use ethersan_backend::{BackendError, SharedState, Versioned};
 
 use crate::cluster::{errno, Cluster, Ioctx};
-use crate::device::Image;
 use crate::ffi::{self, Lib};
+use crate::image::Image;
 
 /// How long `publish` waits for the other subscribers.
 const NOTIFY_TIMEOUT: Duration = Duration::from_secs(10);

@@ -140,11 +140,13 @@ async fn ordered_and_head_of_queue_tasks_keep_sam_order() {
     h.await.unwrap();
 }
 
-/// A RAM device whose reads wait (on the blocking pool) until the gate opens.
+/// A RAM device whose reads wait (on the blocking pool) until the gate
+/// opens, each saying on `reached` that it has come to the gate.
 #[derive(Debug)]
 struct Gated {
     ram: std::sync::Arc<ethersan_backend::ram::RamDevice>,
     gate: std::sync::Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    reached: tokio::sync::mpsc::UnboundedSender<()>,
 }
 
 impl ethersan_backend::BlockDevice for Gated {
@@ -164,7 +166,9 @@ impl ethersan_backend::BlockDevice for Gated {
         }
         let gate = self.gate.clone();
         let ram = self.ram.clone();
+        let reached = self.reached.clone();
         ethersan_backend::Submission::Blocking(Box::new(move || {
+            let _ = reached.send(());
             let (open, cv) = &*gate;
             let mut o = open.lock().unwrap();
             while !*o {
@@ -238,9 +242,11 @@ async fn a_lun_reset_waits_for_the_tasks_it_aborts_in_other_sessions() {
     // Whatever happens, the gate opens when the test ends (a read held at
     // it would keep the runtime from shutting down).
     let _open_at_end = OpenOnDrop(gate.clone());
+    let (reached, mut at_gate) = tokio::sync::mpsc::unbounded_channel();
     let dev = Gated {
         ram: std::sync::Arc::new(ethersan_backend::ram::RamDevice::new(1 << 20, 512).unwrap()),
         gate: gate.clone(),
+        reached,
     };
     let lu = LogicalUnit::new(
         std::sync::Arc::new(dev),
@@ -287,7 +293,11 @@ async fn a_lun_reset_waits_for_the_tasks_it_aborts_in_other_sessions() {
         .await;
         (b, r.is_err())
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // B's READ is running: it has reached the gate.
+    tokio::time::timeout(Duration::from_secs(5), at_gate.recv())
+        .await
+        .expect("B's READ reached the gate within 5 s")
+        .expect("the device is alive");
 
     // A: LOGICAL UNIT RESET on LUN 1. It aborts B's READ, which is still
     // running: no response until it has ended.

@@ -2,6 +2,7 @@
 //! RTO and retransmission, response matching. Time is made up.
 
 use super::*;
+
 use crate::target::{AoeTarget, DeviceAddr, DeviceConfig, TargetConfig};
 
 const LOCAL: Mac = Mac([2, 0, 0, 0, 0, 0x0A]);
@@ -58,7 +59,7 @@ fn read(lba: u64) -> AtaRequest {
 #[test]
 fn discovery_and_config_parsing() {
     let f = discovery_frame(LOCAL, 77);
-    let d = frame::decode(&f).unwrap();
+    let d = message::decode(&f).unwrap();
     assert_eq!(d.header.dst, Mac::BROADCAST);
     assert_eq!(
         (d.header.shelf, d.header.slot, d.header.tag),

@@ -3,8 +3,9 @@
 
 use super::*;
 use crate::ata::parse_identify;
-use crate::frame::{decode, Frame, Message, MIN_FRAME_LEN};
+use crate::frame::MIN_FRAME_LEN;
 use crate::issue::AtaFlags;
+use crate::message::{decode, Frame, Message};
 
 const TMAC: Mac = Mac([2, 0, 0, 0, 0, 0x10]);
 const A: Mac = Mac([2, 0, 0, 0, 0, 0x0A]);

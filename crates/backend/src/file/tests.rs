@@ -198,6 +198,7 @@ fn read_only_refuses_writes() {
 }
 
 mod direct_tests {
+    use super::super::open::uring_or_fallback;
     use super::super::*;
     use crate::aligned::{AlignedBuf, DIRECT_ALIGN};
     use crate::BlockDeviceExt;

@@ -1,0 +1,412 @@
+//! The ring both kinds share ([`Core`]): requests turned into SQEs, short
+//! transfers continued, completions reaped into `ready` for the owner to
+//! run. The lifetime invariants are those of the parent module: every
+//! buffer and descriptor stays in `ops` until its CQE has arrived.
+
+use super::*;
+
+/// A buffer the kernel may be using.
+enum Buf {
+    None,
+    /// Data to write.
+    Plain(Vec<u8>),
+    /// A vector whose spare capacity a read fills after its first `skip`
+    /// bytes (a prefix that aligns the data for `O_DIRECT`); not zeroed
+    /// first: the kernel writes every byte before the vector's length
+    /// covers it.
+    Fill {
+        v: Vec<u8>,
+        skip: usize,
+    },
+    Aligned(AlignedBuf),
+}
+
+impl Buf {
+    /// The request's buffer, ready for a `len`-byte read (aligned for
+    /// `O_DIRECT`).
+    fn for_read(mut v: Vec<u8>, len: usize, direct: bool) -> Buf {
+        v.clear();
+        let skip = if direct {
+            align_prefix(&mut v, len, crate::aligned::DIRECT_ALIGN)
+        } else {
+            v.reserve(len);
+            0
+        };
+        Buf::Fill { v, skip }
+    }
+
+    /// Where the transfer continues after `done` bytes.
+    fn ptr_at(&mut self, done: usize) -> *mut u8 {
+        match self {
+            Buf::None => std::ptr::null_mut(),
+            Buf::Plain(v) => v[done..].as_mut_ptr(),
+            Buf::Fill { v, .. } => v.spare_capacity_mut()[done..].as_mut_ptr().cast(),
+            Buf::Aligned(a) => a.as_mut_slice()[done..].as_mut_ptr(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Read,
+    Write,
+    Flush,
+}
+
+/// One request in the kernel.
+struct Op {
+    kind: Kind,
+    offset: u64,
+    len: usize,
+    /// Bytes moved so far (short transfers are continued).
+    done_bytes: usize,
+    fua: bool,
+    /// Transfers go to the `O_DIRECT` descriptor.
+    direct: bool,
+    buf: Buf,
+    /// The store's descriptors, open until the op is done.
+    files: Arc<Files>,
+    completion: Option<IoCompletion>,
+}
+
+/// A ring and the requests in it: what both kinds of ring share. It
+/// never calls a completion itself: finished requests collect in
+/// `ready`, for the owner to run once it no longer holds the core (a
+/// completion may submit again).
+pub(super) struct Core {
+    pub(super) ring: IoUring,
+    /// Requests in flight, indexed by `user_data`; owns their buffers.
+    ops: Vec<Option<Op>>,
+    free: Vec<usize>,
+    pub(super) in_flight: usize,
+    /// Most requests in the kernel at once: what the completion queue
+    /// holds, so completions never overflow it (the rest wait in order).
+    max_in_flight: usize,
+    /// Requests received but not yet in the ring (in-flight limit).
+    pub(super) backlog: VecDeque<Job>,
+    /// Finished requests whose completions have not run yet.
+    pub(super) ready: Vec<(IoCompletion, IoResult)>,
+    /// The eventfd read (`WAKE_TOKEN`) completed since the owner looked.
+    pub(super) wake_seen: bool,
+}
+
+impl Core {
+    pub(super) fn new(entries: u32) -> io::Result<Core> {
+        let ring = IoUring::new(entries)?;
+        // The ring thread's eventfd read takes one completion slot.
+        let max_in_flight = (ring.params().cq_entries() as usize)
+            .saturating_sub(1)
+            .max(1);
+        Ok(Core {
+            ring,
+            ops: Vec::new(),
+            free: Vec::new(),
+            in_flight: 0,
+            max_in_flight,
+            backlog: VecDeque::new(),
+            ready: Vec::new(),
+            wake_seen: false,
+        })
+    }
+
+    /// Move queued requests into the ring while the in-flight limit allows.
+    pub(super) fn start_backlog(&mut self) {
+        while self.in_flight < self.max_in_flight {
+            let Some(job) = self.backlog.pop_front() else {
+                break;
+            };
+            self.start(job);
+        }
+    }
+
+    /// Pass the queued SQEs to the kernel without waiting, when there are
+    /// any (or when completions overflowed into the kernel's list: entering
+    /// moves them to the queue). False when entries are still queued (the
+    /// kernel said to try again): the owner must enter again later.
+    pub(super) fn enter(&mut self) -> bool {
+        let sq = self.ring.submission();
+        if sq.is_empty() && !sq.cq_overflow() {
+            return true;
+        }
+        drop(sq);
+        if let Err(e) = self.ring.submit() {
+            if !retry_later(&e) {
+                eprintln!("ethersan: io_uring submit failed: {e}");
+            }
+        }
+        self.ring.submission().is_empty()
+    }
+
+    /// Push one SQE, submitting first if the submission queue is full.
+    pub(super) fn push(&mut self, entry: io_uring::squeue::Entry) {
+        loop {
+            // SAFETY: every buffer an entry points to is owned by `self.ops`
+            // (or is the ring thread's boxed eventfd counter) and stays
+            // there, unmoved, until the entry's CQE is reaped; the
+            // descriptors are held by the op (`Op::files`) or by the ring
+            // thread until then; and a core is never dropped with I/O in
+            // flight (see `Drop for Core`).
+            let pushed = unsafe { self.ring.submission().push(&entry) };
+            if pushed.is_ok() {
+                return;
+            }
+            if let Err(e) = self.ring.submit() {
+                if !retry_later(&e) {
+                    eprintln!("ethersan: io_uring submit failed: {e}");
+                }
+                // The CQ may be full: make room.
+                self.reap();
+            }
+        }
+    }
+
+    fn start(&mut self, job: Job) {
+        let direct = job.files.direct.is_some();
+        let files = job.files;
+        let op = match job.req {
+            IoRequest::Read { offset, len, buf } => Op {
+                kind: Kind::Read,
+                offset,
+                len,
+                done_bytes: 0,
+                fua: false,
+                direct,
+                buf: Buf::for_read(buf, len, direct),
+                files,
+                completion: Some(job.done),
+            },
+            IoRequest::Write {
+                offset,
+                data,
+                len,
+                fua,
+            } => {
+                let len = len.min(data.len());
+                Op {
+                    kind: Kind::Write,
+                    offset,
+                    len,
+                    done_bytes: 0,
+                    fua,
+                    direct,
+                    buf: if direct && data.as_ptr().align_offset(crate::aligned::DIRECT_ALIGN) != 0
+                    {
+                        Buf::Aligned(AlignedBuf::copy_of(&data[..len]))
+                    } else {
+                        Buf::Plain(data)
+                    },
+                    files,
+                    completion: Some(job.done),
+                }
+            }
+            IoRequest::Flush => Op {
+                kind: Kind::Flush,
+                offset: 0,
+                len: 0,
+                done_bytes: 0,
+                fua: false,
+                direct: false,
+                buf: Buf::None,
+                files,
+                completion: Some(job.done),
+            },
+        };
+        if op.kind != Kind::Flush && op.len == 0 {
+            self.ready
+                .push((op.completion.expect("new op"), Ok(Vec::new())));
+            return;
+        }
+        let idx = match self.free.pop() {
+            Some(i) => {
+                self.ops[i] = Some(op);
+                i
+            }
+            None => {
+                self.ops.push(Some(op));
+                self.ops.len() - 1
+            }
+        };
+        self.in_flight += 1;
+        self.submit_op(idx);
+    }
+
+    /// Push the SQE for the rest of op `idx`.
+    fn submit_op(&mut self, idx: usize) {
+        let op = self.ops[idx].as_mut().expect("op in flight");
+        let fd = if op.direct {
+            op.files
+                .direct
+                .as_ref()
+                .unwrap_or(&op.files.buffered)
+                .as_raw_fd()
+        } else {
+            op.files.buffered.as_raw_fd()
+        };
+        let fd = types::Fd(fd);
+        let at = op.offset + op.done_bytes as u64;
+        let rest = (op.len - op.done_bytes).min(u32::MAX as usize) as u32;
+        let done = op.done_bytes;
+        let entry = match op.kind {
+            Kind::Read => {
+                let p = op.buf.ptr_at(done);
+                opcode::Read::new(fd, p, rest).offset(at).build()
+            }
+            Kind::Write => {
+                let p = op.buf.ptr_at(done).cast_const();
+                let flags = if op.fua { libc::RWF_DSYNC } else { 0 };
+                opcode::Write::new(fd, p, rest)
+                    .offset(at)
+                    .rw_flags(flags)
+                    .build()
+            }
+            Kind::Flush => opcode::Fsync::new(fd)
+                .flags(types::FsyncFlags::DATASYNC)
+                .build(),
+        };
+        self.push(entry.user_data(idx as u64));
+    }
+
+    /// Take every CQE; finished requests go to `ready`.
+    pub(super) fn reap(&mut self) {
+        loop {
+            let Some(cqe) = self.ring.completion().next() else {
+                return;
+            };
+            let token = cqe.user_data();
+            if token == WAKE_TOKEN {
+                self.wake_seen = true;
+                continue;
+            }
+            self.on_cqe(token as usize, cqe.result());
+        }
+    }
+
+    fn on_cqe(&mut self, idx: usize, res: i32) {
+        let op = self.ops[idx].as_mut().expect("CQE for an op in flight");
+        if res < 0 {
+            let errno = -res;
+            match errno {
+                libc::EINTR | libc::EAGAIN => return self.submit_op(idx),
+                // O_DIRECT refuses this alignment: use the page cache.
+                libc::EINVAL if op.direct => {
+                    op.direct = false;
+                    return self.submit_op(idx);
+                }
+                _ => {
+                    let source = io::Error::from_raw_os_error(errno);
+                    return self.finish(idx, Err(source));
+                }
+            }
+        }
+        let n = res as usize;
+        match op.kind {
+            Kind::Flush => self.finish(idx, Ok(())),
+            _ if n == 0 => {
+                let e = if op.kind == Kind::Read {
+                    io::Error::new(io::ErrorKind::UnexpectedEof, "failed to fill whole buffer")
+                } else {
+                    io::Error::from(io::ErrorKind::WriteZero)
+                };
+                self.finish(idx, Err(e))
+            }
+            _ => {
+                op.done_bytes += n;
+                if op.done_bytes < op.len {
+                    self.submit_op(idx)
+                } else {
+                    self.finish(idx, Ok(()))
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self, idx: usize, r: io::Result<()>) {
+        let op = self.ops[idx].take().expect("op in flight");
+        self.free.push(idx);
+        self.in_flight -= 1;
+        let Op {
+            kind,
+            offset,
+            done_bytes,
+            buf,
+            completion,
+            ..
+        } = op;
+        let outcome = match r {
+            Ok(()) => Ok(match (kind, buf) {
+                (Kind::Read, Buf::Fill { mut v, skip }) => {
+                    // SAFETY: the read completed in full: the kernel wrote
+                    // all `done_bytes` (= the request's length; the
+                    // capacity holds `skip` + that) bytes at the start of
+                    // the vector's spare capacity, right after the `skip`
+                    // initialized prefix bytes.
+                    unsafe { v.set_len(skip + done_bytes) };
+                    v.drain(..skip);
+                    v
+                }
+                (Kind::Read, Buf::Aligned(a)) => a.into_vec(),
+                _ => Vec::new(),
+            }),
+            Err(source) => Err(match kind {
+                Kind::Read => BackendError::Read {
+                    offset: offset + done_bytes as u64,
+                    cause: source,
+                },
+                Kind::Write => BackendError::Write {
+                    offset: offset + done_bytes as u64,
+                    cause: source,
+                },
+                Kind::Flush => BackendError::Flush(source),
+            }),
+        };
+        self.ready
+            .push((completion.expect("completed once"), outcome));
+    }
+}
+
+impl Drop for Core {
+    /// Finish everything queued: the kernel writes into buffers the ops
+    /// own, so nothing is freed while it may; the completions run here.
+    fn drop(&mut self) {
+        loop {
+            self.start_backlog();
+            run_ready(std::mem::take(&mut self.ready));
+            if self.in_flight == 0 && self.backlog.is_empty() {
+                return;
+            }
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if retry_later(&e) => {}
+                Err(e) => {
+                    // Nothing can be done but wait; do not spin.
+                    eprintln!("ethersan: io_uring_enter failed while closing: {e}");
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+            self.reap();
+        }
+    }
+}
+
+/// Errors of `io_uring_enter` that only mean "try again".
+pub(super) fn retry_later(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY)
+    )
+}
+
+/// Run finished requests' completions.
+pub(super) fn run_ready(ready: Vec<(IoCompletion, IoResult)>) {
+    for (done, r) in ready {
+        complete(done, r);
+    }
+}
+
+/// Run a completion; a panic in it must not take the ring (and the
+/// buffers the kernel still uses) down.
+pub(super) fn complete(done: IoCompletion, r: IoResult) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| done(r))).is_err() {
+        eprintln!("ethersan: an I/O completion panicked");
+    }
+}

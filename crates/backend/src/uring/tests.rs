@@ -1,0 +1,350 @@
+//! The io_uring engine through [`FileDevice`](crate::file::FileDevice):
+//! both descriptors, FUA and flush, errors, many requests in flight, and a
+//! thread with its own ring.
+
+use std::sync::mpsc;
+
+use crate::file::{FileDevice, FileOptions, IoEngine};
+use crate::{BackendError, BlockDevice, BlockDeviceExt, IoRequest, Submission};
+
+fn open(path: &std::path::Path, size: Option<u64>, ro: bool, direct: bool) -> FileDevice {
+    FileDevice::open(
+        path,
+        &FileOptions {
+            size,
+            block_size: 512,
+            read_only: ro,
+            preallocate: false,
+            direct,
+            engine: IoEngine::Uring,
+        },
+    )
+    .unwrap()
+}
+
+/// Submit and wait for the outcome.
+fn run(d: &FileDevice, req: IoRequest) -> Result<Vec<u8>, BackendError> {
+    let (tx, rx) = mpsc::channel();
+    d.uring()
+        .expect("uring engine")
+        .submit(req, Box::new(move |r| tx.send(r).unwrap()));
+    rx.recv().unwrap()
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(13) ^ seed)
+        .collect()
+}
+
+#[test]
+fn round_trip_fua_flush_buffered_and_direct() {
+    let dir = tempfile::tempdir().unwrap();
+    for direct in [false, true] {
+        let d = open(
+            &dir.path().join(format!("r{direct}")),
+            Some(4 << 20),
+            false,
+            direct,
+        );
+        assert_eq!(
+            d.engine(),
+            IoEngine::Uring,
+            "io_uring refused on this kernel"
+        );
+        for (i, (off, len, fua)) in [
+            (0u64, 4096usize, false),
+            (8192, 131072, true),
+            (1 << 20, 512 * 3, false),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let data = pattern(len, i as u8);
+            let r = run(
+                &d,
+                IoRequest::Write {
+                    offset: off,
+                    data: data.clone(),
+                    len,
+                    fua,
+                },
+            );
+            assert!(r.unwrap().is_empty());
+            assert_eq!(run(&d, IoRequest::read(off, len)).unwrap(), data);
+            // The blocking engine sees the same bytes.
+            let mut back = vec![0u8; len];
+            d.read_at(off, &mut back).unwrap();
+            assert_eq!(back, data);
+        }
+        // Only `len` bytes of a longer buffer are written.
+        let r = run(
+            &d,
+            IoRequest::Write {
+                offset: 0,
+                data: vec![7u8; 8192],
+                len: 512,
+                fua: false,
+            },
+        );
+        r.unwrap();
+        let got = run(&d, IoRequest::read(0, 1024)).unwrap();
+        assert!(got[..512].iter().all(|b| *b == 7));
+        assert_eq!(got[512..], pattern(4096, 0)[512..1024]);
+        run(&d, IoRequest::Flush).unwrap();
+        assert!(run(&d, IoRequest::read(0, 0)).unwrap().is_empty());
+    }
+}
+
+#[test]
+fn reads_past_the_end_fail_as_read_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = open(&dir.path().join("short"), Some(8192), false, false);
+    // Entirely past the end, and straddling it (a short read, then EOF).
+    for (off, len) in [(8192u64, 512usize), (4096, 8192)] {
+        match run(&d, IoRequest::read(off, len)) {
+            Err(BackendError::Read { cause: source, .. }) => {
+                assert_eq!(source.kind(), std::io::ErrorKind::UnexpectedEof)
+            }
+            other => panic!("read at {off}: {other:?}"),
+        }
+    }
+    assert_eq!(run(&d, IoRequest::read(4096, 4096)).unwrap().len(), 4096);
+}
+
+#[test]
+fn writes_to_a_read_only_store_fail_as_write_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("ro");
+    drop(open(&p, Some(8192), false, false));
+    let d = open(&p, None, true, false);
+    match run(
+        &d,
+        IoRequest::Write {
+            offset: 0,
+            data: vec![1; 512],
+            len: 512,
+            fua: true,
+        },
+    ) {
+        Err(BackendError::Write {
+            offset: 0,
+            cause: source,
+        }) => {
+            assert_eq!(source.raw_os_error(), Some(libc::EBADF))
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(run(&d, IoRequest::read(0, 512)).unwrap(), vec![0; 512]);
+}
+
+#[test]
+fn many_in_flight_all_complete_also_when_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = open(&dir.path().join("many"), Some(16 << 20), false, true);
+    let (tx, rx) = mpsc::channel();
+    // More than the ring and the in-flight limit hold.
+    let n = 2000usize;
+    for i in 0..n {
+        let tx = tx.clone();
+        let off = (i as u64 % 4096) * 4096;
+        let req = if i % 2 == 0 {
+            IoRequest::Write {
+                offset: off,
+                data: vec![i as u8; 4096],
+                len: 4096,
+                fua: false,
+            }
+        } else {
+            IoRequest::read(off, 4096)
+        };
+        d.uring()
+            .unwrap()
+            .submit(req, Box::new(move |r| tx.send(r.is_ok()).unwrap()));
+    }
+    drop(tx);
+    // Dropping the device waits for the ring thread to finish them.
+    drop(d);
+    let results: Vec<bool> = rx.iter().collect();
+    assert_eq!(results.len(), n);
+    assert!(results.iter().all(|ok| *ok));
+}
+
+#[test]
+fn buffered_reads_from_the_page_cache_finish_inline_direct_ones_go_pending() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("p");
+    let d = open(&p, Some(1 << 20), false, false);
+    let data = pattern(8192, 5);
+    d.write_at(8192, &data, true).unwrap();
+    // In the page cache: done inline (RWF_NOWAIT), no completion.
+    match d.submit(
+        IoRequest::Read {
+            offset: 8192,
+            len: 8192,
+            buf: vec![0xee; 100],
+        },
+        Box::new(|_| panic!("went pending")),
+    ) {
+        Submission::Done(r) => assert_eq!(r.unwrap(), data),
+        other => panic!("{other:?}"),
+    }
+    // A FUA write and a flush go to the ring.
+    let (tx, rx) = mpsc::channel();
+    for req in [
+        IoRequest::Write {
+            offset: 0,
+            data: data.clone(),
+            len: 4096,
+            fua: true,
+        },
+        IoRequest::Flush,
+    ] {
+        let tx = tx.clone();
+        let s = d.submit(req, Box::new(move |r| tx.send(r).unwrap()));
+        assert!(matches!(s, Submission::Pending), "{s:?}");
+        rx.recv().unwrap().unwrap();
+    }
+    drop(d);
+    // O_DIRECT: always pending, the same bytes, garbage never returned.
+    let d = open(&p, None, false, true);
+    for _ in 0..3 {
+        let (tx, rx) = mpsc::channel();
+        let req = IoRequest::Read {
+            offset: 8192,
+            len: 8192,
+            buf: vec![0xee; 20000],
+        };
+        let s = d.submit(req, Box::new(move |r| tx.send(r).unwrap()));
+        assert!(matches!(s, Submission::Pending), "{s:?}");
+        assert_eq!(rx.recv().unwrap().unwrap(), data);
+    }
+}
+/// Turn `ring` until `n` completions ran (or fail after 10 s).
+fn turn_until(ring: &super::LocalRing, n: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut seen = 0;
+    while seen < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{seen} of {n} completions"
+        );
+        seen += ring.turn();
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn a_thread_with_its_own_ring_submits_and_completes_on_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = open(&dir.path().join("local"), Some(16 << 20), false, true);
+    let ring = super::LocalRing::install(8).unwrap();
+    // A second ring on the same thread is refused.
+    assert!(super::LocalRing::install(8).is_err());
+    let me = std::thread::current().id();
+    let (tx, rx) = mpsc::channel();
+    // More than the ring's entries and its in-flight limit: the rest
+    // wait in its queue and go in as earlier ones finish.
+    let n = 1200usize;
+    for i in 0..n {
+        let tx = tx.clone();
+        let off = (i as u64 % 4000) * 4096;
+        let req = IoRequest::Write {
+            offset: off,
+            data: pattern(4096, i as u8),
+            len: 4096,
+            fua: i % 100 == 0,
+        };
+        let s = d.submit(
+            req,
+            Box::new(move |r| {
+                tx.send((std::thread::current().id(), r.is_ok())).unwrap();
+            }),
+        );
+        assert!(matches!(s, Submission::Pending), "{s:?}");
+    }
+    // Nothing completes until this thread turns its ring.
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(rx.try_recv().is_err(), "a completion ran on another thread");
+    turn_until(&ring, n);
+    for _ in 0..n {
+        let (tid, ok) = rx.recv().unwrap();
+        assert_eq!(tid, me);
+        assert!(ok);
+    }
+    // Reads of the last writes, through the ring.
+    for i in (n - 200)..n {
+        let tx = tx.clone();
+        let off = (i as u64 % 4000) * 4096;
+        let s = d.submit(
+            IoRequest::read(off, 4096),
+            Box::new(move |r| {
+                tx.send((
+                    std::thread::current().id(),
+                    r.unwrap() == pattern(4096, i as u8),
+                ))
+                .unwrap();
+            }),
+        );
+        assert!(matches!(s, Submission::Pending));
+        // Queue depth 1 goes into the kernel at once: it completes
+        // without a turn entering it.
+        if i == n - 200 {
+            assert_eq!(ring.in_flight(), 1);
+        }
+    }
+    turn_until(&ring, 200);
+    for _ in 0..200 {
+        let (tid, same) = rx.recv().unwrap();
+        assert_eq!(tid, me);
+        assert!(same, "read back other bytes");
+    }
+    // A blocking wait on this thread goes through the device's own
+    // ring (only this thread could turn its ring): no deadlock.
+    let mut back = vec![0u8; 4096];
+    d.read_at(((n - 1) as u64 % 4000) * 4096, &mut back)
+        .unwrap();
+    assert_eq!(back, pattern(4096, (n - 1) as u8));
+    drop(ring);
+    drop(tx);
+}
+
+#[test]
+fn dropping_a_local_ring_waits_for_its_io_and_runs_the_completions() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = open(&dir.path().join("drop"), Some(16 << 20), false, true);
+    let ring = super::LocalRing::install(64).unwrap();
+    let (tx, rx) = mpsc::channel();
+    for i in 0..300u64 {
+        let tx = tx.clone();
+        let req = if i % 2 == 0 {
+            IoRequest::Write {
+                offset: i * 4096,
+                data: vec![i as u8; 4096],
+                len: 4096,
+                fua: false,
+            }
+        } else {
+            IoRequest::read(i * 4096, 4096)
+        };
+        d.submit(req, Box::new(move |r| tx.send(r.is_ok()).unwrap()));
+    }
+    ring.turn();
+    drop(ring);
+    drop(tx);
+    let all: Vec<bool> = rx.iter().collect();
+    assert_eq!(all.len(), 300);
+    assert!(all.iter().all(|ok| *ok));
+    // Without a ring, the thread's requests go to the device's ring.
+    let (tx, rx) = mpsc::channel();
+    d.submit(
+        IoRequest::read(0, 4096),
+        Box::new(move |r| tx.send(r.map(|v| v[0])).unwrap()),
+    );
+    assert_eq!(
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .unwrap()
+            .unwrap(),
+        0
+    );
+}

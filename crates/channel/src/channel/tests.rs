@@ -1,0 +1,157 @@
+//! Unit tests of the channel: sequence comparison, loss recovery,
+//! timeouts and delayed acknowledgements.
+
+use super::*;
+
+const MS: Duration = Duration::from_millis(1);
+
+#[test]
+fn sequence_comparison_wraps() {
+    assert!(seq_lt(1, 2));
+    assert!(!seq_lt(2, 1));
+    assert!(!seq_lt(5, 5));
+    assert!(seq_lt(u32::MAX, 0));
+    assert!(seq_lt(u32::MAX - 10, 5));
+    assert!(!seq_lt(5, u32::MAX - 10));
+}
+
+fn pair(now: Instant) -> (Channel, Channel) {
+    let cfg = ChannelConfig {
+        max_frame: 100,
+        initial_cwnd: 16,
+        ..ChannelConfig::default()
+    };
+    let a = Channel::new(cfg.clone(), 1, 2, Protector::crc_only(), now);
+    let b = Channel::new(cfg, 2, 1, Protector::crc_only(), now);
+    (a, b)
+}
+
+fn flight(ch: &mut Channel, now: Instant) -> Vec<Vec<u8>> {
+    let mut frames = Vec::new();
+    let mut out = Vec::new();
+    while ch.poll_transmit(now, &mut out) {
+        frames.push(out.clone());
+    }
+    frames
+}
+
+/// Delivers `frames` to `to`, and everything `to` answers back to
+/// `from`.
+fn exchange(from: &mut Channel, to: &mut Channel, frames: Vec<Vec<u8>>, now: Instant) {
+    for mut f in frames {
+        to.handle_frame(now, &mut f).expect("valid frame");
+    }
+    let mut answers = flight(to, now);
+    let mut now = now;
+    if answers.is_empty() {
+        now += to.cfg.ack_delay;
+        to.handle_timeout(now);
+        answers = flight(to, now);
+    }
+    for mut f in answers {
+        from.handle_frame(now, &mut f).expect("valid answer");
+    }
+}
+
+#[test]
+fn a_lost_frame_is_retransmitted_after_three_later_ones_and_halves_cwnd() {
+    let t0 = Instant::now();
+    let (mut a, mut b) = pair(t0);
+    a.send_message(&[1; 600]).expect("send"); // 11 frames of 56 bytes
+    let mut frames = flight(&mut a, t0);
+    assert_eq!(frames.len(), 11);
+    assert_eq!(a.stats().in_flight, 11);
+    let lost = frames.remove(2);
+    let t1 = t0 + MS;
+    exchange(&mut a, &mut b, frames, t1);
+    let s = a.stats();
+    assert_eq!(s.fast_retransmits, 1);
+    // The acknowledgement grew the window from 16 to 26 (slow start,
+    // 10 frames) before its SACK showed the loss: halved to 13.
+    assert_eq!(s.cwnd, 13);
+    assert_eq!(s.ssthresh, 13);
+    assert_eq!(s.in_flight, 0);
+    assert!(s.srtt.is_some());
+    // The retransmission: same sequence number, new packet number.
+    let rtx = flight(&mut a, t1);
+    assert_eq!(rtx.len(), 1);
+    let (h0, h1) = (
+        Header::parse(&lost).expect("header"),
+        Header::parse(&rtx[0]).expect("header"),
+    );
+    assert_eq!((h1.seq, h1.frag), (h0.seq, h0.frag));
+    assert_eq!(h1.pn, 11);
+    assert_eq!(a.stats().retransmits, 1);
+    exchange(&mut a, &mut b, rtx, t1 + MS);
+    assert_eq!(b.recv_message().map(|m| m.len()), Some(600));
+    assert_eq!(a.send_buffered(), 0);
+    assert_eq!(a.poll_timeout(), None);
+}
+
+#[test]
+fn timeout_collapses_the_window_and_backs_off() {
+    let t0 = Instant::now();
+    let (mut a, mut b) = pair(t0);
+    a.send_message(&[1; 300]).expect("send");
+    let frames = flight(&mut a, t0);
+    exchange(&mut a, &mut b, frames, t0 + MS);
+    let srtt = a.stats().srtt.expect("sample");
+    assert_eq!(srtt, MS);
+    a.send_message(&[2; 300]).expect("send");
+    let _lost = flight(&mut a, t0 + 2 * MS);
+    let rto = a.stats().rto;
+    let deadline = a.poll_timeout().expect("rto armed");
+    assert_eq!(deadline, t0 + 2 * MS + rto);
+    a.handle_timeout(deadline);
+    let s = a.stats();
+    assert_eq!((s.timeouts, s.cwnd), (1, MIN_CWND));
+    assert_eq!(s.rto, (rto - a.cfg.ack_delay) * 2 + a.cfg.ack_delay);
+    // The oldest frame goes again; when it is acknowledged, the others
+    // are lost by the time threshold and follow. None is an RTT sample
+    // (Karn).
+    let rtx = flight(&mut a, deadline);
+    assert_eq!(rtx.len(), 1);
+    let mut t = deadline;
+    let mut rtx = rtx;
+    while a.send_buffered() > 0 {
+        t += 50 * MS;
+        exchange(&mut a, &mut b, rtx, t);
+        rtx = flight(&mut a, t);
+        assert!(!rtx.is_empty() || a.send_buffered() == 0);
+    }
+    assert_eq!(a.stats().srtt, Some(srtt));
+    assert_eq!(a.stats().retransmits, 6);
+    assert_eq!(a.stats().timeouts, 1);
+    assert!(a.stats().cwnd > MIN_CWND);
+}
+
+#[test]
+fn acknowledgements_are_delayed_then_sent() {
+    let t0 = Instant::now();
+    let (mut a, mut b) = pair(t0);
+    a.send_message(&[1; 10]).expect("send");
+    let frames = flight(&mut a, t0);
+    for mut f in frames {
+        b.handle_frame(t0, &mut f).expect("valid");
+    }
+    // One in-order frame: the ACK waits for ack_delay.
+    assert!(flight(&mut b, t0).is_empty());
+    let t = b.poll_timeout().expect("delayed ack");
+    assert_eq!(t, t0 + b.cfg.ack_delay);
+    b.handle_timeout(t);
+    let acks = flight(&mut b, t);
+    assert_eq!(acks.len(), 1);
+    assert_eq!(b.stats().acks_sent, 1);
+    // A reply piggybacks the acknowledgement instead.
+    a.send_message(&[2; 200]).expect("send"); // 4 frames: ack_every
+    let frames = flight(&mut a, t);
+    for mut f in frames {
+        b.handle_frame(t, &mut f).expect("valid");
+    }
+    b.send_message(b"reply").expect("send");
+    let out = flight(&mut b, t);
+    assert_eq!(out.len(), 1);
+    let h = Header::parse(&out[0]).expect("header");
+    assert_eq!((h.kind, h.ack), (Kind::Data, 5));
+    assert_eq!(b.stats().acks_sent, 1);
+}

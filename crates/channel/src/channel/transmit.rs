@@ -1,0 +1,230 @@
+//! What a [`Channel`] sends: retransmissions first, then new fragments
+//! within the congestion window and the peer's credit, then a pending ACK
+//! or CLOSE; each frame's header written and sealed by the protector.
+
+use std::time::Instant;
+
+use super::*;
+
+impl Channel {
+    /// Writes the next frame to send into `out` (cleared first); false when
+    /// there is nothing to send.
+    pub fn poll_transmit(&mut self, now: Instant, out: &mut Vec<u8>) -> bool {
+        self.poll_transmit_after(now, out, 0)
+    }
+
+    /// [`poll_transmit`](Self::poll_transmit) leaving `headroom` bytes
+    /// before the frame in `out` (room for a link header the caller fills
+    /// in, so that the frame is not copied again to add it).
+    pub fn poll_transmit_after(
+        &mut self,
+        now: Instant,
+        out: &mut Vec<u8>,
+        headroom: usize,
+    ) -> bool {
+        out.clear();
+        out.resize(headroom, 0);
+        self.headroom = headroom;
+        match self.state {
+            ChannelState::Failed(_) => return false,
+            ChannelState::Closed => {
+                if !self.close_reply_pending {
+                    return false;
+                }
+                self.close_reply_pending = false;
+                self.write_control(out, Kind::Close, FLAG_CLOSE_REPLY);
+                return true;
+            }
+            ChannelState::Open | ChannelState::Closing => {}
+        }
+        if self.ack_at.is_some_and(|t| now >= t) {
+            self.ack_now = true;
+        }
+        if self.retransmit(now, out) || self.send_new(now, out) {
+            return true;
+        }
+        if self.state == ChannelState::Closing
+            && self.queue.is_empty()
+            && self.sent.is_empty()
+            && self.close_at.is_none_or(|t| now >= t)
+        {
+            if self.close_at.is_none() {
+                self.last_progress = now;
+            }
+            let backoff = 1u32 << self.close_tries.min(16);
+            self.close_tries = self.close_tries.saturating_add(1);
+            let wait = self
+                .rtt
+                .rto()
+                .checked_mul(backoff)
+                .unwrap_or(self.cfg.max_rto)
+                .min(self.cfg.max_rto);
+            self.close_at = Some(now + wait);
+            self.write_control(out, Kind::Close, 0);
+            return true;
+        }
+        if self.ack_now {
+            self.write_control(out, Kind::Ack, 0);
+            self.stats.acks_sent += 1;
+            return true;
+        }
+        false
+    }
+
+    /// Queues `seq` for retransmission, keeping the queue in sequence
+    /// order (lowest first: the receiver's first gap is what holds it up).
+    pub(super) fn push_lost(&mut self, seq: u32) {
+        while self.rtx.front().is_some_and(|s| seq_lt(*s, self.snd_una)) {
+            self.rtx.pop_front();
+        }
+        let una = self.snd_una;
+        let off = seq.wrapping_sub(una);
+        let at = self.rtx.partition_point(|s| s.wrapping_sub(una) < off);
+        if self.rtx.get(at) != Some(&seq) {
+            self.rtx.insert(at, seq);
+        }
+    }
+
+    fn retransmit(&mut self, now: Instant, out: &mut Vec<u8>) -> bool {
+        while let Some(&seq) = self.rtx.front() {
+            let i = seq.wrapping_sub(self.snd_una) as usize;
+            if seq_lt(seq, self.snd_una)
+                || self.sent.get(i).is_none_or(|f| f.state != FragState::Lost)
+            {
+                self.rtx.pop_front();
+                continue;
+            }
+            if self.pipe >= self.cwnd {
+                if self.rtx_budget == 0 {
+                    return false;
+                }
+                self.rtx_budget -= 1;
+            }
+            self.rtx.pop_front();
+            self.stats.retransmits += 1;
+            self.transmit(now, i, out);
+            return true;
+        }
+        false
+    }
+
+    fn send_new(&mut self, now: Instant, out: &mut Vec<u8>) -> bool {
+        let limit = self.cfg.max_cwnd as usize * 2 + SACK_BITS;
+        if self.queue.is_empty() || self.pipe >= self.cwnd || self.sent.len() >= limit {
+            return false;
+        }
+        if !seq_lt(self.snd_nxt, self.peer_edge) {
+            if !self.probe {
+                if self.sent.is_empty() && self.persist_at.is_none() {
+                    self.persist_at = Some(now + self.rto());
+                }
+                return false;
+            }
+            self.probe = false;
+        }
+        self.persist_at = None;
+        let Some(o) = self.queue.front_mut() else {
+            return false;
+        };
+        let take = self.payload_max.min(o.msg.len() - o.offset);
+        let last = o.offset + take == o.msg.len();
+        let frag = SentFrag {
+            msg: o.msg.clone(),
+            start: o.offset,
+            len: take as u16,
+            frag: o.frag,
+            last,
+            state: FragState::Lost,
+            tx: 0,
+            sent_at: now,
+            sends: 0,
+        };
+        o.offset += take;
+        o.frag = o.frag.wrapping_add(1);
+        if last {
+            self.queue.pop_front();
+            self.stats.messages_sent += 1;
+        }
+        self.queued_bytes -= take;
+        self.unacked_bytes += take;
+        if self.sent.is_empty() {
+            self.last_progress = now;
+        }
+        self.sent.push_back(frag);
+        self.snd_nxt = self.snd_nxt.wrapping_add(1);
+        self.transmit(now, self.sent.len() - 1, out);
+        true
+    }
+
+    /// Sends (again) the fragment at index `i` of `sent`.
+    fn transmit(&mut self, now: Instant, i: usize, out: &mut Vec<u8>) {
+        let seq = self.snd_una.wrapping_add(i as u32);
+        let tx = self.next_tx;
+        self.next_tx += 1;
+        let Some(f) = self.sent.get_mut(i) else {
+            return;
+        };
+        f.state = FragState::InFlight;
+        f.tx = tx;
+        f.sent_at = now;
+        f.sends += 1;
+        let (msg, start, len, frag, last) = (f.msg.clone(), f.start, f.len, f.frag, f.last);
+        self.pipe += 1;
+        self.sent_log.push_back((tx, seq));
+        if self.rto_at.is_none() {
+            self.rto_at = Some(now + self.rto());
+        }
+        let flags = if last { FLAG_LAST } else { 0 };
+        self.write_header(out, Kind::Data, flags, seq, frag, len);
+        out.extend_from_slice(&msg[start..start + usize::from(len)]);
+        self.seal(out);
+    }
+
+    fn write_control(&mut self, out: &mut Vec<u8>, kind: Kind, flags: u8) {
+        self.write_header(out, kind, flags, 0, 0, 0);
+        self.seal(out);
+    }
+
+    fn seal(&mut self, out: &mut Vec<u8>) {
+        self.protector.seal_from(out, self.headroom);
+        self.stats.frames_sent += 1;
+        self.stats.bytes_sent += (out.len() - self.headroom.min(out.len())) as u64;
+    }
+
+    /// Writes a header carrying the current acknowledgement, and takes the
+    /// next packet number.
+    fn write_header(
+        &mut self,
+        out: &mut Vec<u8>,
+        kind: Kind,
+        flags: u8,
+        seq: u32,
+        frag: u16,
+        len: u16,
+    ) {
+        let mut sack = 0u64;
+        for (i, slot) in self.held.iter().skip(1).take(SACK_BITS).enumerate() {
+            if slot.is_some() {
+                sack |= 1 << i;
+            }
+        }
+        let header = Header {
+            kind,
+            flags,
+            dst: self.peer_id,
+            pn: self.next_pn,
+            seq,
+            frag,
+            len,
+            ack: self.rcv_next,
+            sack,
+            credit: self.rcv_edge.wrapping_sub(self.rcv_next),
+        };
+        self.next_pn += 1;
+        header.write(out);
+        self.ack_now = false;
+        self.ack_at = None;
+        self.unacked_in_order = 0;
+        self.advertised_edge = self.rcv_edge;
+    }
+}

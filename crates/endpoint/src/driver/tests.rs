@@ -1,0 +1,214 @@
+//! The endpoint's task driven in memory: a target and an initiator
+//! endpoint on one in-memory Ethernet hub (`ethersan_link::memory`), whose
+//! impairments lose frames or silence a peer. The driver reads the clock
+//! itself, so the timeouts below are short real ones.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ethersan_channel::channel::ChannelConfig;
+use ethersan_channel::group::GroupKeys;
+use ethersan_channel::{Level, ETHERTYPE_NATIVE};
+use ethersan_link::memory::{Impairments, MemoryHub};
+use ethersan_link::{Link, MacAddr};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::{ChannelStream, Endpoint, EndpointConfig, EndpointError, Medium, PeerAddr};
+
+const TARGET_MAC: MacAddr = MacAddr([2, 0, 0, 0, 0, 1]);
+const INITIATOR_MAC: MacAddr = MacAddr([2, 0, 0, 0, 0, 2]);
+/// Longest any step below may take before the test fails.
+const LIMIT: Duration = Duration::from_secs(10);
+
+fn medium(hub: &MemoryHub, mac: MacAddr) -> Medium {
+    let port = hub.port(mac, ETHERTYPE_NATIVE, 1500).expect("a hub port");
+    Medium::Ethernet(Arc::new(Link::from(port)))
+}
+
+fn config(secret: &[u8], channel: ChannelConfig) -> EndpointConfig {
+    let mut cfg = EndpointConfig::new(GroupKeys::derive("test", secret).expect("group keys"));
+    cfg.channel = channel;
+    cfg
+}
+
+/// A target and an initiator endpoint on `hub`, the initiator's channel
+/// to the target open and the target's accepted: (target endpoint,
+/// initiator endpoint, the initiator's stream, the target's stream).
+async fn pair(
+    hub: &MemoryHub,
+    channel: ChannelConfig,
+) -> (Endpoint, Endpoint, ChannelStream, ChannelStream) {
+    let target = Endpoint::target(
+        medium(hub, TARGET_MAC),
+        config(b"group-secret-1", channel.clone()),
+    );
+    let initiator = Endpoint::initiator(
+        medium(hub, INITIATOR_MAC),
+        config(b"group-secret-1", channel),
+    );
+    let ours = initiator
+        .connect(PeerAddr::Mac(TARGET_MAC), Level::Encrypt, LIMIT)
+        .await
+        .expect("the handshake completes");
+    let theirs = tokio::time::timeout(LIMIT, target.accept())
+        .await
+        .expect("the target accepts in time")
+        .expect("an accepted channel")
+        .stream;
+    (target, initiator, ours, theirs)
+}
+
+/// Bytes that are not all alike.
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_message_is_delivered_both_ways() {
+    let hub = MemoryHub::new(1);
+    let (target, initiator, mut ours, mut theirs) = pair(&hub, ChannelConfig::default()).await;
+    assert_eq!(ours.info.peer, PeerAddr::Mac(TARGET_MAC));
+    assert_eq!(theirs.info.peer, PeerAddr::Mac(INITIATOR_MAC));
+    assert_eq!(
+        (ours.info.level, theirs.info.level),
+        (Level::Encrypt, Level::Encrypt)
+    );
+    assert_eq!(ours.info.peer_id, theirs.info.local_id);
+    assert_eq!(theirs.info.peer_id, ours.info.local_id);
+
+    ours.writer.write_all(b"hello, target").await.unwrap();
+    let mut got = [0u8; 13];
+    tokio::time::timeout(LIMIT, theirs.reader.read_exact(&mut got))
+        .await
+        .expect("delivered in time")
+        .unwrap();
+    assert_eq!(&got, b"hello, target");
+
+    theirs.writer.write_all(b"hello, initiator").await.unwrap();
+    let mut got = [0u8; 16];
+    tokio::time::timeout(LIMIT, ours.reader.read_exact(&mut got))
+        .await
+        .expect("delivered in time")
+        .unwrap();
+    assert_eq!(&got, b"hello, initiator");
+
+    // Both tasks list the one channel.
+    let (mine, _) = initiator.stats().await.unwrap().pop().expect("a channel");
+    assert_eq!(mine, ours.info);
+    let (served, _) = target.stats().await.unwrap().pop().expect("a channel");
+    assert_eq!(served, theirs.info);
+}
+
+#[tokio::test]
+async fn lost_frames_are_recovered() {
+    let hub = MemoryHub::new(7);
+    let (_target, initiator, mut ours, mut theirs) = pair(&hub, ChannelConfig::default()).await;
+    // From now on one delivery in five is lost, both ways.
+    hub.set_impairments(Impairments {
+        loss: 0.2,
+        ..Impairments::default()
+    });
+    let data = pattern(256 << 10, 3);
+    let sent = data.clone();
+    let writer = tokio::spawn(async move {
+        for chunk in sent.chunks(16 << 10) {
+            ours.writer.write_all(chunk).await.unwrap();
+        }
+        ours
+    });
+    let mut got = vec![0u8; data.len()];
+    tokio::time::timeout(LIMIT, theirs.reader.read_exact(&mut got))
+        .await
+        .expect("every byte arrives in time")
+        .unwrap();
+    assert!(got == data, "the data arrived changed or out of order");
+    let _ours = writer.await.unwrap();
+    assert!(hub.stats().lost > 0, "the hub lost nothing");
+    let (_, s) = initiator.stats().await.unwrap().pop().expect("a channel");
+    assert!(
+        s.retransmits > 0,
+        "frames were lost and none retransmitted: {s:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_silent_peer_is_closed_after_its_timeout() {
+    let hub = MemoryHub::new(3);
+    let dead_after = Duration::from_millis(400);
+    let channel = ChannelConfig {
+        initial_rto: Duration::from_millis(50),
+        max_rto: Duration::from_millis(100),
+        dead_after,
+        ..ChannelConfig::default()
+    };
+    let (_target, initiator, mut ours, _theirs) = pair(&hub, channel).await;
+    // The target goes silent: nothing reaches it, nothing comes back.
+    hub.set_impairments(Impairments {
+        loss: 1.0,
+        ..Impairments::default()
+    });
+    let started = Instant::now();
+    ours.writer.write_all(b"anyone there?").await.unwrap();
+    let mut b = [0u8; 1];
+    let r = tokio::time::timeout(LIMIT, ours.reader.read(&mut b))
+        .await
+        .expect("the channel ends in time");
+    let e = r.expect_err("a failed channel is an error, not the end of file");
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+    assert!(
+        started.elapsed() >= dead_after,
+        "failed after {:?}, before its timeout of {dead_after:?}",
+        started.elapsed()
+    );
+    assert!(
+        initiator.stats().await.unwrap().is_empty(),
+        "the failed channel is still listed"
+    );
+    assert!(ours.writer.write_all(b"more").await.is_err());
+}
+
+#[tokio::test]
+async fn a_member_of_another_group_gets_no_answer() {
+    let hub = MemoryHub::new(5);
+    let _target = Endpoint::target(
+        medium(&hub, TARGET_MAC),
+        config(b"group-secret-1", ChannelConfig::default()),
+    );
+    let stranger = Endpoint::initiator(
+        medium(&hub, INITIATOR_MAC),
+        config(b"another-secret", ChannelConfig::default()),
+    );
+    let r = stranger
+        .connect(
+            PeerAddr::Mac(TARGET_MAC),
+            Level::Encrypt,
+            Duration::from_millis(500),
+        )
+        .await;
+    assert!(matches!(r, Err(EndpointError::NoAnswer { .. })), "{r:?}");
+}
+
+#[tokio::test]
+async fn the_task_ends_once_handles_and_streams_are_gone_and_channels_closed() {
+    let hub = MemoryHub::new(9);
+    let (target, initiator, ours, theirs) = pair(&hub, ChannelConfig::default()).await;
+    let stopped = initiator.stopped();
+    drop(initiator);
+    // A stream keeps the task alive; dropping it closes the channel, and
+    // the task ends once the target has answered the CLOSE.
+    drop(ours);
+    tokio::time::timeout(LIMIT, stopped.wait())
+        .await
+        .expect("the initiator's task ends");
+    // The target saw the close: its reader ends without an error.
+    let mut theirs = theirs;
+    let mut b = Vec::new();
+    tokio::time::timeout(LIMIT, theirs.reader.read_to_end(&mut b))
+        .await
+        .expect("the target's stream ends")
+        .expect("a close is the end of file");
+    assert!(b.is_empty());
+    drop(target);
+}
