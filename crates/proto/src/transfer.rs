@@ -272,6 +272,21 @@ pub fn data_in_segments(
     })
 }
 
+/// Put `data` at byte `off` of a data buffer whose length is the prefix
+/// filled so far — a write's Data-Out on the target, a read's Data-In on
+/// the initiator: data in order (what DataSequenceInOrder and
+/// DataPDUInOrder promise) is appended into the reserved capacity, never
+/// zeroed first; data before the end overwrites what is there; a gap left
+/// by data out of order reads as zeros until its own data arrives.
+pub fn fill_at(buf: &mut Vec<u8>, off: usize, data: &[u8]) {
+    if off > buf.len() {
+        buf.resize(off, 0);
+    }
+    let overlap = (buf.len() - off).min(data.len());
+    buf[off..off + overlap].copy_from_slice(&data[..overlap]);
+    buf.extend_from_slice(&data[overlap..]);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use ethersan_backend::BlockDeviceExt;
 
-use crate::disk::LogicalUnit;
+use crate::disk::{BlockCommand, LogicalUnit};
 use crate::sense::{key, Sense};
 use crate::Nexus;
 
@@ -174,6 +174,13 @@ impl CopyManager {
                 if !in_range(src_lba, sbs, &src) || !in_range(dst_lba, dbs, &dst) {
                     return Err(COPY_FAILED);
                 }
+                // The copy runs for the initiator that asked for it: each
+                // unit's gates (reservations, ALUA, SANITIZE, medium) apply
+                // as to its own READ and WRITE.
+                src.admit(BlockCommand::Read, nexus)
+                    .map_err(|_| COPY_FAILED)?;
+                dst.admit(BlockCommand::Write, nexus)
+                    .map_err(|_| COPY_FAILED)?;
                 if bytes > 0 {
                     let mut buf = vec![0u8; bytes as usize];
                     src.device()

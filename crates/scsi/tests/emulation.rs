@@ -633,6 +633,64 @@ fn extended_copy_between_luns_of_one_target_only() {
     assert_eq!(sense(&xcopy(&t, &p[..40])), Some((5, 0x1a, 0)));
 }
 
+#[test]
+fn extended_copy_obeys_the_destinations_reservation() {
+    let (a, naa_a) = lu_with_naa(1);
+    let (b, naa_b) = lu_with_naa(2);
+    let t = ScsiTarget::new(vec![a, b]);
+    let on = |nexus: Nexus, lun: u64, cdb: &[u8], data: &[u8]| {
+        execute(
+            &t,
+            &ScsiRequest {
+                nexus,
+                lun,
+                cdb,
+                data_out: data,
+                expected_len: 1 << 20,
+            },
+        )
+    };
+    for nexus in [N, OTHER] {
+        t.nexus_added(nexus);
+        for lun in 0..2 {
+            on(nexus, lun, &[0, 0, 0, 0, 0, 0], &[]);
+        }
+    }
+    on(N, 0, &write10(0, 4, false), &[0x5a; 2048]);
+    // OTHER registers on LUN 1 and reserves it Write Exclusive.
+    let pr_out = |action: u8, kind: u8, key: u64, new_key: u64| {
+        let cdb = [0x5f, action, kind, 0, 0, 0, 0, 0, 24, 0];
+        let mut p = vec![0u8; 24];
+        p[0..8].copy_from_slice(&key.to_be_bytes());
+        p[8..16].copy_from_slice(&new_key.to_be_bytes());
+        on(OTHER, 1, &cdb, &p)
+    };
+    assert_eq!(pr_out(0x00, 0, 0, 0xabc).status, ScsiStatus::Good);
+    assert_eq!(pr_out(0x01, 0x01, 0xabc, 0).status, ScsiStatus::Good);
+    // N's WRITE to LUN 1 conflicts; so does N's copy into it, which writes
+    // nothing.
+    assert_eq!(
+        on(N, 1, &write10(10, 4, false), &[0x77; 2048]).status,
+        ScsiStatus::ReservationConflict
+    );
+    let mut cdb = [0u8; 16];
+    cdb[0] = 0x83;
+    let params = xcopy_params(&[naa_a, naa_b], 4, 0, 10);
+    cdb[10..14].copy_from_slice(&(params.len() as u32).to_be_bytes());
+    let r = on(N, 0, &cdb, &params);
+    assert_eq!(sense(&r).map(|s| s.0), Some(0x0a), "{:?}", r.status);
+    let r = on(OTHER, 1, &read10(10, 4), &[]);
+    assert!(
+        r.data_in.iter().all(|b| *b == 0),
+        "the reserved LUN was written"
+    );
+    // The holder of the reservation may copy into it.
+    let r = on(OTHER, 0, &cdb, &params);
+    assert_eq!(r.status, ScsiStatus::Good, "{:?}", sense(&r));
+    let r = on(OTHER, 1, &read10(10, 4), &[]);
+    assert!(r.data_in.iter().all(|b| *b == 0x5a));
+}
+
 /// A device whose blocks from `bad_from` on fail with EIO, whether the
 /// request comes through `submit` or the blocking conveniences.
 #[derive(Debug)]

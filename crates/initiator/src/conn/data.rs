@@ -4,6 +4,7 @@
 
 use bytes::Bytes;
 use ethersan_proto::pdu::{DataOut, Pdu};
+use ethersan_proto::transfer::fill_at;
 
 use super::Transmit;
 use crate::Error;
@@ -134,18 +135,6 @@ impl ReadBuffer {
         }
         self.buf
     }
-}
-
-/// Write `data` at `off` of `buf`: appended when `off` is the end (the
-/// usual case), over bytes already there when it is before, after a
-/// zero-filled gap when it is past the end.
-fn fill_at(buf: &mut Vec<u8>, off: usize, data: &[u8]) {
-    if off > buf.len() {
-        buf.resize(off, 0);
-    }
-    let overlap = (buf.len() - off).min(data.len());
-    buf[off..off + overlap].copy_from_slice(&data[..overlap]);
-    buf.extend_from_slice(&data[overlap..]);
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use ethersan_proto::pdu::{
     self, lun_from_wire, reject_reason, DataIn, DataOut, Pdu, RawPdu, ScsiCommand, TaskAttr,
     RESERVED_TAG,
 };
-use ethersan_proto::transfer::{data_in_segments, TransferLimits, WriteTransfer};
+use ethersan_proto::transfer::{data_in_segments, fill_at, TransferLimits, WriteTransfer};
 use ethersan_scsi::commands::Op;
 use ethersan_scsi::{Nexus, ScsiResponse, ScsiStatus};
 use tracing::{debug, warn};
@@ -511,20 +511,6 @@ impl std::fmt::Display for SenseSummary<'_> {
             None => write!(f, "{} bytes, unknown format", b.len()),
         }
     }
-}
-
-/// Put `data` at byte `off` of a write's buffer, whose length is the
-/// prefix filled so far: data in order (what DataSequenceInOrder and
-/// DataPDUInOrder promise) is appended into the reserved capacity, never
-/// zeroed first; a gap left by data out of order reads as zeros until its
-/// own data arrives.
-pub(super) fn fill_at(buf: &mut Vec<u8>, off: usize, data: &[u8]) {
-    if off > buf.len() {
-        buf.resize(off, 0);
-    }
-    let overlap = (buf.len() - off).min(data.len());
-    buf[off..off + overlap].copy_from_slice(&data[..overlap]);
-    buf.extend_from_slice(&data[overlap..]);
 }
 
 #[cfg(test)]

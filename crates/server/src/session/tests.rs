@@ -540,7 +540,7 @@ fn the_itt_of_a_command_aborted_before_its_turn_stays_taken_until_then() {
 
 #[test]
 fn write_buffers_fill_in_order_without_zeroing_and_gaps_read_as_zeros() {
-    use super::command::fill_at;
+    use ethersan_proto::transfer::fill_at;
     let mut buf = Vec::with_capacity(16);
     fill_at(&mut buf, 0, &[1, 2, 3, 4]);
     fill_at(&mut buf, 4, &[5, 6]);
