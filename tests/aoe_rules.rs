@@ -9,112 +9,28 @@
 mod common;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::aoe::{ok_all, Wire};
 use common::*;
-use ethersan_aoe::initiator::{
-    discovery_frame, parse_config_response, AtaRequest, CommandError, TargetInfo,
-};
-use ethersan_aoe::{ata, Initiator, InitiatorConfig, Mac};
+use ethersan_aoe::ata;
+use ethersan_aoe::initiator::{AtaRequest, CommandError, TargetInfo};
 use ethersan_initiator::{connect, LoginOptions, Session};
-use ethersan_link::unix::{UnixDgramConfig, UnixDgramLink};
-use ethersan_link::Link;
 
 const KEY: u64 = 0x0000_7e57_0000_0001;
 
-/// The AoE initiator's end of the segment.
-struct Wire {
-    link: Link,
-    mac: Mac,
+/// The AoE initiator's end of the segment, with this test's MAC.
+fn wire(dir: &Path) -> Wire {
+    Wire::open(dir, "02:00:00:00:7e:01".parse().unwrap())
 }
 
-impl Wire {
-    fn open(dir: &Path) -> Wire {
-        let mac = "02:00:00:00:7e:01".parse().unwrap();
-        let link = UnixDgramLink::open(UnixDgramConfig {
-            mac: Some(mac),
-            ..UnixDgramConfig::new(dir.join("client.sock"), dir.join("target.sock"))
-        })
-        .unwrap();
-        Wire {
-            link: link.into(),
-            mac: Mac(mac.0),
-        }
-    }
+/// What this test sends over AoE.
+trait Io {
+    async fn write(&self, dev: &TargetInfo, data: &[u8]) -> Vec<Result<Vec<u8>, CommandError>>;
+    async fn read(&self, dev: &TargetInfo) -> Vec<Result<Vec<u8>, CommandError>>;
+}
 
-    /// Every device that answers a broadcast Query Config.
-    async fn discover(&self) -> Vec<TargetInfo> {
-        self.link
-            .send(&discovery_frame(self.mac, 0x7000_0001))
-            .await
-            .unwrap();
-        let mut found = Vec::new();
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(700);
-        while let Ok(r) = tokio::time::timeout_at(
-            deadline,
-            self.link.recv_batch(|f| {
-                if let Ok(t) = parse_config_response(f) {
-                    found.push(t);
-                }
-            }),
-        )
-        .await
-        {
-            r.unwrap();
-        }
-        found.sort_by_key(|t: &TargetInfo| (t.shelf, t.slot));
-        found.dedup_by_key(|t| (t.shelf, t.slot));
-        found
-    }
-
-    /// Run `reqs` against `dev`; each one's data or error.
-    async fn run(
-        &self,
-        dev: &TargetInfo,
-        reqs: Vec<AtaRequest>,
-    ) -> Vec<Result<Vec<u8>, CommandError>> {
-        let mut cfg = InitiatorConfig::new(self.mac);
-        cfg.mtu = self.link.mtu();
-        cfg.max_retries = 3;
-        cfg.initial_tag = 0x100;
-        let mut init = Initiator::new(cfg, dev.clone());
-        let mut index = std::collections::HashMap::new();
-        for (i, r) in reqs.into_iter().enumerate() {
-            index.insert(init.submit(r).unwrap(), i);
-        }
-        let mut out: Vec<Option<Result<Vec<u8>, CommandError>>> = vec![None; index.len()];
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while out.iter().any(Option::is_none) {
-            assert!(Instant::now() < deadline, "AoE commands did not finish");
-            while let Some(f) = init.poll_transmit(Instant::now()) {
-                self.link.send(&f).await.unwrap();
-            }
-            let wake = init
-                .poll_timeout()
-                .unwrap_or_else(|| Instant::now() + Duration::from_secs(1));
-            let mut done = Vec::new();
-            let got = tokio::time::timeout_at(
-                tokio::time::Instant::from_std(wake),
-                self.link.recv_batch(|f| {
-                    if let Some(c) = init.on_frame(f, Instant::now()) {
-                        done.push((c.handle, c.result.map(|r| f[r.data].to_vec())));
-                    }
-                }),
-            )
-            .await;
-            if got.is_err() {
-                for c in init.on_timeout(Instant::now()) {
-                    done.push((c.handle, c.result.map(|_| Vec::new())));
-                }
-            }
-            for (h, r) in done {
-                out[index[&h]] = Some(r);
-            }
-        }
-        out.into_iter().map(Option::unwrap).collect()
-    }
-
+impl Io for Wire {
     /// 4 KiB written at sector 0, one frame (2 sectors) a command.
     async fn write(&self, dev: &TargetInfo, data: &[u8]) -> Vec<Result<Vec<u8>, CommandError>> {
         let reqs = data
@@ -138,13 +54,6 @@ impl Wire {
             .collect();
         self.run(dev, reqs).await
     }
-}
-
-fn ok_all(rs: Vec<Result<Vec<u8>, CommandError>>) -> Vec<u8> {
-    rs.into_iter()
-        .enumerate()
-        .flat_map(|(i, r)| r.unwrap_or_else(|e| panic!("command {i}: {e}")))
-        .collect()
 }
 
 /// Every command ended with the ATA abort error.
@@ -209,7 +118,7 @@ async fn aoe_obeys_reservations_alua_medium_and_sanitize_held_over_iscsi() {
         d.join("client.sock").display()
     ));
     let server = Server::start_args(&args);
-    let wire = Wire::open(d);
+    let wire = wire(d);
     let found = wire.discover().await;
     let addrs: Vec<(u16, u8)> = found.iter().map(|t| (t.shelf, t.slot)).collect();
     assert_eq!(addrs, vec![(0, 0), (0, 1), (0, 2)], "{found:?}");

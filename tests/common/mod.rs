@@ -3,6 +3,7 @@
 //! CUnit output.
 #![allow(dead_code)]
 
+pub mod aoe;
 pub mod ceph;
 pub mod netns;
 
