@@ -30,7 +30,7 @@
 //! The data path copies nothing the transport does not have to: a read
 //! hands the transport a spare buffer to reuse (the local engine and AoE
 //! read into it, never zeroing it; iSCSI returns the session's own
-//! Data-In buffer), a write hands over [`Bytes`] (sent as they are over
+//! Data-In buffer), a write hands over [`Bytes`](bytes::Bytes) (sent as they are over
 //! iSCSI).
 #![warn(missing_docs, unreachable_pub)]
 

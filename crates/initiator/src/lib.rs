@@ -1,6 +1,6 @@
 //! An iSCSI initiator library over the ethersan protocol core.
 //!
-//! [`login`] runs the login phase over any byte stream and returns a
+//! [`login()`] runs the login phase over any byte stream and returns a
 //! [`Session`] handle whose driver task keeps many commands in flight;
 //! [`connect`] does the same over TCP to a `host:port`. iSCSI alone: URLs,
 //! the native transport's streams and the other transports belong to the

@@ -37,7 +37,7 @@ pub enum ServedIn {
 }
 
 /// The rules one command follows, checked before it runs; columns of
-/// [`COMMANDS`].
+/// [`COMMANDS`](super::COMMANDS).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rules {
     /// How it stands under reservations.
