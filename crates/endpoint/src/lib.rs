@@ -14,6 +14,7 @@
 
 mod driver;
 pub mod medium;
+pub mod message;
 pub mod stream;
 
 use std::sync::Arc;
@@ -26,6 +27,7 @@ use ethersan_channel::Level;
 use tokio::sync::{mpsc, oneshot, watch, Mutex};
 
 pub use medium::{Medium, PeerAddr};
+pub use message::{MessageChannel, MessageReceiver, MessageSender, PlacedBuf};
 pub use stream::{ChannelReader, ChannelStream, ChannelWriter};
 
 use driver::Driver;

@@ -34,6 +34,8 @@ pub(crate) struct Shared {
     pub(crate) ended: AtomicBool,
     /// Why it failed, when it did.
     pub(crate) failure: Mutex<Option<String>>,
+    /// Buffers registered for placed data (see [`crate::message`]).
+    pub(crate) placements: crate::message::Placements,
 }
 
 impl Shared {
@@ -81,6 +83,41 @@ impl ChannelReader {
             pos: 0,
             shared,
         }
+    }
+}
+
+impl ChannelReader {
+    /// The next whole message; `Ok(None)` once the channel closed, an
+    /// error when it failed. Bytes of a message partly read through
+    /// `AsyncRead` come first.
+    pub(crate) async fn recv_message(&mut self) -> io::Result<Option<Vec<u8>>> {
+        if self.pos < self.cur.len() {
+            let rest = self.cur.split_off(self.pos);
+            self.cur = Vec::new();
+            self.pos = 0;
+            return Ok(Some(rest));
+        }
+        match self.rx.recv().await {
+            Some(m) => Ok(Some(m)),
+            None => {
+                let failed = self
+                    .shared
+                    .failure
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .is_some();
+                if failed {
+                    Err(self.shared.error())
+                } else {
+                    Ok(None)
+                }
+            }
+        }
+    }
+
+    /// The channel's table of buffers for placed data.
+    pub(crate) fn placements(&self) -> &crate::message::Placements {
+        &self.shared.placements
     }
 }
 
@@ -195,6 +232,19 @@ impl ChannelWriter {
             })
             .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the endpoint has stopped"))?;
         Ok(n)
+    }
+}
+
+impl ChannelWriter {
+    /// Send `msg` as one message once there is room.
+    pub(crate) async fn send_message(&mut self, msg: Vec<u8>) -> io::Result<()> {
+        std::future::poll_fn(|cx| self.poll_room(cx)).await?;
+        self.send(msg).map(|_| ())
+    }
+
+    /// The channel's table of buffers for placed data.
+    pub(crate) fn placements(&self) -> &crate::message::Placements {
+        &self.shared.placements
     }
 }
 
