@@ -43,7 +43,9 @@ impl Placement for Table {
     fn landed(&mut self, tag: u32, offset: u64, len: usize) {
         if let Some((_, landed)) = self.bufs.get_mut(&tag) {
             let start = offset as usize;
-            landed[start..start + len].iter_mut().for_each(|l| *l = true);
+            landed[start..start + len]
+                .iter_mut()
+                .for_each(|l| *l = true);
             self.landings += 1;
         }
     }
@@ -54,7 +56,9 @@ impl Table {
         self.bufs.insert(tag, (vec![0; len], vec![false; len]));
     }
     fn complete(&self, tag: u32) -> bool {
-        self.bufs.get(&tag).is_some_and(|(_, l)| l.iter().all(|x| *x))
+        self.bufs
+            .get(&tag)
+            .is_some_and(|(_, l)| l.iter().all(|x| *x))
     }
 }
 
@@ -144,7 +148,10 @@ fn placed_frames_land_out_of_order_and_a_retransmission_overwrites_the_same_rang
         acks_back(&mut a, &mut b, t1);
         let rtx = flight(&mut a, t1 + 2 * MS);
         assert!(!rtx.is_empty(), "{level}: a retransmission");
-        let (h0, h1) = (Header::parse(&lost).unwrap(), Header::parse(&rtx[0]).unwrap());
+        let (h0, h1) = (
+            Header::parse(&lost).unwrap(),
+            Header::parse(&rtx[0]).unwrap(),
+        );
         assert_eq!((h0.seq, h0.placement()), (h1.seq, h1.placement()));
         assert_ne!(h0.pn, h1.pn);
         let t2 = t1 + 3 * MS;
@@ -215,7 +222,8 @@ fn a_placed_frame_beyond_its_buffer_is_dropped_and_counted() {
     a.send_placed(1, 50, pattern(80)).unwrap();
     a.send_message(b"m").unwrap();
     for mut f in flight(&mut a, t0) {
-        b.handle_frame_placing(t0, &mut f, &mut table).expect("valid");
+        b.handle_frame_placing(t0, &mut f, &mut table)
+            .expect("valid");
     }
     assert_eq!(b.stats().placed_dropped, 1);
     assert_eq!(table.landings, 0);
@@ -248,9 +256,7 @@ fn a_forged_placed_frame_is_rejected_and_spoils_no_landed_byte() {
     let mut forged = frames[0].clone();
     forged[HEADER_LEN + 3] ^= 1;
     forged[15] ^= 0x40;
-    assert!(b
-        .handle_frame_placing(t0, &mut forged, &mut table)
-        .is_err());
+    assert!(b.handle_frame_placing(t0, &mut forged, &mut table).is_err());
     assert_eq!(table.bufs[&3].0, data[..], "landed bytes intact");
     assert_eq!(b.stats().rejected, 1);
 }
