@@ -563,6 +563,10 @@ impl Driver {
             // budget; the rest stay in the channel, shrinking the window
             // it offers (first, so that a window reopened here goes out
             // in this round).
+            if c.to_app.as_ref().is_some_and(|tx| tx.is_closed()) {
+                // The reader is gone: nobody reads this channel.
+                c.to_app = None;
+            }
             loop {
                 if c.to_app.is_some() && c.shared.app_bytes.load(Ordering::Acquire) >= RECV_BUDGET {
                     break;

@@ -44,19 +44,30 @@ async fn an_aborted_transfer_releases_its_buffer_and_drops_late_frames() {
     let half = data.len() / 2;
     let sent = data.clone();
     let server = tokio::spawn(async move {
-        let mut m = target.accept().await.expect("accepted").stream.into_messages();
+        let mut m = target
+            .accept()
+            .await
+            .expect("accepted")
+            .stream
+            .into_messages();
         m.sender
             .send_placed(9, 0, sent.slice(..half))
             .await
             .expect("placed");
-        m.sender.send(&[Bytes::from_static(b"half")]).await.expect("half");
+        m.sender
+            .send(&[Bytes::from_static(b"half")])
+            .await
+            .expect("half");
         let go = m.receiver.recv().await.expect("recv").expect("go");
         assert_eq!(&go[..], b"go");
         m.sender
             .send_placed(9, half as u64, sent.slice(half..))
             .await
             .expect("placed");
-        m.sender.send(&[Bytes::from_static(b"done")]).await.expect("done");
+        m.sender
+            .send(&[Bytes::from_static(b"done")])
+            .await
+            .expect("done");
         let _ = m.receiver.recv().await;
     });
     let addr = PeerAddr::Mac(MacAddr([2, 0, 0, 0, 0, 1]));
@@ -72,7 +83,10 @@ async fn an_aborted_transfer_releases_its_buffer_and_drops_late_frames() {
     assert!(p.covers(half as u64));
     assert_eq!(p.landed(), half as u64);
     assert!(p.buf[..half] == data[..half]);
-    m.sender.send(&[Bytes::from_static(b"go")]).await.expect("go");
+    m.sender
+        .send(&[Bytes::from_static(b"go")])
+        .await
+        .expect("go");
     let msg = m.receiver.recv().await.expect("recv").expect("done");
     assert_eq!(&msg[..], b"done");
     let stats = client.stats().await.expect("stats");
@@ -80,7 +94,10 @@ async fn an_aborted_transfer_releases_its_buffer_and_drops_late_frames() {
     let frames = (data.len() - half).div_ceil(9000 - 40 - 16) as u64;
     assert_eq!(dropped, frames, "every late frame dropped, each once");
     // The channel goes on.
-    m.sender.send(&[Bytes::from_static(b"bye")]).await.expect("bye");
+    m.sender
+        .send(&[Bytes::from_static(b"bye")])
+        .await
+        .expect("bye");
     m.sender.close(true).await.expect("close");
     tokio::time::timeout(LIMIT, server)
         .await

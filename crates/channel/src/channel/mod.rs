@@ -460,6 +460,8 @@ pub struct Channel {
     held: VecDeque<Option<HeldFrag>>,
     partial: Vec<u8>,
     partial_frames: u32,
+    /// Length of the last message reassembled (capacity hint).
+    last_message_len: usize,
     next_frag: u16,
     ready: VecDeque<(Vec<u8>, u32)>,
     ready_frames: u32,
@@ -533,6 +535,7 @@ impl Channel {
             held: VecDeque::new(),
             partial: Vec::new(),
             partial_frames: 0,
+            last_message_len: 0,
             next_frag: 0,
             ready: VecDeque::new(),
             ready_frames: 0,

@@ -364,11 +364,19 @@ impl Channel {
             self.fail(FailReason::MessageTooLarge);
             return false;
         }
+        if self.partial.capacity() == 0 && !last {
+            // A message of several fragments: room for one as large as the
+            // last one, so that it does not grow (and move) fragment by
+            // fragment.
+            let hint = self.last_message_len.min(self.cfg.max_message);
+            self.partial.reserve(hint.max(payload.len()));
+        }
         self.partial.extend_from_slice(payload);
         self.partial_frames = self.partial_frames.saturating_add(1);
         self.next_frag = self.next_frag.wrapping_add(1);
         if last {
             let msg = std::mem::take(&mut self.partial);
+            self.last_message_len = msg.len();
             self.ready_bytes += msg.len();
             self.ready.push_back((msg, self.partial_frames));
             self.ready_frames = self.ready_frames.saturating_add(self.partial_frames);
