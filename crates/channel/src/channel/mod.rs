@@ -600,16 +600,21 @@ impl Channel {
     /// [`send_message`](Self::send_message) for a message the caller
     /// hands over (no copy).
     pub fn send_owned(&mut self, msg: Vec<u8>) -> Result<(), ChannelError> {
-        self.send_parts(vec![Bytes::from(msg)])
+        let len = msg.len();
+        self.queue_message(Arc::new([Bytes::from(msg)]), len)
     }
 
     /// Queues one message made of `parts` in order, without gathering
     /// them: each frame is sealed from the parts it covers.
     pub fn send_parts(&mut self, parts: Vec<Bytes>) -> Result<(), ChannelError> {
+        let len: usize = parts.iter().map(Bytes::len).sum();
+        self.queue_message(parts.into(), len)
+    }
+
+    fn queue_message(&mut self, parts: Arc<[Bytes]>, len: usize) -> Result<(), ChannelError> {
         if self.state != ChannelState::Open {
             return Err(ChannelError::NotOpen(self.state));
         }
-        let len: usize = parts.iter().map(Bytes::len).sum();
         if len > self.cfg.max_message {
             return Err(ChannelError::TooLarge {
                 len,
@@ -618,7 +623,7 @@ impl Channel {
         }
         self.queued_bytes += len;
         self.queue.push_back(Outgoing::Message {
-            parts: parts.into(),
+            parts,
             len,
             offset: 0,
             frag: 0,
