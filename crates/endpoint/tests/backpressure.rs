@@ -100,6 +100,11 @@ async fn a_reader_that_stops_stops_the_peer_within_the_budget() {
         .expect("the stalled channel");
     let cfg = ChannelConfig::default();
     let budget = RECV_BUDGET + MSG + cfg.recv_window as usize * MTU + MSG;
+    eprintln!(
+        "stalled reader: {} bytes held for it (budget {budget}), {} of {COUNT} messages sent",
+        s.recv_held,
+        sent.load(Ordering::Acquire)
+    );
     assert!(
         (s.recv_held as usize) <= budget,
         "held {} bytes, budget {budget}",
