@@ -19,6 +19,12 @@
 //! - [`MessageSender::abort`] drops a registration: frames arriving for it
 //!   later are dropped (and acknowledged: the sender does not resend them).
 //!
+//! Placed data travels in placed DATA frames of the channel
+//! (docs/native-transport.md §Placed data): the endpoint's task verifies
+//! (decrypts) each one from the received frame straight into the
+//! registered buffer, the one copy; the sender's bytes are sealed straight
+//! from the caller's `Bytes` into the frame.
+//!
 //! The registration table is shared by the channel's halves and the
 //! endpoint's task ([`Placements`]).
 
@@ -28,6 +34,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
 use bytes::Bytes;
+use ethersan_channel::channel::{PlaceSlot, Placement};
 
 use crate::stream::{ChannelReader, ChannelWriter};
 use crate::ChannelInfo;
@@ -64,6 +71,11 @@ impl PlacedBuf {
                 .ranges
                 .first()
                 .is_some_and(|&(s, e)| s == 0 && e >= len)
+    }
+
+    /// Whether any byte of `[start, end)` has landed.
+    fn overlaps(&self, start: u64, end: u64) -> bool {
+        self.ranges.iter().any(|&(s, e)| s < end && start < e)
     }
 
     /// Record `[start, end)` as landed.
@@ -166,6 +178,42 @@ impl Placements {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, PlacedBuf>> {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// The table as the channel's [`Placement`], locked on its first
+    /// placed frame and until dropped.
+    pub(crate) fn placing(&self) -> Placing<'_> {
+        Placing {
+            table: self,
+            guard: None,
+        }
+    }
+}
+
+/// [`Placements`] as a [`Placement`] for one received frame or batch.
+pub(crate) struct Placing<'a> {
+    table: &'a Placements,
+    guard: Option<std::sync::MutexGuard<'a, HashMap<u32, PlacedBuf>>>,
+}
+
+impl Placement for Placing<'_> {
+    fn slot(&mut self, tag: u32, offset: u64, len: usize) -> Option<PlaceSlot<'_>> {
+        let table = self.table;
+        let map = self.guard.get_or_insert_with(|| table.lock());
+        let Some(p) = map.get_mut(&tag) else {
+            table.unknown.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        let end = offset.saturating_add(len as u64);
+        let fresh = !p.overlaps(offset, end);
+        let dst = p.slot(offset, len)?;
+        Some(PlaceSlot { dst, fresh })
+    }
+
+    fn landed(&mut self, tag: u32, offset: u64, len: usize) {
+        if let Some(p) = self.guard.as_mut().and_then(|m| m.get_mut(&tag)) {
+            p.landed_at(offset, len);
+        }
+    }
 }
 
 /// An open channel as messages: both halves and what it is.
@@ -191,11 +239,6 @@ pub struct MessageSender {
     inner: ChannelWriter,
 }
 
-/// Marker of the in-band form of placed data (until the channel carries
-/// placed frames itself): `PLACED_MARK`, tag (4 bytes), offset (8), data.
-const PLACED_MARK: [u8; 4] = *b"\xE5PLC";
-const PLACED_HEAD: usize = 16;
-
 impl MessageReceiver {
     pub(crate) fn new(inner: ChannelReader) -> MessageReceiver {
         MessageReceiver { inner }
@@ -204,22 +247,7 @@ impl MessageReceiver {
     /// The next message; `Ok(None)` once the peer closed the channel, an
     /// error when it failed.
     pub async fn recv(&mut self) -> io::Result<Option<Bytes>> {
-        loop {
-            let Some(m) = self.inner.recv_message().await? else {
-                return Ok(None);
-            };
-            if m.len() >= PLACED_HEAD && m[..4] == PLACED_MARK {
-                let tag = u32::from_be_bytes([m[4], m[5], m[6], m[7]]);
-                let mut off = [0u8; 8];
-                off.copy_from_slice(&m[8..16]);
-                let offset = u64::from_be_bytes(off);
-                self.inner
-                    .placements()
-                    .with(tag, |p| p.place(offset, &m[PLACED_HEAD..]));
-                continue;
-            }
-            return Ok(Some(Bytes::from(m)));
-        }
+        Ok(self.inner.recv_message().await?.map(Bytes::from))
     }
 }
 
@@ -231,23 +259,14 @@ impl MessageSender {
     /// Send one message: the concatenation of `parts`. Waits while the
     /// peer has not acknowledged enough of what was sent before.
     pub async fn send(&mut self, parts: &[Bytes]) -> io::Result<()> {
-        let n: usize = parts.iter().map(|p| p.len()).sum();
-        let mut msg = Vec::with_capacity(n);
-        for p in parts {
-            msg.extend_from_slice(p);
-        }
-        self.inner.send_message(msg).await
+        self.inner.send_message_parts(parts.to_vec()).await
     }
 
     /// Send `data` to land in the peer's buffer registered under `tag`
-    /// (the peer's tag), at byte `offset`.
+    /// (the peer's tag), at byte `offset`. The bytes are not copied: each
+    /// frame is sealed from them as it goes out (and again if resent).
     pub async fn send_placed(&mut self, tag: u32, offset: u64, data: Bytes) -> io::Result<()> {
-        let mut msg = Vec::with_capacity(PLACED_HEAD + data.len());
-        msg.extend_from_slice(&PLACED_MARK);
-        msg.extend_from_slice(&tag.to_be_bytes());
-        msg.extend_from_slice(&offset.to_be_bytes());
-        msg.extend_from_slice(&data);
-        self.inner.send_message(msg).await
+        self.inner.send_placed(tag, offset, data).await
     }
 
     /// Register `buf` to receive the data the peer places under `tag`.
