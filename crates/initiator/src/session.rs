@@ -13,7 +13,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use ethersan_endpoint::{MessageChannel, MessageReceiver, MessageSender};
+use ethersan_endpoint::{MessageChannel, MessageReceiver, MessageSender, PlacedBuf};
 use ethersan_proto::negotiate::SessionParams;
 use ethersan_proto::pdu::{Bhs, Pdu, RawPdu, TmfFunction, BHS_LEN};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
@@ -37,6 +37,8 @@ pub struct Session {
     /// How long each command, Text request and logout may wait.
     timeout: Option<Duration>,
     ended: Arc<Ended>,
+    /// Bytes of Data-In that arrived placed (native transport).
+    placed: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Why a session ended early, and how to stop its tasks.
@@ -152,10 +154,12 @@ impl Session {
             driver: OnceLock::new(),
             reader: reader.abort_handle(),
         });
+        let placed = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let driver = Driver {
             core,
             pdus: pdu_rx,
             out,
+            placed: placed.clone(),
             replies: HashMap::new(),
             next_id: 0,
             ended: ended.clone(),
@@ -168,7 +172,14 @@ impl Session {
             tsih: login.tsih,
             timeout,
             ended,
+            placed,
         }
+    }
+
+    /// Bytes of read data that arrived placed: straight into the read's
+    /// buffer, over a native transport channel (0 over TCP).
+    pub fn placed_bytes(&self) -> u64 {
+        self.placed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Send `req` and wait for its answer; the connection times it out
@@ -306,6 +317,8 @@ struct Driver<W> {
     /// PDUs from the reader task, in arrival order.
     pdus: mpsc::Receiver<Result<Incoming, Error>>,
     out: Out<W>,
+    /// Bytes of Data-In that arrived placed.
+    placed: Arc<std::sync::atomic::AtomicU64>,
     /// Where each request's answer goes.
     replies: HashMap<RequestId, oneshot::Sender<Result<Answer, Error>>>,
     next_id: u64,
@@ -553,20 +566,11 @@ impl<W> Driver<W> {
         let placed = tx.release(d.itt).ok_or_else(|| {
             Error::Protocol(format!("task {:#x}: no buffer for its placed data", d.itt))
         })?;
-        let mut end = 0u64;
-        for &(off, len) in &announced {
-            let (s, e) = (u64::from(off), u64::from(off) + u64::from(len));
-            let covered = placed.ranges.iter().any(|&(a, b)| a <= s && e <= b);
-            if !covered {
-                return Err(Error::Protocol(format!(
-                    "task {:#x}: the target announced Data-In bytes {s}..{e} that never arrived (placed data missing): the read's data is incomplete",
-                    d.itt
-                )));
-            }
-            end = end.max(e);
-        }
+        let end = check_placed(d.itt, &announced, &placed)?;
         let mut buf = placed.buf;
         buf.truncate(end as usize);
+        self.placed
+            .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
         d.buffer_offset = 0;
         let bhs = Pdu::DataIn(d).encode(buf.len() as u32);
         Ok(RawPdu {
@@ -574,6 +578,56 @@ impl<W> Driver<W> {
             ahs: Vec::new(),
             data: buf,
         })
+    }
+}
+
+/// Check that every byte range the Data-In headers of task `itt`
+/// announced has landed in `placed`; the end of the data.
+fn check_placed(itt: u32, announced: &[(u32, u32)], placed: &PlacedBuf) -> Result<u64, Error> {
+    let mut end = 0u64;
+    for &(off, len) in announced {
+        let (s, e) = (u64::from(off), u64::from(off) + u64::from(len));
+        let covered = placed.ranges.iter().any(|&(a, b)| a <= s && e <= b);
+        if !covered {
+            return Err(Error::Protocol(format!(
+                "task {itt:#x}: the target announced Data-In bytes {s}..{e} that never arrived (placed data missing): the read's data is incomplete"
+            )));
+        }
+        end = end.max(e);
+    }
+    Ok(end)
+}
+
+#[cfg(test)]
+mod placed_tests {
+    use super::*;
+
+    fn placed(ranges: &[(u64, u64)]) -> PlacedBuf {
+        PlacedBuf {
+            buf: vec![0; 4096],
+            ranges: ranges.to_vec(),
+            overflow: 0,
+        }
+    }
+
+    #[test]
+    fn announced_data_that_never_landed_fails_the_read() {
+        let whole = placed(&[(0, 4096)]);
+        assert_eq!(
+            check_placed(7, &[(0, 2048), (2048, 2048)], &whole).unwrap(),
+            4096
+        );
+        // A short read: only what was announced counts.
+        assert_eq!(check_placed(7, &[(0, 1024)], &whole).unwrap(), 1024);
+        let gap = placed(&[(0, 1024), (2048, 4096)]);
+        let e = check_placed(7, &[(0, 2048), (2048, 2048)], &gap).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("0..2048") && msg.contains("never arrived") && msg.contains("0x7"),
+            "{msg}"
+        );
+        let none = placed(&[]);
+        assert!(check_placed(7, &[(0, 512)], &none).is_err());
     }
 }
 
