@@ -282,9 +282,12 @@ async fn scsi_commands_and_task_management_over_the_native_transport() {
         .await
         .unwrap();
     assert_eq!(r.status, 0);
+    let placed_before = s.placed_bytes();
     let r = s.read16(0, 100, 2048, 512).await.unwrap();
     assert_eq!(r.status, 0);
     assert!(r.data == data, "read back differs");
+    // The read's data came placed, straight into its buffer.
+    assert_eq!(s.placed_bytes() - placed_before, 1 << 20, "Data-In placed");
     // COMPARE AND WRITE: block 100 holds data[..512].
     let mut caw = data[..512].to_vec();
     caw.extend_from_slice(&[0x5a; 512]);
