@@ -50,6 +50,9 @@ async fn an_aborted_transfer_releases_its_buffer_and_drops_late_frames() {
             .expect("accepted")
             .stream
             .into_messages();
+        // The client registers its buffer before it asks.
+        let ready = m.receiver.recv().await.expect("recv").expect("ready");
+        assert_eq!(&ready[..], b"ready");
         m.sender
             .send_placed(9, 0, sent.slice(..half))
             .await
@@ -77,6 +80,10 @@ async fn an_aborted_transfer_releases_its_buffer_and_drops_late_frames() {
         .expect("connect")
         .into_messages();
     m.sender.expect(9, vec![0; data.len()]);
+    m.sender
+        .send(&[Bytes::from_static(b"ready")])
+        .await
+        .expect("ready");
     let msg = m.receiver.recv().await.expect("recv").expect("half");
     assert_eq!(&msg[..], b"half");
     let p = m.sender.release(9).expect("registered");
