@@ -5,7 +5,9 @@
 //! one EtherType, chosen when it is opened. It knows its [`MacAddr`] and
 //! MTU (payload bytes per frame; a frame is at most MTU + 14 bytes), hands
 //! received frames to the caller in batches ([`Link::recv_batch`]), and
-//! sends one frame or a batch ([`Link::send`], [`Link::send_batch`]). Only
+//! sends one frame or a batch ([`Link::send`], [`Link::send_batch`]), or
+//! builds a batch of frames in place ([`Link::send_with`]: straight in the
+//! AF_PACKET transmit ring, with no intermediate buffer). Only
 //! frames of the link's EtherType addressed to its MAC or to broadcast (and
 //! multicast if asked) reach the caller; the rest are dropped as early as
 //! the medium allows (in the kernel for AF_PACKET, by a BPF filter).
@@ -177,6 +179,38 @@ impl Link {
             Link::UnixDgram(l) => l.send_batch(frames).await,
             Link::Memory(l) => l.send_batch(frames).await,
         }
+    }
+
+    /// Sends `n` frames built in place: `build(i, buf)` writes frame `i`
+    /// (header included) at the start of `buf`, a buffer of
+    /// [`max_frame_len`](Self::max_frame_len) bytes, and returns its
+    /// length. On AF_PACKET `buf` is the transmit ring slot itself, so the
+    /// frame is written once, where the kernel reads it, and the ring is
+    /// kicked once per batch; on the other media it is a scratch buffer
+    /// sent like [`send_batch`](Self::send_batch). `buf` holds stale bytes
+    /// (an earlier frame's): write every byte of the frame. A length below
+    /// [`HEADER_LEN`] sends nothing for that `i` (a frame that turned out
+    /// not to be needed). Frames go out in order of `i`; `build` is called
+    /// once per `i`, in order, and must not send on the same link. Returns
+    /// how many frames were handed to the medium.
+    pub async fn send_with<F>(&self, n: usize, mut build: F) -> Result<usize, LinkError>
+    where
+        F: FnMut(usize, &mut [u8]) -> usize,
+    {
+        if let Link::Packet(l) = self {
+            return l.send_with(n, build).await;
+        }
+        let max = self.max_frame_len();
+        let mut frames = Vec::with_capacity(n);
+        for i in 0..n {
+            let mut buf = vec![0u8; max];
+            let len = build(i, &mut buf);
+            if (HEADER_LEN..=max).contains(&len) {
+                buf.truncate(len);
+                frames.push(buf);
+            }
+        }
+        self.send_batch(frames).await
     }
 }
 
