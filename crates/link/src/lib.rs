@@ -277,6 +277,41 @@ mod tests {
         assert_send_sync::<std::sync::Arc<Link>>();
     }
 
+    #[tokio::test]
+    async fn frames_built_in_place_on_the_memory_hub() {
+        let hub = memory::MemoryHub::new(7);
+        let a = Link::from(hub.port(MacAddr([2, 0, 0, 0, 0, 1]), ETHERTYPE_AOE, 1500).unwrap());
+        let b = Link::from(hub.port(MacAddr([2, 0, 0, 0, 0, 2]), ETHERTYPE_AOE, 1500).unwrap());
+        let header = EthernetHeader {
+            dst: b.mac(),
+            src: a.mac(),
+            ethertype: ETHERTYPE_AOE,
+        }
+        .to_bytes();
+        let sent = a
+            .send_with(4, |i, buf| {
+                assert_eq!(buf.len(), 1514);
+                buf[..HEADER_LEN].copy_from_slice(&header);
+                buf[HEADER_LEN] = i as u8;
+                // Frame 2 is declined.
+                if i == 2 {
+                    0
+                } else {
+                    HEADER_LEN + 1
+                }
+            })
+            .await
+            .unwrap();
+        assert_eq!(sent, 3);
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            b.recv_batch(|f| got.push(f[HEADER_LEN..].to_vec()))
+                .await
+                .unwrap();
+        }
+        assert_eq!(got, [vec![0], vec![1], vec![3]]);
+    }
+
     #[test]
     fn frame_len_checks() {
         assert!(check_frame_len(&[0; 14], 1514).is_ok());

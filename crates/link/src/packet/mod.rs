@@ -399,7 +399,8 @@ impl PacketLink {
                         let end = max.min(slot.len());
                         let slot = &mut slot[..end];
                         let len = build(i, slot);
-                        if len < HEADER_LEN {
+                        // Declined, or longer than the slot offered.
+                        if len < HEADER_LEN || len > end {
                             0
                         } else {
                             len
