@@ -109,7 +109,14 @@ async fn recv(ifname: &str, seconds: f64) {
         _ => 0,
     };
     let secs = last.duration_since(start).as_secs_f64();
-    report("recv", frames, bytes, secs, cpu, &format!(",\"ring_drops\":{drops}"));
+    report(
+        "recv",
+        frames,
+        bytes,
+        secs,
+        cpu,
+        &format!(",\"ring_drops\":{drops}"),
+    );
 }
 
 async fn send(ifname: &str, dst: MacAddr, seconds: f64) {
@@ -147,7 +154,12 @@ async fn send(ifname: &str, dst: MacAddr, seconds: f64) {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let secs = |s: &str| s.parse::<f64>().ok().filter(|x| *x > 0.0).unwrap_or_else(|| usage());
+    let secs = |s: &str| {
+        s.parse::<f64>()
+            .ok()
+            .filter(|x| *x > 0.0)
+            .unwrap_or_else(|| usage())
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

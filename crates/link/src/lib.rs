@@ -280,8 +280,14 @@ mod tests {
     #[tokio::test]
     async fn frames_built_in_place_on_the_memory_hub() {
         let hub = memory::MemoryHub::new(7);
-        let a = Link::from(hub.port(MacAddr([2, 0, 0, 0, 0, 1]), ETHERTYPE_AOE, 1500).unwrap());
-        let b = Link::from(hub.port(MacAddr([2, 0, 0, 0, 0, 2]), ETHERTYPE_AOE, 1500).unwrap());
+        let a = Link::from(
+            hub.port(MacAddr([2, 0, 0, 0, 0, 1]), ETHERTYPE_AOE, 1500)
+                .unwrap(),
+        );
+        let b = Link::from(
+            hub.port(MacAddr([2, 0, 0, 0, 0, 2]), ETHERTYPE_AOE, 1500)
+                .unwrap(),
+        );
         let header = EthernetHeader {
             dst: b.mac(),
             src: a.mac(),

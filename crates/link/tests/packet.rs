@@ -271,7 +271,10 @@ async fn veth_tpacket_v2_with_v3_mtu_9000_jumbo() {
 /// order, the declined ones never.
 async fn built_in_slots(tag: &str, mtu: usize, ring: RingVersion) {
     let pair = VethPair::named("lnk", tag, mtu);
-    let open = |i| pair.open(i, |c| c.ring = ring).map(|l| Arc::new(Link::from(l)));
+    let open = |i| {
+        pair.open(i, |c| c.ring = ring)
+            .map(|l| Arc::new(Link::from(l)))
+    };
     let (a, b) = (open(0).unwrap(), open(1).unwrap());
     let (dst, src) = (b.mac(), a.mac());
     let max = a.max_frame_len();
@@ -289,7 +292,11 @@ async fn built_in_slots(tag: &str, mtu: usize, ring: RingVersion) {
         let mut declined = 0;
         let sent = a
             .send_with(n, |i, slot| {
-                assert_eq!(slot.len(), max, "the slot is offered at the link's frame size");
+                assert_eq!(
+                    slot.len(),
+                    max,
+                    "the slot is offered at the link's frame size"
+                );
                 match (round + i as u32) % 29 {
                     // Declined: nothing sent, the slot goes to the next frame.
                     0 => {

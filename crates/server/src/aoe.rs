@@ -674,7 +674,11 @@ fn start_run(
     let head = &members[0];
     let from = aoe_nexus(head.pending.initiator());
     if dev.lu.admit(block_command(&head.op), from).is_err() {
-        now.extend(members.iter().map(|io| respond(io, Err(IoFailure::Aborted))));
+        now.extend(
+            members
+                .iter()
+                .map(|io| respond(io, Err(IoFailure::Aborted))),
+        );
         pool.put(data);
         return 0;
     }

@@ -440,10 +440,22 @@ fn read_goes_to_the_front_end_and_completes_in_place() {
     r.pending.prepare_read(&mut want).fill(0x5A);
     r.pending.complete(Ok(()), &mut want);
     let mut slot = vec![0xEE; 9014];
-    let n = r.pending.write_read_response(&[0x5A; 1100], &mut slot).unwrap();
+    let n = r
+        .pending
+        .write_read_response(&[0x5A; 1100], &mut slot)
+        .unwrap();
     assert_eq!(&slot[..n], &want[..]);
-    assert_eq!(r.pending.write_read_response(&[0x5A; 1023], &mut slot), None, "short data");
-    assert_eq!(r.pending.write_read_response(&[0x5A; 1024], &mut slot[..100]), None, "small slot");
+    assert_eq!(
+        r.pending.write_read_response(&[0x5A; 1023], &mut slot),
+        None,
+        "short data"
+    );
+    assert_eq!(
+        r.pending
+            .write_read_response(&[0x5A; 1024], &mut slot[..100]),
+        None,
+        "small slot"
+    );
 }
 
 #[test]

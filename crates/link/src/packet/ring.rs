@@ -411,9 +411,8 @@ impl TxRing {
         // kernel does not touch it until we set SEND_REQUEST, and the data
         // region (`max` bytes after the data offset) lies inside the slot.
         // The slice lives only for the call of `build`.
-        let data = unsafe {
-            std::slice::from_raw_parts_mut(slot.add(self.version.tx_data_offset()), max)
-        };
+        let data =
+            unsafe { std::slice::from_raw_parts_mut(slot.add(self.version.tx_data_offset()), max) };
         let len = build(data);
         if len == 0 || len > max {
             return Some(0);
