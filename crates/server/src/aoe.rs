@@ -617,14 +617,22 @@ impl IoBatch {
         now: &mut Vec<Reply>,
         later: &mpsc::UnboundedSender<Reply>,
     ) -> usize {
+        let mut deferred = 0;
+        for run in self.take_runs(pool) {
+            deferred += start_run(run, volumes, pool, now, later);
+        }
+        deferred
+    }
+
+    /// The batch's runs in the order they start, those that continue one
+    /// another (frames that came out of order) joined: one call still.
+    fn take_runs(&mut self, pool: &mut Pool) -> Vec<Run> {
         let mut runs = std::mem::take(&mut self.runs);
         runs.sort_by_key(|r| (r.key.0, r.key.1, r.key.2 .0, r.first));
-        let mut deferred = 0;
-        let mut current: Option<Run> = None;
+        let mut joined: Vec<Run> = Vec::with_capacity(runs.len());
         for run in runs {
-            if let Some(c) = current.as_mut() {
+            if let Some(c) = joined.last_mut() {
                 if c.continued_by(run.key, run.first, run.next) {
-                    // Frames that came out of order: one call still.
                     c.data.extend_from_slice(&run.data);
                     c.next = run.next;
                     c.members.extend(run.members);
@@ -632,14 +640,9 @@ impl IoBatch {
                     continue;
                 }
             }
-            if let Some(c) = current.replace(run) {
-                deferred += start_run(c, volumes, pool, now, later);
-            }
+            joined.push(run);
         }
-        if let Some(c) = current {
-            deferred += start_run(c, volumes, pool, now, later);
-        }
-        deferred
+        joined
     }
 }
 
@@ -839,6 +842,90 @@ async fn serve_link(name: String, link: Arc<Link>, mut target: AoeTarget, volume
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The I/O requests and their frames of `reqs`, as a target at MTU
+    /// 1500 sees them from one initiator.
+    fn requests(reqs: Vec<ethersan_aoe::initiator::AtaRequest>) -> Vec<(IoRequest, Vec<u8>)> {
+        use ethersan_aoe::initiator::{
+            parse_config_response, query_config_frame, Initiator, InitiatorConfig,
+        };
+        let (me, them) = (Mac([2, 0, 0, 0, 0, 1]), Mac([2, 0, 0, 0, 0, 2]));
+        let addr = DeviceAddr::new(1, 1);
+        let mut target = AoeTarget::new(TargetConfig::new(me, 1500));
+        target.add_device(addr, DeviceConfig::new(4096)).unwrap();
+        let q = query_config_frame(
+            them,
+            me,
+            1,
+            1,
+            ethersan_aoe::config::ConfigCommand::Read,
+            b"",
+            7,
+        );
+        let Action::Reply(answer) = target.handle(&q) else {
+            panic!("no config answer")
+        };
+        let info = parse_config_response(&answer[0]).unwrap();
+        let mut cfg = InitiatorConfig::new(them);
+        (cfg.initial_window, cfg.max_window) = (64, 64);
+        let mut init = Initiator::new(cfg, info);
+        for r in reqs {
+            init.submit(r).unwrap();
+        }
+        let now = std::time::Instant::now();
+        std::iter::from_fn(|| init.poll_transmit(now))
+            .map(|f| match target.handle(&f) {
+                Action::Io(io) => (io, f.to_vec()),
+                _ => panic!("not an I/O"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn runs_gather_consecutive_frames_in_or_out_of_order() {
+        use ethersan_aoe::initiator::AtaRequest;
+        let data: Vec<u8> = (0..8 * 512).map(|i| (i * 7 % 251) as u8).collect();
+        // Four 1 KiB writes of one 4 KiB block, then a read of 8 sectors
+        // elsewhere, and a write that does not continue the first.
+        let mut reqs: Vec<AtaRequest> = data
+            .chunks(1024)
+            .enumerate()
+            .map(|(i, c)| AtaRequest::Write {
+                lba: 64 + 2 * i as u64,
+                data: c.to_vec(),
+            })
+            .collect();
+        reqs.push(AtaRequest::Read { lba: 8, sectors: 2 });
+        reqs.push(AtaRequest::Read {
+            lba: 10,
+            sectors: 2,
+        });
+        reqs.push(AtaRequest::Write {
+            lba: 200,
+            data: data[..1024].to_vec(),
+        });
+        let frames = requests(reqs);
+        for order in [[0, 1, 2, 3, 4, 5, 6], [3, 1, 0, 6, 2, 5, 4]] {
+            let (mut batch, mut pool) = (IoBatch::default(), Pool::default());
+            for i in order {
+                let (io, f) = frames[i].clone();
+                batch.push(io, &f, &mut pool);
+            }
+            let runs = batch.take_runs(&mut pool);
+            let got: Vec<(u64, u64, usize)> = runs
+                .iter()
+                .map(|r| (r.first, r.next, r.members.len()))
+                .collect();
+            // Reads first, then writes, each run one volume call.
+            assert_eq!(got, [(8, 12, 2), (64, 72, 4), (200, 202, 1)], "{order:?}");
+            assert!(runs[0].data.is_empty());
+            assert_eq!(
+                runs[1].data, data,
+                "{order:?}: the block's data in LBA order"
+            );
+            assert_eq!(runs[2].data, data[..1024]);
+        }
+    }
 
     #[test]
     fn default_addresses_and_their_limits() {
