@@ -187,7 +187,7 @@ impl Link {
     /// length. On AF_PACKET `buf` is the transmit ring slot itself, so the
     /// frame is written once, where the kernel reads it, and the ring is
     /// kicked once per batch; on the other media it is a scratch buffer
-    /// sent like [`send_batch`](Self::send_batch). `buf` holds stale bytes
+    /// whose frames are sent like [`send_batch`](Self::send_batch). `buf` holds stale bytes
     /// (an earlier frame's): write every byte of the frame. A length below
     /// [`HEADER_LEN`] sends nothing for that `i` (a frame that turned out
     /// not to be needed). Frames go out in order of `i`; `build` is called
@@ -200,14 +200,13 @@ impl Link {
         if let Link::Packet(l) = self {
             return l.send_with(n, build).await;
         }
-        let max = self.max_frame_len();
+        // One scratch buffer, each frame kept at its own length.
+        let mut scratch = vec![0u8; self.max_frame_len()];
         let mut frames = Vec::with_capacity(n);
         for i in 0..n {
-            let mut buf = vec![0u8; max];
-            let len = build(i, &mut buf);
-            if (HEADER_LEN..=max).contains(&len) {
-                buf.truncate(len);
-                frames.push(buf);
+            let len = build(i, &mut scratch);
+            if let Some(f) = scratch.get(..len).filter(|_| len >= HEADER_LEN) {
+                frames.push(f.to_vec());
             }
         }
         self.send_batch(frames).await
