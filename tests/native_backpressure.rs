@@ -110,21 +110,21 @@ fn decode_all(msg: &[u8]) -> Vec<RawPdu> {
         let head = f.check_header(bhs, rest).expect("header");
         let start = at + 48 + rest_len;
         let len = head.data_part_len();
-        let (part, next) = match msg.get(start..start + len) {
-            Some(p) => (p.to_vec(), start + len),
-            None => (Vec::new(), msg.len()),
-        };
-        match f.finish(head, part) {
-            Ok(p) => out.push(p),
-            Err(_) => {
+        match msg.get(start..start + len) {
+            Some(p) => {
+                out.push(f.finish(head, p.to_vec()).expect("pdu"));
+                at = start + len;
+            }
+            None => {
+                // Its data went placed.
                 out.push(RawPdu {
                     bhs,
                     ahs: Vec::new(),
                     data: Vec::new(),
                 });
+                at = msg.len();
             }
         }
-        at = next;
     }
     out
 }
@@ -209,9 +209,8 @@ async fn a_stopped_reader_and_an_unsolicited_flood_stay_within_the_budget() {
     // The stopped reader: a command window of 1 MiB reads, never read.
     let (_ep1, mut stopped, done) = logged_in(port, "stopped-reader").await;
     let mut cmd_sn = done.window.cmd_sn();
-    let max = done.window.max_cmd_sn();
     let mut itt = 1u32;
-    while cmd_sn != max.wrapping_add(1) && itt <= 128 {
+    let read = |itt: u32, cmd_sn: u32| {
         let mut cdb = [0u8; 16];
         cdb[0] = 0x88;
         cdb[2..10].copy_from_slice(&(u64::from(itt % 64) * 2048).to_be_bytes());
@@ -230,14 +229,42 @@ async fn a_stopped_reader_and_an_unsolicited_flood_stay_within_the_budget() {
             cdb,
         })
         .encode(0);
+        encode(&bhs, &[])
+    };
+    // One read answered (the unit attention of a new nexus), to learn the
+    // target's full command window.
+    stopped
+        .sender
+        .send(&[read(itt, cmd_sn)])
+        .await
+        .expect("read sent");
+    cmd_sn = cmd_sn.wrapping_add(1);
+    itt += 1;
+    let max = loop {
+        let m = tokio::time::timeout(Duration::from_secs(10), stopped.receiver.recv())
+            .await
+            .expect("the first read is answered")
+            .expect("receive")
+            .expect("channel open");
+        if let Ok(Pdu::ScsiResponse(r)) = Pdu::decode(&decode(&m).bhs) {
+            break r.max_cmd_sn;
+        }
+    };
+    // Then a window of 1 MiB reads (at most 64), and no more reading.
+    let first_unanswered = itt;
+    while cmd_sn != max.wrapping_add(1) && itt < first_unanswered + 64 {
+        // Its data lands in a buffer registered for it (placed Data-In).
+        stopped.sender.expect(itt, vec![0u8; 1 << 20]);
         stopped
             .sender
-            .send(&[encode(&bhs, &[])])
+            .send(&[read(itt, cmd_sn)])
             .await
             .expect("read sent");
         cmd_sn = cmd_sn.wrapping_add(1);
         itt += 1;
     }
+    let unanswered = itt - first_unanswered;
+    assert!(unanswered >= 8, "a window of only {unanswered} reads");
 
     // The flood: 256 KiB NOP-Outs, immediate, answered by nobody.
     let (_ep2, mut flood, done2) = logged_in(port, "flood").await;
@@ -347,9 +374,24 @@ async fn a_stopped_reader_and_an_unsolicited_flood_stay_within_the_budget() {
         "the target grew by {} KiB (budget {RSS_BUDGET_KIB} KiB) under a stopped reader and a flood",
         peak - before
     );
+    // The stopped reader's own endpoint held no more than a channel's
+    // receive budget (RECV_BUDGET + the window + a message or two) of the
+    // 128 MiB the target had to send it: the rest waited at the target.
+    let held: u64 = _ep1
+        .stats()
+        .await
+        .expect("stats")
+        .iter()
+        .map(|(_, s)| s.recv_held as u64)
+        .sum();
+    println!("the stopped reader's endpoint holds {held} bytes");
+    assert!(
+        held <= 16 << 20,
+        "the stopped reader's endpoint holds {held} bytes, over its receive budget"
+    );
     // The stopped reader's answers are all there once it reads again.
     let mut answered = 0;
-    while answered < itt - 1 {
+    while answered < unanswered {
         let m = tokio::time::timeout(Duration::from_secs(20), stopped.receiver.recv())
             .await
             .expect("the stopped reader's answers arrive once it reads")
@@ -364,6 +406,12 @@ async fn a_stopped_reader_and_an_unsolicited_flood_stay_within_the_budget() {
             }
         }
     }
+    println!("the stopped reader got its {answered} answers");
+    let r = stopped
+        .sender
+        .release(first_unanswered)
+        .expect("the buffer of the first unanswered read");
+    assert!(r.covers(1 << 20), "its data landed whole: {:?}", r.ranges);
     drop(flood);
     let _ = good.logout().await;
 }
