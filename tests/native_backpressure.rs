@@ -280,7 +280,7 @@ async fn a_stopped_reader_and_an_unsolicited_flood_stay_within_the_budget() {
                 n = n.wrapping_add(1);
                 // Pings nobody answers, and data for transfers the target
                 // never asked for (no such task, no R2T).
-                let pdu = if n % 2 == 0 {
+                let pdu = if n.is_multiple_of(2) {
                     Pdu::NopOut(NopOut {
                         immediate: true,
                         lun: 0,
@@ -382,7 +382,7 @@ async fn a_stopped_reader_and_an_unsolicited_flood_stay_within_the_budget() {
         .await
         .expect("stats")
         .iter()
-        .map(|(_, s)| s.recv_held as u64)
+        .map(|(_, s)| s.recv_held)
         .sum();
     println!("the stopped reader's endpoint holds {held} bytes");
     assert!(

@@ -47,7 +47,11 @@ impl Offload {
         // Setting a zero segment size is how a kernel without GSO says so
         // (ENOPROTOOPT) while leaving a kernel with it unchanged.
         let gso = !plain && setsockopt_int(fd, libc::SOL_UDP, UDP_SEGMENT, 0);
-        tracing::debug!(gso, gro, "udp medium: offloads (fallback sendmmsg/recvmmsg)");
+        tracing::debug!(
+            gso,
+            gro,
+            "udp medium: offloads (fallback sendmmsg/recvmmsg)"
+        );
         Offload {
             gso: AtomicBool::new(gso),
             gro,
@@ -88,7 +92,9 @@ fn to_raw(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
         SocketAddr::V4(a) => {
             // SAFETY: sockaddr_storage is larger than and aligned for
             // sockaddr_in.
-            let sin = unsafe { &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let sin = unsafe {
+                &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>()
+            };
             sin.sin_family = libc::AF_INET as libc::sa_family_t;
             sin.sin_port = a.port().to_be();
             sin.sin_addr.s_addr = u32::from_ne_bytes(a.ip().octets());
@@ -97,7 +103,9 @@ fn to_raw(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
         SocketAddr::V6(a) => {
             // SAFETY: sockaddr_storage is larger than and aligned for
             // sockaddr_in6.
-            let sin6 = unsafe { &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let sin6 = unsafe {
+                &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
+            };
             sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
             sin6.sin6_port = a.port().to_be();
             sin6.sin6_addr.s6_addr = a.ip().octets();
@@ -114,7 +122,8 @@ fn from_raw(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
     match ss.ss_family as libc::c_int {
         libc::AF_INET => {
             // SAFETY: the family says the storage holds a sockaddr_in.
-            let sin = unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let sin =
+                unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
             Some(SocketAddr::V4(SocketAddrV4::new(
                 Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes()),
                 u16::from_be(sin.sin_port),
@@ -122,7 +131,8 @@ fn from_raw(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
         }
         libc::AF_INET6 => {
             // SAFETY: the family says the storage holds a sockaddr_in6.
-            let sin6 = unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let sin6 =
+                unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
             Some(SocketAddr::V6(SocketAddrV6::new(
                 Ipv6Addr::from(sin6.sin6_addr.s6_addr),
                 u16::from_be(sin6.sin6_port),
@@ -247,7 +257,8 @@ async fn send_gso(
             msg.msg_iovlen = iov.len() as _;
             msg.msg_control = control.as_mut_ptr().cast();
             // SAFETY: CMSG_SPACE only computes a size.
-            msg.msg_controllen = unsafe { libc::CMSG_SPACE(std::mem::size_of::<u16>() as u32) } as _;
+            msg.msg_controllen =
+                unsafe { libc::CMSG_SPACE(std::mem::size_of::<u16>() as u32) } as _;
             // SAFETY: msg_control points at `control`, 8-aligned and
             // larger than CMSG_SPACE(2); CMSG_FIRSTHDR of it is in bounds.
             unsafe {
@@ -379,9 +390,9 @@ pub(crate) async fn recv(
                 let len = (m.msg_len as usize).min(slot);
                 // SAFETY: the kernel filled the address (msg_name points at
                 // addrs[k]); reading it through the header's pointer.
-                let Some(from) = from_raw(unsafe {
-                    &*m.msg_hdr.msg_name.cast::<libc::sockaddr_storage>()
-                }) else {
+                let Some(from) =
+                    from_raw(unsafe { &*m.msg_hdr.msg_name.cast::<libc::sockaddr_storage>() })
+                else {
                     continue;
                 };
                 // SAFETY: the slot lies within rbuf and the kernel wrote
@@ -394,9 +405,8 @@ pub(crate) async fn recv(
                     let mut c = libc::CMSG_FIRSTHDR(&m.msg_hdr);
                     while !c.is_null() {
                         if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == UDP_GRO {
-                            let v = std::ptr::read_unaligned(
-                                libc::CMSG_DATA(c).cast::<libc::c_int>(),
-                            );
+                            let v =
+                                std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>());
                             if v > 0 {
                                 seg = v as usize;
                             }
