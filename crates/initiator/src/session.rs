@@ -598,39 +598,6 @@ fn check_placed(itt: u32, announced: &[(u32, u32)], placed: &PlacedBuf) -> Resul
     Ok(end)
 }
 
-#[cfg(test)]
-mod placed_tests {
-    use super::*;
-
-    fn placed(ranges: &[(u64, u64)]) -> PlacedBuf {
-        PlacedBuf {
-            buf: vec![0; 4096],
-            ranges: ranges.to_vec(),
-            overflow: 0,
-        }
-    }
-
-    #[test]
-    fn announced_data_that_never_landed_fails_the_read() {
-        let whole = placed(&[(0, 4096)]);
-        assert_eq!(
-            check_placed(7, &[(0, 2048), (2048, 2048)], &whole).unwrap(),
-            4096
-        );
-        // A short read: only what was announced counts.
-        assert_eq!(check_placed(7, &[(0, 1024)], &whole).unwrap(), 1024);
-        let gap = placed(&[(0, 1024), (2048, 4096)]);
-        let e = check_placed(7, &[(0, 2048), (2048, 2048)], &gap).unwrap_err();
-        let msg = e.to_string();
-        assert!(
-            msg.contains("0..2048") && msg.contains("never arrived") && msg.contains("0x7"),
-            "{msg}"
-        );
-        let none = placed(&[]);
-        assert!(check_placed(7, &[(0, 512)], &none).is_err());
-    }
-}
-
 /// Send one PDU as one message; a read's buffer is registered first so
 /// that its Data-In lands in it.
 async fn send_message(
@@ -791,4 +758,37 @@ pub(crate) async fn read_pdu<R: AsyncRead + Unpin>(
     }
     f.finish(head, part)
         .map_err(|e| Error::Protocol(e.to_string()))
+}
+
+#[cfg(test)]
+mod placed_tests {
+    use super::*;
+
+    fn placed(ranges: &[(u64, u64)]) -> PlacedBuf {
+        PlacedBuf {
+            buf: vec![0; 4096],
+            ranges: ranges.to_vec(),
+            overflow: 0,
+        }
+    }
+
+    #[test]
+    fn announced_data_that_never_landed_fails_the_read() {
+        let whole = placed(&[(0, 4096)]);
+        assert_eq!(
+            check_placed(7, &[(0, 2048), (2048, 2048)], &whole).unwrap(),
+            4096
+        );
+        // A short read: only what was announced counts.
+        assert_eq!(check_placed(7, &[(0, 1024)], &whole).unwrap(), 1024);
+        let gap = placed(&[(0, 1024), (2048, 4096)]);
+        let e = check_placed(7, &[(0, 2048), (2048, 2048)], &gap).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("0..2048") && msg.contains("never arrived") && msg.contains("0x7"),
+            "{msg}"
+        );
+        let none = placed(&[]);
+        assert!(check_placed(7, &[(0, 512)], &none).is_err());
+    }
 }
