@@ -15,6 +15,7 @@
 mod driver;
 pub mod medium;
 pub mod message;
+mod placed;
 pub mod stream;
 
 use std::sync::Arc;

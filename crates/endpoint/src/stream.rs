@@ -42,8 +42,8 @@ pub(crate) struct Shared {
     pub(crate) ended: AtomicBool,
     /// Why it failed, when it did.
     pub(crate) failure: Mutex<Option<String>>,
-    /// Buffers registered for placed data (see [`crate::message`]).
-    pub(crate) placements: crate::message::Placements,
+    /// Buffers registered for placed data (the message API's).
+    pub(crate) placements: crate::placed::Placements,
     /// Bytes of messages queued for the reader and not yet taken.
     pub(crate) app_bytes: AtomicUsize,
     /// Wakes the endpoint's task (the reader took messages: there is room
@@ -296,7 +296,7 @@ impl ChannelWriter {
     }
 
     /// The channel's table of buffers for placed data.
-    pub(crate) fn placements(&self) -> &crate::message::Placements {
+    pub(crate) fn placements(&self) -> &crate::placed::Placements {
         &self.shared.placements
     }
 }
