@@ -20,7 +20,7 @@ pub struct PlacedBuf {
 }
 
 impl PlacedBuf {
-    fn new(buf: Vec<u8>) -> PlacedBuf {
+    pub(crate) fn new(buf: Vec<u8>) -> PlacedBuf {
         PlacedBuf {
             buf,
             ranges: Vec::new(),
