@@ -16,7 +16,6 @@
 
 mod common;
 
-use std::net::UdpSocket;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -29,20 +28,14 @@ use ethersan_channel::Level;
 use ethersan_endpoint::{Endpoint, EndpointConfig, Medium, MessageChannel, PeerAddr};
 use ethersan_initiator::login::{LoggedIn, Login};
 use ethersan_proto::negotiate::{InitiatorNegotiator, InitiatorSettings, SessionType};
-use ethersan_proto::pdu::{Bhs, DataOut, Framer, NopOut, Pdu, RawPdu, ScsiCommand, TaskAttr};
+use ethersan_proto::pdu::{
+    Bhs, DataOut, Framer, MessagePdu, NopOut, Pdu, RawPdu, ScsiCommand, TaskAttr,
+};
 
 const GROUP: &str = "lab";
 const SECRET: &str = "correct horse battery staple";
 /// Most the target's resident memory may grow while the two misbehave.
 const RSS_BUDGET_KIB: u64 = 160 * 1024;
-
-fn free_udp_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -94,44 +87,27 @@ fn encode(bhs: &Bhs, data: &[u8]) -> Bytes {
     Bytes::from(out)
 }
 
-/// The PDUs of a message (a target may batch several in one). A header
-/// whose data is not in the message (data sent placed) comes without it.
-fn decode_all(msg: &[u8]) -> Vec<RawPdu> {
+/// The PDU of a message (one per message); a Data-In whose data went
+/// placed comes without it.
+fn decode(msg: &[u8]) -> RawPdu {
     let f = framer();
-    let mut out = Vec::new();
-    let mut at = 0;
-    while msg.len() >= at + 48 {
-        let mut bhs = Bhs::default();
-        bhs.0.copy_from_slice(&msg[at..at + 48]);
-        let rest_len = f.header_rest_len(&bhs);
-        let Some(rest) = msg.get(at + 48..at + 48 + rest_len) else {
-            break;
-        };
-        let head = f.check_header(bhs, rest).expect("header");
-        let start = at + 48 + rest_len;
-        let len = head.data_part_len();
-        match msg.get(start..start + len) {
-            Some(p) => {
-                out.push(f.finish(head, p.to_vec()).expect("pdu"));
-                at = start + len;
-            }
-            None => {
-                // Its data went placed.
-                out.push(RawPdu {
-                    bhs,
-                    ahs: Vec::new(),
-                    data: Vec::new(),
-                });
-                at = msg.len();
-            }
-        }
+    match f.split_message(msg).expect("one PDU per message") {
+        MessagePdu::Whole(head, part) => f.finish(head, part.to_vec()).expect("pdu"),
+        MessagePdu::Placed(head) => RawPdu {
+            bhs: head.bhs,
+            ahs: head.ahs,
+            data: Vec::new(),
+        },
     }
-    out
 }
 
-/// The first PDU of a message.
-fn decode(msg: &[u8]) -> RawPdu {
-    decode_all(msg).into_iter().next().expect("a PDU")
+/// The next message on `rx`, within `limit` (`what` names the wait).
+async fn next(rx: &mut ethersan_endpoint::MessageReceiver, limit: u64, what: &str) -> Bytes {
+    tokio::time::timeout(Duration::from_secs(limit), rx.recv())
+        .await
+        .unwrap_or_else(|_| panic!("{what}"))
+        .expect("receive")
+        .expect("channel open")
 }
 
 /// A channel to the target at level none, logged in to a normal session
@@ -241,11 +217,7 @@ async fn a_stopped_reader_and_an_unsolicited_flood_stay_within_the_budget() {
     cmd_sn = cmd_sn.wrapping_add(1);
     itt += 1;
     let max = loop {
-        let m = tokio::time::timeout(Duration::from_secs(10), stopped.receiver.recv())
-            .await
-            .expect("the first read is answered")
-            .expect("receive")
-            .expect("channel open");
+        let m = next(&mut stopped.receiver, 10, "the first read is answered").await;
         if let Ok(Pdu::ScsiResponse(r)) = Pdu::decode(&decode(&m).bhs) {
             break r.max_cmd_sn;
         }
@@ -392,18 +364,17 @@ async fn a_stopped_reader_and_an_unsolicited_flood_stay_within_the_budget() {
     // The stopped reader's answers are all there once it reads again.
     let mut answered = 0;
     while answered < unanswered {
-        let m = tokio::time::timeout(Duration::from_secs(20), stopped.receiver.recv())
-            .await
-            .expect("the stopped reader's answers arrive once it reads")
-            .expect("receive")
-            .expect("channel open");
-        for pdu in decode_all(&m) {
-            match Pdu::decode(&pdu.bhs) {
-                // GOOD, or the unit attention of a new nexus.
-                Ok(Pdu::ScsiResponse(_)) => answered += 1,
-                Ok(Pdu::DataIn(d)) if d.status_present => answered += 1,
-                _ => {}
-            }
+        let m = next(
+            &mut stopped.receiver,
+            20,
+            "the stopped reader's answers arrive once it reads",
+        )
+        .await;
+        match Pdu::decode(&decode(&m).bhs) {
+            // GOOD, or the unit attention of a new nexus.
+            Ok(Pdu::ScsiResponse(_)) => answered += 1,
+            Ok(Pdu::DataIn(d)) if d.status_present => answered += 1,
+            _ => {}
         }
     }
     println!("the stopped reader got its {answered} answers");

@@ -17,15 +17,6 @@ use common::*;
 const GROUP: &str = "lab";
 const SECRET: &str = "correct horse battery staple";
 
-/// A free UDP port on loopback (bound, then released for the server).
-fn free_udp_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn secret_file(dir: &Path, secret: &str) -> PathBuf {
     let p = dir.join(format!("secret-{}", secret.len()));
     std::fs::write(&p, format!("{secret}\n")).unwrap();

@@ -15,7 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use ethersan_endpoint::{MessageChannel, MessageReceiver, MessageSender, PlacedBuf};
 use ethersan_proto::negotiate::SessionParams;
-use ethersan_proto::pdu::{Bhs, Pdu, RawPdu, TmfFunction, BHS_LEN};
+use ethersan_proto::pdu::{Bhs, MessagePdu, Pdu, RawPdu, TmfFunction};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -505,30 +505,15 @@ impl<W> Driver<W> {
         if opcode == 0x25 && b[1] & 0x01 != 0 {
             // A Data-In with status whose data came inline: the buffer
             // registered for it is not needed.
-            if let Out::Messages {
-                tx: Some(tx),
-                reads,
-            } = &mut self.out
-            {
-                if reads.remove(&itt).is_some() {
-                    tx.abort(itt);
-                }
-            }
+            self.drop_registration(itt);
             return Ok(None);
         }
         if opcode != 0x21 {
             return Ok(None);
         }
         if reads.get(&itt).is_none_or(|a| a.is_empty()) {
-            if let Out::Messages {
-                tx: Some(tx),
-                reads,
-            } = &mut self.out
-            {
-                if reads.remove(&itt).is_some() {
-                    tx.abort(itt);
-                }
-            }
+            // Answered without placed data.
+            self.drop_registration(itt);
             return Ok(None);
         }
         let d = ethersan_proto::pdu::DataIn {
@@ -549,6 +534,20 @@ impl<W> Driver<W> {
             residual: 0,
         };
         self.take_placed(d).map(Some)
+    }
+
+    /// Forget the buffer registered for task `itt`, if any: data arriving
+    /// for it later is dropped.
+    fn drop_registration(&mut self, itt: u32) {
+        if let Out::Messages {
+            tx: Some(tx),
+            reads,
+        } = &mut self.out
+        {
+            if reads.remove(&itt).is_some() {
+                tx.abort(itt);
+            }
+        }
     }
 
     /// Take the read's buffer back, check that every byte the Data-In
@@ -648,41 +647,18 @@ pub(crate) fn parse_message(msg: &[u8], p: &SessionParams) -> Result<RawPdu, Err
 
 fn parse(msg: &[u8], p: &SessionParams) -> Result<Incoming, Error> {
     let f = crate::framer(p);
-    let misframed = |what: &str| {
-        Error::Protocol(format!(
-            "a native transport message {what}: the target must send one whole PDU per message"
-        ))
-    };
-    let mut bhs = Bhs::default();
-    bhs.0.copy_from_slice(
-        msg.get(..BHS_LEN)
-            .ok_or_else(|| misframed("is shorter than a PDU header"))?,
-    );
-    let rest_len = f.header_rest_len(&bhs);
-    let rest = msg
-        .get(BHS_LEN..BHS_LEN + rest_len)
-        .ok_or_else(|| misframed("ends inside a PDU header"))?;
-    let head = f
-        .check_header(bhs, rest)
-        .map_err(|e| Error::Protocol(e.to_string()))?;
-    let start = BHS_LEN + rest_len;
-    let want = head.data_part_len();
-    if msg.len() == start && want > 0 && bhs.0[0] & 0x3f == 0x25 {
-        return Ok(Incoming::Placed(RawPdu {
-            bhs,
-            ahs: Vec::new(),
+    match f.split_message(msg) {
+        Ok(MessagePdu::Whole(head, data)) => f
+            .finish(head, data.to_vec())
+            .map(Incoming::Pdu)
+            .map_err(|e| Error::Protocol(e.to_string())),
+        Ok(MessagePdu::Placed(head)) => Ok(Incoming::Placed(RawPdu {
+            bhs: head.bhs,
+            ahs: head.ahs,
             data: Vec::new(),
-        }));
+        })),
+        Err(e) => Err(Error::Protocol(e.to_string())),
     }
-    let data = msg
-        .get(start..start + want)
-        .ok_or_else(|| misframed("ends inside its PDU's data segment"))?;
-    if msg.len() != start + want {
-        return Err(misframed("holds more than one PDU"));
-    }
-    f.finish(head, data.to_vec())
-        .map(Incoming::Pdu)
-        .map_err(|e| Error::Protocol(e.to_string()))
 }
 
 /// Run `write` to its end. A write still blocked (the target reads

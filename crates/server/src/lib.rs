@@ -472,14 +472,8 @@ impl StreamServer {
         R: tokio::io::AsyncRead + Unpin + Send + 'static,
         W: tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        let Some(slot) = login_slot(&self.registry, peer) else {
+        let Some(conn) = self.connection(peer, channel_level) else {
             return;
-        };
-        let conn = Connection {
-            peer: peer.to_string(),
-            local: None,
-            channel_level,
-            login_slot: Some(slot),
         };
         serve_stream(
             rd,
@@ -492,6 +486,18 @@ impl StreamServer {
         .await
     }
 
+    /// A connection from `peer` counted among those in login, or `None`
+    /// (and it is closed before anything is read) beyond the cap.
+    fn connection(&self, peer: &str, channel_level: Option<u8>) -> Option<Connection> {
+        let slot = login_slot(&self.registry, peer)?;
+        Some(Connection {
+            peer: peer.to_string(),
+            local: None,
+            channel_level,
+            login_slot: Some(slot),
+        })
+    }
+
     /// Serve one native transport channel as an iSCSI connection until its
     /// session ends: one PDU per message, Data-In placed into the
     /// initiator's buffer (docs/native-transport.md, "iSCSI over the
@@ -502,14 +508,8 @@ impl StreamServer {
         peer: &str,
         channel_level: u8,
     ) {
-        let Some(slot) = login_slot(&self.registry, peer) else {
+        let Some(conn) = self.connection(peer, Some(channel_level)) else {
             return;
-        };
-        let conn = Connection {
-            peer: peer.to_string(),
-            local: None,
-            channel_level: Some(channel_level),
-            login_slot: Some(slot),
         };
         let reader = PduReader::messages(ch.receiver, 8192);
         let (out, writer) = wire::spawn_message_writer(ch.sender);

@@ -10,7 +10,9 @@
 
 use bytes::Bytes;
 use ethersan_endpoint::{MessageReceiver, MessageSender};
-use ethersan_proto::pdu::{Bhs, FrameError, Framer, PduError, RawPdu, BHS_LEN, MAX_DATA_SEGMENT};
+use ethersan_proto::pdu::{
+    Bhs, FrameError, Framer, MessageError, MessagePdu, PduError, RawPdu, BHS_LEN, MAX_DATA_SEGMENT,
+};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 
@@ -144,38 +146,25 @@ impl PduReader<tokio::io::Empty> {
     }
 }
 
-/// A message that is not one whole PDU: the peer does not frame as the
-/// native transport does.
-fn misframed(what: &str) -> ReadError {
-    ReadError::Io(std::io::Error::new(
-        std::io::ErrorKind::InvalidData,
-        format!("a native transport message {what}: the peer must send one whole PDU per message"),
-    ))
-}
-
-/// One PDU from one message: the header parsed in place, the data segment
+/// One PDU from one message: the header parsed in place, the data part
 /// copied once into a buffer of its own (with room for the rest of a
 /// write's data, as from a stream).
 async fn read_message(rx: &mut MessageReceiver, f: Framer) -> Result<RawPdu, ReadError> {
     let msg = rx.recv().await?.ok_or(ReadError::Closed)?;
-    let Some(head_bytes) = msg.get(..BHS_LEN) else {
-        return Err(misframed("is shorter than a PDU header"));
+    let misframed =
+        |e: String| ReadError::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, e));
+    let (head, data) = match f.split_message(&msg) {
+        Ok(MessagePdu::Whole(head, data)) => (head, data),
+        // Only Data-In travels placed, and only to the initiator.
+        Ok(MessagePdu::Placed(_)) => {
+            return Err(misframed(
+                MessageError::Misframed("ends after a Data-In header").to_string(),
+            ))
+        }
+        Err(MessageError::Frame(e)) => return Err(e.into()),
+        Err(e) => return Err(misframed(e.to_string())),
     };
-    let mut bhs = Bhs::default();
-    bhs.0.copy_from_slice(head_bytes);
-    let rest_len = f.header_rest_len(&bhs);
-    let rest = msg
-        .get(BHS_LEN..BHS_LEN + rest_len)
-        .ok_or_else(|| misframed("ends inside a PDU header"))?;
-    let head = f.check_header(bhs, rest)?;
-    let start = BHS_LEN + rest_len;
-    let len = head.data_part_len();
-    let data = msg
-        .get(start..start + len)
-        .ok_or_else(|| misframed("ends inside its PDU's data segment"))?;
-    if msg.len() != start + len {
-        return Err(misframed("holds more than one PDU"));
-    }
+    let len = data.len();
     let room = write_capacity(&head.bhs);
     let capacity = if len > 0 && len.saturating_mul(4) >= room {
         room
