@@ -420,6 +420,11 @@ impl<W: AsyncWrite + Unpin + Send> Driver<W> {
                         wrote = true;
                     }
                     Output::Complete(id, r) => {
+                        if r.is_err() {
+                            // A read that ended without its data (aborted,
+                            // timed out) gives its buffer back now.
+                            self.drop_finished_registrations();
+                        }
                         if let Some(reply) = self.replies.remove(&id) {
                             let _ = reply.send(r);
                         }
@@ -547,6 +552,23 @@ impl<W> Driver<W> {
             residual: 0,
         };
         self.take_placed(d).map(Some)
+    }
+
+    /// Forget the buffers registered for reads the connection no longer
+    /// has (they ended without their data): data arriving for them later
+    /// is dropped.
+    fn drop_finished_registrations(&mut self) {
+        let Out::Messages { reads, .. } = &self.out else {
+            return;
+        };
+        let gone: Vec<u32> = reads
+            .keys()
+            .copied()
+            .filter(|itt| !self.core.has_task(*itt))
+            .collect();
+        for itt in gone {
+            self.drop_registration(itt);
+        }
     }
 
     /// Forget the buffer registered for task `itt`, if any: data arriving
