@@ -248,22 +248,8 @@ impl Harness {
 
     /// Answer an R2T with all it asks for, 8 KiB per Data-Out.
     fn answer(&mut self, r: &pdu::R2t, fill: u8) {
-        let mut off = 0;
-        let mut data_sn = 0;
-        while off < r.desired_len {
-            let len = (r.desired_len - off).min(8192);
-            let d = DataOut {
-                final_bit: off + len == r.desired_len,
-                lun: lun_to_wire(0),
-                itt: r.itt,
-                ttt: r.ttt,
-                exp_stat_sn: 0,
-                data_sn,
-                buffer_offset: r.buffer_offset + off,
-            };
+        for (d, len) in data_outs(r) {
             self.pdu(Pdu::DataOut(d), &vec![fill; len as usize]);
-            off += len;
-            data_sn += 1;
         }
     }
 
@@ -689,8 +675,20 @@ fn placed_data_out_that_never_landed_fails_and_an_abort_drops_the_buffer() {
 /// The Data-Out headers of a placed answer to `r`, 8 KiB each, each
 /// without its data segment.
 fn placed_headers(h: &mut Harness, r: &pdu::R2t) {
+    for (d, len) in data_outs(r) {
+        let raw = RawPdu {
+            bhs: Pdu::DataOut(d).encode(len),
+            ahs: Vec::new(),
+            data: Vec::new(),
+        };
+        h.event(Event::Pdu(Ok(raw)));
+    }
+}
+
+/// The Data-Out headers answering `r` with 8 KiB each, and their lengths.
+fn data_outs(r: &pdu::R2t) -> Vec<(DataOut, u32)> {
+    let mut out = Vec::new();
     let mut off = 0;
-    let mut data_sn = 0;
     while off < r.desired_len {
         let len = (r.desired_len - off).min(8192);
         let d = DataOut {
@@ -699,16 +697,11 @@ fn placed_headers(h: &mut Harness, r: &pdu::R2t) {
             itt: r.itt,
             ttt: r.ttt,
             exp_stat_sn: 0,
-            data_sn,
+            data_sn: out.len() as u32,
             buffer_offset: r.buffer_offset + off,
         };
-        let raw = RawPdu {
-            bhs: Pdu::DataOut(d).encode(len),
-            ahs: Vec::new(),
-            data: Vec::new(),
-        };
-        h.event(Event::Pdu(Ok(raw)));
+        out.push((d, len));
         off += len;
-        data_sn += 1;
     }
+    out
 }
