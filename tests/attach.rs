@@ -615,6 +615,12 @@ fn a_lun_that_goes_away_is_eio_with_a_log_line_naming_it() {
     let e = f.read_at(&mut buf, 8192).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
     drop(f);
+    // The line is written as the read fails; the reader thread takes it
+    // soon after.
+    let until = Instant::now() + Duration::from_secs(10);
+    while !att.text().contains("answered EIO") && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let log = att.text();
     let lines: Vec<_> = log.lines().filter(|l| l.contains("answered EIO")).collect();
     assert!(!lines.is_empty(), "no log line for the failed read:\n{log}");

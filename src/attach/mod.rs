@@ -260,10 +260,18 @@ async fn serve(
                     path.display()
                 );
             }
-            tokio::select! {
+            let r = tokio::select! {
                 r = &mut ended => r,
                 _ = term.recv() => bail!("stopped by a second signal while {} was open; its user now gets I/O errors", path.display()),
                 _ = int.recv() => bail!("stopped by a second signal while {} was open; its user now gets I/O errors", path.display()),
+            };
+            // Once the file is closed after our own (lazy) unmount, the
+            // kernel may end the session with ECONNABORTED rather than
+            // ENODEV (the connection is torn down with the superblock):
+            // that is the end asked for, not a failure.
+            match r {
+                Ok(Err(e)) if e.raw_os_error() == Some(libc::ECONNABORTED) => Ok(Ok(())),
+                other => other,
             }
         }
     };
