@@ -28,6 +28,18 @@ const FRAMES_PER_ROUND: usize = 512;
 const HELLO_RESEND: Duration = Duration::from_millis(200);
 /// How often an initiator resends HELLO_FINISH until the target answers.
 const FINISH_RESEND: Duration = Duration::from_millis(200);
+/// How long a channel that closed still answers its peer's CLOSE (the
+/// peer's copies of a burst, or a CLOSE resent because our reply was
+/// lost), so that the peer ends at once instead of after its timeout.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// A closed channel kept for [`LINGER`]: it holds no application state,
+/// only what answers CLOSE with CLOSE-REPLY.
+struct Lingering {
+    ch: Channel,
+    peer: PeerAddr,
+    until: Instant,
+}
 
 struct Chan {
     ch: Channel,
@@ -59,6 +71,7 @@ pub(crate) struct Driver {
     cmd_tx: mpsc::WeakUnboundedSender<Command>,
     cmd_rx: mpsc::UnboundedReceiver<Command>,
     channels: HashMap<u32, Chan>,
+    lingering: HashMap<u32, Lingering>,
     connecting: HashMap<u32, Connecting>,
     responder: Option<Responder>,
     discovery: Option<DiscoveryResponder>,
@@ -97,6 +110,7 @@ impl Driver {
             cmd_tx,
             cmd_rx,
             channels: HashMap::new(),
+            lingering: HashMap::new(),
             connecting: HashMap::new(),
             responder,
             discovery,
@@ -199,7 +213,7 @@ impl Driver {
         match prefix.kind {
             Kind::Data | Kind::Ack | Kind::Close => {
                 let Some(c) = self.channels.get_mut(&prefix.dst) else {
-                    trace!(%peer, dst = prefix.dst, "frame for no channel");
+                    self.on_lingering_frame(now, peer, prefix.dst, frame);
                     return;
                 };
                 if c.info.peer != peer {
@@ -245,6 +259,26 @@ impl Driver {
         }
     }
 
+    /// A frame for a channel that is not open: a closed one that still
+    /// lingers answers a CLOSE with CLOSE-REPLY.
+    fn on_lingering_frame(&mut self, now: Instant, peer: PeerAddr, dst: u32, frame: &mut [u8]) {
+        let Some(l) = self.lingering.get_mut(&dst).filter(|l| l.peer == peer) else {
+            trace!(%peer, dst, "frame for no channel");
+            return;
+        };
+        if l.ch.handle_frame(now, frame).is_err() {
+            return;
+        }
+        let mut buf = self.spare.pop().unwrap_or_default();
+        if l.ch
+            .poll_transmit_after(now, &mut buf, self.medium.headroom())
+        {
+            self.outbox.push((peer, buf));
+        } else {
+            self.spare.push(buf);
+        }
+    }
+
     /// Queues `frame` for `peer`, after the medium's headroom (the
     /// channels write theirs in place; this copy is for the rare handshake
     /// and discovery frames).
@@ -259,7 +293,10 @@ impl Driver {
     fn fresh_id(&self) -> u32 {
         loop {
             let id = fastrand::u32(1..);
-            if !self.channels.contains_key(&id) && !self.connecting.contains_key(&id) {
+            if !self.channels.contains_key(&id)
+                && !self.connecting.contains_key(&id)
+                && !self.lingering.contains_key(&id)
+            {
                 return id;
             }
         }
@@ -512,6 +549,7 @@ impl Driver {
         if let Some(r) = self.responder.as_mut() {
             r.expire(now);
         }
+        self.lingering.retain(|_, l| l.until > now);
         let mut resend: Vec<(PeerAddr, Vec<u8>)> = Vec::new();
         for c in self.channels.values_mut() {
             if c.ch.poll_timeout().is_some_and(|t| t <= now) {
@@ -623,7 +661,18 @@ impl Driver {
                     None => debug!(peer = %c.info.peer, channel = id, "channel closed"),
                 }
                 log_stats(target, "channel ended", &c.info, &c.ch.stats());
+                let closed = why.is_none();
                 c.shared.end(why.map(|w| w.to_string()));
+                if closed {
+                    self.lingering.insert(
+                        id,
+                        Lingering {
+                            ch: c.ch,
+                            peer: c.info.peer,
+                            until: now + LINGER,
+                        },
+                    );
+                }
             }
         }
     }

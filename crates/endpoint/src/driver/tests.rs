@@ -212,3 +212,35 @@ async fn the_task_ends_once_handles_and_streams_are_gone_and_channels_closed() {
     assert!(b.is_empty());
     drop(target);
 }
+
+/// Channels closed through a hub that loses a third of the frames: the
+/// target's end sees the close and the initiator's task ends (its CLOSE
+/// answered) within a few seconds, where a CLOSE left unanswered would
+/// hold it for its 15 s `dead_after`: the initiator sends CLOSE as a
+/// burst, and the target's closed channel lingers to answer every copy.
+#[tokio::test]
+async fn a_close_through_loss_ends_both_sides_long_before_the_timeout() {
+    const BOUND: Duration = Duration::from_secs(3);
+    let channel = ChannelConfig::default();
+    assert!(channel.dead_after >= 5 * BOUND);
+    for seed in 0..6 {
+        let hub = MemoryHub::new(40 + seed);
+        let (target, initiator, ours, mut theirs) = pair(&hub, channel.clone()).await;
+        hub.set_impairments(Impairments {
+            loss: 0.33,
+            ..Impairments::default()
+        });
+        let stopped = initiator.stopped();
+        drop(initiator);
+        drop(ours);
+        let mut b = Vec::new();
+        tokio::time::timeout(BOUND, theirs.reader.read_to_end(&mut b))
+            .await
+            .unwrap_or_else(|_| panic!("seed {seed}: the target's stream did not end"))
+            .expect("a close is the end of file");
+        tokio::time::timeout(BOUND, stopped.wait())
+            .await
+            .unwrap_or_else(|_| panic!("seed {seed}: the initiator's CLOSE went unanswered"));
+        drop(target);
+    }
+}
