@@ -225,6 +225,9 @@ pub enum FailReason {
     /// A fragment's index does not follow the previous fragment's.
     #[error("the peer sent a fragment out of place in its message")]
     FragmentOutOfOrder,
+    /// The peer answered with an authentic stateless reset.
+    #[error("the target no longer knows this channel (it restarted?): reconnect")]
+    Reset,
 }
 
 /// Where a channel is in its life.
@@ -597,6 +600,19 @@ impl Channel {
             self.ack_now = true;
         }
         Some(msg)
+    }
+
+    /// The peer no longer knows this channel (an authentic stateless
+    /// reset, checked by the caller): a channel that was closing is
+    /// closed, any other fails with [`FailReason::Reset`].
+    pub fn reset(&mut self) {
+        match self.state {
+            ChannelState::Closing if self.queue.is_empty() && self.sent.is_empty() => {
+                self.finish_closed()
+            }
+            ChannelState::Open | ChannelState::Closing => self.fail(FailReason::Reset),
+            ChannelState::Closed | ChannelState::Failed(_) => {}
+        }
     }
 
     /// Ends the channel once the data queued has been delivered.
