@@ -110,6 +110,16 @@ mod tests {
         assert_eq!(check(&k, &f[..RESET_LEN - 1]), None);
     }
 
+    /// The token as docs/native-transport.md §Stateless reset defines it,
+    /// computed independently (Python's hashlib.blake2s).
+    #[test]
+    fn the_token_is_the_documented_one() {
+        let k = keys(b"a long enough secret");
+        let want = "331da795f644f8223e7f18a69e9c46c8";
+        let got: String = token(&k, 77).iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(got, want);
+    }
+
     #[test]
     fn no_reset_is_larger_than_its_trigger() {
         let k = keys(b"a long enough secret");
