@@ -403,7 +403,7 @@ mod tests {
         let mut bad = out.clone();
         bad[1] = 2;
         assert_eq!(Header::parse(&bad), Err(FrameError::BadVersion(2)));
-        for k in [0u8, 4, 0x0F, 0x13, 0x22, 0xFF] {
+        for k in [0u8, 5, 0x0F, 0x13, 0x22, 0xFF] {
             let mut bad = out.clone();
             bad[2] = k;
             assert_eq!(Header::parse(&bad), Err(FrameError::UnknownKind(k)));
