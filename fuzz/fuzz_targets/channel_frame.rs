@@ -2,14 +2,20 @@
 //! The input is parsed as a prefix and a channel header, opened by a
 //! CRC32C protector (as is, and again after its CRC is made valid, so the
 //! length checks and the replay window are reached), and handed to a
-//! channel with data of its own in flight.
+//! channel with data of its own in flight. The same bytes are checked as
+//! a stateless RESET: accepted only when they are exactly what the group's
+//! key writes for the id they name, and a RESET built for that id from
+//! the input's length is never longer than the input.
 #![no_main]
 
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use ethersan_channel::channel::{Channel, ChannelConfig};
 use ethersan_channel::frame::{Header, Prefix, HEADER_LEN};
+use ethersan_channel::group::GroupKeys;
 use ethersan_channel::protect::Protector;
+use ethersan_channel::reset;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -45,6 +51,23 @@ fuzz_target!(|data: &[u8]| {
                 }
                 Err(e) => panic!("a frame sealed for this protector failed: {e}"),
             }
+        }
+    }
+
+    static KEYS: OnceLock<GroupKeys> = OnceLock::new();
+    let keys = KEYS.get_or_init(|| GroupKeys::derive("fuzz", b"a fuzzing secret").expect("keys"));
+    if let Some(id) = reset::check(keys, data) {
+        let mut again = Vec::new();
+        assert!(reset::write(keys, id, data.len(), &mut again));
+        assert_eq!(&again[..], &data[..reset::RESET_LEN]);
+    }
+    if let Ok(p) = prefix {
+        let mut r = Vec::new();
+        if reset::write(keys, p.dst, data.len(), &mut r) {
+            assert!(r.len() <= data.len());
+            assert_eq!(reset::check(keys, &r), Some(p.dst));
+        } else {
+            assert!(r.is_empty());
         }
     }
 

@@ -38,6 +38,9 @@ pub enum Kind {
     Ack = 0x02,
     /// The end of a channel.
     Close = 0x03,
+    /// A target's answer to a channel frame for a channel it does not know
+    /// (see [`crate::reset`]).
+    Reset = 0x04,
     /// Handshake message 1 (initiator to target).
     Hello = 0x10,
     /// Handshake message 2 (target to initiator).
@@ -57,6 +60,7 @@ impl Kind {
             0x01 => Kind::Data,
             0x02 => Kind::Ack,
             0x03 => Kind::Close,
+            0x04 => Kind::Reset,
             0x10 => Kind::Hello,
             0x11 => Kind::HelloReply,
             0x12 => Kind::HelloFinish,
@@ -399,7 +403,7 @@ mod tests {
         let mut bad = out.clone();
         bad[1] = 2;
         assert_eq!(Header::parse(&bad), Err(FrameError::BadVersion(2)));
-        for k in [0u8, 4, 0x0F, 0x13, 0x22, 0xFF] {
+        for k in [0u8, 5, 0x0F, 0x13, 0x22, 0xFF] {
             let mut bad = out.clone();
             bad[2] = k;
             assert_eq!(Header::parse(&bad), Err(FrameError::UnknownKind(k)));

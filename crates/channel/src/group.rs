@@ -36,6 +36,9 @@ pub const SECRET_ENV: &str = "ETHERSAN_GROUP_SECRET";
 const LABEL_PSK: &[u8] = b"ethersan/1 psk";
 const LABEL_DISCOVERY_MAC: &[u8] = b"ethersan/1 discovery mac";
 const LABEL_DISCOVERY_REPLY: &[u8] = b"ethersan/1 discovery reply";
+/// Label of the stateless reset key (docs/native-transport.md §Stateless
+/// reset).
+const LABEL_RESET: &[u8] = b"ethersan reset v1";
 
 /// A group name or secret that cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -102,6 +105,7 @@ pub struct GroupKeys {
     psk: [u8; 32],
     discovery_mac: [u8; 32],
     discovery_reply: [u8; 32],
+    reset: [u8; 32],
 }
 
 impl std::fmt::Debug for GroupKeys {
@@ -117,6 +121,7 @@ impl Drop for GroupKeys {
         self.psk.zeroize();
         self.discovery_mac.zeroize();
         self.discovery_reply.zeroize();
+        self.reset.zeroize();
     }
 }
 
@@ -171,6 +176,7 @@ impl GroupKeys {
             psk: derive_key(&root, LABEL_PSK, group),
             discovery_mac: derive_key(&root, LABEL_DISCOVERY_MAC, group),
             discovery_reply: derive_key(&root, LABEL_DISCOVERY_REPLY, group),
+            reset: derive_key(&root, LABEL_RESET, group),
         };
         root.zeroize();
         Ok(keys)
@@ -194,6 +200,11 @@ impl GroupKeys {
     /// The ChaCha20-Poly1305 key of discovery replies.
     pub fn discovery_reply_key(&self) -> &[u8; 32] {
         &self.discovery_reply
+    }
+
+    /// The key of stateless reset tokens (keyed BLAKE2s-256).
+    pub fn reset_key(&self) -> &[u8; 32] {
+        &self.reset
     }
 }
 

@@ -28,6 +28,7 @@ pub mod frame;
 pub mod group;
 pub mod handshake;
 pub mod protect;
+pub mod reset;
 
 /// Default EtherType of the native transport on raw Ethernet (IEEE 802
 /// local experimental EtherType 1).

@@ -14,6 +14,7 @@ use ethersan_channel::discovery::{self, Catalog, DiscoveryResponder, ReplyPart};
 use ethersan_channel::frame::{Kind, Prefix};
 use ethersan_channel::handshake::{Established, InitiatorHandshake, Responder};
 use ethersan_channel::protect::Protector;
+use ethersan_channel::reset;
 use ethersan_channel::Level;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tracing::{debug, info, trace, warn};
@@ -28,6 +29,24 @@ const FRAMES_PER_ROUND: usize = 512;
 const HELLO_RESEND: Duration = Duration::from_millis(200);
 /// How often an initiator resends HELLO_FINISH until the target answers.
 const FINISH_RESEND: Duration = Duration::from_millis(200);
+/// How long a channel that closed still answers its peer's CLOSE (the
+/// peer's copies of a burst, or a CLOSE resent because our reply was
+/// lost), so that the peer ends at once instead of after its timeout.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// Most RESET frames a target sends one peer per second.
+const RESETS_PER_SECOND: u32 = 10;
+/// Most peers whose RESET count a target keeps (beyond, the counts start
+/// over: the limit per peer then holds per round of the table).
+const RESET_PEERS: usize = 4096;
+
+/// A closed channel kept for [`LINGER`]: it holds no application state,
+/// only what answers CLOSE with CLOSE-REPLY.
+struct Lingering {
+    ch: Channel,
+    peer: PeerAddr,
+    until: Instant,
+}
 
 struct Chan {
     ch: Channel,
@@ -59,6 +78,9 @@ pub(crate) struct Driver {
     cmd_tx: mpsc::WeakUnboundedSender<Command>,
     cmd_rx: mpsc::UnboundedReceiver<Command>,
     channels: HashMap<u32, Chan>,
+    lingering: HashMap<u32, Lingering>,
+    /// RESET frames sent per peer in the current second.
+    resets: HashMap<PeerAddr, (Instant, u32)>,
     connecting: HashMap<u32, Connecting>,
     responder: Option<Responder>,
     discovery: Option<DiscoveryResponder>,
@@ -97,6 +119,8 @@ impl Driver {
             cmd_tx,
             cmd_rx,
             channels: HashMap::new(),
+            lingering: HashMap::new(),
+            resets: HashMap::new(),
             connecting: HashMap::new(),
             responder,
             discovery,
@@ -199,7 +223,7 @@ impl Driver {
         match prefix.kind {
             Kind::Data | Kind::Ack | Kind::Close => {
                 let Some(c) = self.channels.get_mut(&prefix.dst) else {
-                    trace!(%peer, dst = prefix.dst, "frame for no channel");
+                    self.on_lingering_frame(now, peer, prefix.dst, frame);
                     return;
                 };
                 if c.info.peer != peer {
@@ -230,6 +254,7 @@ impl Driver {
                     Err(e) => debug!(channel = prefix.dst, %peer, error = %e, "frame rejected"),
                 }
             }
+            Kind::Reset => self.on_reset(peer, frame),
             Kind::Hello => self.on_hello(now, peer, frame),
             Kind::HelloReply => self.on_hello_reply(now, peer, prefix.dst, frame),
             Kind::HelloFinish => self.on_finish(now, peer, frame),
@@ -241,6 +266,78 @@ impl Driver {
                         break;
                     }
                 }
+            }
+        }
+    }
+
+    /// A frame for a channel that is not open: a closed one that still
+    /// lingers answers a CLOSE with CLOSE-REPLY.
+    fn on_lingering_frame(&mut self, now: Instant, peer: PeerAddr, dst: u32, frame: &mut [u8]) {
+        let Some(l) = self.lingering.get_mut(&dst).filter(|l| l.peer == peer) else {
+            trace!(%peer, dst, "frame for no channel");
+            self.send_reset(now, peer, dst, frame.len());
+            return;
+        };
+        if l.ch.handle_frame(now, frame).is_err() {
+            return;
+        }
+        let mut buf = self.spare.pop().unwrap_or_default();
+        if l.ch
+            .poll_transmit_after(now, &mut buf, self.medium.headroom())
+        {
+            self.outbox.push((peer, buf));
+        } else {
+            self.spare.push(buf);
+        }
+    }
+
+    /// A target answers a channel frame for a channel it does not know
+    /// with a RESET, at most [`RESETS_PER_SECOND`] per peer, never larger
+    /// than the frame.
+    fn send_reset(&mut self, now: Instant, peer: PeerAddr, dst: u32, len: usize) {
+        if !matches!(self.role, Role::Target { .. }) {
+            return;
+        }
+        if self.resets.len() >= RESET_PEERS && !self.resets.contains_key(&peer) {
+            self.resets
+                .retain(|_, (since, _)| now.duration_since(*since) < Duration::from_secs(1));
+            if self.resets.len() >= RESET_PEERS {
+                return;
+            }
+        }
+        let (since, n) = self.resets.entry(peer).or_insert((now, 0));
+        if now.duration_since(*since) >= Duration::from_secs(1) {
+            (*since, *n) = (now, 0);
+        }
+        if *n >= RESETS_PER_SECOND {
+            return;
+        }
+        let mut buf = self.spare.pop().unwrap_or_default();
+        buf.clear();
+        buf.resize(self.medium.headroom(), 0);
+        if reset::write(&self.cfg.group, dst, len, &mut buf) {
+            *n += 1;
+            debug!(%peer, channel = dst, "RESET for an unknown channel");
+            self.outbox.push((peer, buf));
+        } else {
+            self.spare.push(buf);
+        }
+    }
+
+    /// An initiator's channel to `peer` whose target side was the id an
+    /// authentic RESET names fails at once.
+    fn on_reset(&mut self, peer: PeerAddr, frame: &[u8]) {
+        if !matches!(self.role, Role::Initiator) {
+            return;
+        }
+        let Some(id) = reset::check(&self.cfg.group, frame) else {
+            debug!(%peer, "RESET with a wrong token ignored");
+            return;
+        };
+        for c in self.channels.values_mut() {
+            if c.info.peer == peer && c.info.peer_id == id {
+                info!(%peer, channel = c.info.local_id, "the target no longer knows this channel");
+                c.ch.reset();
             }
         }
     }
@@ -259,7 +356,10 @@ impl Driver {
     fn fresh_id(&self) -> u32 {
         loop {
             let id = fastrand::u32(1..);
-            if !self.channels.contains_key(&id) && !self.connecting.contains_key(&id) {
+            if !self.channels.contains_key(&id)
+                && !self.connecting.contains_key(&id)
+                && !self.lingering.contains_key(&id)
+            {
                 return id;
             }
         }
@@ -512,6 +612,9 @@ impl Driver {
         if let Some(r) = self.responder.as_mut() {
             r.expire(now);
         }
+        self.lingering.retain(|_, l| l.until > now);
+        self.resets
+            .retain(|_, (since, _)| now.duration_since(*since) < Duration::from_secs(1));
         let mut resend: Vec<(PeerAddr, Vec<u8>)> = Vec::new();
         for c in self.channels.values_mut() {
             if c.ch.poll_timeout().is_some_and(|t| t <= now) {
@@ -623,7 +726,18 @@ impl Driver {
                     None => debug!(peer = %c.info.peer, channel = id, "channel closed"),
                 }
                 log_stats(target, "channel ended", &c.info, &c.ch.stats());
+                let closed = why.is_none();
                 c.shared.end(why.map(|w| w.to_string()));
+                if closed {
+                    self.lingering.insert(
+                        id,
+                        Lingering {
+                            ch: c.ch,
+                            peer: c.info.peer,
+                            until: now + LINGER,
+                        },
+                    );
+                }
             }
         }
     }

@@ -100,7 +100,9 @@
 //! # Ending
 //!
 //! [`Channel::close`] sends CLOSE once every queued fragment has been
-//! acknowledged, and resends it on a backed-off timer until the peer
+//! acknowledged — three copies a quarter of a round trip apart (so that
+//! one lost CLOSE does not leave the peer holding the channel for a
+//! timeout) — and resends it on a backed-off timer until the peer
 //! answers with CLOSE carrying [`FLAG_CLOSE_REPLY`]. A CLOSE from the peer
 //! closes the channel at once (data still queued here is discarded) and is
 //! answered. The channel fails ([`FailReason::Timeout`]) when data or a
@@ -127,6 +129,16 @@ mod transmit;
 
 pub use placement::{NoPlacement, PlaceSlot, Placement};
 pub use stats::ChannelStats;
+
+/// CLOSE frames sent close together (a fraction of a round trip apart)
+/// before the retransmission timer takes over: one lost CLOSE does not
+/// keep the peer's channel open for a timeout.
+const CLOSE_BURST: u32 = 3;
+/// The shortest spacing of the CLOSE burst.
+const CLOSE_SPACING_MIN: Duration = Duration::from_micros(100);
+/// The longest spacing of the CLOSE burst (also the spacing before any
+/// RTT was measured).
+const CLOSE_SPACING_MAX: Duration = Duration::from_millis(5);
 
 /// Transmissions after a frame that, once acknowledged, declare it lost.
 const PACKET_THRESHOLD: u64 = 3;
@@ -213,6 +225,9 @@ pub enum FailReason {
     /// A fragment's index does not follow the previous fragment's.
     #[error("the peer sent a fragment out of place in its message")]
     FragmentOutOfOrder,
+    /// The peer answered with an authentic stateless reset.
+    #[error("the target no longer knows this channel (it restarted?): reconnect")]
+    Reset,
 }
 
 /// Where a channel is in its life.
@@ -585,6 +600,19 @@ impl Channel {
             self.ack_now = true;
         }
         Some(msg)
+    }
+
+    /// The peer no longer knows this channel (an authentic stateless
+    /// reset, checked by the caller): a channel that was closing is
+    /// closed, any other fails with [`FailReason::Reset`].
+    pub fn reset(&mut self) {
+        match self.state {
+            ChannelState::Closing if self.queue.is_empty() && self.sent.is_empty() => {
+                self.finish_closed()
+            }
+            ChannelState::Open | ChannelState::Closing => self.fail(FailReason::Reset),
+            ChannelState::Closed | ChannelState::Failed(_) => {}
+        }
     }
 
     /// Ends the channel once the data queued has been delivered.

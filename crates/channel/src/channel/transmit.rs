@@ -2,7 +2,7 @@
 //! within the congestion window and the peer's credit, then a pending ACK
 //! or CLOSE; each frame's header written and sealed by the protector.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::*;
 
@@ -58,15 +58,8 @@ impl Channel {
             if self.close_at.is_none() {
                 self.last_progress = now;
             }
-            let backoff = 1u32 << self.close_tries.min(16);
+            self.close_at = Some(now + self.close_wait());
             self.close_tries = self.close_tries.saturating_add(1);
-            let wait = self
-                .rtt
-                .rto()
-                .checked_mul(backoff)
-                .unwrap_or(self.cfg.max_rto)
-                .min(self.cfg.max_rto);
-            self.close_at = Some(now + wait);
             self.write_control(out, Kind::Close, 0);
             return true;
         }
@@ -76,6 +69,26 @@ impl Channel {
             return true;
         }
         false
+    }
+
+    /// How long after the CLOSE about to be sent the next one goes:
+    /// the first [`CLOSE_BURST`] copies a fraction of a round trip apart
+    /// (so that one lost CLOSE costs the peer a fraction of a round trip,
+    /// not a timeout), then on the retransmission timer, backed off.
+    fn close_wait(&self) -> Duration {
+        if self.close_tries + 1 < CLOSE_BURST {
+            return self
+                .rtt
+                .srtt()
+                .map_or(CLOSE_SPACING_MAX, |s| s / 4)
+                .clamp(CLOSE_SPACING_MIN, CLOSE_SPACING_MAX);
+        }
+        let backoff = 1u32 << (self.close_tries + 1 - CLOSE_BURST).min(16);
+        self.rtt
+            .rto()
+            .checked_mul(backoff)
+            .unwrap_or(self.cfg.max_rto)
+            .min(self.cfg.max_rto)
     }
 
     /// Queues `seq` for retransmission, keeping the queue in sequence

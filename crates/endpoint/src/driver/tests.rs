@@ -212,3 +212,144 @@ async fn the_task_ends_once_handles_and_streams_are_gone_and_channels_closed() {
     assert!(b.is_empty());
     drop(target);
 }
+
+/// Channels closed through a hub that loses a third of the frames: the
+/// target's end sees the close and the initiator's task ends (its CLOSE
+/// answered) within a few seconds, where a CLOSE left unanswered would
+/// hold it for its 15 s `dead_after`: the initiator sends CLOSE as a
+/// burst, and the target's closed channel lingers to answer every copy.
+#[tokio::test]
+async fn a_close_through_loss_ends_both_sides_long_before_the_timeout() {
+    const BOUND: Duration = Duration::from_secs(3);
+    let channel = ChannelConfig::default();
+    assert!(channel.dead_after >= 5 * BOUND);
+    for seed in 0..6 {
+        let hub = MemoryHub::new(40 + seed);
+        let (target, initiator, ours, mut theirs) = pair(&hub, channel.clone()).await;
+        hub.set_impairments(Impairments {
+            loss: 0.33,
+            ..Impairments::default()
+        });
+        let stopped = initiator.stopped();
+        drop(initiator);
+        drop(ours);
+        let mut b = Vec::new();
+        tokio::time::timeout(BOUND, theirs.reader.read_to_end(&mut b))
+            .await
+            .unwrap_or_else(|_| panic!("seed {seed}: the target's stream did not end"))
+            .expect("a close is the end of file");
+        tokio::time::timeout(BOUND, stopped.wait())
+            .await
+            .unwrap_or_else(|_| panic!("seed {seed}: the initiator's CLOSE went unanswered"));
+        drop(target);
+    }
+}
+
+/// A target that restarted (a new endpoint took over its address) answers
+/// the initiator's next frame with a RESET: the initiator's channel fails
+/// at once with a clear error, long before its `dead_after`.
+#[tokio::test]
+async fn a_restarted_target_resets_the_channel_at_once() {
+    let hub = MemoryHub::new(11);
+    let (old, initiator, mut ours, _theirs) = pair(&hub, ChannelConfig::default()).await;
+    // The restarted target: same group, same address, no channels.
+    let _new = Endpoint::target(
+        medium(&hub, TARGET_MAC),
+        config(b"group-secret-1", ChannelConfig::default()),
+    );
+    ours.writer.write_all(b"still there?").await.unwrap();
+    let mut b = [0u8; 1];
+    let r = tokio::time::timeout(Duration::from_secs(3), ours.reader.read(&mut b))
+        .await
+        .expect("the RESET ends the channel long before its 15 s timeout");
+    let e = r.expect_err("a reset channel is an error");
+    assert!(
+        e.to_string().contains("no longer knows this channel"),
+        "{e}"
+    );
+    assert!(initiator.stats().await.unwrap().is_empty());
+    drop(old);
+}
+
+/// A RESET from a member of another group (a wrong token) changes
+/// nothing: the channel goes on.
+#[tokio::test]
+async fn a_forged_reset_changes_nothing() {
+    let hub = MemoryHub::new(12);
+    let (_target, initiator, mut ours, mut theirs) = pair(&hub, ChannelConfig::default()).await;
+    let peer_id = ours.info.peer_id;
+    // Forged with the target's address as its source, under another
+    // group's key.
+    let forger = hub
+        .port(MacAddr([2, 0, 0, 0, 0, 3]), ETHERTYPE_NATIVE, 1500)
+        .expect("a port");
+    let stranger = GroupKeys::derive("test", b"another-secret").expect("keys");
+    let mut f = Vec::new();
+    f.extend_from_slice(&INITIATOR_MAC.0);
+    f.extend_from_slice(&TARGET_MAC.0);
+    f.extend_from_slice(&ETHERTYPE_NATIVE.to_be_bytes());
+    assert!(ethersan_channel::reset::write(
+        &stranger, peer_id, 100, &mut f
+    ));
+    Link::from(forger).send(&f).await.expect("sent");
+    ours.writer.write_all(b"ping").await.unwrap();
+    let mut got = [0u8; 4];
+    tokio::time::timeout(LIMIT, theirs.reader.read_exact(&mut got))
+        .await
+        .expect("the channel still works")
+        .unwrap();
+    assert_eq!(&got, b"ping");
+    assert_eq!(initiator.stats().await.unwrap().len(), 1);
+}
+
+/// A target answers a channel frame for an unknown channel with a RESET
+/// no larger than it, and never answers a RESET.
+#[tokio::test]
+async fn a_reset_answers_unknown_channels_and_never_a_reset() {
+    let hub = MemoryHub::new(13);
+    let _target = Endpoint::target(
+        medium(&hub, TARGET_MAC),
+        config(b"group-secret-1", ChannelConfig::default()),
+    );
+    let keys = GroupKeys::derive("test", b"group-secret-1").expect("keys");
+    let me = MacAddr([2, 0, 0, 0, 0, 4]);
+    let link = Link::from(hub.port(me, ETHERTYPE_NATIVE, 1500).expect("a port"));
+    let eth = |body: &[u8]| {
+        let mut f = Vec::new();
+        f.extend_from_slice(&TARGET_MAC.0);
+        f.extend_from_slice(&me.0);
+        f.extend_from_slice(&ETHERTYPE_NATIVE.to_be_bytes());
+        f.extend_from_slice(body);
+        f
+    };
+    // A RESET first (authentic, for id 5): it must go unanswered.
+    let mut r = Vec::new();
+    assert!(ethersan_channel::reset::write(&keys, 5, 100, &mut r));
+    link.send(&eth(&r)).await.expect("sent");
+    // Then an ACK-sized channel frame for unknown id 9.
+    let mut ack = Vec::new();
+    ethersan_channel::frame::Prefix {
+        kind: ethersan_channel::frame::Kind::Ack,
+        flags: 0,
+        dst: 9,
+    }
+    .write(&mut ack);
+    ack.resize(56, 0);
+    link.send(&eth(&ack)).await.expect("sent");
+    let mut got = Vec::new();
+    tokio::time::timeout(
+        LIMIT,
+        link.recv_batch(|f| {
+            if got.is_empty() {
+                got = f.to_vec();
+            }
+        }),
+    )
+    .await
+    .expect("an answer in time")
+    .expect("received");
+    let body = &got[14..];
+    // The first answer is the RESET for id 9: nothing answered the RESET.
+    assert_eq!(ethersan_channel::reset::check(&keys, body), Some(9));
+    assert!(body.len() <= ack.len());
+}
