@@ -99,6 +99,9 @@ pub enum HandshakeError {
         /// The destination channel id of the frame.
         id: u32,
     },
+    /// The frame is of another native transport version.
+    #[error("peer speaks native transport version {0}, this ethersan speaks {VERSION}: run the same ethersan version on both ends")]
+    BadVersion(u8),
     /// The target granted less than the level asked for.
     #[error("the target refused security level {asked}: it granted only {granted}")]
     LevelRefused {
@@ -155,6 +158,9 @@ fn check_frame(
     len: usize,
     name: &'static str,
 ) -> Result<u32, HandshakeError> {
+    if frame.len() >= PREFIX_LEN && frame[0] == MAGIC && frame[1] != VERSION {
+        return Err(HandshakeError::BadVersion(frame[1]));
+    }
     if frame.len() < PREFIX_LEN
         || frame[0] != MAGIC
         || frame[1] != VERSION

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ethersan_channel::channel::{Channel, ChannelConfig, ChannelState, ChannelStats};
 use ethersan_channel::discovery::{self, Catalog, DiscoveryResponder, ReplyPart};
-use ethersan_channel::frame::{Kind, Prefix};
+use ethersan_channel::frame::{FrameError, Kind, Prefix};
 use ethersan_channel::handshake::{Established, InitiatorHandshake, Responder};
 use ethersan_channel::protect::Protector;
 use ethersan_channel::Level;
@@ -189,8 +189,27 @@ impl Driver {
     }
 
     fn on_frame(&mut self, now: Instant, peer: PeerAddr, frame: &mut [u8]) {
-        let Ok(prefix) = Prefix::parse(frame) else {
-            return;
+        let prefix = match Prefix::parse(frame) {
+            Ok(p) => p,
+            Err(e @ FrameError::BadVersion(_)) => {
+                // A peer of another version: a HELLO_REPLY for one of our
+                // connects ends it with the reason; anything else is logged.
+                let dst = frame
+                    .get(4..8)
+                    .map(|d| u32::from_be_bytes([d[0], d[1], d[2], d[3]]));
+                if frame.get(2) == Some(&Kind::HelloReply.to_u8()) {
+                    if let Some(c) = dst.and_then(|d| self.connecting.remove(&d)) {
+                        let _ = c.reply.send(Err(EndpointError::Handshake {
+                            peer,
+                            cause: e.to_string(),
+                        }));
+                        return;
+                    }
+                }
+                warn!(%peer, error = %e, "frame of another native transport version dropped");
+                return;
+            }
+            Err(_) => return,
         };
         match prefix.kind {
             Kind::Data | Kind::Ack | Kind::Close => {

@@ -56,7 +56,7 @@ fn frame_lengths() {
         (HELLO_LEN, HELLO_REPLY_LEN, HELLO_FINISH_LEN),
         (65, 113, 72)
     );
-    assert_eq!(&init.hello()[..8], &[0xE5, 1, 0x10, 0, 0, 0, 0, 0]);
+    assert_eq!(&init.hello()[..8], &[0xE5, 2, 0x10, 0, 0, 0, 0, 0]);
 }
 
 #[test]
