@@ -17,15 +17,6 @@ use common::*;
 const GROUP: &str = "lab";
 const SECRET: &str = "correct horse battery staple";
 
-/// A free UDP port on loopback (bound, then released for the server).
-fn free_udp_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn secret_file(dir: &Path, secret: &str) -> PathBuf {
     let p = dir.join(format!("secret-{}", secret.len()));
     std::fs::write(&p, format!("{secret}\n")).unwrap();
@@ -282,9 +273,12 @@ async fn scsi_commands_and_task_management_over_the_native_transport() {
         .await
         .unwrap();
     assert_eq!(r.status, 0);
+    let placed_before = s.placed_bytes();
     let r = s.read16(0, 100, 2048, 512).await.unwrap();
     assert_eq!(r.status, 0);
     assert!(r.data == data, "read back differs");
+    // The read's data came placed, straight into its buffer.
+    assert_eq!(s.placed_bytes() - placed_before, 1 << 20, "Data-In placed");
     // COMPARE AND WRITE: block 100 holds data[..512].
     let mut caw = data[..512].to_vec();
     caw.extend_from_slice(&[0x5a; 512]);

@@ -66,6 +66,14 @@ pub fn free_port() -> u16 {
         .expect("a free port")
 }
 
+/// A free UDP port on 127.0.0.1 (bound, then released for a server).
+pub fn free_udp_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .map(|a| a.port())
+        .expect("a free UDP port")
+}
+
 /// Which of `socks` the server closed (EOF or reset) within `wait`; with
 /// `enough`, stop 200 ms after that many are closed. The sockets are made
 /// non-blocking.

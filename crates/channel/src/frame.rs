@@ -23,6 +23,13 @@ pub const HEADER_LEN: usize = 40;
 pub const FLAG_LAST: u8 = 1;
 /// CLOSE flag: this CLOSE answers the peer's CLOSE (and is never answered).
 pub const FLAG_CLOSE_REPLY: u8 = 1;
+/// DATA flag: a placed frame (docs/native-transport.md §Placed data). Its
+/// payload lands in the receiver's buffer registered under a tag, at a
+/// byte offset, instead of being a fragment of a message. Bytes 24..28 of
+/// the header hold the tag and 28..36 the offset (where other frames carry
+/// `ack` and `sack`); bytes 20..22 and 36..40 are zero. A placed frame
+/// acknowledges nothing.
+pub const FLAG_PLACED: u8 = 2;
 
 /// What a frame is (byte 2 of the prefix).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -271,6 +278,34 @@ impl Header {
     /// Whether a DATA frame carries [`FLAG_LAST`].
     pub fn is_last(&self) -> bool {
         self.flags & FLAG_LAST != 0
+    }
+
+    /// Whether this is a placed DATA frame ([`FLAG_PLACED`]).
+    pub fn is_placed(&self) -> bool {
+        self.kind == Kind::Data && self.flags & FLAG_PLACED != 0
+    }
+
+    /// A placed frame's (tag, byte offset): the fields where other frames
+    /// carry `ack` and `sack`.
+    pub fn placement(&self) -> Option<(u32, u64)> {
+        self.is_placed().then_some((self.ack, self.sack))
+    }
+
+    /// The header of a placed DATA frame: `tag` and `offset` in the
+    /// acknowledgement fields, the rest zero.
+    pub fn placed(dst: u32, pn: u64, seq: u32, len: u16, tag: u32, offset: u64) -> Header {
+        Header {
+            kind: Kind::Data,
+            flags: FLAG_PLACED,
+            dst,
+            pn,
+            seq,
+            frag: 0,
+            len,
+            ack: tag,
+            sack: offset,
+            credit: 0,
+        }
     }
 }
 

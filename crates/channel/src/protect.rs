@@ -216,6 +216,64 @@ impl Protector {
         Ok((header, &body[HEADER_LEN..]))
     }
 
+    /// Seals a frame whose header is already at `buf[start..start +
+    /// HEADER_LEN]` with the payload gathered from `parts` (appended, then
+    /// encrypted at level `encrypt`), and appends the trailer: the one pass
+    /// from the sender's buffers into the frame. The header's length field
+    /// must already give the payload's length.
+    pub fn seal_gather(&mut self, buf: &mut Vec<u8>, start: usize, parts: &[&[u8]]) {
+        buf.truncate(start.saturating_add(HEADER_LEN).min(buf.len()));
+        for p in parts {
+            buf.extend_from_slice(p);
+        }
+        self.seal_from(buf, start);
+    }
+
+    /// [`Protector::verify`] out of place: checks `frame` (unchanged) and
+    /// writes its payload, decrypted at level `encrypt`, to the start of
+    /// `dst`, which must hold at least the payload's length (else
+    /// [`FrameError::LengthMismatch`]). The packet number is not recorded
+    /// (call [`Protector::record`]). On error `dst` is unspecified.
+    pub fn verify_into(&mut self, frame: &[u8], dst: &mut [u8]) -> Result<Header, FrameError> {
+        let header = Header::parse(frame)?;
+        let trailer = self.trailer_len();
+        let len = usize::from(header.len);
+        let end = HEADER_LEN + len;
+        if frame.len() < end + trailer || dst.len() < len {
+            return Err(FrameError::LengthMismatch {
+                len: header.len,
+                trailer,
+                need: end + trailer,
+                have: frame.len().min(HEADER_LEN + dst.len() + trailer),
+            });
+        }
+        if !self.replay.check(header.pn) {
+            return Err(FrameError::Replayed { pn: header.pn });
+        }
+        let rest = &frame[end..end + trailer];
+        let dst = &mut dst[..len];
+        dst.copy_from_slice(&frame[HEADER_LEN..end]);
+        match (&mut self.keys, self.level) {
+            (Some(keys), Level::Integrity | Level::Encrypt) => {
+                let mut tag = [0; TAG_LEN];
+                tag.copy_from_slice(rest);
+                let result = if self.level == Level::Encrypt {
+                    keys.open(header.pn, &frame[..HEADER_LEN], dst, &tag)
+                } else {
+                    keys.open(header.pn, &frame[..end], &mut [], &tag)
+                };
+                result.map_err(|_| FrameError::Unauthenticated)?;
+            }
+            _ => {
+                let want = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]);
+                if crc32c::crc32c(&frame[..end]) != want {
+                    return Err(FrameError::BadCrc);
+                }
+            }
+        }
+        Ok(header)
+    }
+
     /// Records an authenticated frame's packet number in the replay window.
     pub fn record(&mut self, pn: u64) {
         self.replay.update(pn);
@@ -244,6 +302,45 @@ mod tests {
         .write(&mut f);
         f.extend_from_slice(payload);
         f
+    }
+
+    #[test]
+    fn gathered_seal_and_out_of_place_open_at_every_level() {
+        for level in [Level::None, Level::Integrity, Level::Encrypt] {
+            let keys = |a: u8, b: u8| Some(TrafficKeys::new([a; 32], [b; 32]));
+            let mut tx = Protector::new(level, keys(1, 2)).expect("tx");
+            let mut rx = Protector::new(level, keys(2, 1)).expect("rx");
+            let payload = b"gathered from three parts";
+            let mut buf = vec![0xAA; 14];
+            let f = frame(7, payload);
+            buf.extend_from_slice(&f[..HEADER_LEN]);
+            tx.seal_gather(
+                &mut buf,
+                14,
+                &[&payload[..8], &payload[8..8], &payload[8..]],
+            );
+            let mut whole = frame(7, payload);
+            Protector::new(level, keys(1, 2))
+                .expect("tx2")
+                .seal(&mut whole);
+            assert_eq!(&buf[14..], &whole[..], "{level:?}");
+            let sealed = buf[14..].to_vec();
+            let mut dst = vec![0u8; payload.len()];
+            let h = rx.verify_into(&sealed, &mut dst).expect("opens");
+            assert_eq!(h.pn, 7);
+            assert_eq!(&dst[..], payload);
+            assert_eq!(&buf[14..], &sealed[..], "the frame is left alone");
+            let mut short = vec![0u8; payload.len() - 1];
+            assert!(matches!(
+                rx.verify_into(&sealed, &mut short),
+                Err(FrameError::LengthMismatch { .. })
+            ));
+            for bit in [3 * 8, (HEADER_LEN + 2) * 8 + 1, (sealed.len() - 1) * 8] {
+                let mut g = sealed.clone();
+                g[bit / 8] ^= 1 << (bit % 8);
+                assert!(rx.verify_into(&g, &mut dst).is_err(), "{level:?} bit {bit}");
+            }
+        }
     }
 
     #[test]

@@ -15,11 +15,11 @@ use ethersan_channel::frame::{FrameError, Kind, Prefix};
 use ethersan_channel::handshake::{Established, InitiatorHandshake, Responder};
 use ethersan_channel::protect::Protector;
 use ethersan_channel::Level;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tracing::{debug, info, trace, warn};
 
 use crate::medium::{Medium, PeerAddr};
-use crate::stream::{ChannelReader, ChannelStream, ChannelWriter, Shared};
+use crate::stream::{ChannelReader, ChannelStream, ChannelWriter, Shared, RECV_BUDGET};
 use crate::{Accepted, ChannelInfo, Command, EndpointConfig, EndpointError, Role};
 
 /// Most frames one channel sends per round before the others get a turn.
@@ -68,6 +68,8 @@ pub(crate) struct Driver {
     /// A channel had more to send than one round takes.
     busy: bool,
     spare: Vec<Vec<u8>>,
+    /// Woken by readers that drained their queue below half the budget.
+    wake: Arc<Notify>,
 }
 
 impl Driver {
@@ -103,6 +105,7 @@ impl Driver {
             outbox: Vec::new(),
             busy: false,
             spare: Vec::new(),
+            wake: Arc::new(Notify::new()),
         }
     }
 
@@ -141,6 +144,7 @@ impl Driver {
                         None => handles_open = false,
                     }
                 }
+                _ = self.wake.notified() => {}
                 _ = sleep_until(deadline) => {}
             }
             let now = Instant::now();
@@ -222,7 +226,8 @@ impl Driver {
                     return;
                 }
                 trace!(%peer, dst = prefix.dst, kind = ?prefix.kind, len = frame.len(), "frame in");
-                let r = c.ch.handle_frame(now, frame);
+                let r =
+                    c.ch.handle_frame_placing(now, frame, &mut c.shared.placements.placing());
                 if tracing::enabled!(tracing::Level::TRACE) {
                     let s = c.ch.stats();
                     trace!(
@@ -402,7 +407,7 @@ impl Driver {
             }
         };
         let ch = Channel::new(ccfg, est.local_id, est.peer_id, protector, now);
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared::new(self.wake.clone()));
         let (to_app, rx) = mpsc::unbounded_channel();
         self.channels.insert(
             est.local_id,
@@ -426,16 +431,32 @@ impl Driver {
 
     fn on_command(&mut self, cmd: Command) {
         match cmd {
-            Command::Write { id, data } => {
+            Command::Write { id, parts } => {
+                let Some(c) = self.channels.get_mut(&id) else {
+                    return;
+                };
+                let n: usize = parts.iter().map(|p| p.len()).sum();
+                c.written += n;
+                if n == 0 {
+                    return;
+                }
+                if let Err(e) = c.ch.send_parts(parts) {
+                    debug!(channel = id, error = %e, "write refused");
+                    c.shared.end(Some(format!("channel {id}: {e}")));
+                }
+            }
+            Command::Placed {
+                id,
+                tag,
+                offset,
+                data,
+            } => {
                 let Some(c) = self.channels.get_mut(&id) else {
                     return;
                 };
                 c.written += data.len();
-                if data.is_empty() {
-                    return;
-                }
-                if let Err(e) = c.ch.send_owned(data) {
-                    debug!(channel = id, error = %e, "write refused");
+                if let Err(e) = c.ch.send_placed(tag, offset, data) {
+                    debug!(channel = id, error = %e, "placed data refused");
                     c.shared.end(Some(format!("channel {id}: {e}")));
                 }
             }
@@ -495,7 +516,11 @@ impl Driver {
                 let v = self
                     .channels
                     .values()
-                    .map(|c| (c.info.clone(), c.ch.stats()))
+                    .map(|c| {
+                        let mut s = c.ch.stats();
+                        s.recv_held += c.shared.app_bytes.load(Ordering::Acquire) as u64;
+                        (c.info.clone(), s)
+                    })
                     .collect();
                 let _ = reply.send(v);
             }
@@ -553,6 +578,31 @@ impl Driver {
         let headroom = self.medium.headroom();
         self.busy = false;
         for (id, c) in self.channels.iter_mut() {
+            // Whole messages go to the reader while it holds less than the
+            // budget; the rest stay in the channel, shrinking the window
+            // it offers (first, so that a window reopened here goes out
+            // in this round).
+            if c.to_app.as_ref().is_some_and(|tx| tx.is_closed()) {
+                // The reader is gone: nobody reads this channel.
+                c.to_app = None;
+            }
+            loop {
+                if c.to_app.is_some() && c.shared.app_bytes.load(Ordering::Acquire) >= RECV_BUDGET {
+                    break;
+                }
+                let Some(m) = c.ch.recv_message() else {
+                    break;
+                };
+                if let Some(tx) = &c.to_app {
+                    let n = m.len();
+                    c.shared.app_bytes.fetch_add(n, Ordering::AcqRel);
+                    if tx.send(m).is_err() {
+                        // The reader is gone: nobody reads this channel.
+                        c.shared.app_bytes.fetch_sub(n, Ordering::AcqRel);
+                        c.to_app = None;
+                    }
+                }
+            }
             let mut sent = 0;
             while sent < FRAMES_PER_ROUND {
                 let mut buf = self.spare.pop().unwrap_or_default();
@@ -564,14 +614,6 @@ impl Driver {
                 sent += 1;
             }
             self.busy |= sent == FRAMES_PER_ROUND;
-            while let Some(m) = c.ch.recv_message() {
-                if let Some(tx) = &c.to_app {
-                    if tx.send(m).is_err() {
-                        // The reader is gone: nobody reads this channel.
-                        c.to_app = None;
-                    }
-                }
-            }
             let acked = c.written.saturating_sub(c.ch.send_buffered());
             if acked > c.released {
                 c.shared

@@ -14,6 +14,8 @@
 
 mod driver;
 pub mod medium;
+pub mod message;
+mod placed;
 pub mod stream;
 
 use std::sync::Arc;
@@ -26,6 +28,7 @@ use ethersan_channel::Level;
 use tokio::sync::{mpsc, oneshot, watch, Mutex};
 
 pub use medium::{Medium, PeerAddr};
+pub use message::{MessageChannel, MessageReceiver, MessageSender, PlacedBuf};
 pub use stream::{ChannelReader, ChannelStream, ChannelWriter};
 
 use driver::Driver;
@@ -35,8 +38,15 @@ use driver::Driver;
 /// it and neither imports the other for it).
 #[derive(Debug)]
 pub(crate) enum Command {
-    /// A stream half wrote a message.
-    Write { id: u32, data: Vec<u8> },
+    /// A stream half wrote a message (the concatenation of `parts`).
+    Write { id: u32, parts: Vec<bytes::Bytes> },
+    /// A message sender placed data in the peer's buffer `tag`.
+    Placed {
+        id: u32,
+        tag: u32,
+        offset: u64,
+        data: bytes::Bytes,
+    },
     /// A writer was shut down or dropped.
     Close { id: u32 },
     /// Open a channel to `peer`.

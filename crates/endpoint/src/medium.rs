@@ -8,8 +8,7 @@ use std::sync::Arc;
 use ethersan_link::{EthernetHeader, Link, MacAddr, HEADER_LEN};
 use tokio::net::UdpSocket;
 
-/// Most datagrams one UDP receive round takes before yielding.
-const UDP_BATCH: usize = 64;
+pub mod udp;
 
 /// IPv4 and UDP headers: what a UDP datagram costs of the link's MTU.
 const UDP_V4_OVERHEAD: usize = 28;
@@ -78,20 +77,35 @@ pub enum Medium {
         socket: Arc<UdpSocket>,
         /// Largest payload per datagram.
         max_payload: usize,
+        /// The segmentation and receive offloads in use.
+        offload: Arc<udp::Offload>,
     },
 }
 
 impl Medium {
     /// A UDP medium for a path of `mtu` bytes (IP packet size): frames are
     /// at most `mtu` less the IP and UDP headers.
+    ///
+    /// Sends use `UDP_SEGMENT` and receives `UDP_GRO` where the kernel has
+    /// them, unless the environment variable `ETHERSAN_UDP_NO_OFFLOAD` is
+    /// set (then `sendmmsg` / `recvmmsg` only, as on a kernel without).
     pub fn udp(socket: UdpSocket, mtu: usize) -> std::io::Result<Medium> {
+        let plain = std::env::var_os("ETHERSAN_UDP_NO_OFFLOAD").is_some();
+        Medium::udp_with(socket, mtu, !plain)
+    }
+
+    /// [`Medium::udp`] with the offloads chosen: `offload` false forces the
+    /// fallback (`sendmmsg` / `recvmmsg` of single datagrams).
+    pub fn udp_with(socket: UdpSocket, mtu: usize, offload: bool) -> std::io::Result<Medium> {
         let v6 = socket.local_addr()?.is_ipv6();
         let overhead = if v6 { UDP_V6_OVERHEAD } else { UDP_V4_OVERHEAD };
         socket.set_broadcast(true)?;
         // Bursts of a full window must not overflow the default socket
         // buffers (a few hundred KiB): a drop there is a retransmission.
         grow_buffers(&socket, UDP_BUFFER);
+        let offload = Arc::new(udp::Offload::detect(&socket, !offload));
         Ok(Medium::Udp {
+            offload,
             socket: Arc::new(socket),
             max_payload: mtu.saturating_sub(overhead).max(576),
         })
@@ -157,33 +171,17 @@ impl Medium {
             Medium::Udp {
                 socket,
                 max_payload,
+                offload,
             } => {
-                // One zeroed receive buffer, kept; each datagram is copied
-                // out at its own length.
-                let cap = (*max_payload).max(65_536);
-                if rbuf.len() < cap {
-                    rbuf.resize(cap, 0);
-                }
-                fn take(
-                    spare: &mut Vec<Vec<u8>>,
-                    data: &[u8],
-                    from: SocketAddr,
-                ) -> (PeerAddr, Vec<u8>) {
+                // The kernel's buffers land in `rbuf` (zeroed once, kept);
+                // each frame is copied out at its own length.
+                udp::recv(socket, offload, rbuf, *max_payload, |from, data| {
                     let mut buf = spare.pop().unwrap_or_default();
                     buf.clear();
                     buf.extend_from_slice(data);
-                    (PeerAddr::Udp(from), buf)
-                }
-                let (n, from) = socket.recv_from(rbuf).await?;
-                out.push(take(spare, &rbuf[..n], from));
-                for _ in 1..UDP_BATCH {
-                    match socket.try_recv_from(rbuf) {
-                        Ok((n, from)) => out.push(take(spare, &rbuf[..n], from)),
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                        Err(e) => return Err(e),
-                    }
-                }
-                Ok(())
+                    out.push((PeerAddr::Udp(from), buf));
+                })
+                .await
             }
         }
     }
@@ -224,23 +222,17 @@ impl Medium {
                 .map_err(std::io::Error::other)?;
                 Ok(())
             }
-            Medium::Udp { socket, .. } => {
-                for (peer, payload) in frames.iter() {
-                    let PeerAddr::Udp(to) = *peer else { continue };
-                    match socket.send_to(payload, to).await {
-                        Ok(_) => {}
-                        // Like a dropped frame: the channel retransmits.
-                        Err(e)
-                            if matches!(
-                                e.kind(),
-                                std::io::ErrorKind::ConnectionRefused
-                                    | std::io::ErrorKind::HostUnreachable
-                                    | std::io::ErrorKind::NetworkUnreachable
-                            ) => {}
-                        Err(e) => return Err(e),
-                    }
-                }
-                Ok(())
+            Medium::Udp {
+                socket, offload, ..
+            } => {
+                let list: Vec<(SocketAddr, &[u8])> = frames
+                    .iter()
+                    .filter_map(|(peer, f)| match peer {
+                        PeerAddr::Udp(to) => Some((*to, f.as_slice())),
+                        PeerAddr::Mac(_) => None,
+                    })
+                    .collect();
+                udp::send(socket, offload, &list).await
             }
         }
     }

@@ -14,14 +14,22 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use futures::task::AtomicWaker;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 
 use crate::{ChannelInfo, Command};
 
 /// Most bytes a writer may have queued or unacknowledged on a channel.
 pub const WRITE_LIMIT: usize = 8 << 20;
+
+/// Most bytes of received messages the endpoint queues for a channel's
+/// reader (one message may pass it). Beyond it the endpoint leaves whole
+/// messages in the channel, whose receive window shrinks by their frames:
+/// a reader that stops makes the peer stop. See docs/native-transport.md
+/// §Receive budget.
+pub const RECV_BUDGET: usize = 1 << 20;
 
 /// State a channel's stream halves share with the endpoint's task.
 #[derive(Debug, Default)]
@@ -34,9 +42,33 @@ pub(crate) struct Shared {
     pub(crate) ended: AtomicBool,
     /// Why it failed, when it did.
     pub(crate) failure: Mutex<Option<String>>,
+    /// Buffers registered for placed data (the message API's).
+    pub(crate) placements: crate::placed::Placements,
+    /// Bytes of messages queued for the reader and not yet taken.
+    pub(crate) app_bytes: AtomicUsize,
+    /// Wakes the endpoint's task (the reader took messages: there is room
+    /// to queue more).
+    pub(crate) wake: Arc<Notify>,
 }
 
 impl Shared {
+    pub(crate) fn new(wake: Arc<Notify>) -> Shared {
+        Shared {
+            wake,
+            ..Shared::default()
+        }
+    }
+
+    /// The reader took a message of `n` bytes from its queue.
+    pub(crate) fn taken(&self, n: usize) {
+        let before = self.app_bytes.fetch_sub(n, Ordering::AcqRel);
+        // The task stops queueing at the budget; wake it once the reader
+        // has drained half of it.
+        if before >= RECV_BUDGET / 2 && before - n < RECV_BUDGET / 2 {
+            self.wake.notify_one();
+        }
+    }
+
     pub(crate) fn end(&self, failure: Option<String>) {
         if let Some(f) = failure {
             *self.failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(f);
@@ -84,6 +116,39 @@ impl ChannelReader {
     }
 }
 
+impl ChannelReader {
+    /// The next whole message; `Ok(None)` once the channel closed, an
+    /// error when it failed. Bytes of a message partly read through
+    /// `AsyncRead` come first.
+    pub(crate) async fn recv_message(&mut self) -> io::Result<Option<Vec<u8>>> {
+        if self.pos < self.cur.len() {
+            let rest = self.cur.split_off(self.pos);
+            self.cur = Vec::new();
+            self.pos = 0;
+            return Ok(Some(rest));
+        }
+        match self.rx.recv().await {
+            Some(m) => {
+                self.shared.taken(m.len());
+                Ok(Some(m))
+            }
+            None => {
+                let failed = self
+                    .shared
+                    .failure
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .is_some();
+                if failed {
+                    Err(self.shared.error())
+                } else {
+                    Ok(None)
+                }
+            }
+        }
+    }
+}
+
 impl AsyncRead for ChannelReader {
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -94,6 +159,7 @@ impl AsyncRead for ChannelReader {
         while this.pos == this.cur.len() {
             match this.rx.poll_recv(cx) {
                 Poll::Ready(Some(m)) => {
+                    this.shared.taken(m.len());
                     this.cur = m;
                     this.pos = 0;
                 }
@@ -186,15 +252,52 @@ impl ChannelWriter {
 
     /// Hands `msg` to the endpoint as one message.
     fn send(&mut self, msg: Vec<u8>) -> io::Result<usize> {
-        let n = msg.len();
+        self.send_parts(vec![Bytes::from(msg)])
+    }
+
+    /// Hands the concatenation of `parts` to the endpoint as one message
+    /// (not gathered: each frame is sealed from the parts it covers).
+    fn send_parts(&mut self, parts: Vec<Bytes>) -> io::Result<usize> {
+        let n = parts.iter().map(Bytes::len).sum();
         self.shared.unacked.fetch_add(n, Ordering::AcqRel);
         self.tx
-            .send(Command::Write {
-                id: self.id,
-                data: msg,
-            })
+            .send(Command::Write { id: self.id, parts })
             .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the endpoint has stopped"))?;
         Ok(n)
+    }
+}
+
+impl ChannelWriter {
+    /// Send the concatenation of `parts` as one message once there is
+    /// room.
+    pub(crate) async fn send_message_parts(&mut self, parts: Vec<Bytes>) -> io::Result<()> {
+        std::future::poll_fn(|cx| self.poll_room(cx)).await?;
+        self.send_parts(parts).map(|_| ())
+    }
+
+    /// Send `data` to land in the peer's buffer `tag` at `offset`, once
+    /// there is room.
+    pub(crate) async fn send_placed(
+        &mut self,
+        tag: u32,
+        offset: u64,
+        data: Bytes,
+    ) -> io::Result<()> {
+        std::future::poll_fn(|cx| self.poll_room(cx)).await?;
+        self.shared.unacked.fetch_add(data.len(), Ordering::AcqRel);
+        self.tx
+            .send(Command::Placed {
+                id: self.id,
+                tag,
+                offset,
+                data,
+            })
+            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the endpoint has stopped"))
+    }
+
+    /// The channel's table of buffers for placed data.
+    pub(crate) fn placements(&self) -> &crate::placed::Placements {
+        &self.shared.placements
     }
 }
 

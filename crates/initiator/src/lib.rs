@@ -267,6 +267,71 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
+    let neg = negotiator(opts)?;
+    // Login PDUs carry no digests (§13.1) and the RFC default limits.
+    let plain = SessionParams::default();
+    let mut login = login::Login::new(neg, opts.isid);
+    loop {
+        while let Some(t) = login.poll_transmit() {
+            session::write_frame(&mut wr, &t.bhs, &t.ahs, &t.data, &plain).await?;
+        }
+        wr.flush().await?;
+        let raw = session::read_pdu(&mut rd, &plain).await?;
+        if let Some(done) = login.handle(raw)? {
+            return Ok(Session::start(rd, wr, opts.timeout, done));
+        }
+    }
+}
+
+/// Log in over a native transport channel, one PDU per message, and run
+/// the session over it with Data-In placed (docs/native-transport.md,
+/// "iSCSI over the channel"). The whole exchange is bounded by
+/// `opts.timeout`.
+pub async fn login_messages(
+    ch: ethersan_endpoint::MessageChannel,
+    opts: &LoginOptions,
+) -> Result<Session, Error> {
+    let exchange = login_messages_exchange(ch, opts);
+    match opts.timeout {
+        None => exchange.await,
+        Some(after) => tokio::time::timeout(after, exchange)
+            .await
+            .unwrap_or(Err(Error::Timeout {
+                phase: Phase::Login,
+                after,
+            })),
+    }
+}
+
+async fn login_messages_exchange(
+    mut ch: ethersan_endpoint::MessageChannel,
+    opts: &LoginOptions,
+) -> Result<Session, Error> {
+    let mut login = login::Login::new(negotiator(opts)?, opts.isid);
+    let plain = SessionParams::default();
+    let f = framer(&plain);
+    loop {
+        while let Some(t) = login.poll_transmit() {
+            let e = f.encode(&t.bhs, &t.ahs, &t.data);
+            let mut parts = vec![Bytes::from(e.head)];
+            if !t.data.is_empty() {
+                parts.push(t.data);
+            }
+            if !e.tail.is_empty() {
+                parts.push(Bytes::from(e.tail));
+            }
+            ch.sender.send(&parts).await?;
+        }
+        let msg = ch.receiver.recv().await?.ok_or(Error::Closed)?;
+        let raw = session::parse_message(&msg, &plain)?;
+        if let Some(done) = login.handle(raw)? {
+            return Ok(Session::start_messages(ch, opts.timeout, done));
+        }
+    }
+}
+
+/// The login's negotiator for `opts` (with CHAP when it has credentials).
+fn negotiator(opts: &LoginOptions) -> Result<InitiatorNegotiator, Error> {
     let settings = InitiatorSettings {
         initiator_name: opts.initiator_name.clone(),
         target_name: opts.target_name.clone(),
@@ -295,19 +360,7 @@ where
             challenge,
         ));
     }
-    // Login PDUs carry no digests (§13.1) and the RFC default limits.
-    let plain = SessionParams::default();
-    let mut login = login::Login::new(neg, opts.isid);
-    loop {
-        while let Some(t) = login.poll_transmit() {
-            session::write_frame(&mut wr, &t.bhs, &t.ahs, &t.data, &plain).await?;
-        }
-        wr.flush().await?;
-        let raw = session::read_pdu(&mut rd, &plain).await?;
-        if let Some(done) = login.handle(raw)? {
-            return Ok(Session::start(rd, wr, opts.timeout, done));
-        }
-    }
+    Ok(neg)
 }
 
 /// Connect over TCP and log in, each step bounded by `opts.timeout`.

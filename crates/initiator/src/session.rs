@@ -13,8 +13,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
+use ethersan_endpoint::{MessageChannel, MessageReceiver, MessageSender, PlacedBuf};
 use ethersan_proto::negotiate::SessionParams;
-use ethersan_proto::pdu::{Bhs, RawPdu, TmfFunction};
+use ethersan_proto::pdu::{Bhs, MessagePdu, Pdu, RawPdu, TmfFunction};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -36,6 +37,8 @@ pub struct Session {
     /// How long each command, Text request and logout may wait.
     timeout: Option<Duration>,
     ended: Arc<Ended>,
+    /// Bytes of Data-In that arrived placed (native transport).
+    placed: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Why a session ended early, and how to stop its tasks.
@@ -79,23 +82,62 @@ impl Session {
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        let (tx, rx) = mpsc::unbounded_channel();
         // The reader runs as its own task: a PDU read is never cancelled
         // half-way (which would lose bytes and the framing) when the driver
         // wakes up for a new request.
         let (pdu_tx, pdu_rx) = mpsc::channel(256);
-        let params = login.params.clone();
-        let reader_params = params.clone();
+        let reader_params = login.params.clone();
         let reader = tokio::spawn(async move {
             let mut rd = BufReader::with_capacity(256 * 1024, rd);
             loop {
-                let r = read_pdu(&mut rd, &reader_params).await;
+                let r = read_pdu(&mut rd, &reader_params).await.map(Incoming::Pdu);
                 let failed = r.is_err();
                 if pdu_tx.send(r).await.is_err() || failed {
                     break;
                 }
             }
         });
+        let out = Out::Stream(BufWriter::with_capacity(256 * 1024, wr));
+        Self::run(out, pdu_rx, reader, timeout, login)
+    }
+
+    /// Start the driver over a logged-in native transport channel: one
+    /// PDU per message, a read's Data-In placed into a buffer registered
+    /// under the command's ITT (docs/native-transport.md, "iSCSI over the
+    /// channel").
+    pub(crate) fn start_messages(
+        ch: MessageChannel,
+        timeout: Option<Duration>,
+        login: LoggedIn,
+    ) -> Session {
+        let (pdu_tx, pdu_rx) = mpsc::channel(256);
+        let reader_params = login.params.clone();
+        let mut rx = ch.receiver;
+        let reader = tokio::spawn(async move {
+            loop {
+                let r = read_message(&mut rx, &reader_params).await;
+                let failed = r.is_err();
+                if pdu_tx.send(r).await.is_err() || failed {
+                    break;
+                }
+            }
+        });
+        let out: Out<tokio::io::Sink> = Out::Messages {
+            tx: Some(ch.sender),
+            reads: HashMap::new(),
+        };
+        Self::run(out, pdu_rx, reader, timeout, login)
+    }
+
+    fn run<W: AsyncWrite + Unpin + Send + 'static>(
+        out: Out<W>,
+        pdu_rx: mpsc::Receiver<Result<Incoming, Error>>,
+        reader: tokio::task::JoinHandle<()>,
+        timeout: Option<Duration>,
+        login: LoggedIn,
+    ) -> Session {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let params = login.params.clone();
         let config = conn::Config {
             timeout,
             ..conn::Config::default()
@@ -112,10 +154,12 @@ impl Session {
             driver: OnceLock::new(),
             reader: reader.abort_handle(),
         });
+        let placed = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let driver = Driver {
             core,
             pdus: pdu_rx,
-            wr: BufWriter::with_capacity(256 * 1024, wr),
+            out,
+            placed: placed.clone(),
             replies: HashMap::new(),
             next_id: 0,
             ended: ended.clone(),
@@ -128,7 +172,14 @@ impl Session {
             tsih: login.tsih,
             timeout,
             ended,
+            placed,
         }
+    }
+
+    /// Bytes of read data that arrived placed: straight into the read's
+    /// buffer, over a native transport channel (0 over TCP).
+    pub fn placed_bytes(&self) -> u64 {
+        self.placed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Send `req` and wait for its answer; the connection times it out
@@ -236,19 +287,45 @@ fn unexpected(a: Answer) -> Error {
 /// Longest wait, after a logout, for the connection to close.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
+/// A PDU from the reader task.
+#[derive(Debug)]
+enum Incoming {
+    /// A whole PDU.
+    Pdu(RawPdu),
+    /// A Data-In header whose data was placed (native transport): the
+    /// data is in the buffer registered under its ITT.
+    Placed(RawPdu),
+}
+
+/// Where the driver's PDUs go.
+enum Out<W> {
+    /// A byte stream (TCP).
+    Stream(BufWriter<W>),
+    /// A native transport channel, one PDU per message.
+    Messages {
+        /// The sending half (taken at close).
+        tx: Option<MessageSender>,
+        /// Reads whose Data-In is placed, by ITT: the ranges the Data-In
+        /// headers announced so far.
+        reads: HashMap<u32, Vec<(u32, u32)>>,
+    },
+}
+
 /// The task that owns the connection.
 struct Driver<W> {
     core: Connection,
     /// PDUs from the reader task, in arrival order.
-    pdus: mpsc::Receiver<Result<RawPdu, Error>>,
-    wr: BufWriter<W>,
+    pdus: mpsc::Receiver<Result<Incoming, Error>>,
+    out: Out<W>,
+    /// Bytes of Data-In that arrived placed.
+    placed: Arc<std::sync::atomic::AtomicU64>,
     /// Where each request's answer goes.
     replies: HashMap<RequestId, oneshot::Sender<Result<Answer, Error>>>,
     next_id: u64,
     ended: Arc<Ended>,
 }
 
-impl<W: AsyncWrite + Unpin> Driver<W> {
+impl<W: AsyncWrite + Unpin + Send> Driver<W> {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Ask>) {
         let mut callers_gone = false;
         let sleep = tokio::time::sleep_until(Instant::now());
@@ -280,7 +357,20 @@ impl<W: AsyncWrite + Unpin> Driver<W> {
                     }
                 },
                 pdu = self.pdus.recv() => match pdu {
-                    Some(Ok(raw)) => Event::Pdu(raw),
+                    Some(Ok(Incoming::Pdu(raw))) => match self.placed_before(&raw) {
+                        Ok(Some(data_in)) => {
+                            // The placed data first, then the response.
+                            self.core.handle(Event::Pdu(data_in), Instant::now().into_std());
+                            Event::Pdu(raw)
+                        }
+                        Ok(None) => Event::Pdu(raw),
+                        Err(e) => Event::Failed(e),
+                    },
+                    Some(Ok(Incoming::Placed(raw))) => match self.on_placed(raw) {
+                        Ok(Some(pdu)) => Event::Pdu(pdu),
+                        Ok(None) => continue,
+                        Err(e) => Event::Failed(e),
+                    },
                     Some(Err(e)) => Event::Failed(e),
                     None => Event::Failed(Error::Closed),
                 },
@@ -302,7 +392,14 @@ impl<W: AsyncWrite + Unpin> Driver<W> {
                 match o {
                     Output::Send(t) => {
                         let params = self.core.params().clone();
-                        let write = write_frame(&mut self.wr, &t.bhs, &t.ahs, &t.data, &params);
+                        let write = match &mut self.out {
+                            Out::Stream(wr) => {
+                                futures_box(write_frame(wr, &t.bhs, &t.ahs, &t.data, &params))
+                            }
+                            Out::Messages { tx, reads } => {
+                                futures_box(send_message(tx.as_mut(), reads, t, &params))
+                            }
+                        };
                         if let Err(e) = timed(&mut self.core, write).await {
                             self.core
                                 .handle(Event::Failed(e), Instant::now().into_std());
@@ -320,7 +417,16 @@ impl<W: AsyncWrite + Unpin> Driver<W> {
                         // native transport the close is a message of this
                         // process (the target would otherwise hold the
                         // channel until its timeout).
-                        let _ = tokio::time::timeout(CLOSE_WAIT, self.wr.shutdown()).await;
+                        match &mut self.out {
+                            Out::Stream(wr) => {
+                                let _ = tokio::time::timeout(CLOSE_WAIT, wr.shutdown()).await;
+                            }
+                            Out::Messages { tx, .. } => {
+                                if let Some(tx) = tx.take() {
+                                    let _ = tokio::time::timeout(CLOSE_WAIT, tx.close(true)).await;
+                                }
+                            }
+                        }
                         wrote = false;
                     }
                     Output::Close(Some(e)) => {
@@ -337,7 +443,12 @@ impl<W: AsyncWrite + Unpin> Driver<W> {
             if !wrote || self.core.is_closed() {
                 return;
             }
-            let flush = async { Ok(self.wr.flush().await?) };
+            let flush = async {
+                match &mut self.out {
+                    Out::Stream(wr) => Ok(wr.flush().await?),
+                    Out::Messages { .. } => Ok(()),
+                }
+            };
             match timed(&mut self.core, flush).await {
                 Ok(()) => return,
                 // Answer the callers the failure completed.
@@ -346,6 +457,207 @@ impl<W: AsyncWrite + Unpin> Driver<W> {
                     .handle(Event::Failed(e), Instant::now().into_std()),
             }
         }
+    }
+}
+
+/// A future boxed, so both kinds of write have one type.
+fn futures_box<'a, F>(
+    f: F,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), Error>> + Send + 'a>>
+where
+    F: std::future::Future<Output = Result<(), Error>> + Send + 'a,
+{
+    Box::pin(f)
+}
+
+impl<W> Driver<W> {
+    /// A placed Data-In header: note the range it announces; with status,
+    /// the read's data is complete — take the buffer back and hand the
+    /// connection one Data-In with all of it (and the status).
+    fn on_placed(&mut self, raw: RawPdu) -> Result<Option<RawPdu>, Error> {
+        let Ok(Pdu::DataIn(d)) = Pdu::decode(&raw.bhs) else {
+            return Err(Error::Protocol("a placed PDU that is not a Data-In".into()));
+        };
+        let Out::Messages { reads, .. } = &mut self.out else {
+            return Err(Error::Protocol("placed data on a byte stream".into()));
+        };
+        let len = raw.bhs.data_len();
+        let Some(announced) = reads.get_mut(&d.itt) else {
+            // A task this side no longer waits for (aborted): dropped.
+            return Ok(None);
+        };
+        announced.push((d.buffer_offset, len));
+        if !d.status_present {
+            return Ok(None);
+        }
+        self.take_placed(d).map(Some)
+    }
+
+    /// Before a SCSI Response for a read whose data was placed: the
+    /// Data-In (without status) that hands the connection that data.
+    fn placed_before(&mut self, raw: &RawPdu) -> Result<Option<RawPdu>, Error> {
+        let Out::Messages { reads, .. } = &self.out else {
+            return Ok(None);
+        };
+        let b = &raw.bhs.0;
+        let itt = u32::from_be_bytes([b[16], b[17], b[18], b[19]]);
+        let opcode = b[0] & 0x3f;
+        if opcode == 0x25 && b[1] & 0x01 != 0 {
+            // A Data-In with status whose data came inline: the buffer
+            // registered for it is not needed.
+            self.drop_registration(itt);
+            return Ok(None);
+        }
+        if opcode != 0x21 {
+            return Ok(None);
+        }
+        if reads.get(&itt).is_none_or(|a| a.is_empty()) {
+            // Answered without placed data.
+            self.drop_registration(itt);
+            return Ok(None);
+        }
+        let d = ethersan_proto::pdu::DataIn {
+            final_bit: true,
+            ack: false,
+            overflow: false,
+            underflow: false,
+            status_present: false,
+            status: 0,
+            lun: 0,
+            itt,
+            ttt: ethersan_proto::pdu::RESERVED_TAG,
+            stat_sn: 0,
+            exp_cmd_sn: u32::from_be_bytes([b[28], b[29], b[30], b[31]]),
+            max_cmd_sn: u32::from_be_bytes([b[32], b[33], b[34], b[35]]),
+            data_sn: 0,
+            buffer_offset: 0,
+            residual: 0,
+        };
+        self.take_placed(d).map(Some)
+    }
+
+    /// Forget the buffer registered for task `itt`, if any: data arriving
+    /// for it later is dropped.
+    fn drop_registration(&mut self, itt: u32) {
+        if let Out::Messages {
+            tx: Some(tx),
+            reads,
+        } = &mut self.out
+        {
+            if reads.remove(&itt).is_some() {
+                tx.abort(itt);
+            }
+        }
+    }
+
+    /// Take the read's buffer back, check that every byte the Data-In
+    /// headers announced has landed, and make it one Data-In at offset 0
+    /// (`d` gives the rest of its header).
+    fn take_placed(&mut self, mut d: ethersan_proto::pdu::DataIn) -> Result<RawPdu, Error> {
+        let Out::Messages {
+            tx: Some(tx),
+            reads,
+        } = &mut self.out
+        else {
+            return Err(Error::Closed);
+        };
+        let announced = reads.remove(&d.itt).unwrap_or_default();
+        let placed = tx.release(d.itt).ok_or_else(|| {
+            Error::Protocol(format!("task {:#x}: no buffer for its placed data", d.itt))
+        })?;
+        let end = check_placed(d.itt, &announced, &placed)?;
+        let mut buf = placed.buf;
+        buf.truncate(end as usize);
+        self.placed
+            .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        d.buffer_offset = 0;
+        let bhs = Pdu::DataIn(d).encode(buf.len() as u32);
+        Ok(RawPdu {
+            bhs,
+            ahs: Vec::new(),
+            data: buf,
+        })
+    }
+}
+
+/// Check that every byte range the Data-In headers of task `itt`
+/// announced has landed in `placed`; the end of the data.
+fn check_placed(itt: u32, announced: &[(u32, u32)], placed: &PlacedBuf) -> Result<u64, Error> {
+    let mut end = 0u64;
+    for &(off, len) in announced {
+        let (s, e) = (u64::from(off), u64::from(off) + u64::from(len));
+        let covered = placed.ranges.iter().any(|&(a, b)| a <= s && e <= b);
+        if !covered {
+            return Err(Error::Protocol(format!(
+                "task {itt:#x}: the target announced Data-In bytes {s}..{e} that never arrived (placed data missing): the read's data is incomplete"
+            )));
+        }
+        end = end.max(e);
+    }
+    Ok(end)
+}
+
+/// Send one PDU as one message; a read's buffer is registered first so
+/// that its Data-In lands in it.
+async fn send_message(
+    tx: Option<&mut MessageSender>,
+    reads: &mut HashMap<u32, Vec<(u32, u32)>>,
+    t: conn::Transmit,
+    p: &SessionParams,
+) -> Result<(), Error> {
+    let Some(tx) = tx else {
+        return Err(Error::Closed);
+    };
+    let b = &t.bhs.0;
+    let scsi_read = b[0] & 0x3f == 0x01 && b[1] & 0x40 != 0;
+    let edtl = u32::from_be_bytes([b[20], b[21], b[22], b[23]]);
+    if scsi_read && edtl > 0 && !p.data_digest {
+        let itt = u32::from_be_bytes([b[16], b[17], b[18], b[19]]);
+        tx.expect(itt, vec![0u8; edtl as usize]);
+        reads.insert(itt, Vec::new());
+    }
+    let e = crate::framer(p).encode(&t.bhs, &t.ahs, &t.data);
+    let mut parts = vec![Bytes::from(e.head)];
+    if !t.data.is_empty() {
+        parts.push(t.data);
+    }
+    if !e.tail.is_empty() {
+        parts.push(Bytes::from(e.tail));
+    }
+    tx.send(&parts).await?;
+    Ok(())
+}
+
+/// One PDU from one message of a native transport channel. A Data-In
+/// header without its data segment announces placed data.
+async fn read_message(rx: &mut MessageReceiver, p: &SessionParams) -> Result<Incoming, Error> {
+    let msg = rx.recv().await?.ok_or(Error::Closed)?;
+    parse(&msg, p)
+}
+
+/// A message holding one whole PDU, as a PDU (the login's).
+pub(crate) fn parse_message(msg: &[u8], p: &SessionParams) -> Result<RawPdu, Error> {
+    match parse(msg, p)? {
+        Incoming::Pdu(raw) => Ok(raw),
+        Incoming::Placed(_) => Err(Error::Protocol(
+            "placed Data-In outside the full feature phase".into(),
+        )),
+    }
+}
+
+fn parse(msg: &[u8], p: &SessionParams) -> Result<Incoming, Error> {
+    let f = crate::framer(p);
+    match f.split_message(msg) {
+        Ok(MessagePdu::Whole(head, data)) => f
+            .finish(head, data.to_vec())
+            .map(Incoming::Pdu)
+            .map_err(|e| Error::Protocol(e.to_string())),
+        Ok(MessagePdu::Placed(head)) => Ok(Incoming::Placed(RawPdu {
+            bhs: head.bhs,
+            ahs: head.ahs,
+            data: Vec::new(),
+        })),
+        Err(e) => Err(Error::Protocol(e.to_string())),
     }
 }
 
@@ -422,4 +734,37 @@ pub(crate) async fn read_pdu<R: AsyncRead + Unpin>(
     }
     f.finish(head, part)
         .map_err(|e| Error::Protocol(e.to_string()))
+}
+
+#[cfg(test)]
+mod placed_tests {
+    use super::*;
+
+    fn placed(ranges: &[(u64, u64)]) -> PlacedBuf {
+        PlacedBuf {
+            buf: vec![0; 4096],
+            ranges: ranges.to_vec(),
+            overflow: 0,
+        }
+    }
+
+    #[test]
+    fn announced_data_that_never_landed_fails_the_read() {
+        let whole = placed(&[(0, 4096)]);
+        assert_eq!(
+            check_placed(7, &[(0, 2048), (2048, 2048)], &whole).unwrap(),
+            4096
+        );
+        // A short read: only what was announced counts.
+        assert_eq!(check_placed(7, &[(0, 1024)], &whole).unwrap(), 1024);
+        let gap = placed(&[(0, 1024), (2048, 4096)]);
+        let e = check_placed(7, &[(0, 2048), (2048, 2048)], &gap).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("0..2048") && msg.contains("never arrived") && msg.contains("0x7"),
+            "{msg}"
+        );
+        let none = placed(&[]);
+        assert!(check_placed(7, &[(0, 512)], &none).is_err());
+    }
 }

@@ -5,7 +5,9 @@
 //! one EtherType, chosen when it is opened. It knows its [`MacAddr`] and
 //! MTU (payload bytes per frame; a frame is at most MTU + 14 bytes), hands
 //! received frames to the caller in batches ([`Link::recv_batch`]), and
-//! sends one frame or a batch ([`Link::send`], [`Link::send_batch`]). Only
+//! sends one frame or a batch ([`Link::send`], [`Link::send_batch`]), or
+//! builds a batch of frames in place ([`Link::send_with`]: straight in the
+//! AF_PACKET transmit ring, with no intermediate buffer). Only
 //! frames of the link's EtherType addressed to its MAC or to broadcast (and
 //! multicast if asked) reach the caller; the rest are dropped as early as
 //! the medium allows (in the kernel for AF_PACKET, by a BPF filter).
@@ -178,6 +180,37 @@ impl Link {
             Link::Memory(l) => l.send_batch(frames).await,
         }
     }
+
+    /// Sends `n` frames built in place: `build(i, buf)` writes frame `i`
+    /// (header included) at the start of `buf`, a buffer of
+    /// [`max_frame_len`](Self::max_frame_len) bytes, and returns its
+    /// length. On AF_PACKET `buf` is the transmit ring slot itself, so the
+    /// frame is written once, where the kernel reads it, and the ring is
+    /// kicked once per batch; on the other media it is a scratch buffer
+    /// whose frames are sent like [`send_batch`](Self::send_batch). `buf` holds stale bytes
+    /// (an earlier frame's): write every byte of the frame. A length below
+    /// [`HEADER_LEN`] sends nothing for that `i` (a frame that turned out
+    /// not to be needed). Frames go out in order of `i`; `build` is called
+    /// once per `i`, in order, and must not send on the same link. Returns
+    /// how many frames were handed to the medium.
+    pub async fn send_with<F>(&self, n: usize, mut build: F) -> Result<usize, LinkError>
+    where
+        F: FnMut(usize, &mut [u8]) -> usize,
+    {
+        if let Link::Packet(l) = self {
+            return l.send_with(n, build).await;
+        }
+        // One scratch buffer, each frame kept at its own length.
+        let mut scratch = vec![0u8; self.max_frame_len()];
+        let mut frames = Vec::with_capacity(n);
+        for i in 0..n {
+            let len = build(i, &mut scratch);
+            if let Some(f) = scratch.get(..len).filter(|_| len >= HEADER_LEN) {
+                frames.push(f.to_vec());
+            }
+        }
+        self.send_batch(frames).await
+    }
 }
 
 impl From<PacketLink> for Link {
@@ -241,6 +274,47 @@ mod tests {
     fn link_is_send_and_sync() {
         assert_send_sync::<Link>();
         assert_send_sync::<std::sync::Arc<Link>>();
+    }
+
+    #[tokio::test]
+    async fn frames_built_in_place_on_the_memory_hub() {
+        let hub = memory::MemoryHub::new(7);
+        let a = Link::from(
+            hub.port(MacAddr([2, 0, 0, 0, 0, 1]), ETHERTYPE_AOE, 1500)
+                .unwrap(),
+        );
+        let b = Link::from(
+            hub.port(MacAddr([2, 0, 0, 0, 0, 2]), ETHERTYPE_AOE, 1500)
+                .unwrap(),
+        );
+        let header = EthernetHeader {
+            dst: b.mac(),
+            src: a.mac(),
+            ethertype: ETHERTYPE_AOE,
+        }
+        .to_bytes();
+        let sent = a
+            .send_with(4, |i, buf| {
+                assert_eq!(buf.len(), 1514);
+                buf[..HEADER_LEN].copy_from_slice(&header);
+                buf[HEADER_LEN] = i as u8;
+                // Frame 2 is declined.
+                if i == 2 {
+                    0
+                } else {
+                    HEADER_LEN + 1
+                }
+            })
+            .await
+            .unwrap();
+        assert_eq!(sent, 3);
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            b.recv_batch(|f| got.push(f[HEADER_LEN..].to_vec()))
+                .await
+                .unwrap();
+        }
+        assert_eq!(got, [vec![0], vec![1], vec![3]]);
     }
 
     #[test]

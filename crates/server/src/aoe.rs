@@ -21,7 +21,8 @@ use std::sync::Arc;
 
 use ethersan_aoe::target::{TargetError, TargetEvent};
 use ethersan_aoe::{
-    Action, AoeTarget, DeviceAddr, DeviceConfig, IoFailure, IoOp, IoRequest, Mac, TargetConfig,
+    Action, AoeTarget, DeviceAddr, DeviceConfig, IoFailure, IoOp, IoRequest, Mac, Pending,
+    TargetConfig,
 };
 use ethersan_backend::{BackendError, Submission};
 use ethersan_link::packet::{PacketConfig, PacketLink, RingVersion};
@@ -32,8 +33,11 @@ use ethersan_volume::{Volume, VolumeError};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-use crate::config::{AoeAddress, AoeLink, Backing, Config};
+use crate::config::{AoeAddress, AoeLink, Config};
 use crate::registry::Registry;
+
+mod state;
+use state::{load_config_string, save_config_string, state_file};
 
 /// Why the AoE target could not start.
 #[derive(Debug, thiserror::Error)]
@@ -158,61 +162,6 @@ pub fn address(
             Ok(Some(DeviceAddr::new(shelf, slot)))
         }
     }
-}
-
-/// Where a LUN's AoE state (the config string) is kept.
-fn state_file(backing: &Backing, data_dir: &Path) -> Option<PathBuf> {
-    match backing {
-        // An RBD image has no file beside it: its AoE configuration string
-        // lasts as long as the process.
-        Backing::Ram { .. } | Backing::Rbd { .. } => None,
-        Backing::File { path, .. } if path.is_file() => {
-            let mut p = path.clone().into_os_string();
-            p.push(".aoe");
-            Some(p.into())
-        }
-        Backing::File { path, .. } => {
-            let mut p = crate::identity::device_store_path(data_dir, path).into_os_string();
-            p.push(".aoe");
-            Some(p.into())
-        }
-    }
-}
-
-/// The config string kept in `path` (hex, one line), if any.
-fn load_config_string(path: &Path) -> Option<Vec<u8>> {
-    let text = std::fs::read_to_string(path).ok()?;
-    let Some(hex) = text.trim().strip_prefix("config_string_hex = ") else {
-        warn!(file = %path.display(), "AoE state file unreadable, config string starts empty");
-        return None;
-    };
-    let hex = hex.trim_matches('"');
-    let bytes: Option<Vec<u8>> = (0..hex.len() / 2)
-        .map(|i| u8::from_str_radix(hex.get(i * 2..i * 2 + 2)?, 16).ok())
-        .collect();
-    match bytes {
-        Some(b) if hex.len() % 2 == 0 && b.len() <= 1024 => Some(b),
-        _ => {
-            warn!(file = %path.display(), "AoE state file unreadable, config string starts empty");
-            None
-        }
-    }
-}
-
-/// Keep `config` in `path` (written whole, then renamed into place).
-fn save_config_string(path: &Path, config: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let hex: String = config.iter().map(|b| format!("{b:02x}")).collect();
-    let tmp = path.with_extension("aoe.tmp");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(format!("config_string_hex = \"{hex}\"\n").as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    // The rename itself survives a power cut once the directory is synced.
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
 }
 
 /// The AoE devices `cfg` exports, with their volumes from `registry`.
@@ -391,28 +340,107 @@ fn failure(e: &BackendError) -> IoFailure {
     }
 }
 
-/// An I/O finished: its response frame (`data`: a read's sectors).
-fn respond(io: &IoRequest, result: Result<&[u8], IoFailure>) -> Vec<u8> {
+/// A response waiting for the link, written into its transmit slot by
+/// [`Reply::write`].
+enum Reply {
+    /// A whole frame: control replies, write and flush answers, failures.
+    Frame(Vec<u8>),
+    /// A successful read's answer: its header and its sectors, `data[at..]`
+    /// (the run's buffer, shared by the run's answers), go straight into
+    /// the slot, one copy of the data.
+    Read {
+        /// What the response needs.
+        pending: Pending,
+        /// The run's data.
+        data: Arc<Vec<u8>>,
+        /// Where this answer's sectors start in `data`.
+        at: usize,
+    },
+    /// A buffer the volume is done with, back to the link's pool; not
+    /// sent.
+    Recycle(Vec<u8>),
+}
+
+impl Reply {
+    /// Writes the frame at the start of `out` and returns its length (0:
+    /// nothing to send).
+    fn write(&self, out: &mut [u8]) -> usize {
+        match self {
+            Reply::Frame(f) => match out.get_mut(..f.len()) {
+                Some(o) => {
+                    o.copy_from_slice(f);
+                    f.len()
+                }
+                None => 0,
+            },
+            Reply::Read { pending, data, at } => {
+                let data = data.get(*at..).unwrap_or_default();
+                pending.write_read_response(data, out).unwrap_or_else(|| {
+                    // Too little data: the read failed after all.
+                    let mut f = Vec::new();
+                    pending.complete(Err(IoFailure::Medium), &mut f);
+                    Reply::Frame(f).write(out)
+                })
+            }
+            Reply::Recycle(_) => 0,
+        }
+    }
+
+    /// Whether this answers a request (a frame to send), not a buffer.
+    fn answers(&self) -> bool {
+        !matches!(self, Reply::Recycle(_))
+    }
+}
+
+/// An I/O finished: its response (`data`: a read's sectors, `at` where
+/// this request's start).
+fn respond(io: &IoRequest, result: Result<(&Arc<Vec<u8>>, usize), IoFailure>) -> Reply {
     let mut frame = Vec::new();
     match (&io.op, result) {
-        (IoOp::Read { .. }, Ok(data)) => {
-            let buf = io.pending.prepare_read(&mut frame);
-            if data.len() < buf.len() {
+        (IoOp::Read { .. }, Ok((data, at))) => {
+            if data.len() < at + io.pending.data_range().len() {
                 io.pending.complete(Err(IoFailure::Medium), &mut frame);
-                return frame;
+                return Reply::Frame(frame);
             }
-            let n = buf.len();
-            buf.copy_from_slice(&data[..n]);
-            io.pending.complete(Ok(()), &mut frame);
+            return Reply::Read {
+                pending: io.pending.clone(),
+                data: data.clone(),
+                at,
+            };
         }
         (_, Ok(_)) => io.pending.complete(Ok(()), &mut frame),
         (_, Err(f)) => io.pending.complete(Err(f), &mut frame),
     }
-    frame
+    Reply::Frame(frame)
 }
 
 /// Most sectors one volume call carries for a run of commands (256 KiB).
 const MAX_RUN_SECTORS: u64 = 512;
+
+/// Buffers a link keeps for reuse (each up to a run's 256 KiB).
+const POOL_BUFFERS: usize = 64;
+
+/// A link's spare I/O buffers: a run's read or write data goes in one
+/// taken from here, and comes back when its answers are sent, so the data
+/// path allocates nothing per frame or per run once warm.
+#[derive(Default)]
+struct Pool(Vec<Vec<u8>>);
+
+impl Pool {
+    fn take(&mut self) -> Vec<u8> {
+        self.0.pop().unwrap_or_default()
+    }
+
+    fn put(&mut self, mut buf: Vec<u8>) {
+        if self.0.len() < POOL_BUFFERS
+            && buf.capacity() > 0
+            && buf.capacity() <= 2 * (MAX_RUN_SECTORS as usize) * 512 + 4096
+        {
+            buf.clear();
+            self.0.push(buf);
+        }
+    }
+}
 
 /// The sectors an I/O covers: (first, count); a flush covers none.
 fn extent(op: &IoOp) -> (u64, u64) {
@@ -455,65 +483,114 @@ fn aoe_nexus(mac: Mac) -> Nexus {
     Nexus(h)
 }
 
+/// Requests of consecutive sectors of one device, one kind, from one
+/// initiator: one volume call. A write's data is gathered in `data` as
+/// its frame arrives (the one copy out of the receive ring).
+struct Run {
+    members: Vec<IoRequest>,
+    /// Device, kind, initiator: what every member shares.
+    key: (DeviceAddr, u8, Mac),
+    /// First sector.
+    first: u64,
+    /// The sector after the last.
+    next: u64,
+    data: Vec<u8>,
+}
+
+impl Run {
+    /// Whether `other` continues this run (and the two fit one call).
+    fn continued_by(&self, key: (DeviceAddr, u8, Mac), first: u64, next: u64) -> bool {
+        self.key == key && key.1 != 2 && self.next == first && next - self.first <= MAX_RUN_SECTORS
+    }
+}
+
 /// The I/O of one received batch of frames. An initiator sends a large
 /// request as one command per frame (1 KiB each at MTU 1500), and the
 /// frames of one request arrive together: reads or writes of consecutive
 /// sectors of one device go to the volume as one call, so a 4 KiB write
 /// is one page-aligned write, not four partial ones, and a 128 KiB read
-/// one `pread`.
+/// one `pread`. Runs are built as the frames arrive (in order, the
+/// usual case, each write's data is copied once, into the run's buffer)
+/// and joined again after sorting when frames came out of order.
 #[derive(Default)]
 struct IoBatch {
-    /// Each request with its write data (copied out of the frame).
-    ios: Vec<(IoRequest, Vec<u8>)>,
+    runs: Vec<Run>,
 }
 
 impl IoBatch {
-    fn push(&mut self, io: IoRequest, frame: &[u8]) {
+    fn push(&mut self, io: IoRequest, frame: &[u8], pool: &mut Pool) {
+        let key = (io.device, kind(&io.op), io.pending.initiator());
+        let (first, n) = extent(&io.op);
         let data = match &io.op {
-            IoOp::Write { data, .. } => frame.get(data.clone()).unwrap_or_default().to_vec(),
-            _ => Vec::new(),
+            IoOp::Write { data, .. } => frame.get(data.clone()).unwrap_or_default(),
+            _ => &[],
         };
-        self.ios.push((io, data));
+        // The run this one continues is nearly always the latest of its
+        // key: look from the end.
+        if let Some(run) = self
+            .runs
+            .iter_mut()
+            .rev()
+            .find(|r| r.continued_by(key, first, first + n))
+        {
+            run.data.extend_from_slice(data);
+            run.next = first + n;
+            run.members.push(io);
+            return;
+        }
+        let mut buf = if data.is_empty() {
+            Vec::new()
+        } else {
+            pool.take()
+        };
+        buf.extend_from_slice(data);
+        self.runs.push(Run {
+            members: vec![io],
+            key,
+            first,
+            next: first + n,
+            data: buf,
+        });
     }
 
-    /// Start every request of the batch: responses that are ready at once
-    /// go to `now`, the others through `later`; returns how many will come
-    /// through `later`. A run joins requests of one initiator only, so
-    /// that one check of the unit's gates answers for all of them.
+    /// Start every run of the batch, reads, then writes, then flushes of
+    /// each device: responses that are ready at once go to `now`, the
+    /// others through `later`; returns how many will come through
+    /// `later`. A run joins requests of one initiator only, so that one
+    /// check of the unit's gates answers for all of them.
     fn start(
         &mut self,
         volumes: &Volumes,
-        now: &mut Vec<Vec<u8>>,
-        later: &mpsc::UnboundedSender<Vec<u8>>,
+        pool: &mut Pool,
+        now: &mut Vec<Reply>,
+        later: &mpsc::UnboundedSender<Reply>,
     ) -> usize {
         let mut deferred = 0;
-        let mut ios = std::mem::take(&mut self.ios);
-        ios.sort_by_key(|(io, _)| {
-            let from = io.pending.initiator().0;
-            (io.device, kind(&io.op), from, extent(&io.op).0)
-        });
-        let mut run: Vec<(IoRequest, Vec<u8>)> = Vec::new();
-        for (io, data) in ios {
-            if let Some((last, _)) = run.last() {
-                let (first, _) = extent(&run[0].0.op);
-                let (lba, n) = extent(&last.op);
-                let (next, m) = extent(&io.op);
-                let joins = last.device == io.device
-                    && kind(&last.op) == kind(&io.op)
-                    && last.pending.initiator() == io.pending.initiator()
-                    && !matches!(io.op, IoOp::Flush)
-                    && next == lba + n
-                    && next + m - first <= MAX_RUN_SECTORS;
-                if !joins {
-                    deferred += start_run(std::mem::take(&mut run), volumes, now, later);
-                }
-            }
-            run.push((io, data));
-        }
-        if !run.is_empty() {
-            deferred += start_run(run, volumes, now, later);
+        for run in self.take_runs(pool) {
+            deferred += start_run(run, volumes, pool, now, later);
         }
         deferred
+    }
+
+    /// The batch's runs in the order they start, those that continue one
+    /// another (frames that came out of order) joined: one call still.
+    fn take_runs(&mut self, pool: &mut Pool) -> Vec<Run> {
+        let mut runs = std::mem::take(&mut self.runs);
+        runs.sort_by_key(|r| (r.key.0, r.key.1, r.key.2 .0, r.first));
+        let mut joined: Vec<Run> = Vec::with_capacity(runs.len());
+        for run in runs {
+            if let Some(c) = joined.last_mut() {
+                if c.continued_by(run.key, run.first, run.next) {
+                    c.data.extend_from_slice(&run.data);
+                    c.next = run.next;
+                    c.members.extend(run.members);
+                    pool.put(run.data);
+                    continue;
+                }
+            }
+            joined.push(run);
+        }
+        joined
     }
 }
 
@@ -521,73 +598,77 @@ impl IoBatch {
 /// one flush, as one volume call; returns how many responses will come
 /// through `later`.
 fn start_run(
-    run: Vec<(IoRequest, Vec<u8>)>,
+    run: Run,
     volumes: &Volumes,
-    now: &mut Vec<Vec<u8>>,
-    later: &mpsc::UnboundedSender<Vec<u8>>,
+    pool: &mut Pool,
+    now: &mut Vec<Reply>,
+    later: &mpsc::UnboundedSender<Reply>,
 ) -> usize {
-    let Some(dev) = volumes.get(&run[0].0.device) else {
+    let Run {
+        members,
+        first,
+        next,
+        data,
+        ..
+    } = run;
+    let Some(dev) = volumes.get(&members[0].device) else {
         now.extend(
-            run.iter()
-                .map(|(io, _)| respond(io, Err(IoFailure::Unavailable))),
+            members
+                .iter()
+                .map(|io| respond(io, Err(IoFailure::Unavailable))),
         );
+        pool.put(data);
         return 0;
     };
     // The unit's gates, once for the run (one device, one kind, one
     // initiator): a few atomic loads unless a reservation is held.
-    let head = &run[0].0;
+    let head = &members[0];
     let from = aoe_nexus(head.pending.initiator());
     if dev.lu.admit(block_command(&head.op), from).is_err() {
         now.extend(
-            run.iter()
-                .map(|(io, _)| respond(io, Err(IoFailure::Aborted))),
+            members
+                .iter()
+                .map(|io| respond(io, Err(IoFailure::Aborted))),
         );
+        pool.put(data);
         return 0;
     }
     let (volume, cached) = (&dev.volume, dev.cached);
-    let (first, _) = extent(&run[0].0.op);
-    let sectors: u64 = run.iter().map(|(io, _)| extent(&io.op).1).sum();
-    let read = matches!(run[0].0.op, IoOp::Read { .. });
-    let mut data = Vec::new();
-    let mut members = Vec::with_capacity(run.len());
-    for (io, d) in run {
-        if data.is_empty() {
-            data = d;
-        } else {
-            data.extend_from_slice(&d);
-        }
-        members.push(io);
-    }
+    let sectors = next - first;
+    let read = matches!(members[0].op, IoOp::Read { .. });
     let members = Arc::new(members);
-    // Each member's response from the run's outcome.
-    let answer = move |members: &[IoRequest], r: Result<&[u8], IoFailure>| -> Vec<Vec<u8>> {
-        members
-            .iter()
-            .map(|io| {
-                let part = r.map(|d| {
+    // Each member's response from the run's outcome; the buffer goes back
+    // to the pool with the last read answer sent, or at once after a
+    // write.
+    let answer = move |members: &[IoRequest], r: Result<Vec<u8>, IoFailure>| -> Vec<Reply> {
+        let mut out = Vec::with_capacity(members.len() + 1);
+        match r {
+            Ok(d) if read => {
+                let d = Arc::new(d);
+                out.extend(members.iter().map(|io| {
                     let at = ((extent(&io.op).0 - first) * 512) as usize;
-                    let len = (extent(&io.op).1 * 512) as usize;
-                    if read {
-                        d.get(at..at + len).unwrap_or_default()
-                    } else {
-                        d
-                    }
-                });
-                respond(io, part)
-            })
-            .collect()
+                    respond(io, Ok((&d, at)))
+                }));
+            }
+            Ok(d) => {
+                let none = Arc::new(Vec::new());
+                out.extend(members.iter().map(|io| respond(io, Ok((&none, 0)))));
+                out.push(Reply::Recycle(d));
+            }
+            Err(f) => out.extend(members.iter().map(|io| respond(io, Err(f)))),
+        }
+        out
     };
     let done = {
         let (members, later) = (members.clone(), later.clone());
         Box::new(move |r: ethersan_backend::IoResult| {
-            let r = r.map_err(|e| failure(&e));
-            for f in answer(&members, r.as_deref().map_err(|e| *e)) {
+            for f in answer(&members, r.map_err(|e| failure(&e))) {
                 let _ = later.send(f);
             }
         })
     };
     let submitted = match members[0].op {
-        IoOp::Read { .. } => volume.read(first, sectors, Vec::new(), done),
+        IoOp::Read { .. } => volume.read(first, sectors, pool.take(), done),
         // Durable at once when IDENTIFY said the write cache is off (even
         // if iSCSI turned it on since), or when the volume's cache is off;
         // otherwise at FLUSH CACHE, which the initiator sends when it
@@ -598,15 +679,13 @@ fn start_run(
     let deferred = members.len();
     match submitted {
         Ok(Submission::Done(r)) => {
-            let r = r.map_err(|e| failure(&e));
-            now.extend(answer(&members, r.as_deref().map_err(|e| *e)));
+            now.extend(answer(&members, r.map_err(|e| failure(&e))));
         }
         Ok(Submission::Pending) => return deferred,
         Ok(Submission::Blocking(job)) => {
             let later = later.clone();
             tokio::task::spawn_blocking(move || {
-                let r = job().map_err(|e| failure(&e));
-                for f in answer(&members, r.as_deref().map_err(|e| *e)) {
+                for f in answer(&members, job().map_err(|e| failure(&e))) {
                     let _ = later.send(f);
                 }
             });
@@ -626,28 +705,49 @@ fn start_run(
 /// not by memory.
 const MAX_IN_FLIGHT: usize = 1024;
 
+/// Sends `out` as one batch, each frame written into its transmit slot,
+/// and gives the buffers back to `pool`.
+async fn send_replies(name: &str, link: &Link, out: &mut Vec<Reply>, pool: &mut Pool) {
+    let n = out.len();
+    if out.iter().any(Reply::answers) {
+        if let Err(e) = link.send_with(n, |i, slot| out[i].write(slot)).await {
+            warn!(link = %name, "AoE: cannot send: {e}");
+        }
+    }
+    for r in out.drain(..) {
+        match r {
+            Reply::Read { data, .. } => {
+                // The run's last answer returns its buffer.
+                if let Ok(buf) = Arc::try_unwrap(data) {
+                    pool.put(buf);
+                }
+            }
+            Reply::Recycle(buf) => pool.put(buf),
+            Reply::Frame(_) => {}
+        }
+    }
+}
+
 /// One link's loop: frames in, protocol core, volume, frames out.
 async fn serve_link(name: String, link: Arc<Link>, mut target: AoeTarget, volumes: Volumes) {
-    let (later_tx, mut later) = mpsc::unbounded_channel::<Vec<u8>>();
+    let (later_tx, mut later) = mpsc::unbounded_channel::<Reply>();
     // Unsolicited config responses: initiators already listening find us.
-    let mut out: Vec<Vec<u8>> = target.announce();
+    let mut out: Vec<Reply> = target.announce().into_iter().map(Reply::Frame).collect();
     let mut failures = 0u32;
     let mut batch = IoBatch::default();
+    let mut pool = Pool::default();
     let mut in_flight = 0usize;
     loop {
         if !out.is_empty() {
-            if let Err(e) = link.send_batch(&out).await {
-                warn!(link = %name, "AoE: cannot send: {e}");
-            }
-            out.clear();
+            send_replies(&name, &link, &mut out, &mut pool).await;
         }
         tokio::select! {
             r = link.recv_batch(|frame| match target.handle(frame) {
                 Action::Drop(_) => {}
-                Action::Reply(frames) => out.extend(frames),
-                Action::Io(io) => batch.push(io, frame),
+                Action::Reply(frames) => out.extend(frames.into_iter().map(Reply::Frame)),
+                Action::Io(io) => batch.push(io, frame, &mut pool),
             }), if in_flight < MAX_IN_FLIGHT => {
-                in_flight += batch.start(&volumes, &mut out, &later_tx);
+                in_flight += batch.start(&volumes, &mut pool, &mut out, &later_tx);
                 if let Err(e) = r {
                     failures += 1;
                     warn!(link = %name, "AoE: cannot receive: {e}");
@@ -661,11 +761,13 @@ async fn serve_link(name: String, link: Arc<Link>, mut target: AoeTarget, volume
                 }
             }
             Some(f) = later.recv() => {
+                let mut answered = usize::from(f.answers());
                 out.push(f);
                 while let Ok(f) = later.try_recv() {
+                    answered += usize::from(f.answers());
                     out.push(f);
                 }
-                in_flight = in_flight.saturating_sub(out.len());
+                in_flight = in_flight.saturating_sub(answered);
             }
         }
         while let Some(ev) = target.poll_event() {
@@ -688,6 +790,90 @@ async fn serve_link(name: String, link: Arc<Link>, mut target: AoeTarget, volume
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The I/O requests and their frames of `reqs`, as a target at MTU
+    /// 1500 sees them from one initiator.
+    fn requests(reqs: Vec<ethersan_aoe::initiator::AtaRequest>) -> Vec<(IoRequest, Vec<u8>)> {
+        use ethersan_aoe::initiator::{
+            parse_config_response, query_config_frame, Initiator, InitiatorConfig,
+        };
+        let (me, them) = (Mac([2, 0, 0, 0, 0, 1]), Mac([2, 0, 0, 0, 0, 2]));
+        let addr = DeviceAddr::new(1, 1);
+        let mut target = AoeTarget::new(TargetConfig::new(me, 1500));
+        target.add_device(addr, DeviceConfig::new(4096)).unwrap();
+        let q = query_config_frame(
+            them,
+            me,
+            1,
+            1,
+            ethersan_aoe::config::ConfigCommand::Read,
+            b"",
+            7,
+        );
+        let Action::Reply(answer) = target.handle(&q) else {
+            panic!("no config answer")
+        };
+        let info = parse_config_response(&answer[0]).unwrap();
+        let mut cfg = InitiatorConfig::new(them);
+        (cfg.initial_window, cfg.max_window) = (64, 64);
+        let mut init = Initiator::new(cfg, info);
+        for r in reqs {
+            init.submit(r).unwrap();
+        }
+        let now = std::time::Instant::now();
+        std::iter::from_fn(|| init.poll_transmit(now))
+            .map(|f| match target.handle(&f) {
+                Action::Io(io) => (io, f.to_vec()),
+                _ => panic!("not an I/O"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn runs_gather_consecutive_frames_in_or_out_of_order() {
+        use ethersan_aoe::initiator::AtaRequest;
+        let data: Vec<u8> = (0..8 * 512).map(|i| (i * 7 % 251) as u8).collect();
+        // Four 1 KiB writes of one 4 KiB block, then a read of 8 sectors
+        // elsewhere, and a write that does not continue the first.
+        let mut reqs: Vec<AtaRequest> = data
+            .chunks(1024)
+            .enumerate()
+            .map(|(i, c)| AtaRequest::Write {
+                lba: 64 + 2 * i as u64,
+                data: c.to_vec(),
+            })
+            .collect();
+        reqs.push(AtaRequest::Read { lba: 8, sectors: 2 });
+        reqs.push(AtaRequest::Read {
+            lba: 10,
+            sectors: 2,
+        });
+        reqs.push(AtaRequest::Write {
+            lba: 200,
+            data: data[..1024].to_vec(),
+        });
+        let frames = requests(reqs);
+        for order in [[0, 1, 2, 3, 4, 5, 6], [3, 1, 0, 6, 2, 5, 4]] {
+            let (mut batch, mut pool) = (IoBatch::default(), Pool::default());
+            for i in order {
+                let (io, f) = frames[i].clone();
+                batch.push(io, &f, &mut pool);
+            }
+            let runs = batch.take_runs(&mut pool);
+            let got: Vec<(u64, u64, usize)> = runs
+                .iter()
+                .map(|r| (r.first, r.next, r.members.len()))
+                .collect();
+            // Reads first, then writes, each run one volume call.
+            assert_eq!(got, [(8, 12, 2), (64, 72, 4), (200, 202, 1)], "{order:?}");
+            assert!(runs[0].data.is_empty());
+            assert_eq!(
+                runs[1].data, data,
+                "{order:?}: the block's data in LBA order"
+            );
+            assert_eq!(runs[2].data, data[..1024]);
+        }
+    }
 
     #[test]
     fn default_addresses_and_their_limits() {

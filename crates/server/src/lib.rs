@@ -472,18 +472,51 @@ impl StreamServer {
         R: tokio::io::AsyncRead + Unpin + Send + 'static,
         W: tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        let Some(slot) = login_slot(&self.registry, peer) else {
+        let Some(conn) = self.connection(peer, channel_level) else {
             return;
-        };
-        let conn = Connection {
-            peer: peer.to_string(),
-            local: None,
-            channel_level,
-            login_slot: Some(slot),
         };
         serve_stream(
             rd,
             wr,
+            conn,
+            self.registry.clone(),
+            self.options.clone(),
+            self.settings.load_full(),
+        )
+        .await
+    }
+
+    /// A connection from `peer` counted among those in login, or `None`
+    /// (and it is closed before anything is read) beyond the cap.
+    fn connection(&self, peer: &str, channel_level: Option<u8>) -> Option<Connection> {
+        let slot = login_slot(&self.registry, peer)?;
+        Some(Connection {
+            peer: peer.to_string(),
+            local: None,
+            channel_level,
+            login_slot: Some(slot),
+        })
+    }
+
+    /// Serve one native transport channel as an iSCSI connection until its
+    /// session ends: one PDU per message, Data-In placed into the
+    /// initiator's buffer (docs/native-transport.md, "iSCSI over the
+    /// channel"); `channel_level` is the channel's security level.
+    pub async fn serve_messages(
+        &self,
+        ch: ethersan_endpoint::MessageChannel,
+        peer: &str,
+        channel_level: u8,
+    ) {
+        let Some(conn) = self.connection(peer, Some(channel_level)) else {
+            return;
+        };
+        let reader = PduReader::messages(ch.receiver, 8192);
+        let (out, writer) = wire::spawn_message_writer(ch.sender);
+        serve_pdus(
+            reader,
+            out,
+            writer,
             conn,
             self.registry.clone(),
             self.options.clone(),
@@ -506,6 +539,24 @@ async fn serve_stream<R, W>(
     R: tokio::io::AsyncRead + Unpin + Send + 'static,
     W: tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    let reader = PduReader::new(rd, 8192);
+    let (out, writer) = spawn_writer(wr);
+    serve_pdus(reader, out, writer, conn, registry, options, settings).await
+}
+
+/// Serve one connection whose PDUs come and go through `reader` and the
+/// writer task (`out`, `writer`): login, then the session until it ends.
+async fn serve_pdus<R>(
+    mut reader: PduReader<R>,
+    out: mpsc::UnboundedSender<wire::WriterMsg>,
+    writer: tokio::task::JoinHandle<std::io::Result<()>>,
+    conn: Connection,
+    registry: Arc<Registry>,
+    options: Options,
+    settings: Arc<TargetSettings>,
+) where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+{
     let Connection {
         peer,
         local,
@@ -515,8 +566,6 @@ async fn serve_stream<R, W>(
     let peer_ip = peer.parse::<std::net::SocketAddr>().ok().map(|a| a.ip());
     // Counted open until this function returns (the session's end).
     let _open = registry.login_stats().connection(channel_level.is_some());
-    let mut reader = PduReader::new(rd, 8192);
-    let (out, writer) = spawn_writer(wr);
     let (ev_tx, ev_rx) = mpsc::unbounded_channel::<Event>();
     // The login enforces login_timeout_secs itself (back-off waits
     // excluded); this outer bound only guards against a bug there.

@@ -189,7 +189,7 @@ pub async fn start(
                 let level = s.info.level.to_u8();
                 let server = server.clone();
                 tokio::spawn(async move {
-                    server.serve(s.reader, s.writer, &peer, Some(level)).await;
+                    server.serve_messages(s.into_messages(), &peer, level).await;
                 });
             }
             warn!(medium = %what, "native transport endpoint stopped");

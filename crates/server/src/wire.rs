@@ -9,7 +9,10 @@
 //! each digest once.
 
 use bytes::Bytes;
-use ethersan_proto::pdu::{Bhs, FrameError, Framer, PduError, RawPdu, BHS_LEN, MAX_DATA_SEGMENT};
+use ethersan_endpoint::{MessageReceiver, MessageSender};
+use ethersan_proto::pdu::{
+    Bhs, FrameError, Framer, MessageError, MessagePdu, PduError, RawPdu, BHS_LEN, MAX_DATA_SEGMENT,
+};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 
@@ -46,10 +49,19 @@ pub(crate) enum ReadError {
 /// Bytes of read buffer per connection.
 const READ_BUFFER: usize = 32 * 1024;
 
+/// Where PDUs come from.
+#[derive(Debug)]
+enum Source<R> {
+    /// A byte stream (TCP): PDUs framed by their lengths.
+    Stream(BufReader<R>),
+    /// A native transport channel: one PDU per message (docs/native-transport.md).
+    Messages(MessageReceiver),
+}
+
 /// Reads PDUs from the receive half of a connection.
 #[derive(Debug)]
 pub(crate) struct PduReader<R> {
-    r: BufReader<R>,
+    src: Source<R>,
     /// The framing rules in force: digests to verify, the largest data
     /// segment accepted (our MaxRecvDataSegmentLength).
     pub(crate) framer: Framer,
@@ -61,7 +73,7 @@ impl<R: AsyncRead + Unpin> PduReader<R> {
             // Small: a connection that never logs in costs little memory;
             // data segments larger than this are read straight into their
             // own buffers, bypassing it.
-            r: BufReader::with_capacity(READ_BUFFER, r),
+            src: Source::Stream(BufReader::with_capacity(READ_BUFFER, r)),
             framer: Framer {
                 header_digest: false,
                 data_digest: false,
@@ -74,17 +86,21 @@ impl<R: AsyncRead + Unpin> PduReader<R> {
     /// read straight into its own buffer.
     pub(crate) async fn read(&mut self) -> Result<RawPdu, ReadError> {
         let f = self.framer;
+        let r = match &mut self.src {
+            Source::Stream(r) => r,
+            Source::Messages(rx) => return read_message(rx, f).await,
+        };
         let mut bhs = Bhs::default();
         // Distinguish a clean close between PDUs from a truncated one.
-        let n = self.r.read(&mut bhs.0).await?;
+        let n = r.read(&mut bhs.0).await?;
         if n == 0 {
             return Err(ReadError::Closed);
         }
         if n < BHS_LEN {
-            self.r.read_exact(&mut bhs.0[n..]).await?;
+            r.read_exact(&mut bhs.0[n..]).await?;
         }
         let mut rest = vec![0u8; f.header_rest_len(&bhs)];
-        self.r.read_exact(&mut rest).await?;
+        r.read_exact(&mut rest).await?;
         let head = match f.check_header(bhs, &rest) {
             Ok(head) => head,
             Err(e) => {
@@ -93,7 +109,7 @@ impl<R: AsyncRead + Unpin> PduReader<R> {
                     // stays framed.
                     let mut sink = tokio::io::sink();
                     let skip = skip as u64;
-                    let copied = tokio::io::copy(&mut (&mut self.r).take(skip), &mut sink).await?;
+                    let copied = tokio::io::copy(&mut (&mut *r).take(skip), &mut sink).await?;
                     if copied < skip {
                         return Err(ReadError::Io(std::io::ErrorKind::UnexpectedEof.into()));
                     }
@@ -111,9 +127,53 @@ impl<R: AsyncRead + Unpin> PduReader<R> {
         } else {
             0
         };
-        let part = read_part(&mut self.r, len, capacity).await?;
+        let part = read_part(r, len, capacity).await?;
         Ok(f.finish(head, part)?)
     }
+}
+
+impl PduReader<tokio::io::Empty> {
+    /// PDUs from a native transport channel's messages, one per message.
+    pub(crate) fn messages(rx: MessageReceiver, max_data: u32) -> Self {
+        PduReader {
+            src: Source::Messages(rx),
+            framer: Framer {
+                header_digest: false,
+                data_digest: false,
+                max_recv_data_segment_length: max_data,
+            },
+        }
+    }
+}
+
+/// One PDU from one message: the header parsed in place, the data part
+/// copied once into a buffer of its own (with room for the rest of a
+/// write's data, as from a stream).
+async fn read_message(rx: &mut MessageReceiver, f: Framer) -> Result<RawPdu, ReadError> {
+    let msg = rx.recv().await?.ok_or(ReadError::Closed)?;
+    let misframed =
+        |e: String| ReadError::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, e));
+    let (head, data) = match f.split_message(&msg) {
+        Ok(MessagePdu::Whole(head, data)) => (head, data),
+        // Only Data-In travels placed, and only to the initiator.
+        Ok(MessagePdu::Placed(_)) => {
+            return Err(misframed(
+                MessageError::Misframed("ends after a Data-In header").to_string(),
+            ))
+        }
+        Err(MessageError::Frame(e)) => return Err(e.into()),
+        Err(e) => return Err(misframed(e.to_string())),
+    };
+    let len = data.len();
+    let room = write_capacity(&head.bhs);
+    let capacity = if len > 0 && len.saturating_mul(4) >= room {
+        room
+    } else {
+        0
+    };
+    let mut part = Vec::with_capacity(len.max(capacity));
+    part.extend_from_slice(data);
+    Ok(f.finish(head, part)?)
 }
 
 /// Most bytes of a write's buffer allocated with its command PDU (larger
@@ -241,6 +301,66 @@ where
         w.flush().await
     });
     (tx, handle)
+}
+
+/// Start the task that owns a native transport channel's sending half: one
+/// message per PDU; with data digests off, a Data-In's data is *placed*
+/// (sent to land in the initiator's buffer registered under the task's
+/// ITT, at the PDU's buffer offset) and the PDU follows as its header
+/// alone (docs/native-transport.md, "iSCSI over the channel"). Returns
+/// when the queue closes or on error.
+pub(crate) fn spawn_message_writer(
+    mut tx_half: MessageSender,
+) -> (
+    mpsc::UnboundedSender<WriterMsg>,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+) {
+    let (tx, mut rx) = mpsc::unbounded_channel::<WriterMsg>();
+    let handle = tokio::spawn(async move {
+        let mut framer = Framer {
+            header_digest: false,
+            data_digest: false,
+            max_recv_data_segment_length: MAX_DATA_SEGMENT,
+        };
+        while let Some(msg) = rx.recv().await {
+            match msg {
+                WriterMsg::Frame(f) => {
+                    let e = framer.encode(&f.bhs, &[], &f.data);
+                    let head = Bytes::from(e.head);
+                    if let Some((itt, offset)) = placed_data_in(&f, framer.data_digest) {
+                        tx_half.send_placed(itt, offset, f.data).await?;
+                        tx_half.send(&[head]).await?;
+                    } else if f.data.is_empty() && e.tail.is_empty() {
+                        tx_half.send(&[head]).await?;
+                    } else {
+                        tx_half.send(&[head, f.data, Bytes::from(e.tail)]).await?;
+                    }
+                }
+                WriterMsg::Digests { header, data } => {
+                    framer.header_digest = header;
+                    framer.data_digest = data;
+                }
+                WriterMsg::Close => {
+                    return tx_half.close(false).await;
+                }
+            }
+        }
+        Ok(())
+    });
+    (tx, handle)
+}
+
+/// For a Data-In PDU whose data can travel placed (it has data, and no
+/// data digest covers it): its ITT and buffer offset.
+fn placed_data_in(f: &Frame, data_digest: bool) -> Option<(u32, u64)> {
+    let b = &f.bhs.0;
+    let data_in = b[0] & 0x3f == 0x25;
+    if !data_in || f.data.is_empty() || data_digest {
+        return None;
+    }
+    let itt = u32::from_be_bytes([b[16], b[17], b[18], b[19]]);
+    let offset = u32::from_be_bytes([b[40], b[41], b[42], b[43]]);
+    Some((itt, u64::from(offset)))
 }
 
 /// Send the frames of a batch with vectored writes and empty the batch.

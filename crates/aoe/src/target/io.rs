@@ -143,6 +143,27 @@ impl Pending {
         pad(frame);
     }
 
+    /// Write a successful read's response straight into `out` (a transmit
+    /// buffer, e.g. a ring slot): the same bytes as
+    /// [`prepare_read`](Self::prepare_read), filling with the first
+    /// sectors of `data`, and [`complete`](Self::complete) with `Ok`.
+    /// Returns the frame's length, or `None` (nothing written) when this is
+    /// not a read, `data` holds fewer bytes than the read asked for, or
+    /// `out` cannot hold the frame; answer those with `complete`.
+    pub fn write_read_response(&self, data: &[u8], out: &mut [u8]) -> Option<usize> {
+        let range = self.data_range();
+        let end = range.end.max(MIN_FRAME_LEN);
+        if !self.read || data.len() < range.len() || out.len() < end {
+            return None;
+        }
+        out[..HEADER_LEN].copy_from_slice(&self.header.to_bytes());
+        out[HEADER_LEN..ATA_HEADER_LEN].copy_from_slice(&self.registers(ata::STATUS_DRDY, 0, 0));
+        let n = range.len();
+        out[range.clone()].copy_from_slice(&data[..n]);
+        out[range.end..end].fill(0);
+        Some(end)
+    }
+
     fn registers(&self, status: u8, error: u8, count: u8) -> [u8; ATA_ARG_LEN] {
         AtaArg {
             flags: self.flags,

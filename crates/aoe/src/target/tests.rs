@@ -434,6 +434,28 @@ fn read_goes_to_the_front_end_and_completes_in_place() {
     let mut buf = Vec::new();
     r.pending.complete(Err(IoFailure::Unavailable), &mut buf);
     assert_eq!(aoe_error(&buf), Some(ErrorCode::DeviceUnavailable));
+    // Built in place (a transmit slot holding stale bytes): the same frame
+    // as prepare_read + complete.
+    let mut want = Vec::new();
+    r.pending.prepare_read(&mut want).fill(0x5A);
+    r.pending.complete(Ok(()), &mut want);
+    let mut slot = vec![0xEE; 9014];
+    let n = r
+        .pending
+        .write_read_response(&[0x5A; 1100], &mut slot)
+        .unwrap();
+    assert_eq!(&slot[..n], &want[..]);
+    assert_eq!(
+        r.pending.write_read_response(&[0x5A; 1023], &mut slot),
+        None,
+        "short data"
+    );
+    assert_eq!(
+        r.pending
+            .write_read_response(&[0x5A; 1024], &mut slot[..100]),
+        None,
+        "small slot"
+    );
 }
 
 #[test]

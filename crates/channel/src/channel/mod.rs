@@ -30,6 +30,24 @@
 //! reduce it again, nor do their acknowledgements grow it); a
 //! retransmission timeout sets `ssthresh` to half and `cwnd` to 2.
 //!
+//! # Placed data
+//!
+//! [`Channel::send_placed`] queues bytes to land in the peer's buffer
+//! registered under a tag, at a byte offset. Each frame of it is a DATA
+//! frame with [`FLAG_PLACED`](crate::frame::FLAG_PLACED) carrying (tag,
+//! offset of its first byte, length); it takes a sequence number like a
+//! fragment, so acknowledgements, credit, congestion control and
+//! retransmission treat it alike, and it shares the order of messages: a
+//! message sent after placed data is delivered only once every sequence
+//! number before it has been received, that is once the data has landed.
+//! The receiver ([`Channel::handle_frame_placing`]) asks its
+//! [`Placement`] for the destination and verifies (decrypts) the frame
+//! straight into it; a frame nobody registered, or beyond the buffer, is
+//! dropped but counted as received (acknowledged: it is not sent again).
+//! Placed frames never enter the reassembly ring. A placed frame's header
+//! holds the tag and offset where others hold `ack` and `sack`, so it
+//! acknowledges nothing.
+//!
 //! # Loss detection
 //!
 //! Every transmission gets a local transmission index. A frame is declared
@@ -96,12 +114,19 @@ use std::time::{Duration, Instant};
 
 use ethersan_aoe::rtt::RttEstimator;
 
+use bytes::Bytes;
+
 use crate::frame::{FrameError, Header, Kind, Prefix, FLAG_CLOSE_REPLY, FLAG_LAST, HEADER_LEN};
 use crate::protect::Protector;
 use crate::Level;
 
+mod placement;
 mod receive;
+mod stats;
 mod transmit;
+
+pub use placement::{NoPlacement, PlaceSlot, Placement};
+pub use stats::ChannelStats;
 
 /// Transmissions after a frame that, once acknowledged, declare it lost.
 const PACKET_THRESHOLD: u64 = 3;
@@ -219,54 +244,6 @@ pub enum ChannelError {
     },
 }
 
-/// Counters and the state of the control loops, for tests and monitoring.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ChannelStats {
-    /// Congestion window, in frames.
-    pub cwnd: u32,
-    /// Slow-start threshold, in frames (`u32::MAX` until the first loss).
-    pub ssthresh: u32,
-    /// Sequence numbers the peer still accepts beyond the ones sent.
-    pub peer_credit: u32,
-    /// Frames in flight (sent, not acknowledged, not declared lost).
-    pub in_flight: u32,
-    /// Smoothed RTT, once measured.
-    pub srtt: Option<Duration>,
-    /// RTT variation.
-    pub rttvar: Duration,
-    /// Current retransmission timeout.
-    pub rto: Duration,
-    /// Frames sent, of every kind.
-    pub frames_sent: u64,
-    /// Valid frames received, of every kind.
-    pub frames_received: u64,
-    /// Bytes of the frames sent (header, payload, trailer).
-    pub bytes_sent: u64,
-    /// Bytes of the valid frames received (header, payload, trailer).
-    pub bytes_received: u64,
-    /// DATA frames sent again.
-    pub retransmits: u64,
-    /// Frames declared lost by the packet threshold (fast retransmit).
-    pub fast_retransmits: u64,
-    /// Retransmission timeouts.
-    pub timeouts: u64,
-    /// DATA frames received that were already held or delivered.
-    pub duplicates: u64,
-    /// DATA frames received ahead of a gap.
-    pub out_of_order: u64,
-    /// DATA frames dropped for lack of credit (beyond the right edge).
-    pub window_drops: u64,
-    /// Frames rejected: malformed, bad CRC, failed authentication,
-    /// replayed, another channel's.
-    pub rejected: u64,
-    /// ACK frames sent.
-    pub acks_sent: u64,
-    /// Messages whose last fragment was sent.
-    pub messages_sent: u64,
-    /// Messages reassembled.
-    pub messages_received: u64,
-}
-
 /// How a sent fragment stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum FragState {
@@ -278,14 +255,26 @@ enum FragState {
     Sacked,
 }
 
+/// What a sent frame carries.
+#[derive(Debug)]
+enum Source {
+    /// A fragment: `len` bytes from `start` of the message made of
+    /// `parts`.
+    Fragment {
+        parts: Arc<[Bytes]>,
+        start: usize,
+        frag: u16,
+        last: bool,
+    },
+    /// Placed data: these bytes, at `offset` of the peer's buffer `tag`.
+    Placed { tag: u32, offset: u64, data: Bytes },
+}
+
 /// A fragment sent and not yet cumulatively acknowledged.
 #[derive(Debug)]
 struct SentFrag {
-    msg: Arc<Vec<u8>>,
-    start: usize,
+    src: Source,
     len: u16,
-    frag: u16,
-    last: bool,
     state: FragState,
     /// Transmission index of its latest transmission.
     tx: u64,
@@ -293,19 +282,32 @@ struct SentFrag {
     sends: u32,
 }
 
-/// A message queued and not yet wholly fragmented.
+/// What is queued and not yet wholly sent.
 #[derive(Debug)]
-struct Outgoing {
-    msg: Arc<Vec<u8>>,
-    offset: usize,
-    frag: u16,
+enum Outgoing {
+    /// A message made of `parts` (`len` bytes), sent up to `offset`.
+    Message {
+        parts: Arc<[Bytes]>,
+        len: usize,
+        offset: usize,
+        frag: u16,
+    },
+    /// Placed data, sent up to `pos`.
+    Placed {
+        tag: u32,
+        offset: u64,
+        data: Bytes,
+        pos: usize,
+    },
 }
 
-/// A fragment received ahead of a gap.
+/// A frame received ahead of a gap: a fragment (its payload kept) or a
+/// placed frame (already landed or dropped: nothing kept).
 #[derive(Debug)]
 struct HeldFrag {
     frag: u16,
     last: bool,
+    placed: bool,
     payload: Vec<u8>,
 }
 
@@ -369,6 +371,8 @@ pub struct Channel {
     held: VecDeque<Option<HeldFrag>>,
     partial: Vec<u8>,
     partial_frames: u32,
+    /// Length of the last message reassembled (capacity hint).
+    last_message_len: usize,
     next_frag: u16,
     ready: VecDeque<(Vec<u8>, u32)>,
     ready_frames: u32,
@@ -442,6 +446,7 @@ impl Channel {
             held: VecDeque::new(),
             partial: Vec::new(),
             partial_frames: 0,
+            last_message_len: 0,
             next_frag: 0,
             ready: VecDeque::new(),
             ready_frames: 0,
@@ -494,6 +499,7 @@ impl Channel {
         s.srtt = self.rtt.srtt();
         s.rttvar = self.rtt.rttvar();
         s.rto = self.rto();
+        s.recv_held = self.recv_buffered() as u64;
         s
     }
 
@@ -505,20 +511,53 @@ impl Channel {
     /// [`send_message`](Self::send_message) for a message the caller
     /// hands over (no copy).
     pub fn send_owned(&mut self, msg: Vec<u8>) -> Result<(), ChannelError> {
+        let len = msg.len();
+        self.queue_message(Arc::new([Bytes::from(msg)]), len)
+    }
+
+    /// Queues one message made of `parts` in order, without gathering
+    /// them: each frame is sealed from the parts it covers.
+    pub fn send_parts(&mut self, parts: Vec<Bytes>) -> Result<(), ChannelError> {
+        let len: usize = parts.iter().map(Bytes::len).sum();
+        self.queue_message(parts.into(), len)
+    }
+
+    fn queue_message(&mut self, parts: Arc<[Bytes]>, len: usize) -> Result<(), ChannelError> {
         if self.state != ChannelState::Open {
             return Err(ChannelError::NotOpen(self.state));
         }
-        if msg.len() > self.cfg.max_message {
+        if len > self.cfg.max_message {
             return Err(ChannelError::TooLarge {
-                len: msg.len(),
+                len,
                 max: self.cfg.max_message,
             });
         }
-        self.queued_bytes += msg.len();
-        self.queue.push_back(Outgoing {
-            msg: Arc::new(msg),
+        self.queued_bytes += len;
+        self.queue.push_back(Outgoing::Message {
+            parts,
+            len,
             offset: 0,
             frag: 0,
+        });
+        Ok(())
+    }
+
+    /// Queues `data` to land in the peer's buffer registered under `tag`,
+    /// from byte `offset` on (see the module's §Placed data). Empty data
+    /// sends nothing.
+    pub fn send_placed(&mut self, tag: u32, offset: u64, data: Bytes) -> Result<(), ChannelError> {
+        if self.state != ChannelState::Open {
+            return Err(ChannelError::NotOpen(self.state));
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.queued_bytes += data.len();
+        self.queue.push_back(Outgoing::Placed {
+            tag,
+            offset,
+            data,
+            pos: 0,
         });
         Ok(())
     }

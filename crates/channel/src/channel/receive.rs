@@ -10,15 +10,81 @@ impl Channel {
     /// Takes a received channel frame (prefix onwards, padding allowed).
     /// A frame that is rejected changes nothing (but the `rejected`
     /// count).
+    /// Placed frames are dropped (and counted): see
+    /// [`Channel::handle_frame_placing`].
     pub fn handle_frame(&mut self, now: Instant, frame: &mut [u8]) -> Result<(), FrameError> {
-        let r = self.handle_frame_inner(now, frame);
+        self.handle_frame_placing(now, frame, &mut NoPlacement)
+    }
+
+    /// [`Channel::handle_frame`] with the buffers placed frames land in:
+    /// a new placed frame is verified (decrypted) from `frame` straight
+    /// into the slot `placement` gives for it.
+    pub fn handle_frame_placing(
+        &mut self,
+        now: Instant,
+        frame: &mut [u8],
+        placement: &mut dyn Placement,
+    ) -> Result<(), FrameError> {
+        let r = self.handle_frame_inner(now, frame, placement);
         if r.is_err() {
             self.stats.rejected += 1;
         }
         r
     }
 
-    fn handle_frame_inner(&mut self, now: Instant, frame: &mut [u8]) -> Result<(), FrameError> {
+    /// Whether a DATA frame with sequence number `seq` would be taken as
+    /// new: within the window and not yet received.
+    fn is_new(&self, seq: u32) -> bool {
+        if seq_lt(seq, self.rcv_next) {
+            return false;
+        }
+        let off = seq.wrapping_sub(self.rcv_next);
+        if off >= self.rcv_edge.wrapping_sub(self.rcv_next) {
+            return false;
+        }
+        self.held
+            .get(off as usize)
+            .is_none_or(|slot| slot.is_none())
+    }
+
+    /// Verifies a placed frame, landing its payload when it is new and has
+    /// a destination. Returns its header, the payload (left in the frame
+    /// when it did not land) and whether it landed.
+    fn verify_placed<'a>(
+        &mut self,
+        frame: &'a mut [u8],
+        h: Header,
+        placement: &mut dyn Placement,
+    ) -> Result<(Header, &'a [u8], bool), FrameError> {
+        let (tag, offset) = h.placement().unwrap_or_default();
+        let len = usize::from(h.len);
+        let live = matches!(self.state, ChannelState::Open | ChannelState::Closing);
+        if live && self.is_new(h.seq) {
+            if let Some(slot) = placement.slot(tag, offset, len) {
+                if slot.fresh && slot.dst.len() == len {
+                    let h = self.protector.verify_into(frame, slot.dst)?;
+                    placement.landed(tag, offset, len);
+                    return Ok((h, &[], true));
+                }
+                let (h, payload) = self.protector.verify(frame)?;
+                if slot.dst.len() == payload.len() {
+                    slot.dst.copy_from_slice(payload);
+                    placement.landed(tag, offset, len);
+                    return Ok((h, &[], true));
+                }
+                return Ok((h, payload, false));
+            }
+        }
+        let (h, payload) = self.protector.verify(frame)?;
+        Ok((h, payload, false))
+    }
+
+    fn handle_frame_inner(
+        &mut self,
+        now: Instant,
+        frame: &mut [u8],
+        placement: &mut dyn Placement,
+    ) -> Result<(), FrameError> {
         let prefix = Prefix::parse(frame)?;
         if !prefix.kind.is_channel() {
             return Err(FrameError::NotChannelFrame(prefix.kind));
@@ -29,12 +95,30 @@ impl Channel {
                 local: self.local_id,
             });
         }
-        let (h, payload) = self.protector.verify(frame)?;
+        let unverified = Header::parse(frame)?;
+        let (h, payload, landed) = if unverified.is_placed() {
+            self.verify_placed(frame, unverified, placement)?
+        } else {
+            let (h, payload) = self.protector.verify(frame)?;
+            (h, payload, false)
+        };
+        let frame_len = HEADER_LEN + usize::from(h.len) + self.protector.trailer_len();
         if matches!(self.state, ChannelState::Failed(_)) {
             return Ok(());
         }
         if h.kind != Kind::Data && h.len != 0 {
             return Err(FrameError::UnexpectedPayload(h.kind));
+        }
+        if h.is_placed() {
+            // No acknowledgement fields to check or take.
+            self.protector.record(h.pn);
+            self.stats.frames_received += 1;
+            self.stats.bytes_received += frame_len as u64;
+            if self.state == ChannelState::Closed {
+                return Ok(());
+            }
+            self.on_placed(now, &h, landed);
+            return Ok(());
         }
         let outstanding = self.snd_nxt.wrapping_sub(self.snd_una);
         let ahead = h.ack.wrapping_sub(self.snd_una);
@@ -46,8 +130,7 @@ impl Channel {
         }
         self.protector.record(h.pn);
         self.stats.frames_received += 1;
-        self.stats.bytes_received +=
-            (HEADER_LEN + payload.len() + self.protector.trailer_len()) as u64;
+        self.stats.bytes_received += frame_len as u64;
         if self.state == ChannelState::Closed {
             if h.kind == Kind::Close && h.flags & FLAG_CLOSE_REPLY == 0 {
                 self.close_reply_pending = true;
@@ -193,7 +276,22 @@ impl Channel {
         }
     }
 
+    /// A placed frame, verified: it landed (`landed`) or was dropped; its
+    /// sequence number counts as received either way.
+    fn on_placed(&mut self, now: Instant, h: &Header, landed: bool) {
+        let new = self.is_new(h.seq);
+        if new {
+            if landed {
+                self.stats.placed_received += 1;
+            } else {
+                self.stats.placed_dropped += 1;
+            }
+        }
+        self.on_data(now, h, &[]);
+    }
+
     fn on_data(&mut self, now: Instant, h: &Header, payload: &[u8]) {
+        let placed = h.is_placed();
         let off = h.seq.wrapping_sub(self.rcv_next);
         if seq_lt(h.seq, self.rcv_next) {
             self.stats.duplicates += 1;
@@ -217,6 +315,7 @@ impl Channel {
                 self.held[off] = Some(HeldFrag {
                     frag: h.frag,
                     last: h.is_last(),
+                    placed,
                     payload: payload.to_vec(),
                 });
                 self.stats.out_of_order += 1;
@@ -224,7 +323,7 @@ impl Channel {
             self.ack_now = true;
             return;
         }
-        if !self.deliver(h.frag, h.is_last(), payload) {
+        if !placed && !self.deliver(h.frag, h.is_last(), payload) {
             return;
         }
         self.rcv_next = self.rcv_next.wrapping_add(1);
@@ -236,7 +335,7 @@ impl Channel {
             };
             filled = true;
             self.held_bytes -= f.payload.len();
-            if !self.deliver(f.frag, f.last, &f.payload) {
+            if !f.placed && !self.deliver(f.frag, f.last, &f.payload) {
                 return;
             }
             self.rcv_next = self.rcv_next.wrapping_add(1);
@@ -265,11 +364,19 @@ impl Channel {
             self.fail(FailReason::MessageTooLarge);
             return false;
         }
+        if self.partial.capacity() == 0 && !last {
+            // A message of several fragments: room for one as large as the
+            // last one, so that it does not grow (and move) fragment by
+            // fragment.
+            let hint = self.last_message_len.min(self.cfg.max_message);
+            self.partial.reserve(hint.max(payload.len()));
+        }
         self.partial.extend_from_slice(payload);
         self.partial_frames = self.partial_frames.saturating_add(1);
         self.next_frag = self.next_frag.wrapping_add(1);
         if last {
             let msg = std::mem::take(&mut self.partial);
+            self.last_message_len = msg.len();
             self.ready_bytes += msg.len();
             self.ready.push_back((msg, self.partial_frames));
             self.ready_frames = self.ready_frames.saturating_add(self.partial_frames);

@@ -40,6 +40,13 @@ impl Channel {
         if self.ack_at.is_some_and(|t| now >= t) {
             self.ack_now = true;
         }
+        // Placed frames carry no acknowledgement: one that is due goes
+        // first, on its own.
+        if self.ack_now && self.next_is_placed() {
+            self.write_control(out, Kind::Ack, 0);
+            self.stats.acks_sent += 1;
+            return true;
+        }
         if self.retransmit(now, out) || self.send_new(now, out) {
             return true;
         }
@@ -126,25 +133,56 @@ impl Channel {
         let Some(o) = self.queue.front_mut() else {
             return false;
         };
-        let take = self.payload_max.min(o.msg.len() - o.offset);
-        let last = o.offset + take == o.msg.len();
+        let (src, take, done) = match o {
+            Outgoing::Message {
+                parts,
+                len,
+                offset,
+                frag,
+            } => {
+                let take = self.payload_max.min(*len - *offset);
+                let last = *offset + take == *len;
+                let src = Source::Fragment {
+                    parts: parts.clone(),
+                    start: *offset,
+                    frag: *frag,
+                    last,
+                };
+                *offset += take;
+                *frag = frag.wrapping_add(1);
+                if last {
+                    self.stats.messages_sent += 1;
+                }
+                (src, take, last)
+            }
+            Outgoing::Placed {
+                tag,
+                offset,
+                data,
+                pos,
+            } => {
+                let take = self.payload_max.min(data.len() - *pos);
+                let src = Source::Placed {
+                    tag: *tag,
+                    offset: offset.wrapping_add(*pos as u64),
+                    data: data.slice(*pos..*pos + take),
+                };
+                *pos += take;
+                self.stats.placed_sent += 1;
+                (src, take, *pos == data.len())
+            }
+        };
+        if done {
+            self.queue.pop_front();
+        }
         let frag = SentFrag {
-            msg: o.msg.clone(),
-            start: o.offset,
+            src,
             len: take as u16,
-            frag: o.frag,
-            last,
             state: FragState::Lost,
             tx: 0,
             sent_at: now,
             sends: 0,
         };
-        o.offset += take;
-        o.frag = o.frag.wrapping_add(1);
-        if last {
-            self.queue.pop_front();
-            self.stats.messages_sent += 1;
-        }
         self.queued_bytes -= take;
         self.unacked_bytes += take;
         if self.sent.is_empty() {
@@ -168,40 +206,79 @@ impl Channel {
         f.tx = tx;
         f.sent_at = now;
         f.sends += 1;
-        let (msg, start, len, frag, last) = (f.msg.clone(), f.start, f.len, f.frag, f.last);
+        let len = f.len;
         self.pipe += 1;
         self.sent_log.push_back((tx, seq));
         if self.rto_at.is_none() {
             self.rto_at = Some(now + self.rto());
         }
-        let flags = if last { FLAG_LAST } else { 0 };
-        self.write_header(out, Kind::Data, flags, seq, frag, len);
-        out.extend_from_slice(&msg[start..start + usize::from(len)]);
-        self.seal(out);
+        let Some(f) = self.sent.get(i) else {
+            return;
+        };
+        let start = out.len();
+        match &f.src {
+            Source::Fragment {
+                parts,
+                start: at,
+                frag,
+                last,
+            } => {
+                let (parts, at, frag, last) = (parts.clone(), *at, *frag, *last);
+                let flags = if last { FLAG_LAST } else { 0 };
+                let header = self.header(Kind::Data, flags, seq, frag, len);
+                header.write(out);
+                self.sent_header();
+                let mut slices: [&[u8]; 8] = [&[]; 8];
+                let n = gather(&parts, at, usize::from(len), &mut slices);
+                if n <= slices.len() {
+                    self.protector.seal_gather(out, start, &slices[..n]);
+                } else {
+                    // More parts than the fixed list: gathered one by one.
+                    let mut v: Vec<&[u8]> = Vec::new();
+                    gather_into(&parts, at, usize::from(len), &mut v);
+                    self.protector.seal_gather(out, start, &v);
+                }
+            }
+            Source::Placed { tag, offset, data } => {
+                let header = Header::placed(self.peer_id, self.next_pn, seq, len, *tag, *offset);
+                self.next_pn += 1;
+                header.write(out);
+                self.protector.seal_gather(out, start, &[&data[..]]);
+            }
+        }
+        self.count_sent(out);
     }
 
     fn write_control(&mut self, out: &mut Vec<u8>, kind: Kind, flags: u8) {
-        self.write_header(out, kind, flags, 0, 0, 0);
-        self.seal(out);
+        let header = self.header(kind, flags, 0, 0, 0);
+        header.write(out);
+        self.sent_header();
+        self.protector.seal_from(out, self.headroom);
+        self.count_sent(out);
     }
 
-    fn seal(&mut self, out: &mut Vec<u8>) {
-        self.protector.seal_from(out, self.headroom);
+    fn count_sent(&mut self, out: &[u8]) {
         self.stats.frames_sent += 1;
         self.stats.bytes_sent += (out.len() - self.headroom.min(out.len())) as u64;
     }
 
-    /// Writes a header carrying the current acknowledgement, and takes the
-    /// next packet number.
-    fn write_header(
-        &mut self,
-        out: &mut Vec<u8>,
-        kind: Kind,
-        flags: u8,
-        seq: u32,
-        frag: u16,
-        len: u16,
-    ) {
+    /// Whether the next frame to go is placed data (which carries no
+    /// acknowledgement).
+    fn next_is_placed(&self) -> bool {
+        let una = self.snd_una;
+        let rtx = self.rtx.iter().find_map(|&seq| {
+            let f = self.sent.get(seq.wrapping_sub(una) as usize)?;
+            (!seq_lt(seq, una) && f.state == FragState::Lost).then_some(f)
+        });
+        match rtx {
+            Some(f) => matches!(f.src, Source::Placed { .. }),
+            None => matches!(self.queue.front(), Some(Outgoing::Placed { .. })),
+        }
+    }
+
+    /// A header carrying the current acknowledgement, with the next packet
+    /// number (taken).
+    fn header(&mut self, kind: Kind, flags: u8, seq: u32, frag: u16, len: u16) -> Header {
         let mut sack = 0u64;
         for (i, slot) in self.held.iter().skip(1).take(SACK_BITS).enumerate() {
             if slot.is_some() {
@@ -221,10 +298,48 @@ impl Channel {
             credit: self.rcv_edge.wrapping_sub(self.rcv_next),
         };
         self.next_pn += 1;
-        header.write(out);
+        header
+    }
+
+    /// A header with the acknowledgement went out.
+    fn sent_header(&mut self) {
         self.ack_now = false;
         self.ack_at = None;
         self.unacked_in_order = 0;
         self.advertised_edge = self.rcv_edge;
+    }
+}
+
+/// Fills `out` with the slices of `parts` covering `len` bytes from
+/// `start`; returns how many there are (more than `out.len()`: not all
+/// written).
+fn gather<'a>(parts: &'a [Bytes], start: usize, len: usize, out: &mut [&'a [u8]]) -> usize {
+    let mut n = 0;
+    walk(parts, start, len, |s| {
+        if let Some(slot) = out.get_mut(n) {
+            *slot = s;
+        }
+        n += 1;
+    });
+    n
+}
+
+fn gather_into<'a>(parts: &'a [Bytes], start: usize, len: usize, out: &mut Vec<&'a [u8]>) {
+    walk(parts, start, len, |s| out.push(s));
+}
+
+fn walk<'a>(parts: &'a [Bytes], mut start: usize, mut len: usize, mut f: impl FnMut(&'a [u8])) {
+    for p in parts {
+        if len == 0 {
+            break;
+        }
+        if start >= p.len() {
+            start -= p.len();
+            continue;
+        }
+        let take = (p.len() - start).min(len);
+        f(&p[start..start + take]);
+        start = 0;
+        len -= take;
     }
 }

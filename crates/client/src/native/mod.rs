@@ -14,7 +14,7 @@ use ethersan_endpoint::{Endpoint, EndpointConfig, Medium, PeerAddr};
 use ethersan_link::packet::{PacketConfig, PacketLink, RingVersion};
 use ethersan_link::{Link, MacAddr};
 
-use ethersan_initiator::{login, LoginOptions, Session};
+use ethersan_initiator::{LoginOptions, Session};
 
 use crate::url::{IscsiUrl, NativeParams, Transport, UrlError};
 
@@ -214,7 +214,8 @@ pub async fn connect(
         }
     }
     .map_err(|e| Error::Unreachable(e.to_string()))?;
-    // Its logout waits for the channel's close (see ChannelWriter::linger).
-    let session = login(stream.reader, stream.writer.linger(), opts).await?;
+    // One PDU per message, Data-In placed; its logout waits for the
+    // channel's close.
+    let session = ethersan_initiator::login_messages(stream.into_messages(), opts).await?;
     Ok((session, level))
 }

@@ -381,6 +381,48 @@ impl PacketLink {
         Ok(sent)
     }
 
+    /// See [`Link::send_with`](crate::Link::send_with): each frame is
+    /// built in its transmit slot, and the ring is kicked once per batch
+    /// (and when it fills).
+    pub async fn send_with<F>(&self, n: usize, mut build: F) -> Result<usize, LinkError>
+    where
+        F: FnMut(usize, &mut [u8]) -> usize,
+    {
+        let max = self.mtu + HEADER_LEN;
+        let (mut next, mut sent) = (0, 0);
+        while next < n {
+            let full = {
+                let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+                while next < n {
+                    let i = next;
+                    let Some(len) = tx.push_with(|slot| {
+                        let end = max.min(slot.len());
+                        let slot = &mut slot[..end];
+                        let len = build(i, slot);
+                        // Declined, or longer than the slot offered.
+                        if len < HEADER_LEN || len > end {
+                            0
+                        } else {
+                            len
+                        }
+                    }) else {
+                        break;
+                    };
+                    next += 1;
+                    sent += usize::from(len > 0);
+                }
+                next < n
+            };
+            if sent > 0 {
+                self.kick()?;
+            }
+            if full {
+                self.wait_for_slot().await?;
+            }
+        }
+        Ok(sent)
+    }
+
     /// Asks the kernel to send every requested transmit slot.
     fn kick(&self) -> Result<(), LinkError> {
         loop {

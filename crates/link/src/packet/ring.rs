@@ -28,7 +28,8 @@
 //!   is frame based: `tp_next_offset` must be 0). A slot is ours while its
 //!   `tp_status` is `TP_STATUS_AVAILABLE` (or `TP_STATUS_WRONG_FORMAT`,
 //!   which the kernel leaves on a frame it discarded because `PACKET_LOSS`
-//!   is set). We copy the frame to the slot's data offset, set `tp_len`,
+//!   is set). The frame is written at the slot's data offset (copied there,
+//!   or built there in place by the caller), we set `tp_len`,
 //!   then store `TP_STATUS_SEND_REQUEST` with `Release`; from then on the
 //!   slot is the kernel's until it stores `TP_STATUS_AVAILABLE` again
 //!   (when the skb is freed). The slot header is the socket's version
@@ -387,14 +388,45 @@ impl TxRing {
     /// returns false if that slot is still the kernel's.
     pub(super) fn push(&mut self, frame: &[u8]) -> bool {
         assert!(frame.len() <= self.max_frame());
+        self.push_with(|slot| {
+            slot[..frame.len()].copy_from_slice(frame);
+            frame.len()
+        })
+        .is_some()
+    }
+
+    /// Lets `build` write a frame straight into the next slot (a slice of
+    /// [`max_frame`](Self::max_frame) bytes holding whatever the slot held
+    /// before) and requests its sending with the length `build` returns:
+    /// `Some(len)`. A length of 0 (or more than the slot) sends nothing and
+    /// leaves the slot free for the next frame. `None`, without calling
+    /// `build`, if the slot is still the kernel's.
+    pub(super) fn push_with(&mut self, build: impl FnOnce(&mut [u8]) -> usize) -> Option<usize> {
         if !self.next_is_free() {
-            return false;
+            return None;
         }
         let slot = self.slots.at(self.next);
-        let len = frame.len() as u32;
+        let max = self.max_frame();
         // SAFETY: the slot is ours (status AVAILABLE, read with Acquire): the
-        // kernel does not touch it until we set SEND_REQUEST. The header is
-        // the socket's version, and the data fits (asserted above).
+        // kernel does not touch it until we set SEND_REQUEST, and the data
+        // region (`max` bytes after the data offset) lies inside the slot.
+        // The slice lives only for the call of `build`.
+        let data =
+            unsafe { std::slice::from_raw_parts_mut(slot.add(self.version.tx_data_offset()), max) };
+        let len = build(data);
+        if len == 0 || len > max {
+            return Some(0);
+        }
+        self.request(slot, len as u32);
+        Some(len)
+    }
+
+    /// Sets the slot's header for a `len`-byte frame, hands the slot to
+    /// the kernel and moves on.
+    fn request(&mut self, slot: *mut u8, len: u32) {
+        // SAFETY: the slot is ours (checked free by the caller): the kernel
+        // does not touch it until we set SEND_REQUEST. The header is the
+        // socket's version; the frame was written within the slot.
         unsafe {
             match self.version {
                 Version::V3 => {
@@ -409,13 +441,10 @@ impl TxRing {
                     (*h).tp_snaplen = len;
                 }
             }
-            let data = slot.add(self.version.tx_data_offset());
-            std::ptr::copy_nonoverlapping(frame.as_ptr(), data, frame.len());
         }
         // SAFETY: as in `next_is_free`.
         let st = unsafe { status(slot.add(self.version.status_offset())) };
         st.store(libc::TP_STATUS_SEND_REQUEST, Ordering::Release);
         self.next = (self.next + 1) % self.slots.count;
-        true
     }
 }

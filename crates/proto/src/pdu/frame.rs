@@ -22,6 +22,27 @@
 use super::*;
 use crate::digest;
 
+/// What one native transport message holds ([`Framer::split_message`]).
+#[derive(Debug)]
+pub enum MessagePdu<'a> {
+    /// A whole PDU: its header and its data part (data, padding, digest),
+    /// for [`Framer::finish`].
+    Whole(Header, &'a [u8]),
+    /// A Data-In header whose data segment travelled placed.
+    Placed(Header),
+}
+
+/// Why a native transport message is not one PDU.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MessageError {
+    /// The header is refused (digest, data segment too long).
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    /// The message does not hold exactly one PDU.
+    #[error("a native transport message {0}: the peer must send one whole PDU per message")]
+    Misframed(&'static str),
+}
+
 /// Why a received PDU was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FrameError {
@@ -210,6 +231,38 @@ impl Framer {
         Ok(Some((pdu, end)))
     }
 
+    /// One PDU from one message of ethersan's native transport, which
+    /// carries exactly one PDU per message (docs/native-transport.md, "iSCSI
+    /// over the channel"): its header and its data part (for
+    /// [`finish`](Self::finish)), or, for a Data-In whose message ends
+    /// after its header, the header alone: its data was sent placed.
+    pub fn split_message<'a>(&self, msg: &'a [u8]) -> Result<MessagePdu<'a>, MessageError> {
+        let Some(b) = msg.get(..BHS_LEN) else {
+            return Err(MessageError::Misframed("is shorter than a PDU header"));
+        };
+        let mut bhs = Bhs::default();
+        bhs.0.copy_from_slice(b);
+        let head_end = BHS_LEN + self.header_rest_len(&bhs);
+        let Some(rest) = msg.get(BHS_LEN..head_end) else {
+            return Err(MessageError::Misframed("ends inside a PDU header"));
+        };
+        let head = self.check_header(bhs, rest)?;
+        let end = head_end + head.data_part_len();
+        let data_in = head.bhs.0[0] & 0x3f == 0x25;
+        if msg.len() == head_end && end > head_end && data_in {
+            return Ok(MessagePdu::Placed(head));
+        }
+        let Some(part) = msg.get(head_end..end) else {
+            return Err(MessageError::Misframed(
+                "ends inside its PDU's data segment",
+            ));
+        };
+        if msg.len() != end {
+            return Err(MessageError::Misframed("holds more than one PDU"));
+        }
+        Ok(MessagePdu::Whole(head, part))
+    }
+
     /// Encode the bytes around one PDU's data segment of `data_len` bytes
     /// whose data digest (if data digests are on) is `data_crc`. Prefer
     /// [`encode`](Self::encode); this form lets a caller that already has
@@ -380,6 +433,50 @@ mod tests {
                 assert_eq!(cdb_from_ahs(&[0xa5; 16], &pdu.ahs).unwrap(), vec![0xa5; 32]);
             }
         }
+    }
+
+    #[test]
+    fn a_message_holds_one_pdu_or_a_placed_data_in_header() {
+        let f = framer(false, false);
+        let mut one = Vec::new();
+        f.encode_to(&mut one, &nop(0), &[], b"hello");
+        match f.split_message(&one).unwrap() {
+            MessagePdu::Whole(head, part) => {
+                assert_eq!(f.finish(head, part.to_vec()).unwrap().data, b"hello")
+            }
+            MessagePdu::Placed(_) => panic!("a NOP-Out with its data is whole"),
+        }
+        // Cut anywhere, or followed by more: refused, saying why.
+        for (msg, why) in [
+            (&one[..20], "is shorter than a PDU header"),
+            (&one[..BHS_LEN + 2], "ends inside its PDU's data segment"),
+        ] {
+            assert_eq!(
+                f.split_message(msg).unwrap_err(),
+                MessageError::Misframed(why)
+            );
+        }
+        let mut two = one.clone();
+        two.extend_from_slice(&one);
+        assert_eq!(
+            f.split_message(&two).unwrap_err(),
+            MessageError::Misframed("holds more than one PDU")
+        );
+        // A NOP-Out header alone is cut short; a Data-In header alone says
+        // its data travelled placed.
+        assert!(f.split_message(&one[..BHS_LEN]).is_err());
+        let mut data_in = nop(4096);
+        data_in.0[0] = 0x25;
+        match f.split_message(&data_in.0).unwrap() {
+            MessagePdu::Placed(head) => assert_eq!(head.bhs.data_len(), 4096),
+            MessagePdu::Whole(..) => panic!("a Data-In header alone is placed"),
+        }
+        // Too long a segment is the frame error, as from a stream.
+        let big = nop(9000);
+        assert!(matches!(
+            f.split_message(&big.0),
+            Err(MessageError::Frame(FrameError::TooLong { .. }))
+        ));
     }
 
     #[test]

@@ -1,0 +1,156 @@
+//! A channel as messages with placed data (issue 28): what the iSCSI
+//! target and initiator use instead of the byte stream once logged in.
+//!
+//! - Control PDUs go one per message ([`MessageSender::send`], gathered
+//!   from the caller's buffers; [`MessageReceiver::recv`] gives each
+//!   message whole, as [`Bytes`]), in order.
+//! - Bulk data is *placed*: the receiver registers a buffer under a tag it
+//!   chose ([`MessageSender::expect`]: the initiator's read buffer under
+//!   the task's ITT, the target's write buffer under the R2T's TTT); the
+//!   sender sends the data with the peer's tag and the byte offset
+//!   ([`MessageSender::send_placed`]); each frame lands in the registered
+//!   buffer at its offset, out of order and retransmitted frames included,
+//!   without going through a reassembled message.
+//! - Order between the two: placed data and messages share the channel's
+//!   sequence space, so once a message sent after some placed data has been
+//!   received, that data has landed. The receiver of a control message that
+//!   ends a transfer (a SCSI Response, a final Data-In/Data-Out header)
+//!   takes the buffer back with [`MessageSender::release`].
+//! - [`MessageSender::abort`] drops a registration: frames arriving for it
+//!   later are dropped (and acknowledged: the sender does not resend them).
+//!
+//! Placed data travels in placed DATA frames of the channel
+//! (docs/native-transport.md §Placed data): the endpoint's task verifies
+//! (decrypts) each one from the received frame straight into the
+//! registered buffer, the one copy; the sender's bytes are sealed straight
+//! from the caller's `Bytes` into the frame.
+//!
+//! The registration table is shared by the channel's halves and the
+//! endpoint's task ([`Placements`]).
+
+use std::io;
+
+use bytes::Bytes;
+
+pub use crate::placed::{PlacedBuf, Placements};
+use crate::stream::{ChannelReader, ChannelWriter};
+use crate::ChannelInfo;
+
+/// An open channel as messages: both halves and what it is.
+#[derive(Debug)]
+pub struct MessageChannel {
+    /// The receiving half.
+    pub receiver: MessageReceiver,
+    /// The sending half (also registers buffers for placed data).
+    pub sender: MessageSender,
+    /// The channel's peer, level and ids.
+    pub info: ChannelInfo,
+}
+
+/// The receiving half: messages in order.
+#[derive(Debug)]
+pub struct MessageReceiver {
+    inner: ChannelReader,
+}
+
+/// The sending half: messages, placed data, registrations.
+#[derive(Debug)]
+pub struct MessageSender {
+    inner: ChannelWriter,
+}
+
+impl MessageReceiver {
+    pub(crate) fn new(inner: ChannelReader) -> MessageReceiver {
+        MessageReceiver { inner }
+    }
+
+    /// The next message; `Ok(None)` once the peer closed the channel, an
+    /// error when it failed.
+    pub async fn recv(&mut self) -> io::Result<Option<Bytes>> {
+        Ok(self.inner.recv_message().await?.map(Bytes::from))
+    }
+}
+
+impl MessageSender {
+    pub(crate) fn new(inner: ChannelWriter) -> MessageSender {
+        MessageSender { inner }
+    }
+
+    /// Send one message: the concatenation of `parts`. Waits while the
+    /// peer has not acknowledged enough of what was sent before.
+    pub async fn send(&mut self, parts: &[Bytes]) -> io::Result<()> {
+        self.inner.send_message_parts(parts.to_vec()).await
+    }
+
+    /// Send `data` to land in the peer's buffer registered under `tag`
+    /// (the peer's tag), at byte `offset`. The bytes are not copied: each
+    /// frame is sealed from them as it goes out (and again if resent).
+    pub async fn send_placed(&mut self, tag: u32, offset: u64, data: Bytes) -> io::Result<()> {
+        self.inner.send_placed(tag, offset, data).await
+    }
+
+    /// Register `buf` to receive the data the peer places under `tag`.
+    pub fn expect(&self, tag: u32, buf: Vec<u8>) {
+        self.inner.placements().expect(tag, buf);
+    }
+
+    /// Take the buffer registered under `tag` back, with what landed in it.
+    /// Everything the peer placed before the last message received has
+    /// landed.
+    pub fn release(&self, tag: u32) -> Option<PlacedBuf> {
+        self.inner.placements().release(tag)
+    }
+
+    /// Drop the registration of `tag`: data arriving for it later is
+    /// dropped.
+    pub fn abort(&self, tag: u32) {
+        self.inner.placements().release(tag);
+    }
+
+    /// Close the channel once everything sent has been delivered; with
+    /// `linger`, wait until it has ended.
+    pub async fn close(self, linger: bool) -> io::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        let mut w = if linger {
+            self.inner.linger()
+        } else {
+            self.inner
+        };
+        w.shutdown().await
+    }
+}
+
+impl crate::stream::ChannelStream {
+    /// This channel as messages (issue 28's data path). Bytes the byte
+    /// stream's reader had buffered and not read are lost: switch between
+    /// PDUs (after the login's last response).
+    pub fn into_messages(self) -> MessageChannel {
+        MessageChannel {
+            receiver: MessageReceiver::new(self.reader),
+            sender: MessageSender::new(self.writer),
+            info: self.info,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_merge_out_of_order_and_repeated() {
+        let mut p = PlacedBuf::new(vec![0; 100]);
+        assert!(p.place(50, &[1; 25]));
+        assert!(p.place(0, &[2; 25]));
+        assert!(!p.covers(100));
+        assert!(p.place(25, &[3; 25]));
+        assert!(p.place(50, &[4; 25]));
+        assert_eq!(p.ranges, vec![(0, 75)]);
+        assert!(p.place(75, &[5; 25]));
+        assert!(p.covers(100));
+        assert_eq!(p.landed(), 100);
+        assert!(!p.place(90, &[6; 20]));
+        assert_eq!(p.overflow, 1);
+        assert_eq!(&p.buf[50..75], &[4; 25]);
+    }
+}
