@@ -82,11 +82,10 @@ impl Driver {
     ) -> Driver {
         let (responder, discovery) = match &role {
             Role::Target { .. } => (
-                Some(Responder::new(
-                    cfg.group.clone(),
-                    cfg.max_half_open,
-                    cfg.handshake_timeout,
-                )),
+                Some(
+                    Responder::new(cfg.group.clone(), cfg.max_half_open, cfg.handshake_timeout)
+                        .with_suites(&cfg.suites),
+                ),
                 Some(DiscoveryResponder::new(cfg.group.clone())),
             ),
             Role::Initiator => (None, None),
@@ -399,6 +398,7 @@ impl Driver {
             level,
             max_frame: ccfg.max_frame,
         };
+        debug!(%peer, id = est.local_id, suite = %est.keys.suite(), "channel open");
         let protector = match Protector::new(level, Some(est.keys)) {
             Ok(p) => p,
             Err(e) => {
@@ -478,7 +478,13 @@ impl Driver {
             } => {
                 let id = self.fresh_id();
                 let max_frame = self.medium.max_frame() as u32;
-                match InitiatorHandshake::new(&self.cfg.group, id, level, max_frame) {
+                match InitiatorHandshake::with_suites(
+                    &self.cfg.group,
+                    id,
+                    level,
+                    max_frame,
+                    &self.cfg.suites,
+                ) {
                     Ok(hs) => {
                         let now = Instant::now();
                         let hello = hs.hello().to_vec();
