@@ -259,7 +259,11 @@ fn offer_list(suites: &[Suite]) -> Vec<Suite> {
 
 /// Names of `suites`, comma-separated (as `ETHERSAN_NATIVE_SUITES` takes).
 fn suite_names(suites: &[Suite]) -> String {
-    suites.iter().map(|s| s.name()).collect::<Vec<_>>().join(",")
+    suites
+        .iter()
+        .map(|s| s.name())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Decodes a payload's common part: (level, largest frame, sender's
@@ -373,10 +377,7 @@ impl InitiatorHandshake {
         hello.extend_from_slice(&prefix(KIND_HELLO, 0));
         let mut msg = [0u8; MSG1_LEN];
         let n = state
-            .write_message(
-                &encode_offer(level, max_frame, local_id, &suites),
-                &mut msg,
-            )
+            .write_message(&encode_offer(level, max_frame, local_id, &suites), &mut msg)
             .map_err(noise_err)?;
         hello.extend_from_slice(&msg[..n]);
         Ok(InitiatorHandshake {

@@ -144,7 +144,11 @@ fn channel_frame_seeds_are_current() {
     let mut n = 0;
     for entry in std::fs::read_dir(&dir).expect("channel_frame seeds") {
         let path = entry.expect("a seed").path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("").to_owned();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("")
+            .to_owned();
         let mut f = std::fs::read(&path).expect("a seed's bytes");
         assert_eq!(&f[..2], &[MAGIC, VERSION], "{name}: prefix");
         if !matches!(name.as_str(), "bad_len" | "hello_prefix") {

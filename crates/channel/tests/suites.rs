@@ -77,7 +77,11 @@ fn payload(pn: u64, len: usize) -> Vec<u8> {
 fn one_way(tx: &mut Protector, rx: &mut Protector, pn: u64) {
     let data = payload(pn, 1000 + (pn % 7000) as usize);
     let f = sealed(tx, pn, &data);
-    assert_ne!(&f[HEADER_LEN..HEADER_LEN + data.len()], &data[..], "encrypted");
+    assert_ne!(
+        &f[HEADER_LEN..HEADER_LEN + data.len()],
+        &data[..],
+        "encrypted"
+    );
     let mut dst = vec![0u8; data.len()];
     let h = rx.verify_into(&f, &mut dst).expect("opens out of place");
     assert_eq!(h.pn, pn);
@@ -119,7 +123,10 @@ fn both_suites_end_to_end() {
 
 #[test]
 fn a_peer_without_aes_and_one_preferring_it_agree_on_chacha20() {
-    for (offer, supported) in [(&[CHACHA][..], &[AES, CHACHA][..]), (&[AES, CHACHA][..], &[CHACHA][..])] {
+    for (offer, supported) in [
+        (&[CHACHA][..], &[AES, CHACHA][..]),
+        (&[AES, CHACHA][..], &[CHACHA][..]),
+    ] {
         let (i, t) = negotiate(offer, supported, Level::Encrypt);
         assert_eq!((i.keys.suite(), t.keys.suite()), (CHACHA, CHACHA));
         let (mut a, mut b) = protectors(offer, supported, Level::Encrypt);

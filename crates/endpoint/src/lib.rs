@@ -75,7 +75,7 @@ pub(crate) enum Command {
 #[derive(Debug, thiserror::Error)]
 pub enum EndpointError {
     /// Nobody answered the handshake in time.
-    #[error("no answer from {peer} to a channel request of group {group:?}: check that a target of that group serves there and that the group secret matches (a wrong group or secret gets no answer)")]
+    #[error("no answer from {peer} to a channel request of group {group:?}: check that a target of that group serves there, that the group secret matches and that it runs the same ethersan version (a wrong group or secret, or a target of native transport version 1, gets no answer)")]
     NoAnswer {
         /// Whom we asked.
         peer: PeerAddr,

@@ -40,7 +40,10 @@ fn negotiate(offer: &[Suite], supported: &[Suite]) -> (Established, Established)
     let now = Instant::now();
     let mut init = InitiatorHandshake::with_suites(&lab(), 7, Level::Encrypt, 9000, offer).unwrap();
     let mut resp = Responder::new(lab(), 16, TIMEOUT).with_suites(supported);
-    let reply = resp.handle_hello(now, init.hello(), 99, 1500).unwrap().reply;
+    let reply = resp
+        .handle_hello(now, init.hello(), 99, 1500)
+        .unwrap()
+        .reply;
     let (finish, i) = init.handle_reply(&reply).unwrap();
     let t = resp.handle_finish(now, &finish).unwrap();
     (i, t)
@@ -273,7 +276,8 @@ fn every_byte_matters() {
 fn keys_are_noise_split() {
     let keys = lab();
     let chacha = [Suite::ChaCha20Poly1305];
-    let mut init = InitiatorHandshake::with_suites(&keys, 7, Level::Encrypt, 1500, &chacha).unwrap();
+    let mut init =
+        InitiatorHandshake::with_suites(&keys, 7, Level::Encrypt, 1500, &chacha).unwrap();
     let mut state = new_state(&keys, &generate_static().unwrap(), false).unwrap();
     let mut p = [0u8; MSG1_LEN];
     state.read_message(&init.hello()[8..], &mut p).unwrap();
@@ -367,7 +371,11 @@ fn the_initiators_first_supported_suite_is_picked() {
 fn the_default_offer_is_this_machines_preference() {
     let init = InitiatorHandshake::new(&lab(), 7, Level::Encrypt, 1500).unwrap();
     assert_eq!(init.suites(), &Suite::preferred()[..]);
-    let first = if crate::aead::aes_hardware() { AES } else { CHACHA };
+    let first = if crate::aead::aes_hardware() {
+        AES
+    } else {
+        CHACHA
+    };
     assert_eq!(init.suites()[0], first);
     let (i, t) = handshake(Level::Encrypt);
     assert_eq!((i.keys.suite(), t.keys.suite()), (first, first));
@@ -376,9 +384,13 @@ fn the_default_offer_is_this_machines_preference() {
 #[test]
 fn no_suite_in_common_fails_with_the_reason() {
     let now = Instant::now();
-    let mut init = InitiatorHandshake::with_suites(&lab(), 7, Level::Encrypt, 1500, &[AES]).unwrap();
+    let mut init =
+        InitiatorHandshake::with_suites(&lab(), 7, Level::Encrypt, 1500, &[AES]).unwrap();
     let mut resp = Responder::new(lab(), 16, TIMEOUT).with_suites(&[CHACHA]);
-    let reply = resp.handle_hello(now, init.hello(), 99, 1500).unwrap().reply;
+    let reply = resp
+        .handle_hello(now, init.hello(), 99, 1500)
+        .unwrap()
+        .reply;
     let err = init.handle_reply(&reply).unwrap_err();
     assert_eq!(
         err,
@@ -445,7 +457,10 @@ fn offers_are_checked() {
             let n = state.read_message(&reply[PREFIX_LEN..], &mut p).unwrap();
             assert_eq!(p[n - 1], 0);
         } else {
-            assert_eq!(r.unwrap_err(), HandshakeError::BadPayload("no suite offered"));
+            assert_eq!(
+                r.unwrap_err(),
+                HandshakeError::BadPayload("no suite offered")
+            );
         }
     }
 }
@@ -477,7 +492,10 @@ fn another_version_is_refused_with_the_reason() {
     let now = Instant::now();
     let mut init = InitiatorHandshake::new(&lab(), 7, Level::Encrypt, 1500).unwrap();
     let mut resp = Responder::new(lab(), 16, TIMEOUT);
-    let reply = resp.handle_hello(now, init.hello(), 99, 1500).unwrap().reply;
+    let reply = resp
+        .handle_hello(now, init.hello(), 99, 1500)
+        .unwrap()
+        .reply;
     let mut old_hello = init.hello().to_vec();
     old_hello[1] = 1;
     let err = Responder::new(lab(), 16, TIMEOUT)
