@@ -237,8 +237,8 @@ impl Protector {
     /// (call [`Protector::record`]). On error `dst` is unspecified.
     ///
     /// At level `encrypt` the ciphertext is copied into `dst` and decrypted
-    /// there while it is in cache (`ring` opens in place only); the tag is
-    /// checked before the plaintext is released, whatever the suite.
+    /// there while it is in cache (`ring` opens in place only), under
+    /// either suite.
     pub fn verify_into(&mut self, frame: &[u8], dst: &mut [u8]) -> Result<Header, FrameError> {
         let header = Header::parse(frame)?;
         let trailer = self.trailer_len();
