@@ -589,8 +589,9 @@ mod tests {
         s.split_whitespace().next()?.parse().ok()
     }
 
-    /// Seal+open throughput of one core (release: `cargo test -p
-    /// ethersan-channel --release -- --ignored --nocapture throughput`).
+    /// Seal+open throughput of one core, both suites (`cargo test --release
+    /// --workspace --lib -- --ignored --nocapture aead::tests::throughput`;
+    /// docs/native-transport.md, "Why `ring`").
     #[test]
     #[ignore]
     fn throughput() {
