@@ -273,6 +273,16 @@ async fn scsi_commands_and_task_management_over_the_native_transport() {
         .await
         .unwrap();
     assert_eq!(r.status, 0);
+    // All but the unsolicited first burst went placed, into the buffer
+    // the target registered before its R2Ts (the read below checks it
+    // landed).
+    let placed = s.placed_write_bytes();
+    let unsolicited = (1u64 << 20) - placed;
+    assert!(
+        placed > 0 && unsolicited <= u64::from(s.params().first_burst_length),
+        "{placed} bytes placed, first burst {}",
+        s.params().first_burst_length
+    );
     let placed_before = s.placed_bytes();
     let r = s.read16(0, 100, 2048, 512).await.unwrap();
     assert_eq!(r.status, 0);

@@ -29,7 +29,7 @@ use ethersan_channel::Level;
 use tokio::sync::{mpsc, oneshot, watch, Mutex};
 
 pub use medium::{Medium, PeerAddr};
-pub use message::{MessageChannel, MessageReceiver, MessageSender, PlacedBuf};
+pub use message::{MessageChannel, MessageReceiver, MessageSender, PlacedBuf, Registrar};
 pub use stream::{ChannelReader, ChannelStream, ChannelWriter};
 
 use driver::Driver;

@@ -107,6 +107,15 @@ impl MessageSender {
         self.inner.placements().release(tag);
     }
 
+    /// A handle on this channel's registrations for another task (the
+    /// iSCSI target's session registers a write's buffer before it sends
+    /// the R2T that asks for the data).
+    pub fn registrar(&self) -> Registrar {
+        Registrar {
+            shared: self.inner.shared(),
+        }
+    }
+
     /// Close the channel once everything sent has been delivered; with
     /// `linger`, wait until it has ended.
     pub async fn close(self, linger: bool) -> io::Result<()> {
@@ -117,6 +126,41 @@ impl MessageSender {
             self.inner
         };
         w.shutdown().await
+    }
+}
+
+/// Registers and takes back a channel's buffers for placed data, from any
+/// task ([`MessageSender::registrar`]); the same table as the sender's.
+#[derive(Clone)]
+pub struct Registrar {
+    shared: std::sync::Arc<crate::stream::Shared>,
+}
+
+impl std::fmt::Debug for Registrar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Registrar")
+    }
+}
+
+impl Registrar {
+    /// Register `buf` to receive the data the peer places under `tag`.
+    pub fn expect(&self, tag: u32, buf: Vec<u8>) {
+        self.shared.placements.expect(tag, buf);
+    }
+
+    /// Take the buffer registered under `tag` back, with what landed in it.
+    pub fn release(&self, tag: u32) -> Option<PlacedBuf> {
+        self.shared.placements.release(tag)
+    }
+
+    /// Copy `data` into the buffer registered under `tag` at `offset` (data
+    /// that came in a message rather than placed); false when there is no
+    /// such registration or it does not fit.
+    pub fn place(&self, tag: u32, offset: u64, data: &[u8]) -> bool {
+        self.shared
+            .placements
+            .with(tag, |p| p.place(offset, data))
+            .unwrap_or(false)
     }
 }
 

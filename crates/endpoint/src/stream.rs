@@ -295,6 +295,11 @@ impl ChannelWriter {
             .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the endpoint has stopped"))
     }
 
+    /// The state shared with the channel's other half and the endpoint.
+    pub(crate) fn shared(&self) -> Arc<Shared> {
+        self.shared.clone()
+    }
+
     /// The channel's table of buffers for placed data.
     pub(crate) fn placements(&self) -> &crate::placed::Placements {
         &self.shared.placements

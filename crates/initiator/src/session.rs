@@ -37,8 +37,8 @@ pub struct Session {
     /// How long each command, Text request and logout may wait.
     timeout: Option<Duration>,
     ended: Arc<Ended>,
-    /// Bytes of Data-In that arrived placed (native transport).
-    placed: Arc<std::sync::atomic::AtomicU64>,
+    /// Bytes of data placed each way (native transport).
+    placed: Arc<PlacedCounts>,
 }
 
 /// Why a session ended early, and how to stop its tasks.
@@ -154,7 +154,7 @@ impl Session {
             driver: OnceLock::new(),
             reader: reader.abort_handle(),
         });
-        let placed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let placed = Arc::new(PlacedCounts::default());
         let driver = Driver {
             core,
             pdus: pdu_rx,
@@ -179,7 +179,16 @@ impl Session {
     /// Bytes of read data that arrived placed: straight into the read's
     /// buffer, over a native transport channel (0 over TCP).
     pub fn placed_bytes(&self) -> u64 {
-        self.placed.load(std::sync::atomic::Ordering::Relaxed)
+        self.placed.read.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Bytes of write data sent placed: solicited Data-Out straight from
+    /// the caller's buffer into the target's, over a native transport
+    /// channel (0 over TCP).
+    pub fn placed_write_bytes(&self) -> u64 {
+        self.placed
+            .written
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Send `req` and wait for its answer; the connection times it out
@@ -317,8 +326,8 @@ struct Driver<W> {
     /// PDUs from the reader task, in arrival order.
     pdus: mpsc::Receiver<Result<Incoming, Error>>,
     out: Out<W>,
-    /// Bytes of Data-In that arrived placed.
-    placed: Arc<std::sync::atomic::AtomicU64>,
+    /// Bytes of data placed each way.
+    placed: Arc<PlacedCounts>,
     /// Where each request's answer goes.
     replies: HashMap<RequestId, oneshot::Sender<Result<Answer, Error>>>,
     next_id: u64,
@@ -396,9 +405,13 @@ impl<W: AsyncWrite + Unpin + Send> Driver<W> {
                             Out::Stream(wr) => {
                                 futures_box(write_frame(wr, &t.bhs, &t.ahs, &t.data, &params))
                             }
-                            Out::Messages { tx, reads } => {
-                                futures_box(send_message(tx.as_mut(), reads, t, &params))
-                            }
+                            Out::Messages { tx, reads } => futures_box(send_message(
+                                tx.as_mut(),
+                                reads,
+                                t,
+                                &params,
+                                &self.placed.written,
+                            )),
                         };
                         if let Err(e) = timed(&mut self.core, write).await {
                             self.core
@@ -407,6 +420,11 @@ impl<W: AsyncWrite + Unpin + Send> Driver<W> {
                         wrote = true;
                     }
                     Output::Complete(id, r) => {
+                        if r.is_err() {
+                            // A read that ended without its data (aborted,
+                            // timed out) gives its buffer back now.
+                            self.drop_finished_registrations();
+                        }
                         if let Some(reply) = self.replies.remove(&id) {
                             let _ = reply.send(r);
                         }
@@ -536,6 +554,23 @@ impl<W> Driver<W> {
         self.take_placed(d).map(Some)
     }
 
+    /// Forget the buffers registered for reads the connection no longer
+    /// has (they ended without their data): data arriving for them later
+    /// is dropped.
+    fn drop_finished_registrations(&mut self) {
+        let Out::Messages { reads, .. } = &self.out else {
+            return;
+        };
+        let gone: Vec<u32> = reads
+            .keys()
+            .copied()
+            .filter(|itt| !self.core.has_task(*itt))
+            .collect();
+        for itt in gone {
+            self.drop_registration(itt);
+        }
+    }
+
     /// Forget the buffer registered for task `itt`, if any: data arriving
     /// for it later is dropped.
     fn drop_registration(&mut self, itt: u32) {
@@ -569,6 +604,7 @@ impl<W> Driver<W> {
         let mut buf = placed.buf;
         buf.truncate(end as usize);
         self.placed
+            .read
             .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
         d.buffer_offset = 0;
         let bhs = Pdu::DataIn(d).encode(buf.len() as u32);
@@ -597,13 +633,25 @@ fn check_placed(itt: u32, announced: &[(u32, u32)], placed: &PlacedBuf) -> Resul
     Ok(end)
 }
 
+/// Bytes of data placed each way over a native transport channel.
+#[derive(Debug, Default)]
+struct PlacedCounts {
+    /// Data-In that landed in reads' buffers.
+    read: std::sync::atomic::AtomicU64,
+    /// Solicited Data-Out sent placed.
+    written: std::sync::atomic::AtomicU64,
+}
+
 /// Send one PDU as one message; a read's buffer is registered first so
-/// that its Data-In lands in it.
+/// that its Data-In lands in it, and a solicited Data-Out's data is placed
+/// into the write's buffer, which the target registered under the ITT
+/// before its R2T (its header follows alone).
 async fn send_message(
     tx: Option<&mut MessageSender>,
     reads: &mut HashMap<u32, Vec<(u32, u32)>>,
     t: conn::Transmit,
     p: &SessionParams,
+    written: &std::sync::atomic::AtomicU64,
 ) -> Result<(), Error> {
     let Some(tx) = tx else {
         return Err(Error::Closed);
@@ -617,6 +665,16 @@ async fn send_message(
         reads.insert(itt, Vec::new());
     }
     let e = crate::framer(p).encode(&t.bhs, &t.ahs, &t.data);
+    let solicited = b[0] & 0x3f == 0x05 && b[20..24] != [0xff; 4];
+    if solicited && !t.data.is_empty() && !p.data_digest {
+        let itt = u32::from_be_bytes([b[16], b[17], b[18], b[19]]);
+        let offset = u32::from_be_bytes([b[40], b[41], b[42], b[43]]);
+        let n = t.data.len() as u64;
+        tx.send_placed(itt, u64::from(offset), t.data).await?;
+        tx.send(&[Bytes::from(e.head)]).await?;
+        written.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        return Ok(());
+    }
     let mut parts = vec![Bytes::from(e.head)];
     if !t.data.is_empty() {
         parts.push(t.data);

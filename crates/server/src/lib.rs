@@ -512,11 +512,13 @@ impl StreamServer {
             return;
         };
         let reader = PduReader::messages(ch.receiver, 8192);
+        let buffers = ch.sender.registrar();
         let (out, writer) = wire::spawn_message_writer(ch.sender);
         serve_pdus(
             reader,
             out,
             writer,
+            Some(buffers),
             conn,
             self.registry.clone(),
             self.options.clone(),
@@ -541,15 +543,19 @@ async fn serve_stream<R, W>(
 {
     let reader = PduReader::new(rd, 8192);
     let (out, writer) = spawn_writer(wr);
-    serve_pdus(reader, out, writer, conn, registry, options, settings).await
+    serve_pdus(reader, out, writer, None, conn, registry, options, settings).await
 }
 
 /// Serve one connection whose PDUs come and go through `reader` and the
 /// writer task (`out`, `writer`): login, then the session until it ends.
+/// With `buffers` (a native transport channel's), writes' solicited data
+/// comes placed.
+#[allow(clippy::too_many_arguments)]
 async fn serve_pdus<R>(
     mut reader: PduReader<R>,
     out: mpsc::UnboundedSender<wire::WriterMsg>,
     writer: tokio::task::JoinHandle<std::io::Result<()>>,
+    buffers: Option<ethersan_endpoint::Registrar>,
     conn: Connection,
     registry: Arc<Registry>,
     options: Options,
@@ -650,6 +656,7 @@ async fn serve_pdus<R>(
         peer_ip,
         local_addr: local,
         channel_level,
+        placed_writes: buffers.is_some(),
         options: SessionOptions {
             queue_depth: options.queue_depth,
             inline_io: options.inline_io,
@@ -704,6 +711,7 @@ async fn serve_pdus<R>(
         events_tx: ev_tx,
         read_ahead,
         out,
+        buffers,
     };
     let reason = session::driver::run(session, executor, channels).await;
     reader_task.abort();

@@ -155,7 +155,16 @@ async fn read_message(rx: &mut MessageReceiver, f: Framer) -> Result<RawPdu, Rea
         |e: String| ReadError::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, e));
     let (head, data) = match f.split_message(&msg) {
         Ok(MessagePdu::Whole(head, data)) => (head, data),
-        // Only Data-In travels placed, and only to the initiator.
+        // A Data-Out header alone: its data was placed into the write's
+        // registered buffer (the session checks that it landed).
+        Ok(MessagePdu::Placed(head)) if head.bhs.0[0] & 0x3f == 0x05 => {
+            return Ok(RawPdu {
+                bhs: head.bhs,
+                ahs: head.ahs,
+                data: Vec::new(),
+            })
+        }
+        // Data-In travels only to the initiator.
         Ok(MessagePdu::Placed(_)) => {
             return Err(misframed(
                 MessageError::Misframed("ends after a Data-In header").to_string(),

@@ -290,6 +290,12 @@ impl Connection {
         self.closed.is_some()
     }
 
+    /// Whether the task with this ITT was sent and is not over (answered,
+    /// aborted or timed out).
+    pub fn has_task(&self, itt: u32) -> bool {
+        self.tasks.contains_key(&itt)
+    }
+
     /// Whether no request waits for an answer (queued or sent).
     pub fn is_idle(&self) -> bool {
         self.live.is_empty()

@@ -28,7 +28,7 @@ pub enum MessagePdu<'a> {
     /// A whole PDU: its header and its data part (data, padding, digest),
     /// for [`Framer::finish`].
     Whole(Header, &'a [u8]),
-    /// A Data-In header whose data segment travelled placed.
+    /// A Data-In or Data-Out header whose data segment travelled placed.
     Placed(Header),
 }
 
@@ -234,8 +234,9 @@ impl Framer {
     /// One PDU from one message of ethersan's native transport, which
     /// carries exactly one PDU per message (docs/native-transport.md, "iSCSI
     /// over the channel"): its header and its data part (for
-    /// [`finish`](Self::finish)), or, for a Data-In whose message ends
-    /// after its header, the header alone: its data was sent placed.
+    /// [`finish`](Self::finish)), or, for a Data-In or Data-Out whose
+    /// message ends after its header, the header alone: its data was sent
+    /// placed.
     pub fn split_message<'a>(&self, msg: &'a [u8]) -> Result<MessagePdu<'a>, MessageError> {
         let Some(b) = msg.get(..BHS_LEN) else {
             return Err(MessageError::Misframed("is shorter than a PDU header"));
@@ -248,8 +249,9 @@ impl Framer {
         };
         let head = self.check_header(bhs, rest)?;
         let end = head_end + head.data_part_len();
-        let data_in = head.bhs.0[0] & 0x3f == 0x25;
-        if msg.len() == head_end && end > head_end && data_in {
+        // Data-In (0x25) and Data-Out (0x05) may travel placed.
+        let data_pdu = matches!(head.bhs.0[0] & 0x3f, 0x25 | 0x05);
+        if msg.len() == head_end && end > head_end && data_pdu {
             return Ok(MessagePdu::Placed(head));
         }
         let Some(part) = msg.get(head_end..end) else {
@@ -462,14 +464,16 @@ mod tests {
             f.split_message(&two).unwrap_err(),
             MessageError::Misframed("holds more than one PDU")
         );
-        // A NOP-Out header alone is cut short; a Data-In header alone says
-        // its data travelled placed.
+        // A NOP-Out header alone is cut short; a Data-In or Data-Out
+        // header alone says its data travelled placed.
         assert!(f.split_message(&one[..BHS_LEN]).is_err());
-        let mut data_in = nop(4096);
-        data_in.0[0] = 0x25;
-        match f.split_message(&data_in.0).unwrap() {
-            MessagePdu::Placed(head) => assert_eq!(head.bhs.data_len(), 4096),
-            MessagePdu::Whole(..) => panic!("a Data-In header alone is placed"),
+        for opcode in [0x25, 0x05] {
+            let mut data_pdu = nop(4096);
+            data_pdu.0[0] = opcode;
+            match f.split_message(&data_pdu.0).unwrap() {
+                MessagePdu::Placed(head) => assert_eq!(head.bhs.data_len(), 4096),
+                MessagePdu::Whole(..) => panic!("a data PDU's header alone is placed"),
+            }
         }
         // Too long a segment is the frame error, as from a stream.
         let big = nop(9000);

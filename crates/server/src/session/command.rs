@@ -127,6 +127,7 @@ impl Session {
             forced,
             room,
             start_waiting: false,
+            placed: None,
         };
         if self
             .tasks
@@ -188,6 +189,10 @@ impl Session {
         self.next_ttt = next;
         task.r2t_count = t.r2t_count();
         let lun = task.cmd.lun;
+        if !reqs.is_empty() {
+            // The buffer is with the channel before any R2T goes out.
+            self.register_write(itt);
+        }
         for r in reqs {
             let r2t = pdu::R2t {
                 lun,
@@ -204,7 +209,9 @@ impl Session {
         }
     }
 
-    pub(super) fn on_data_out(&mut self, d: DataOut, data: Vec<u8>) {
+    /// One Data-Out; `placed_len` for a header whose data was placed into
+    /// the task's registered buffer (its data segment's length).
+    pub(super) fn on_data_out(&mut self, d: DataOut, data: Vec<u8>, placed_len: Option<u32>) {
         let admitted = self.tasks.is_admitted(d.itt);
         let Some(task) = self.tasks.get_mut(d.itt) else {
             // Data for a task that was aborted or failed: discard.
@@ -213,45 +220,59 @@ impl Session {
         let Some(t) = &mut task.transfer else {
             return;
         };
-        match t.on_data_out(
-            d.ttt,
-            d.data_sn,
-            d.buffer_offset,
-            data.len() as u32,
-            d.final_bit,
-        ) {
-            Ok(()) if task.fail.is_none() && d.buffer_offset as usize + data.len() > task.room => {
+        let len = placed_len.unwrap_or(data.len() as u32);
+        let fail = match t.on_data_out(d.ttt, d.data_sn, d.buffer_offset, len, d.final_bit) {
+            Ok(())
+                if task.fail.is_none() && d.buffer_offset as usize + len as usize > task.room =>
+            {
                 // Data the target did not ask for and has no room for.
-                warn!(
-                    session = self.setup.id,
-                    itt = d.itt,
-                    "unsolicited Data-Out beyond the first burst; failing the command"
-                );
-                task.fail = Some(check_condition(0x0b, 0x4b, 0x00));
-                task.transfer = None;
-                self.tasks.set_data_ready(d.itt);
-                self.dispatch();
+                Some("unsolicited Data-Out beyond the first burst".to_string())
+            }
+            Ok(()) if placed_len.is_some() && task.placed.is_none() => {
+                Some("placed Data-Out for a write whose buffer is not registered".to_string())
             }
             Ok(()) => {
-                if task.fail.is_none() {
+                let complete = t.is_complete();
+                let placed = task.fail.is_none() && task.placed.is_some();
+                if task.fail.is_none() && !placed {
                     fill_at(&mut task.data, d.buffer_offset as usize, &data);
                 }
-                if t.is_complete() {
+                if placed {
+                    self.placed_data_out(d.itt, d.buffer_offset, data, placed_len);
+                }
+                let Some(task) = self.tasks.get_mut(d.itt) else {
+                    return;
+                };
+                if complete {
                     task.transfer = None;
-                    self.tasks.set_data_ready(d.itt);
-                    self.dispatch();
+                    if task.placed.is_some() {
+                        // Ready once its buffer is back (`on_reclaimed`).
+                        self.outputs.push_back(Output::Reclaim(d.itt));
+                    } else {
+                        self.tasks.set_data_ready(d.itt);
+                        self.dispatch();
+                    }
                 } else if admitted && task.fail.is_none() {
                     self.solicit(d.itt);
                 }
+                None
             }
-            Err(e) => {
-                warn!(session = self.setup.id, itt = d.itt, %e, "bad Data-Out; failing the command");
+            Err(e) => Some(format!("bad Data-Out: {e}")),
+        };
+        if let Some(why) = fail {
+            warn!(
+                session = self.setup.id,
+                itt = d.itt,
+                "{why}; failing the command"
+            );
+            self.forget_write(d.itt);
+            if let Some(task) = self.tasks.get_mut(d.itt) {
                 // ABORTED COMMAND / DATA PHASE ERROR ends the command at once.
                 task.fail = Some(check_condition(0x0b, 0x4b, 0x00));
                 task.transfer = None;
-                self.tasks.set_data_ready(d.itt);
-                self.dispatch();
             }
+            self.tasks.set_data_ready(d.itt);
+            self.dispatch();
         }
     }
 

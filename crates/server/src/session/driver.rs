@@ -34,6 +34,32 @@ pub(crate) struct Channels {
     pub(crate) read_ahead: Arc<ReadAhead>,
     /// Frames to the writer task.
     pub(crate) out: mpsc::UnboundedSender<WriterMsg>,
+    /// The channel's registrations, when writes' data comes placed (a
+    /// native transport channel).
+    pub(crate) buffers: Option<ethersan_endpoint::Registrar>,
+}
+
+/// Where a session's writes' buffers are registered for placed data (a
+/// channel's [`Registrar`](ethersan_endpoint::Registrar); a map in tests).
+pub(crate) trait WriteBuffers: Sync {
+    /// Register `buf` under `itt`.
+    fn expect(&self, itt: u32, buf: Vec<u8>);
+    /// Copy `data` in at `offset`; false when there is no room for it.
+    fn place(&self, itt: u32, offset: u64, data: &[u8]) -> bool;
+    /// Take the registration back.
+    fn release(&self, itt: u32) -> Option<ethersan_endpoint::PlacedBuf>;
+}
+
+impl WriteBuffers for ethersan_endpoint::Registrar {
+    fn expect(&self, itt: u32, buf: Vec<u8>) {
+        ethersan_endpoint::Registrar::expect(self, itt, buf)
+    }
+    fn place(&self, itt: u32, offset: u64, data: &[u8]) -> bool {
+        ethersan_endpoint::Registrar::place(self, itt, offset, data)
+    }
+    fn release(&self, itt: u32) -> Option<ethersan_endpoint::PlacedBuf> {
+        ethersan_endpoint::Registrar::release(self, itt)
+    }
 }
 
 /// Bounds the PDUs the reader task reads ahead of the session (it stops
@@ -108,6 +134,8 @@ pub(crate) async fn run(
     let done: Done = Arc::new(move |itt, f| {
         let _ = events_tx.send(Event::Done(itt, f));
     });
+    let buffers = ch.buffers.take();
+    let buffers = buffers.as_ref().map(|b| b as &dyn WriteBuffers);
     while let Some(ev) = ch.events.recv().await {
         if matches!(ev, Event::Pdu(_)) {
             ch.read_ahead.taken();
@@ -120,6 +148,7 @@ pub(crate) async fn run(
             &TokioBlocking,
             &mut send,
             &done,
+            buffers,
             now,
         ) && go_on;
         if !go_on {
@@ -129,7 +158,14 @@ pub(crate) async fn run(
     // The reader stops for good.
     ch.read_ahead.close();
     let mut running = session.finish();
-    for (itt, _) in carry_out(&mut session, &executor, &TokioBlocking, &mut send, &done) {
+    for (itt, _) in carry_out(
+        &mut session,
+        &executor,
+        &TokioBlocking,
+        &mut send,
+        &done,
+        buffers,
+    ) {
         running = session.finished_running(itt);
     }
     while running > 0 {
@@ -140,12 +176,20 @@ pub(crate) async fn run(
         }
     }
     session.close();
-    carry_out(&mut session, &executor, &TokioBlocking, &mut send, &done);
+    carry_out(
+        &mut session,
+        &executor,
+        &TokioBlocking,
+        &mut send,
+        &done,
+        buffers,
+    );
     session.end_reason()
 }
 
 /// Do what the session asked for until it asks for nothing more: frames
-/// to `send`, commands to the executor. A command that finished at once
+/// to `send`, commands to the executor, writes' buffers to `buffers`. A
+/// command that finished at once
 /// goes straight back to the session (no trip through the event queue,
 /// no second wake-up). False when handling one ended the session.
 pub(crate) fn settle(
@@ -154,11 +198,12 @@ pub(crate) fn settle(
     pool: &dyn BlockingPool,
     send: &mut dyn FnMut(WriterMsg),
     done: &Done,
+    buffers: Option<&dyn WriteBuffers>,
     now: Instant,
 ) -> bool {
     let mut go_on = true;
     loop {
-        let finished = carry_out(session, executor, pool, send, done);
+        let finished = carry_out(session, executor, pool, send, done, buffers);
         if finished.is_empty() {
             return go_on;
         }
@@ -176,6 +221,7 @@ fn carry_out(
     pool: &dyn BlockingPool,
     send: &mut dyn FnMut(WriterMsg),
     done: &Done,
+    buffers: Option<&dyn WriteBuffers>,
 ) -> Vec<(u32, Finished)> {
     let mut finished = Vec::new();
     while let Some(o) = session.poll_output() {
@@ -190,6 +236,25 @@ fn carry_out(
                 if let Some(f) = executor.execute(&target, cmd, counting, pool, done) {
                     finished.push((itt, f));
                 }
+            }
+            Output::Expect { itt, buf } => {
+                if let Some(b) = buffers {
+                    b.expect(itt, buf);
+                }
+            }
+            Output::Place { itt, offset, data } => {
+                if let Some(b) = buffers {
+                    b.place(itt, u64::from(offset), &data);
+                }
+            }
+            Output::Forget(itt) => {
+                if let Some(b) = buffers {
+                    b.release(itt);
+                }
+            }
+            Output::Reclaim(itt) => {
+                let placed = buffers.and_then(|b| b.release(itt));
+                session.reclaimed(itt, placed);
             }
         }
     }

@@ -43,6 +43,7 @@ pub(crate) mod driver;
 mod management;
 #[cfg(test)]
 mod pair;
+mod placed;
 mod tasks;
 #[cfg(test)]
 mod tests;
@@ -84,6 +85,9 @@ pub(crate) struct SessionSetup {
     pub(crate) local_addr: Option<std::net::SocketAddr>,
     /// The native transport channel's security level (`None`: TCP).
     pub(crate) channel_level: Option<u8>,
+    /// Writes' solicited data comes placed (a native transport channel:
+    /// [`Output::Expect`] before the first R2T).
+    pub(crate) placed_writes: bool,
     /// This session's counters (shared with the registry's listing).
     pub(crate) counters: Arc<IoCounters>,
 }
@@ -101,6 +105,9 @@ pub(crate) enum Event {
     Tick,
     /// Budget was freed while commands wait for it (see [`Releases`]).
     Released,
+    /// A write's placed buffer, taken back from the channel
+    /// ([`Output::Reclaim`]); `None` when it was gone.
+    Reclaimed(u32, Option<ethersan_endpoint::PlacedBuf>),
 }
 
 /// What the session asks its driver to do.
@@ -119,6 +126,28 @@ pub(crate) enum Output {
         /// Where it is counted.
         counting: ethersan_core::executor::Counting,
     },
+    /// Register this write's buffer with the channel for placed Data-Out
+    /// under its ITT (before the R2T that follows is sent).
+    Expect {
+        /// The task's ITT.
+        itt: u32,
+        /// Its buffer: the expected length, the data so far at its start.
+        buf: Vec<u8>,
+    },
+    /// Copy data that came in a message into the registered buffer.
+    Place {
+        /// The task's ITT.
+        itt: u32,
+        /// The data's buffer offset.
+        offset: u32,
+        /// The data.
+        data: Vec<u8>,
+    },
+    /// Take the registered buffer back and hand it to
+    /// [`Session::reclaimed`].
+    Reclaim(u32),
+    /// Drop the registration (the task failed or was aborted).
+    Forget(u32),
 }
 
 /// Budget bytes freed outside the session — a read's Data-In buffer,
@@ -183,6 +212,9 @@ struct Task {
     room: usize,
     /// The task set started it, but it waits for its buffer.
     start_waiting: bool,
+    /// Its buffer is registered for placed Data-Out: the ranges
+    /// `(offset, len)` the placed Data-Out headers announced so far.
+    placed: Option<Vec<(u32, u32)>>,
 }
 
 /// Items ordered by the CmdSN window.
@@ -318,6 +350,13 @@ impl Session {
         }
     }
 
+    /// The buffer [`Output::Reclaim`] asked for, taken back from the
+    /// channel (`None`: it was gone).
+    pub(crate) fn reclaimed(&mut self, itt: u32, placed: Option<ethersan_endpoint::PlacedBuf>) {
+        let now = self.now;
+        self.handle(Event::Reclaimed(itt, placed), now);
+    }
+
     /// The next thing to do, if any.
     pub(crate) fn poll_output(&mut self) -> Option<Output> {
         self.outputs.pop_front()
@@ -396,6 +435,10 @@ impl Session {
             Event::Tick => self.on_tick(),
             // The bytes themselves are collected by `handle`.
             Event::Released => true,
+            Event::Reclaimed(itt, placed) => {
+                self.on_reclaimed(itt, placed);
+                true
+            }
         }
     }
 
@@ -520,7 +563,13 @@ impl Session {
         }
         match pdu {
             Pdu::ScsiCommand(cmd) => self.on_scsi_command(cmd, raw),
-            Pdu::DataOut(d) => self.on_data_out(d, raw.data),
+            Pdu::DataOut(d) => {
+                // A Data-Out header without its data segment: the data was
+                // placed (a byte stream always gives the segment).
+                let placed =
+                    (raw.data.is_empty() && raw.bhs.data_len() > 0).then(|| raw.bhs.data_len());
+                self.on_data_out(d, raw.data, placed)
+            }
             Pdu::NopOut(n) => {
                 if n.itt == RESERVED_TAG {
                     // Answer to our ping (never carries a CmdSN of its own).

@@ -51,6 +51,7 @@ impl Pair {
         let setup = SessionSetup {
             counters: Arc::default(),
             channel_level: None,
+            placed_writes: false,
             id: 1,
             target: (!discovery).then_some(t),
             params: SessionParams {
@@ -165,6 +166,7 @@ impl Pair {
             &Inline,
             &mut send,
             &done,
+            None,
             self.now,
         );
     }

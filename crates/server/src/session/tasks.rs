@@ -28,6 +28,10 @@ impl Session {
                 self.retired.insert(r.tag);
             }
             self.awaiting.retain(|i| *i != r.tag);
+            if r.payload.placed.is_some() {
+                // Late placed frames for it are dropped.
+                self.outputs.push_back(super::Output::Forget(r.tag));
+            }
             self.budget.release_forced(r.payload.forced);
             if r.payload.reserved > 0 {
                 self.budget.release(r.payload.reserved);

@@ -17,6 +17,8 @@ use ethersan_proto::pdu::{
 };
 use ethersan_scsi::{LogicalUnit, LuConfig, LunMap, LunPolicy, LunSlot, Nexus};
 
+use ethersan_endpoint::PlacedBuf;
+
 use super::{Event, Session, SessionOptions, SessionSetup};
 use crate::registry::{Registry, TargetEntry};
 use crate::wire::WriterMsg;
@@ -34,6 +36,30 @@ struct Harness {
     woken: Arc<AtomicUsize>,
     closed: bool,
     cmd_sn: u32,
+    /// The channel's registrations, for a session that places writes.
+    buffers: Option<Buffers>,
+}
+
+/// Registrations kept as a channel's are (`Registrar`'s stand-in).
+#[derive(Default)]
+struct Buffers(std::sync::Mutex<std::collections::HashMap<u32, PlacedBuf>>);
+
+impl super::driver::WriteBuffers for Buffers {
+    fn expect(&self, itt: u32, buf: Vec<u8>) {
+        let p = PlacedBuf {
+            buf,
+            ranges: Vec::new(),
+            overflow: 0,
+        };
+        self.0.lock().unwrap().insert(itt, p);
+    }
+    fn place(&self, itt: u32, offset: u64, data: &[u8]) -> bool {
+        let mut m = self.0.lock().unwrap();
+        m.get_mut(&itt).is_some_and(|p| p.place(offset, data))
+    }
+    fn release(&self, itt: u32) -> Option<PlacedBuf> {
+        self.0.lock().unwrap().remove(&itt)
+    }
 }
 
 /// A target with one 64 MiB RAM LUN.
@@ -66,6 +92,15 @@ pub(super) fn target() -> Arc<TargetEntry> {
 
 impl Harness {
     fn new(memory_budget: usize) -> Harness {
+        Harness::with(memory_budget, false)
+    }
+
+    /// A session over a native transport channel: writes' data placed.
+    fn placing() -> Harness {
+        Harness::with(128 << 20, true)
+    }
+
+    fn with(memory_budget: usize, placed_writes: bool) -> Harness {
         let t = target();
         let registry = Arc::new(Registry::new(vec![t.clone()], vec![]));
         let params = SessionParams {
@@ -76,6 +111,7 @@ impl Harness {
         let setup = SessionSetup {
             counters: Arc::default(),
             channel_level: None,
+            placed_writes,
             id: 1,
             target: Some(t),
             params,
@@ -109,6 +145,7 @@ impl Harness {
             woken,
             closed: false,
             cmd_sn: 1,
+            buffers: placed_writes.then(Buffers::default),
         };
         // The POWER ON unit attention.
         let itt = h.command(0x900, &[0; 6], &[], 0, false, TaskAttr::Simple);
@@ -136,6 +173,9 @@ impl Harness {
             &Inline,
             &mut send,
             &done,
+            self.buffers
+                .as_ref()
+                .map(|b| b as &dyn super::driver::WriteBuffers),
             self.now,
         ) && go_on
     }
@@ -208,22 +248,8 @@ impl Harness {
 
     /// Answer an R2T with all it asks for, 8 KiB per Data-Out.
     fn answer(&mut self, r: &pdu::R2t, fill: u8) {
-        let mut off = 0;
-        let mut data_sn = 0;
-        while off < r.desired_len {
-            let len = (r.desired_len - off).min(8192);
-            let d = DataOut {
-                final_bit: off + len == r.desired_len,
-                lun: lun_to_wire(0),
-                itt: r.itt,
-                ttt: r.ttt,
-                exp_stat_sn: 0,
-                data_sn,
-                buffer_offset: r.buffer_offset + off,
-            };
+        for (d, len) in data_outs(r) {
             self.pdu(Pdu::DataOut(d), &vec![fill; len as usize]);
-            off += len;
-            data_sn += 1;
         }
     }
 
@@ -558,4 +584,124 @@ fn write_buffers_fill_in_order_without_zeroing_and_gaps_read_as_zeros() {
         16,
         "appends stayed in the reserved capacity"
     );
+}
+
+/// Over a native transport channel: the write's buffer is registered
+/// before its R2T, the solicited data lands in it (here: placed by hand,
+/// as the endpoint would, out of order) while Data-Out headers come alone,
+/// and the command runs on that buffer once taken back.
+#[test]
+fn placed_data_out_lands_in_the_registered_buffer_and_reads_back() {
+    let mut h = Harness::placing();
+    let len = 256 * 1024;
+    h.command(
+        40,
+        &write10(8, 512),
+        &[1u8; 8192],
+        len,
+        true,
+        TaskAttr::Simple,
+    );
+    let r2t = h.r2ts().pop().expect("an R2T");
+    let reg = h.buffers.as_ref().unwrap();
+    {
+        let m = reg.0.lock().unwrap();
+        let p = m.get(&40).expect("registered before the R2T went out");
+        assert_eq!(p.buf.len(), len as usize);
+        assert!(p.buf[..8192].iter().all(|b| *b == 1), "immediate data kept");
+    }
+    // The data lands, last half first; then the headers, 8 KiB each.
+    let half = (len - 8192) / 2;
+    use super::driver::WriteBuffers;
+    assert!(reg.place(40, u64::from(8192 + half), &vec![3u8; half as usize]));
+    assert!(reg.place(40, 8192, &vec![2u8; half as usize]));
+    placed_headers(&mut h, &r2t);
+    assert_eq!(h.response(40).status, 0);
+    assert!(
+        h.buffers.as_ref().unwrap().0.lock().unwrap().is_empty(),
+        "taken back"
+    );
+    h.command(41, &read10(8, 512), &[], len, false, TaskAttr::Simple);
+    let data: Vec<u8> = h
+        .sent
+        .iter()
+        .filter_map(|(p, d)| matches!(p, Pdu::DataIn(x) if x.itt == 41).then_some(d))
+        .flat_map(|d| d.iter().copied())
+        .collect();
+    let h1 = 8192 + half as usize;
+    assert!(data[..8192].iter().all(|b| *b == 1));
+    assert!(data[8192..h1].iter().all(|b| *b == 2));
+    assert!(data[h1..].iter().all(|b| *b == 3));
+}
+
+/// A Data-Out header announcing bytes that never landed fails the command
+/// (DATA PHASE ERROR) instead of writing a hole; an aborted write's
+/// registration is dropped.
+#[test]
+fn placed_data_out_that_never_landed_fails_and_an_abort_drops_the_buffer() {
+    let mut h = Harness::placing();
+    h.command(50, &write10(0, 64), &[], 32768, true, TaskAttr::Simple);
+    let r2t = h.r2ts().pop().expect("an R2T");
+    use super::driver::WriteBuffers;
+    assert!(h.buffers.as_ref().unwrap().place(50, 0, &[7u8; 16384]));
+    placed_headers(&mut h, &r2t);
+    // The sense data follows its 2-byte length: key at 2, ASC at 12.
+    let sense = h
+        .sent
+        .iter()
+        .find_map(|(p, d)| matches!(p, Pdu::ScsiResponse(r) if r.itt == 50).then(|| d.clone()))
+        .expect("a response");
+    assert_eq!(h.response(50).status, 2);
+    assert_eq!(
+        (sense[4] & 0x0f, sense[14]),
+        (0x0b, 0x4b),
+        "DATA PHASE ERROR"
+    );
+    // Aborted while collecting: the registration goes.
+    h.command(51, &write10(0, 16), &[], 8192, true, TaskAttr::Simple);
+    assert_eq!(h.r2ts().len(), 1);
+    assert!(h
+        .buffers
+        .as_ref()
+        .unwrap()
+        .0
+        .lock()
+        .unwrap()
+        .contains_key(&51));
+    assert_eq!(h.tmf(52, TmfFunction::AbortTask, 51), 0);
+    assert!(h.buffers.as_ref().unwrap().0.lock().unwrap().is_empty());
+}
+
+/// The Data-Out headers of a placed answer to `r`, 8 KiB each, each
+/// without its data segment.
+fn placed_headers(h: &mut Harness, r: &pdu::R2t) {
+    for (d, len) in data_outs(r) {
+        let raw = RawPdu {
+            bhs: Pdu::DataOut(d).encode(len),
+            ahs: Vec::new(),
+            data: Vec::new(),
+        };
+        h.event(Event::Pdu(Ok(raw)));
+    }
+}
+
+/// The Data-Out headers answering `r` with 8 KiB each, and their lengths.
+fn data_outs(r: &pdu::R2t) -> Vec<(DataOut, u32)> {
+    let mut out = Vec::new();
+    let mut off = 0;
+    while off < r.desired_len {
+        let len = (r.desired_len - off).min(8192);
+        let d = DataOut {
+            final_bit: off + len == r.desired_len,
+            lun: lun_to_wire(0),
+            itt: r.itt,
+            ttt: r.ttt,
+            exp_stat_sn: 0,
+            data_sn: out.len() as u32,
+            buffer_offset: r.buffer_offset + off,
+        };
+        out.push((d, len));
+        off += len;
+    }
+    out
 }
