@@ -5,11 +5,14 @@
 //! so a valid one gets through to the catalog encoder) and reply, and the
 //! catalog decoder; then the input read as a sequence of frames (selector,
 //! 2-byte length, frame) drives one target and one initiator mid-way
-//! through a real handshake, which must still complete and interoperate.
+//! through a real handshake, which must still complete and interoperate
+//! (the target supporting both AEAD suites, or only one, picked by the
+//! input's first byte: the two ends always agree on the suite).
 #![no_main]
 
 use std::time::{Duration, Instant};
 
+use ethersan_channel::aead::Suite;
 use ethersan_channel::discovery::{self, Catalog, CatalogLun, CatalogTarget, DiscoveryResponder};
 use ethersan_channel::group::GroupKeys;
 use ethersan_channel::handshake::{InitiatorHandshake, Responder, HELLO_REPLY_LEN};
@@ -95,7 +98,12 @@ fuzz_target!(|data: &[u8]| {
     }
 
     // A real handshake with arbitrary frames in between.
-    let mut resp = Responder::new(keys.clone(), 2, TIMEOUT);
+    let supported: &[Suite] = match data.first().map(|b| b % 3) {
+        Some(1) => &[Suite::ChaCha20Poly1305],
+        Some(2) => &[Suite::Aes256Gcm],
+        _ => &[Suite::Aes256Gcm, Suite::ChaCha20Poly1305],
+    };
+    let mut resp = Responder::new(keys.clone(), 2, TIMEOUT).with_suites(supported);
     let mut init = InitiatorHandshake::new(&keys, 7, Level::Encrypt, 1500).expect("initiator");
     let reply = resp
         .handle_hello(now, init.hello(), 9, 1500)
@@ -134,7 +142,9 @@ fuzz_target!(|data: &[u8]| {
     // The real reply still completes the initiator; the target completes
     // unless an arbitrary frame evicted or ended its half-open handshake.
     let (finish, mut i) = init.handle_reply(&reply).expect("the real reply");
+    assert!(supported.contains(&i.keys.suite()));
     if let Ok(mut t) = resp.handle_finish(now, &finish) {
+        assert_eq!(i.keys.suite(), t.keys.suite());
         check_keys(&mut i.keys, &mut t.keys);
         check_keys(&mut t.keys, &mut i.keys);
     }

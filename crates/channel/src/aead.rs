@@ -1,13 +1,32 @@
-//! Per-direction traffic keys: ChaCha20-Poly1305 with the packet number as
-//! nonce, and rekeying every [`REKEY_INTERVAL`] packets
-//! (`docs/native-transport.md`, "Protection").
+//! Per-direction traffic keys: an AEAD suite (AES-256-GCM or
+//! ChaCha20-Poly1305, from `ring`) with the packet number as nonce, and
+//! rekeying every [`Suite::rekey_interval`] packets
+//! (`docs/native-transport.md`, "Protection"). The suite is negotiated in
+//! the handshake (`crate::handshake`).
 //!
-//! The nonce is Noise's ChaChaPoly nonce: 4 zero bytes, then the packet
-//! number little-endian. Key epoch *e* protects packet numbers
-//! `e * REKEY_INTERVAL .. (e + 1) * REKEY_INTERVAL`; key *e* + 1 is Noise's
-//! `REKEY` of key *e* (the first 32 bytes of ChaCha20-Poly1305 encrypting 32
-//! zero bytes with nonce 2^64 − 1), so a key, once replaced, is dropped
+//! The nonce is Noise's nonce for the suite: 4 zero bytes, then the packet
+//! number, little-endian for ChaCha20-Poly1305 and big-endian for
+//! AES-256-GCM. Key epoch *e* protects packet numbers
+//! `e * I .. (e + 1) * I` where *I* is the suite's rekey interval; key
+//! *e* + 1 is Noise's
+//! `REKEY` of key *e* (the first 32 bytes of the suite's cipher encrypting
+//! 32 zero bytes with nonce 2^64 − 1), so a key, once replaced, is dropped
 //! and cannot be derived again from later ones.
+//!
+//! Usage limits (RFC 9001 §6.6, for packets of up to 2^16 bytes; ours are
+//! at most 64 KiB): AES-GCM's confidentiality limit is 2^23 packets per
+//! key, ChaCha20-Poly1305's is above 2^62. Both suites rekey every 2^20
+//! packets: AES-GCM at 1/8 of its limit (an attacker's advantage stays
+//! below 2^-60), ChaCha20-Poly1305 far below its own, at the interval
+//! version 1 used (a rekey is one block of the cipher, so a longer one
+//! would buy nothing). The integrity limit bounds the forgeries a receiver
+//! may try to open under one key: 2^52 for AES-GCM, 2^36 for
+//! ChaCha20-Poly1305 (each keeps a forger's success chance near 2^-57). A
+//! receiver opens under at most two epochs' keys and a failed frame is
+//! counted and dropped; minimum-size forgeries at 10 Gbit/s line rate
+//! (~15 M frames/s) need over an hour of one key for 2^36 and about nine
+//! years for 2^52, so no per-key forgery count is enforced (the
+//! channel's failed-frame counter shows such a flood long before).
 //!
 //! The sender steps its key forward as its packet numbers cross epochs. The
 //! receiver keeps the current and the previous epoch's keys (frames of the
@@ -15,15 +34,15 @@
 //! [`MAX_EPOCH_STEP`] epochs, only once a frame of a later epoch has been
 //! authenticated under the candidate key: a forged frame changes nothing.
 
-use chacha20poly1305::aead::{AeadInPlace, KeyInit};
-use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce, Tag};
+use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use zeroize::Zeroize;
 
-/// Packets per key epoch: key *e* protects packet numbers
-/// `e * REKEY_INTERVAL .. (e + 1) * REKEY_INTERVAL`.
+/// Packets per key epoch of both suites ([`Suite::rekey_interval`]): 2^20
+/// is 1/8 of AES-GCM's confidentiality limit of 2^23 packets (RFC 9001
+/// §6.6).
 pub const REKEY_INTERVAL: u64 = 1 << 20;
 
-/// Length of a Poly1305 tag.
+/// Length of an AEAD tag (both suites).
 pub const TAG_LEN: usize = 16;
 
 /// How many epochs ahead of its current one a receiver accepts a frame
@@ -38,30 +57,147 @@ pub const MAX_EPOCH_STEP: u64 = 8;
 #[error("frame failed authentication")]
 pub struct AeadError;
 
-/// The epoch of a packet number.
-fn epoch_of(pn: u64) -> u64 {
-    pn / REKEY_INTERVAL
+/// The AEAD protecting a channel's frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Suite {
+    /// ChaCha20-Poly1305 (RFC 8439): fast without AES instructions.
+    ChaCha20Poly1305,
+    /// AES-256-GCM: several times faster where the CPU has AES and
+    /// carry-less multiply instructions.
+    Aes256Gcm,
 }
 
-/// Noise's ChaChaPoly nonce for `n`: 4 zero bytes, then `n` little-endian.
-fn nonce(n: u64) -> Nonce {
-    let mut b = [0u8; 12];
-    b[4..].copy_from_slice(&n.to_le_bytes());
-    Nonce::from(b)
+impl Suite {
+    /// Its wire value.
+    pub fn to_u8(self) -> u8 {
+        match self {
+            Suite::ChaCha20Poly1305 => 1,
+            Suite::Aes256Gcm => 2,
+        }
+    }
+
+    /// The suite with this wire value.
+    pub fn from_u8(v: u8) -> Option<Suite> {
+        match v {
+            1 => Some(Suite::ChaCha20Poly1305),
+            2 => Some(Suite::Aes256Gcm),
+            _ => None,
+        }
+    }
+
+    /// Its name in `ETHERSAN_NATIVE_SUITES`: `chacha20` or `aes256gcm`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Suite::ChaCha20Poly1305 => "chacha20",
+            Suite::Aes256Gcm => "aes256gcm",
+        }
+    }
+
+    /// Parses a comma-separated list of suite names (as in
+    /// `ETHERSAN_NATIVE_SUITES`); `None` if a name is unknown or the list
+    /// is empty.
+    pub fn parse_list(s: &str) -> Option<Vec<Suite>> {
+        let mut out = Vec::new();
+        for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let suite = match name {
+                "chacha20" | "chacha20poly1305" => Suite::ChaCha20Poly1305,
+                "aes256gcm" | "aes-256-gcm" => Suite::Aes256Gcm,
+                _ => return None,
+            };
+            if !out.contains(&suite) {
+                out.push(suite);
+            }
+        }
+        (!out.is_empty()).then_some(out)
+    }
+
+    /// Packets per key epoch under this suite: key *e* protects packet
+    /// numbers `e * I .. (e + 1) * I`. AES-256-GCM: 2^20, 1/8 of its
+    /// confidentiality limit (2^23 packets, RFC 9001 §6.6);
+    /// ChaCha20-Poly1305: 2^20 too, far below its limit (2^62).
+    pub fn rekey_interval(self) -> u64 {
+        match self {
+            Suite::Aes256Gcm => REKEY_INTERVAL,
+            Suite::ChaCha20Poly1305 => REKEY_INTERVAL,
+        }
+    }
+
+    /// The suites this machine should offer, in preference order:
+    /// AES-256-GCM first when the CPU has AES and PCLMULQDQ instructions,
+    /// then ChaCha20-Poly1305.
+    pub fn preferred() -> Vec<Suite> {
+        if aes_hardware() {
+            vec![Suite::Aes256Gcm, Suite::ChaCha20Poly1305]
+        } else {
+            vec![Suite::ChaCha20Poly1305, Suite::Aes256Gcm]
+        }
+    }
+
+    fn algorithm(self) -> &'static aead::Algorithm {
+        match self {
+            Suite::ChaCha20Poly1305 => &aead::CHACHA20_POLY1305,
+            Suite::Aes256Gcm => &aead::AES_256_GCM,
+        }
+    }
+
+    /// Noise's nonce for `n` under this suite.
+    fn nonce(self, n: u64) -> Nonce {
+        let mut b = [0u8; 12];
+        match self {
+            Suite::ChaCha20Poly1305 => b[4..].copy_from_slice(&n.to_le_bytes()),
+            Suite::Aes256Gcm => b[4..].copy_from_slice(&n.to_be_bytes()),
+        }
+        Nonce::assume_unique_for_key(b)
+    }
+}
+
+impl std::fmt::Display for Suite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Suite::ChaCha20Poly1305 => "ChaCha20-Poly1305",
+            Suite::Aes256Gcm => "AES-256-GCM",
+        })
+    }
+}
+
+/// Whether the CPU has the AES and carry-less multiply instructions
+/// AES-GCM needs to be fast.
+pub fn aes_hardware() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("aes")
+            && std::arch::is_x86_feature_detected!("pclmulqdq")
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        std::arch::is_aarch64_feature_detected!("aes")
+            && std::arch::is_aarch64_feature_detected!("pmull")
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        false
+    }
 }
 
 /// One epoch's key and its cipher, built once.
 struct EpochKey {
     epoch: u64,
+    suite: Suite,
     key: [u8; 32],
-    cipher: ChaCha20Poly1305,
+    cipher: LessSafeKey,
 }
 
 impl EpochKey {
-    fn new(epoch: u64, key: [u8; 32]) -> EpochKey {
+    fn new(suite: Suite, epoch: u64, key: [u8; 32]) -> EpochKey {
+        // Both algorithms take 32-byte keys: `new` cannot fail.
+        let unbound = match UnboundKey::new(suite.algorithm(), &key) {
+            Ok(k) => k,
+            Err(_) => unreachable!("32-byte key for a 256-bit AEAD"),
+        };
         EpochKey {
             epoch,
-            cipher: ChaCha20Poly1305::new(Key::from_slice(&key)),
+            suite,
+            cipher: LessSafeKey::new(unbound),
             key,
         }
     }
@@ -69,18 +205,57 @@ impl EpochKey {
     /// The next epoch's key (Noise `REKEY`).
     fn next(&self) -> EpochKey {
         let mut k = [0u8; 32];
-        // 32 bytes are far below ChaCha20-Poly1305's length limit: the call
+        // 32 bytes are far below either suite's length limit: the call
         // cannot fail, and the tag is not part of the key.
-        let _ = self
+        let _ = self.cipher.seal_in_place_separate_tag(
+            self.suite.nonce(u64::MAX),
+            Aad::empty(),
+            &mut k,
+        );
+        EpochKey::new(self.suite, self.epoch + 1, k)
+    }
+
+    fn seal(&self, pn: u64, aad: &[u8], in_out: &mut [u8]) -> [u8; TAG_LEN] {
+        match self
             .cipher
-            .encrypt_in_place_detached(&nonce(u64::MAX), &[], &mut k);
-        EpochKey::new(self.epoch + 1, k)
+            .seal_in_place_separate_tag(self.suite.nonce(pn), Aad::from(aad), in_out)
+        {
+            Ok(tag) => {
+                let mut t = [0; TAG_LEN];
+                t.copy_from_slice(tag.as_ref());
+                t
+            }
+            Err(_) => {
+                // Only a buffer beyond the suite's limit fails, before
+                // encrypting: never send its plaintext.
+                in_out.fill(0);
+                [0; TAG_LEN]
+            }
+        }
+    }
+
+    fn open(
+        &self,
+        pn: u64,
+        aad: &[u8],
+        in_out: &mut [u8],
+        tag: &[u8; TAG_LEN],
+    ) -> Result<(), AeadError> {
+        self.cipher
+            .open_in_place_separate_tag(
+                self.suite.nonce(pn),
+                Aad::from(aad),
+                aead::Tag::from(*tag),
+                in_out,
+                0..,
+            )
+            .map(|_| ())
+            .map_err(|_| AeadError)
     }
 }
 
 impl Drop for EpochKey {
     fn drop(&mut self) {
-        // The cipher zeroes its own copy on drop.
         self.key.zeroize();
     }
 }
@@ -98,6 +273,7 @@ pub struct TrafficKeys {
 impl std::fmt::Debug for TrafficKeys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TrafficKeys")
+            .field("suite", &self.send.suite)
             .field("send_epoch", &self.send.epoch)
             .field("recv_epoch", &self.recv.epoch)
             .finish_non_exhaustive()
@@ -105,17 +281,28 @@ impl std::fmt::Debug for TrafficKeys {
 }
 
 impl TrafficKeys {
-    /// Keys from the handshake's split: `send` for our frames, `recv` for
-    /// the peer's (epoch 0).
-    pub fn new(mut send: [u8; 32], mut recv: [u8; 32]) -> TrafficKeys {
+    /// ChaCha20-Poly1305 keys from the handshake's split: `send` for our
+    /// frames, `recv` for the peer's (epoch 0).
+    pub fn new(send: [u8; 32], recv: [u8; 32]) -> TrafficKeys {
+        TrafficKeys::with_suite(Suite::ChaCha20Poly1305, send, recv)
+    }
+
+    /// Keys of `suite` from the handshake's split: `send` for our frames,
+    /// `recv` for the peer's (epoch 0).
+    pub fn with_suite(suite: Suite, mut send: [u8; 32], mut recv: [u8; 32]) -> TrafficKeys {
         let keys = TrafficKeys {
-            send: EpochKey::new(0, send),
-            recv: EpochKey::new(0, recv),
+            send: EpochKey::new(suite, 0, send),
+            recv: EpochKey::new(suite, 0, recv),
             recv_prev: None,
         };
         send.zeroize();
         recv.zeroize();
         keys
+    }
+
+    /// The suite of these keys.
+    pub fn suite(&self) -> Suite {
+        self.send.suite
     }
 
     /// The epoch of the key that sealed the last frame (0 before any).
@@ -138,23 +325,11 @@ impl TrafficKeys {
     /// epoch already left is sealed under the current key, which the peer
     /// rejects (no nonce is ever reused under a key).
     pub fn seal(&mut self, pn: u64, aad: &[u8], in_out: &mut [u8]) -> [u8; TAG_LEN] {
-        let epoch = epoch_of(pn);
+        let epoch = pn / self.send.suite.rekey_interval();
         while self.send.epoch < epoch {
             self.send = self.send.next();
         }
-        match self
-            .send
-            .cipher
-            .encrypt_in_place_detached(&nonce(pn), aad, in_out)
-        {
-            Ok(tag) => tag.into(),
-            Err(_) => {
-                // Only a buffer beyond 256 GiB fails, before encrypting:
-                // never send its plaintext.
-                in_out.fill(0);
-                [0; TAG_LEN]
-            }
-        }
+        self.send.seal(pn, aad, in_out)
     }
 
     /// Checks `tag` over `aad` and `in_out` under packet number `pn` and
@@ -172,15 +347,13 @@ impl TrafficKeys {
         in_out: &mut [u8],
         tag: &[u8; TAG_LEN],
     ) -> Result<(), AeadError> {
-        let epoch = epoch_of(pn);
-        let tag = Tag::from_slice(tag);
-        let n = nonce(pn);
+        let epoch = pn / self.recv.suite.rekey_interval();
         if epoch == self.recv.epoch {
-            return decrypt(&self.recv, &n, aad, in_out, tag);
+            return self.recv.open(pn, aad, in_out, tag);
         }
         if epoch < self.recv.epoch {
             return match &self.recv_prev {
-                Some(prev) if prev.epoch == epoch => decrypt(prev, &n, aad, in_out, tag),
+                Some(prev) if prev.epoch == epoch => prev.open(pn, aad, in_out, tag),
                 _ => Err(AeadError),
             };
         }
@@ -195,23 +368,11 @@ impl TrafficKeys {
             prev = Some(cand);
             cand = next;
         }
-        decrypt(&cand, &n, aad, in_out, tag)?;
+        cand.open(pn, aad, in_out, tag)?;
         let old = std::mem::replace(&mut self.recv, cand);
         self.recv_prev = Some(prev.unwrap_or(old));
         Ok(())
     }
-}
-
-fn decrypt(
-    key: &EpochKey,
-    n: &Nonce,
-    aad: &[u8],
-    in_out: &mut [u8],
-    tag: &Tag,
-) -> Result<(), AeadError> {
-    key.cipher
-        .decrypt_in_place_detached(n, aad, in_out, tag)
-        .map_err(|_| AeadError)
 }
 
 #[cfg(test)]
@@ -237,18 +398,87 @@ mod tests {
 
     #[test]
     fn rekey_matches_noise() {
-        // Noise REKEY: ENCRYPT(k, 2^64-1, "", zeros(32)) truncated to 32.
-        let k = EpochKey::new(0, [7; 32]);
-        let c = ChaCha20Poly1305::new(Key::from_slice(&[7; 32]));
+        // Noise REKEY: ENCRYPT(k, 2^64-1, "", zeros(32)) truncated to 32,
+        // checked against the RustCrypto ChaCha20-Poly1305 the previous
+        // version used (RFC 8439 keystream): the key schedule is unchanged.
+        use chacha20poly1305::aead::{AeadInPlace, KeyInit};
+        let k = EpochKey::new(Suite::ChaCha20Poly1305, 0, [7; 32]);
+        let c =
+            chacha20poly1305::ChaCha20Poly1305::new(chacha20poly1305::Key::from_slice(&[7; 32]));
         let mut z = [0u8; 32];
         c.encrypt_in_place_detached(
-            &Nonce::from([0, 0, 0, 0, 255, 255, 255, 255, 255, 255, 255, 255]),
+            &chacha20poly1305::Nonce::from([0, 0, 0, 0, 255, 255, 255, 255, 255, 255, 255, 255]),
             &[],
             &mut z,
         )
         .unwrap();
         assert_eq!(k.next().key, z);
         assert_eq!(k.next().epoch, 1);
+    }
+
+    fn pair_of(suite: Suite) -> (TrafficKeys, TrafficKeys) {
+        let a = [0x11; 32];
+        let b = [0x22; 32];
+        (
+            TrafficKeys::with_suite(suite, a, b),
+            TrafficKeys::with_suite(suite, b, a),
+        )
+    }
+
+    #[test]
+    fn aes_gcm_epochs_crossed_and_tampering() {
+        let (mut a, mut b) = pair_of(Suite::Aes256Gcm);
+        assert_eq!(a.suite(), Suite::Aes256Gcm);
+        for pn in [
+            0,
+            REKEY_INTERVAL - 1,
+            REKEY_INTERVAL,
+            3 * REKEY_INTERVAL + 5,
+        ] {
+            roundtrip(&mut a, &mut b, pn).unwrap();
+            roundtrip(&mut b, &mut a, pn).unwrap();
+        }
+        assert_eq!(a.send_epoch(), 3);
+        assert_eq!(b.recv_epoch(), 3);
+        let pn = 3 * REKEY_INTERVAL + 6;
+        let mut buf = b"payload".to_vec();
+        let tag = a.seal(pn, b"hdr", &mut buf);
+        let mut t = tag;
+        t[0] ^= 1;
+        assert!(b.open(pn, b"hdr", &mut buf.clone(), &t).is_err());
+        assert!(b.open(pn, b"hdR", &mut buf.clone(), &tag).is_err());
+        let mut c = buf.clone();
+        c[0] ^= 1;
+        assert!(b.open(pn, b"hdr", &mut c, &tag).is_err());
+        b.open(pn, b"hdr", &mut buf, &tag).unwrap();
+        assert_eq!(buf, b"payload");
+    }
+
+    #[test]
+    fn suites_do_not_interoperate() {
+        let (mut a, _) = pair_of(Suite::Aes256Gcm);
+        let (_, mut b) = pair_of(Suite::ChaCha20Poly1305);
+        let mut buf = b"x".to_vec();
+        let tag = a.seal(0, b"", &mut buf);
+        assert!(b.open(0, b"", &mut buf, &tag).is_err());
+    }
+
+    #[test]
+    fn suite_lists() {
+        assert_eq!(
+            Suite::parse_list("aes256gcm, chacha20"),
+            Some(vec![Suite::Aes256Gcm, Suite::ChaCha20Poly1305])
+        );
+        assert_eq!(
+            Suite::parse_list("chacha20"),
+            Some(vec![Suite::ChaCha20Poly1305])
+        );
+        assert_eq!(Suite::parse_list(""), None);
+        assert_eq!(Suite::parse_list("des"), None);
+        for s in [Suite::Aes256Gcm, Suite::ChaCha20Poly1305] {
+            assert_eq!(Suite::from_u8(s.to_u8()), Some(s));
+        }
+        assert_eq!(Suite::preferred().len(), 2);
     }
 
     #[test]
@@ -359,33 +589,36 @@ mod tests {
         s.split_whitespace().next()?.parse().ok()
     }
 
-    /// Seal+open throughput of one core (release: `cargo test -p
-    /// ethersan-channel --release -- --ignored --nocapture throughput`).
+    /// Seal+open throughput of one core, both suites (`cargo test --release
+    /// --workspace --lib -- --ignored --nocapture aead::tests::throughput`;
+    /// docs/native-transport.md, "Why `ring`").
     #[test]
     #[ignore]
     fn throughput() {
-        for size in [1500usize, 9000] {
-            let (mut a, mut b) = pair();
-            let mut buf = vec![0x5A; size];
-            let n = (2_000_000_000 / size) as u64;
-            let start = std::time::Instant::now();
-            let cpu0 = cpu_ns();
-            for pn in 0..n {
-                let tag = a.seal(pn, &[0; 40], &mut buf);
-                b.open(pn, &[0; 40], &mut buf, &tag).unwrap();
-            }
-            let wall = start.elapsed().as_secs_f64();
-            let cpu = match (cpu0, cpu_ns()) {
-                (Some(x), Some(y)) => (y - x) as f64 / 1e9,
-                _ => wall,
-            };
-            let bytes = n as f64 * size as f64;
-            println!(
-                "seal+open {size}-byte frames: {:.0} MB/s per CPU-second ({:.0} frames/s; wall clock {:.0} MB/s)",
+        for size in [1500usize, 9000, 8192, 65536] {
+            for suite in [Suite::Aes256Gcm, Suite::ChaCha20Poly1305] {
+                let (mut a, mut b) = pair_of(suite);
+                let mut buf = vec![0x5A; size];
+                let n = (2_000_000_000 / size) as u64;
+                let start = std::time::Instant::now();
+                let cpu0 = cpu_ns();
+                for pn in 0..n {
+                    let tag = a.seal(pn, &[0; 40], &mut buf);
+                    b.open(pn, &[0; 40], &mut buf, &tag).unwrap();
+                }
+                let wall = start.elapsed().as_secs_f64();
+                let cpu = match (cpu0, cpu_ns()) {
+                    (Some(x), Some(y)) => (y - x) as f64 / 1e9,
+                    _ => wall,
+                };
+                let bytes = n as f64 * size as f64;
+                println!(
+                "{suite} seal+open {size}-byte frames: {:.0} MB/s per CPU-second ({:.0} frames/s; wall clock {:.0} MB/s)",
                 bytes / cpu / 1e6,
                 n as f64 / cpu,
                 bytes / wall / 1e6
             );
+            }
         }
     }
 }

@@ -1,5 +1,5 @@
 //! The handshake that opens a channel: `Noise_XXpsk0_25519_ChaChaPoly_BLAKE2s`
-//! with prologue `ethersan/1` ‖ group name and the group's PSK
+//! with prologue `ethersan/2` ‖ group name and the group's PSK
 //! (`docs/native-transport.md`, "Handshake").
 //!
 //! With the PSK mixed in before the first message, message 1's payload is
@@ -11,14 +11,20 @@
 //!
 //! | frame | destination | body |
 //! |---|---|---|
-//! | `HELLO` (65 bytes) | 0 | Noise message 1 (32 + 9 + 16) |
-//! | `HELLO_REPLY` (113 bytes) | initiator's id | Noise message 2 (32 + 48 + 9 + 16) |
+//! | `HELLO` (69 bytes) | 0 | Noise message 1 (32 + 13 + 16) |
+//! | `HELLO_REPLY` (114 bytes) | initiator's id | Noise message 2 (32 + 48 + 10 + 16) |
 //! | `HELLO_FINISH` (72 bytes) | target's id | Noise message 3 (48 + 0 + 16) |
 //!
-//! Flags are 0. The payloads of messages 1 and 2 are 9 bytes: the level
-//! (asked for, granted), the sender's largest frame and the sender's
-//! channel id (big-endian `u32`s), so the ids are authenticated; message
-//! 3's is empty. Channel id 0 is never a channel's.
+//! Flags are 0. The payloads of messages 1 and 2 start with 9 bytes: the
+//! level (asked for, granted), the sender's largest frame and the sender's
+//! channel id (big-endian `u32`s), so the ids are authenticated. Message 1
+//! then offers the traffic keys' AEAD suites, [`MAX_OFFER`] bytes in the
+//! initiator's order of preference (wire values of [`Suite`], zero-padded);
+//! message 2 then names the suite the target picked: the first offered it
+//! supports, or 0 when it supports none (the initiator then fails with
+//! [`HandshakeError::NoCommonSuite`]). Both are inside the PSK-keyed Noise
+//! payloads, so nobody outside the group can strip a suite from the offer.
+//! Message 3's payload is empty. Channel id 0 is never a channel's.
 //!
 //! The initiator's side is [`InitiatorHandshake`]; the target's is one
 //! [`Responder`] per endpoint, holding a bounded table of half-open
@@ -30,7 +36,7 @@ use std::time::{Duration, Instant};
 use snow::{Builder, HandshakeState};
 use zeroize::Zeroizing;
 
-use crate::aead::TrafficKeys;
+use crate::aead::{Suite, TrafficKeys};
 use crate::group::GroupKeys;
 use crate::Level;
 
@@ -38,7 +44,10 @@ use crate::Level;
 pub const NOISE_PARAMS: &str = "Noise_XXpsk0_25519_ChaChaPoly_BLAKE2s";
 
 /// The start of the Noise prologue; the group name follows.
-pub const PROLOGUE: &[u8] = b"ethersan/1";
+pub const PROLOGUE: &[u8] = b"ethersan/2";
+
+/// How many suites a `HELLO` can offer (the length of its offer field).
+pub const MAX_OFFER: usize = 4;
 
 /// The smallest largest-frame a side may announce: below it a channel
 /// frame (40-byte header, 16-byte tag) would carry too little.
@@ -52,11 +61,16 @@ const KIND_HELLO_FINISH: u8 = Kind::HelloFinish as u8;
 
 const DH_LEN: usize = 32;
 const TAG: usize = 16;
+/// Level, largest frame, channel id: the start of payloads 1 and 2.
 const PAYLOAD_LEN: usize = 9;
+/// Message 1's payload: the common part and the suites offered.
+const PAYLOAD1_LEN: usize = PAYLOAD_LEN + MAX_OFFER;
+/// Message 2's payload: the common part and the suite picked.
+const PAYLOAD2_LEN: usize = PAYLOAD_LEN + 1;
 /// Noise message 1: e, then the encrypted payload.
-const MSG1_LEN: usize = DH_LEN + PAYLOAD_LEN + TAG;
+const MSG1_LEN: usize = DH_LEN + PAYLOAD1_LEN + TAG;
 /// Noise message 2: e, encrypted s, encrypted payload.
-const MSG2_LEN: usize = DH_LEN + DH_LEN + TAG + PAYLOAD_LEN + TAG;
+const MSG2_LEN: usize = DH_LEN + DH_LEN + TAG + PAYLOAD2_LEN + TAG;
 /// Noise message 3: encrypted s, encrypted empty payload.
 const MSG3_LEN: usize = DH_LEN + TAG + TAG;
 
@@ -99,6 +113,9 @@ pub enum HandshakeError {
         /// The destination channel id of the frame.
         id: u32,
     },
+    /// The frame is of another native transport version.
+    #[error("peer speaks native transport version {0}, this ethersan speaks {VERSION}: run the same ethersan version on both ends")]
+    BadVersion(u8),
     /// The target granted less than the level asked for.
     #[error("the target refused security level {asked}: it granted only {granted}")]
     LevelRefused {
@@ -107,8 +124,17 @@ pub enum HandshakeError {
         /// Level granted.
         granted: Level,
     },
+    /// The target supports none of the AEAD suites offered (the two ends
+    /// were restricted to disjoint suites, e.g. by
+    /// `ETHERSAN_NATIVE_SUITES`).
+    #[error("no AEAD suite in common with the target: this side offered {offered} (ETHERSAN_NATIVE_SUITES restricts the suites on either end)")]
+    NoCommonSuite {
+        /// The suites offered, by name, comma-separated.
+        offered: String,
+    },
     /// An authenticated payload that makes no sense (unknown level, too
-    /// small a frame size, channel id 0).
+    /// small a frame size, channel id 0, no suite offered, a suite picked
+    /// that was not offered).
     #[error("bad handshake payload: {0}")]
     BadPayload(&'static str),
     /// A channel id given to this side is 0 or already in a half-open
@@ -132,7 +158,8 @@ pub struct Established {
     pub local_id: u32,
     /// The peer's channel id (the destination of our frames).
     pub peer_id: u32,
-    /// The traffic keys, epoch 0.
+    /// The traffic keys, epoch 0, of the suite negotiated
+    /// ([`TrafficKeys::suite`]).
     pub keys: TrafficKeys,
     /// The largest frame the peer accepts.
     pub peer_max_frame: u32,
@@ -155,6 +182,9 @@ fn check_frame(
     len: usize,
     name: &'static str,
 ) -> Result<u32, HandshakeError> {
+    if frame.len() >= PREFIX_LEN && frame[0] == MAGIC && frame[1] != VERSION {
+        return Err(HandshakeError::BadVersion(frame[1]));
+    }
     if frame.len() < PREFIX_LEN
         || frame[0] != MAGIC
         || frame[1] != VERSION
@@ -196,7 +226,48 @@ fn encode_payload(level: Level, max_frame: u32, id: u32) -> [u8; PAYLOAD_LEN] {
     ]
 }
 
-/// Decodes a payload: (level, largest frame, sender's channel id).
+/// Message 1's payload: the common part, then the suites offered (at
+/// most [`MAX_OFFER`], zero-padded).
+fn encode_offer(level: Level, max_frame: u32, id: u32, suites: &[Suite]) -> [u8; PAYLOAD1_LEN] {
+    let mut p = [0u8; PAYLOAD1_LEN];
+    p[..PAYLOAD_LEN].copy_from_slice(&encode_payload(level, max_frame, id));
+    for (b, s) in p[PAYLOAD_LEN..].iter_mut().zip(suites) {
+        *b = s.to_u8();
+    }
+    p
+}
+
+/// The suites a message 1 offers, in order: up to the first 0; values
+/// this side does not know (a newer peer's) are skipped.
+fn decode_offer(p: &[u8]) -> Vec<Suite> {
+    p.iter()
+        .take_while(|&&b| b != 0)
+        .filter_map(|&b| Suite::from_u8(b))
+        .collect()
+}
+
+/// `suites` without repeats, at most [`MAX_OFFER`], in order.
+fn offer_list(suites: &[Suite]) -> Vec<Suite> {
+    let mut out: Vec<Suite> = Vec::new();
+    for &s in suites {
+        if !out.contains(&s) && out.len() < MAX_OFFER {
+            out.push(s);
+        }
+    }
+    out
+}
+
+/// Names of `suites`, comma-separated (as `ETHERSAN_NATIVE_SUITES` takes).
+fn suite_names(suites: &[Suite]) -> String {
+    suites
+        .iter()
+        .map(|s| s.name())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Decodes a payload's common part: (level, largest frame, sender's
+/// channel id).
 fn decode_payload(p: &[u8]) -> Result<(Level, u32, u32), HandshakeError> {
     if p.len() != PAYLOAD_LEN {
         return Err(HandshakeError::BadPayload("payload length"));
@@ -253,6 +324,8 @@ pub struct InitiatorHandshake {
     hello: Vec<u8>,
     local_id: u32,
     level: Level,
+    /// The suites offered, in order.
+    suites: Vec<Suite>,
 }
 
 impl std::fmt::Debug for InitiatorHandshake {
@@ -260,6 +333,7 @@ impl std::fmt::Debug for InitiatorHandshake {
         f.debug_struct("InitiatorHandshake")
             .field("local_id", &self.local_id)
             .field("level", &self.level)
+            .field("suites", &self.suites)
             .field("finished", &self.state.is_none())
             .finish_non_exhaustive()
     }
@@ -268,13 +342,30 @@ impl std::fmt::Debug for InitiatorHandshake {
 impl InitiatorHandshake {
     /// Starts a handshake with fresh static and ephemeral keys, asking for
     /// `level` and announcing `max_frame`; our channel will be `local_id`
-    /// (not 0).
+    /// (not 0). It offers this machine's suites ([`Suite::preferred`]).
     pub fn new(
         keys: &GroupKeys,
         local_id: u32,
         level: Level,
         max_frame: u32,
     ) -> Result<InitiatorHandshake, HandshakeError> {
+        Self::with_suites(keys, local_id, level, max_frame, &Suite::preferred())
+    }
+
+    /// [`InitiatorHandshake::new`] offering `suites`, in order of
+    /// preference (repeats dropped, at most [`MAX_OFFER`]; none is
+    /// [`HandshakeError::BadPayload`]).
+    pub fn with_suites(
+        keys: &GroupKeys,
+        local_id: u32,
+        level: Level,
+        max_frame: u32,
+        suites: &[Suite],
+    ) -> Result<InitiatorHandshake, HandshakeError> {
+        let suites = offer_list(suites);
+        if suites.is_empty() {
+            return Err(HandshakeError::BadPayload("no suite to offer"));
+        }
         if local_id == 0 {
             return Err(HandshakeError::BadLocalId(0));
         }
@@ -286,7 +377,7 @@ impl InitiatorHandshake {
         hello.extend_from_slice(&prefix(KIND_HELLO, 0));
         let mut msg = [0u8; MSG1_LEN];
         let n = state
-            .write_message(&encode_payload(level, max_frame, local_id), &mut msg)
+            .write_message(&encode_offer(level, max_frame, local_id, &suites), &mut msg)
             .map_err(noise_err)?;
         hello.extend_from_slice(&msg[..n]);
         Ok(InitiatorHandshake {
@@ -294,6 +385,7 @@ impl InitiatorHandshake {
             hello,
             local_id,
             level,
+            suites,
         })
     }
 
@@ -308,10 +400,16 @@ impl InitiatorHandshake {
         self.local_id
     }
 
+    /// The suites offered, in order of preference.
+    pub fn suites(&self) -> &[Suite] {
+        &self.suites
+    }
+
     /// Takes the target's `HELLO_REPLY`: returns the `HELLO_FINISH` frame
     /// to send (and resend until the target's first channel frame comes)
     /// and the channel's parameters. A reply granting less than the level
-    /// asked for is refused ([`HandshakeError::LevelRefused`]). A reply
+    /// asked for is refused ([`HandshakeError::LevelRefused`]), one picking
+    /// no suite too ([`HandshakeError::NoCommonSuite`]). A reply
     /// that fails authentication (or is not addressed to us) leaves the
     /// handshake as it was, ready for the real one; an authentic one that
     /// refuses or makes no sense ends it.
@@ -330,13 +428,26 @@ impl InitiatorHandshake {
         let Some(mut state) = self.state.take() else {
             return Err(HandshakeError::Finished);
         };
-        let (granted, peer_max_frame, peer_id) = decode_payload(&payload[..n])?;
+        if n != PAYLOAD2_LEN {
+            return Err(HandshakeError::BadPayload("payload length"));
+        }
+        let (granted, peer_max_frame, peer_id) = decode_payload(&payload[..PAYLOAD_LEN])?;
         if granted < self.level {
             return Err(HandshakeError::LevelRefused {
                 asked: self.level,
                 granted,
             });
         }
+        let suite = match payload[PAYLOAD_LEN] {
+            0 => {
+                return Err(HandshakeError::NoCommonSuite {
+                    offered: suite_names(&self.suites),
+                })
+            }
+            v => Suite::from_u8(v)
+                .filter(|s| self.suites.contains(s))
+                .ok_or(HandshakeError::BadPayload("suite not offered"))?,
+        };
         let mut finish = Vec::with_capacity(HELLO_FINISH_LEN);
         finish.extend_from_slice(&prefix(KIND_HELLO_FINISH, peer_id));
         let mut msg = [0u8; MSG3_LEN];
@@ -349,7 +460,7 @@ impl InitiatorHandshake {
                 level: granted,
                 local_id: self.local_id,
                 peer_id,
-                keys: TrafficKeys::new(to_target, to_initiator),
+                keys: TrafficKeys::with_suite(suite, to_target, to_initiator),
                 peer_max_frame,
             },
         ))
@@ -377,12 +488,16 @@ struct HalfOpen {
     reply: Vec<u8>,
     level: Level,
     peer_max_frame: u32,
+    /// The suite picked; `None`: none of the offered is supported.
+    suite: Option<Suite>,
 }
 
 /// The target's side: answers `HELLO`s of members and completes their
 /// handshakes. One per endpoint.
 pub struct Responder {
     keys: GroupKeys,
+    /// The suites this side supports.
+    suites: Vec<Suite>,
     /// Our static key, made at the first `HELLO` and kept.
     static_private: Option<Zeroizing<Vec<u8>>>,
     max_half_open: usize,
@@ -401,6 +516,7 @@ impl std::fmt::Debug for Responder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Responder")
             .field("group", &self.keys.group())
+            .field("suites", &self.suites)
             .field("half_open", &self.half_open.len())
             .field("max_half_open", &self.max_half_open)
             .finish_non_exhaustive()
@@ -411,9 +527,11 @@ impl Responder {
     /// A responder for group `keys`, keeping at most `max_half_open`
     /// handshakes (at least 1) waiting for their `HELLO_FINISH`, each for at
     /// most `half_open_timeout`; when full, a new one evicts the oldest.
+    /// It supports both suites; see [`Responder::with_suites`].
     pub fn new(keys: GroupKeys, max_half_open: usize, half_open_timeout: Duration) -> Responder {
         Responder {
             keys,
+            suites: Suite::preferred(),
             static_private: None,
             max_half_open: max_half_open.max(1),
             half_open_timeout,
@@ -424,6 +542,22 @@ impl Responder {
         }
     }
 
+    /// The responder supporting only `suites` (an empty list leaves it as
+    /// it was). It picks the first suite of each `HELLO`'s offer that is
+    /// in `suites`: the initiator's preference decides.
+    pub fn with_suites(mut self, suites: &[Suite]) -> Responder {
+        let suites = offer_list(suites);
+        if !suites.is_empty() {
+            self.suites = suites;
+        }
+        self
+    }
+
+    /// The suites this side supports.
+    pub fn suites(&self) -> &[Suite] {
+        &self.suites
+    }
+
     /// How many handshakes are half-open.
     pub fn half_open(&self) -> usize {
         self.half_open.len()
@@ -431,9 +565,12 @@ impl Responder {
 
     /// Answers a `HELLO`. A member's gets a `HELLO_REPLY` granting the level
     /// asked for, with `new_local_id` (not 0) as our channel id and
-    /// `max_frame` as our largest frame; the same `HELLO` again gets the
-    /// same reply (`repeated`, `new_local_id` unused). Anything else is an
-    /// error and must get no answer: a non-member learns nothing.
+    /// `max_frame` as our largest frame, and the first suite offered that we
+    /// support (or 0 when there is none: the initiator learns why it
+    /// fails, and the half-open handshake can never finish); the same
+    /// `HELLO` again gets the same reply (`repeated`, `new_local_id`
+    /// unused). Anything else is an error and must get no answer: a
+    /// non-member learns nothing.
     pub fn handle_hello(
         &mut self,
         now: Instant,
@@ -475,13 +612,22 @@ impl Responder {
         let n = state
             .read_message(msg, &mut payload)
             .map_err(|_| HandshakeError::NotMember)?;
-        let (level, peer_max_frame, peer_id) = decode_payload(&payload[..n])?;
+        if n != PAYLOAD1_LEN {
+            return Err(HandshakeError::BadPayload("payload length"));
+        }
+        let (level, peer_max_frame, peer_id) = decode_payload(&payload[..PAYLOAD_LEN])?;
+        let offer = decode_offer(&payload[PAYLOAD_LEN..n]);
+        if payload[PAYLOAD_LEN] == 0 {
+            return Err(HandshakeError::BadPayload("no suite offered"));
+        }
+        let suite = offer.into_iter().find(|s| self.suites.contains(s));
         let mut reply = Vec::with_capacity(HELLO_REPLY_LEN);
         reply.extend_from_slice(&prefix(KIND_HELLO_REPLY, peer_id));
+        let mut body = [0u8; PAYLOAD2_LEN];
+        body[..PAYLOAD_LEN].copy_from_slice(&encode_payload(level, max_frame, new_local_id));
+        body[PAYLOAD_LEN] = suite.map_or(0, Suite::to_u8);
         let mut out = [0u8; MSG2_LEN];
-        let n = state
-            .write_message(&encode_payload(level, max_frame, new_local_id), &mut out)
-            .map_err(noise_err)?;
+        let n = state.write_message(&body, &mut out).map_err(noise_err)?;
         reply.extend_from_slice(&out[..n]);
 
         while self.half_open.len() >= self.max_half_open {
@@ -506,6 +652,7 @@ impl Responder {
                 reply: reply.clone(),
                 level,
                 peer_max_frame,
+                suite,
             },
         );
         self.order.push_back((new_local_id, seq));
@@ -550,12 +697,18 @@ impl Responder {
             self.remove(id);
             return Err(HandshakeError::BadPayload("HELLO_FINISH payload"));
         }
+        let Some(suite) = h.suite else {
+            // The reply told the initiator there was no suite in common;
+            // its finish cannot make one.
+            self.remove(id);
+            return Err(HandshakeError::BadPayload("no suite in common"));
+        };
         let (to_target, to_initiator) = h.state.dangerously_get_raw_split();
         let est = Established {
             level: h.level,
             local_id: id,
             peer_id: h.peer_id,
-            keys: TrafficKeys::new(to_initiator, to_target),
+            keys: TrafficKeys::with_suite(suite, to_initiator, to_target),
             peer_max_frame: h.peer_max_frame,
         };
         self.remove(id);

@@ -1,8 +1,9 @@
 //! What guards each channel frame (docs/native-transport.md §Protection):
-//! a CRC32C trailer at level `none`, a Poly1305 tag over the whole frame at
-//! level `integrity`, ChaCha20-Poly1305 over the payload with the header as
-//! associated data at level `encrypt`; and at every level a replay window
-//! over packet numbers.
+//! a CRC32C trailer at level `none`, the channel's AEAD tag (AES-256-GCM or
+//! ChaCha20-Poly1305, negotiated in the handshake: [`crate::aead::Suite`])
+//! over the whole frame at level `integrity`, the AEAD over the payload with
+//! the header as associated data at level `encrypt`; and at every level a
+//! replay window over packet numbers.
 //!
 //! The replay window holds the highest packet number accepted and a bitmap
 //! of the [`REPLAY_WINDOW`] numbers below it. A frame is checked against it
@@ -121,7 +122,7 @@ impl Protector {
         self.level
     }
 
-    /// Bytes [`Protector::seal`] appends: 4 (CRC32C) or 16 (Poly1305 tag).
+    /// Bytes [`Protector::seal`] appends: 4 (CRC32C) or 16 (AEAD tag).
     pub fn trailer_len(&self) -> usize {
         match self.level {
             Level::None => CRC_LEN,
@@ -234,6 +235,10 @@ impl Protector {
     /// `dst`, which must hold at least the payload's length (else
     /// [`FrameError::LengthMismatch`]). The packet number is not recorded
     /// (call [`Protector::record`]). On error `dst` is unspecified.
+    ///
+    /// At level `encrypt` the ciphertext is copied into `dst` and decrypted
+    /// there while it is in cache (`ring` opens in place only), under
+    /// either suite.
     pub fn verify_into(&mut self, frame: &[u8], dst: &mut [u8]) -> Result<Header, FrameError> {
         let header = Header::parse(frame)?;
         let trailer = self.trailer_len();

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use ethersan_channel::channel::{Channel, ChannelConfig, ChannelState};
-use ethersan_channel::frame::{FrameError, Header, Kind, FLAG_LAST};
+use ethersan_channel::frame::{FrameError, Header, Kind, FLAG_LAST, MAGIC, VERSION};
 use ethersan_channel::protect::Protector;
 use proptest::prelude::*;
 
@@ -95,7 +95,7 @@ proptest! {
     ) {
         let now = Instant::now();
         let mut ch = busy_channel(now);
-        let mut f = vec![0xE5, 1, kind, 0, 0, 0, 0, 1];
+        let mut f = vec![MAGIC, VERSION, kind, 0, 0, 0, 0, 1];
         f.append(&mut rest);
         let _ = ch.handle_frame(now, &mut f);
         // With a valid CRC.

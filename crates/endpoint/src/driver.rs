@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ethersan_channel::channel::{Channel, ChannelConfig, ChannelState, ChannelStats};
 use ethersan_channel::discovery::{self, Catalog, DiscoveryResponder, ReplyPart};
-use ethersan_channel::frame::{Kind, Prefix};
+use ethersan_channel::frame::{FrameError, Kind, Prefix};
 use ethersan_channel::handshake::{Established, InitiatorHandshake, Responder};
 use ethersan_channel::protect::Protector;
 use ethersan_channel::reset;
@@ -104,11 +104,10 @@ impl Driver {
     ) -> Driver {
         let (responder, discovery) = match &role {
             Role::Target { .. } => (
-                Some(Responder::new(
-                    cfg.group.clone(),
-                    cfg.max_half_open,
-                    cfg.handshake_timeout,
-                )),
+                Some(
+                    Responder::new(cfg.group.clone(), cfg.max_half_open, cfg.handshake_timeout)
+                        .with_suites(&cfg.suites),
+                ),
                 Some(DiscoveryResponder::new(cfg.group.clone())),
             ),
             Role::Initiator => (None, None),
@@ -217,8 +216,27 @@ impl Driver {
     }
 
     fn on_frame(&mut self, now: Instant, peer: PeerAddr, frame: &mut [u8]) {
-        let Ok(prefix) = Prefix::parse(frame) else {
-            return;
+        let prefix = match Prefix::parse(frame) {
+            Ok(p) => p,
+            Err(e @ FrameError::BadVersion(_)) => {
+                // A peer of another version: a HELLO_REPLY for one of our
+                // connects ends it with the reason; anything else is logged.
+                let dst = frame
+                    .get(4..8)
+                    .map(|d| u32::from_be_bytes([d[0], d[1], d[2], d[3]]));
+                if frame.get(2) == Some(&Kind::HelloReply.to_u8()) {
+                    if let Some(c) = dst.and_then(|d| self.connecting.remove(&d)) {
+                        let _ = c.reply.send(Err(EndpointError::Handshake {
+                            peer,
+                            cause: e.to_string(),
+                        }));
+                        return;
+                    }
+                }
+                warn!(%peer, error = %e, "frame of another native transport version dropped");
+                return;
+            }
+            Err(_) => return,
         };
         match prefix.kind {
             Kind::Data | Kind::Ack | Kind::Close => {
@@ -480,6 +498,7 @@ impl Driver {
             level,
             max_frame: ccfg.max_frame,
         };
+        debug!(%peer, id = est.local_id, suite = %est.keys.suite(), "channel open");
         let protector = match Protector::new(level, Some(est.keys)) {
             Ok(p) => p,
             Err(e) => {
@@ -559,7 +578,13 @@ impl Driver {
             } => {
                 let id = self.fresh_id();
                 let max_frame = self.medium.max_frame() as u32;
-                match InitiatorHandshake::new(&self.cfg.group, id, level, max_frame) {
+                match InitiatorHandshake::with_suites(
+                    &self.cfg.group,
+                    id,
+                    level,
+                    max_frame,
+                    &self.cfg.suites,
+                ) {
                     Ok(hs) => {
                         let now = Instant::now();
                         let hello = hs.hello().to_vec();

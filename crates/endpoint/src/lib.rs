@@ -21,6 +21,7 @@ pub mod stream;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ethersan_channel::aead::Suite;
 use ethersan_channel::channel::{ChannelConfig, ChannelStats};
 use ethersan_channel::discovery::{Catalog, ReplyPart};
 use ethersan_channel::group::GroupKeys;
@@ -74,7 +75,7 @@ pub(crate) enum Command {
 #[derive(Debug, thiserror::Error)]
 pub enum EndpointError {
     /// Nobody answered the handshake in time.
-    #[error("no answer from {peer} to a channel request of group {group:?}: check that a target of that group serves there and that the group secret matches (a wrong group or secret gets no answer)")]
+    #[error("no answer from {peer} to a channel request of group {group:?}: check that a target of that group serves there, that the group secret matches and that it runs the same ethersan version (a wrong group or secret, or a target of native transport version 1, gets no answer)")]
     NoAnswer {
         /// Whom we asked.
         peer: PeerAddr,
@@ -139,6 +140,31 @@ pub struct EndpointConfig {
     pub handshake_timeout: Duration,
     /// What a target answers discovery with (called per query).
     pub catalog: Arc<dyn Fn() -> Catalog + Send + Sync>,
+    /// The traffic keys' AEAD suites this endpoint supports, in order of
+    /// preference: an initiator offers them in this order, a target picks
+    /// the first of an offer that is in the list. [`EndpointConfig::new`]
+    /// takes them from [`SUITES_ENV`], else [`Suite::preferred`].
+    pub suites: Vec<Suite>,
+}
+
+/// The environment variable that restricts an endpoint's suites:
+/// comma-separated names, `aes256gcm` and `chacha20` (e.g. `chacha20` plays
+/// a machine without AES instructions).
+pub const SUITES_ENV: &str = "ETHERSAN_NATIVE_SUITES";
+
+/// The suites of [`SUITES_ENV`] when it is set and valid; otherwise (with
+/// a warning for an invalid value) [`Suite::preferred`].
+pub fn suites_from_env() -> Vec<Suite> {
+    match std::env::var(SUITES_ENV) {
+        Ok(v) => Suite::parse_list(&v).unwrap_or_else(|| {
+            tracing::warn!(
+                value = %v,
+                "{SUITES_ENV}: not a list of aes256gcm, chacha20; using both"
+            );
+            Suite::preferred()
+        }),
+        Err(_) => Suite::preferred(),
+    }
 }
 
 impl std::fmt::Debug for EndpointConfig {
@@ -146,12 +172,14 @@ impl std::fmt::Debug for EndpointConfig {
         f.debug_struct("EndpointConfig")
             .field("group", &self.group.group())
             .field("channel", &self.channel)
+            .field("suites", &self.suites)
             .finish_non_exhaustive()
     }
 }
 
 impl EndpointConfig {
-    /// Defaults for `group`, with an empty catalog.
+    /// Defaults for `group`, with an empty catalog; the suites from
+    /// [`SUITES_ENV`] ([`suites_from_env`]).
     pub fn new(group: GroupKeys) -> EndpointConfig {
         EndpointConfig {
             group,
@@ -159,6 +187,7 @@ impl EndpointConfig {
             max_half_open: 256,
             handshake_timeout: Duration::from_secs(10),
             catalog: Arc::new(Catalog::default),
+            suites: suites_from_env(),
         }
     }
 }

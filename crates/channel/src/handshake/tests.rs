@@ -26,6 +26,29 @@ fn handshake(level: Level) -> (Established, Established) {
     (i, t)
 }
 
+/// Message 2's payload, hand-made: level, largest frame, id, suite byte.
+fn reply_body(level: Level, max_frame: u32, id: u32, suite: u8) -> [u8; PAYLOAD2_LEN] {
+    let mut b = [0u8; PAYLOAD2_LEN];
+    b[..PAYLOAD_LEN].copy_from_slice(&encode_payload(level, max_frame, id));
+    b[PAYLOAD_LEN] = suite;
+    b
+}
+
+/// A handshake of an initiator offering `offer` with a target supporting
+/// `supported`: (initiator's, target's) results.
+fn negotiate(offer: &[Suite], supported: &[Suite]) -> (Established, Established) {
+    let now = Instant::now();
+    let mut init = InitiatorHandshake::with_suites(&lab(), 7, Level::Encrypt, 9000, offer).unwrap();
+    let mut resp = Responder::new(lab(), 16, TIMEOUT).with_suites(supported);
+    let reply = resp
+        .handle_hello(now, init.hello(), 99, 1500)
+        .unwrap()
+        .reply;
+    let (finish, i) = init.handle_reply(&reply).unwrap();
+    let t = resp.handle_finish(now, &finish).unwrap();
+    (i, t)
+}
+
 fn check_keys(a: &mut TrafficKeys, b: &mut TrafficKeys) {
     for pn in [0u64, 1, 1000] {
         let mut buf = b"a frame's payload".to_vec();
@@ -54,9 +77,9 @@ fn frame_lengths() {
     assert_eq!(init.hello().len(), HELLO_LEN);
     assert_eq!(
         (HELLO_LEN, HELLO_REPLY_LEN, HELLO_FINISH_LEN),
-        (65, 113, 72)
+        (69, 114, 72)
     );
-    assert_eq!(&init.hello()[..8], &[0xE5, 1, 0x10, 0, 0, 0, 0, 0]);
+    assert_eq!(&init.hello()[..8], &[0xE5, 2, 0x10, 0, 0, 0, 0, 0]);
 }
 
 #[test]
@@ -112,7 +135,10 @@ fn refused_level_is_an_error() {
     let mut reply = prefix(KIND_HELLO_REPLY, 7).to_vec();
     let mut out = [0u8; MSG2_LEN];
     let n = state
-        .write_message(&encode_payload(Level::Integrity, 1500, 5), &mut out)
+        .write_message(
+            &reply_body(Level::Integrity, 1500, 5, Suite::ChaCha20Poly1305.to_u8()),
+            &mut out,
+        )
         .unwrap();
     reply.extend_from_slice(&out[..n]);
     assert_eq!(
@@ -249,14 +275,19 @@ fn every_byte_matters() {
 #[test]
 fn keys_are_noise_split() {
     let keys = lab();
-    let mut init = InitiatorHandshake::new(&keys, 7, Level::Encrypt, 1500).unwrap();
+    let chacha = [Suite::ChaCha20Poly1305];
+    let mut init =
+        InitiatorHandshake::with_suites(&keys, 7, Level::Encrypt, 1500, &chacha).unwrap();
     let mut state = new_state(&keys, &generate_static().unwrap(), false).unwrap();
     let mut p = [0u8; MSG1_LEN];
     state.read_message(&init.hello()[8..], &mut p).unwrap();
     let mut reply = prefix(KIND_HELLO_REPLY, 7).to_vec();
     let mut out = [0u8; MSG2_LEN];
     let n = state
-        .write_message(&encode_payload(Level::Encrypt, 1500, 5), &mut out)
+        .write_message(
+            &reply_body(Level::Encrypt, 1500, 5, Suite::ChaCha20Poly1305.to_u8()),
+            &mut out,
+        )
         .unwrap();
     reply.extend_from_slice(&out[..n]);
     let (finish, mut est) = init.handle_reply(&reply).unwrap();
@@ -312,4 +343,182 @@ proptest! {
             _ => prop_assert!(resp.handle_finish(now, &m).is_err()),
         }
     }
+}
+
+const AES: Suite = Suite::Aes256Gcm;
+const CHACHA: Suite = Suite::ChaCha20Poly1305;
+
+#[test]
+fn the_initiators_first_supported_suite_is_picked() {
+    for (offer, supported, want) in [
+        (&[AES, CHACHA][..], &[AES, CHACHA][..], AES),
+        (&[CHACHA, AES][..], &[AES, CHACHA][..], CHACHA),
+        (&[AES][..], &[CHACHA, AES][..], AES),
+        // A peer without AES (forced to ChaCha20) and one preferring AES
+        // agree on ChaCha20, whichever side lacks it.
+        (&[CHACHA][..], &[AES, CHACHA][..], CHACHA),
+        (&[AES, CHACHA][..], &[CHACHA][..], CHACHA),
+    ] {
+        let (mut i, mut t) = negotiate(offer, supported);
+        assert_eq!(i.keys.suite(), want, "{offer:?} to {supported:?}");
+        assert_eq!(t.keys.suite(), want, "{offer:?} to {supported:?}");
+        check_keys(&mut i.keys, &mut t.keys);
+        check_keys(&mut t.keys, &mut i.keys);
+    }
+}
+
+#[test]
+fn the_default_offer_is_this_machines_preference() {
+    let init = InitiatorHandshake::new(&lab(), 7, Level::Encrypt, 1500).unwrap();
+    assert_eq!(init.suites(), &Suite::preferred()[..]);
+    let first = if crate::aead::aes_hardware() {
+        AES
+    } else {
+        CHACHA
+    };
+    assert_eq!(init.suites()[0], first);
+    let (i, t) = handshake(Level::Encrypt);
+    assert_eq!((i.keys.suite(), t.keys.suite()), (first, first));
+}
+
+#[test]
+fn no_suite_in_common_fails_with_the_reason() {
+    let now = Instant::now();
+    let mut init =
+        InitiatorHandshake::with_suites(&lab(), 7, Level::Encrypt, 1500, &[AES]).unwrap();
+    let mut resp = Responder::new(lab(), 16, TIMEOUT).with_suites(&[CHACHA]);
+    let reply = resp
+        .handle_hello(now, init.hello(), 99, 1500)
+        .unwrap()
+        .reply;
+    let err = init.handle_reply(&reply).unwrap_err();
+    assert_eq!(
+        err,
+        HandshakeError::NoCommonSuite {
+            offered: "aes256gcm".into()
+        }
+    );
+    assert!(err.to_string().contains("ETHERSAN_NATIVE_SUITES"), "{err}");
+    // A finish made anyway (by a hand-made initiator) opens nothing.
+    let mut state = new_state(&lab(), &generate_static().unwrap(), true).unwrap();
+    let mut resp = Responder::new(lab(), 16, TIMEOUT).with_suites(&[CHACHA]);
+    let mut msg = [0u8; MSG1_LEN];
+    let n = state
+        .write_message(&encode_offer(Level::Encrypt, 1500, 7, &[AES]), &mut msg)
+        .unwrap();
+    let mut hello = prefix(KIND_HELLO, 0).to_vec();
+    hello.extend_from_slice(&msg[..n]);
+    let reply = resp.handle_hello(now, &hello, 99, 1500).unwrap().reply;
+    let mut p = [0u8; MSG2_LEN];
+    let n = state.read_message(&reply[PREFIX_LEN..], &mut p).unwrap();
+    assert_eq!(p[n - 1], 0, "the reply picks no suite");
+    let mut finish = prefix(KIND_HELLO_FINISH, 99).to_vec();
+    let mut msg3 = [0u8; MSG3_LEN];
+    let n = state.write_message(&[], &mut msg3).unwrap();
+    finish.extend_from_slice(&msg3[..n]);
+    assert_eq!(
+        resp.handle_finish(now, &finish).unwrap_err(),
+        HandshakeError::BadPayload("no suite in common")
+    );
+    assert_eq!(resp.half_open(), 0);
+}
+
+#[test]
+fn offers_are_checked() {
+    assert_eq!(
+        InitiatorHandshake::with_suites(&lab(), 7, Level::Encrypt, 1500, &[]).unwrap_err(),
+        HandshakeError::BadPayload("no suite to offer")
+    );
+    // Repeats dropped, order kept.
+    let init =
+        InitiatorHandshake::with_suites(&lab(), 7, Level::Encrypt, 1500, &[CHACHA, CHACHA, AES])
+            .unwrap();
+    assert_eq!(init.suites(), &[CHACHA, AES]);
+    // Unknown values (a newer peer's) are skipped; a 0 ends the list.
+    assert_eq!(decode_offer(&[9, 2, 0, 1]), vec![AES]);
+    assert_eq!(decode_offer(&[1, 2, 0, 0]), vec![CHACHA, AES]);
+    assert_eq!(decode_offer(&[0, 1, 2, 0]), Vec::<Suite>::new());
+    // A HELLO offering nothing this target knows gets a reply with no
+    // suite; one offering nothing at all gets no reply.
+    let now = Instant::now();
+    for (offer, ok) in [([7u8, 0, 0, 0], true), ([0u8, 2, 1, 0], false)] {
+        let mut state = new_state(&lab(), &generate_static().unwrap(), true).unwrap();
+        let mut body = encode_offer(Level::Encrypt, 1500, 7, &[]);
+        body[PAYLOAD_LEN..].copy_from_slice(&offer);
+        let mut msg = [0u8; MSG1_LEN];
+        let n = state.write_message(&body, &mut msg).unwrap();
+        let mut hello = prefix(KIND_HELLO, 0).to_vec();
+        hello.extend_from_slice(&msg[..n]);
+        let mut resp = Responder::new(lab(), 16, TIMEOUT);
+        let r = resp.handle_hello(now, &hello, 99, 1500);
+        if ok {
+            let reply = r.unwrap().reply;
+            let mut p = [0u8; MSG2_LEN];
+            let n = state.read_message(&reply[PREFIX_LEN..], &mut p).unwrap();
+            assert_eq!(p[n - 1], 0);
+        } else {
+            assert_eq!(
+                r.unwrap_err(),
+                HandshakeError::BadPayload("no suite offered")
+            );
+        }
+    }
+}
+
+#[test]
+fn a_reply_picking_a_suite_not_offered_is_refused() {
+    let keys = lab();
+    for picked in [AES.to_u8(), 9] {
+        let mut init =
+            InitiatorHandshake::with_suites(&keys, 7, Level::Encrypt, 1500, &[CHACHA]).unwrap();
+        let mut state = new_state(&keys, &generate_static().unwrap(), false).unwrap();
+        let mut p = [0u8; MSG1_LEN];
+        state.read_message(&init.hello()[8..], &mut p).unwrap();
+        let mut reply = prefix(KIND_HELLO_REPLY, 7).to_vec();
+        let mut out = [0u8; MSG2_LEN];
+        let n = state
+            .write_message(&reply_body(Level::Encrypt, 1500, 5, picked), &mut out)
+            .unwrap();
+        reply.extend_from_slice(&out[..n]);
+        assert_eq!(
+            init.handle_reply(&reply).unwrap_err(),
+            HandshakeError::BadPayload("suite not offered")
+        );
+    }
+}
+
+#[test]
+fn another_version_is_refused_with_the_reason() {
+    let now = Instant::now();
+    let mut init = InitiatorHandshake::new(&lab(), 7, Level::Encrypt, 1500).unwrap();
+    let mut resp = Responder::new(lab(), 16, TIMEOUT);
+    let reply = resp
+        .handle_hello(now, init.hello(), 99, 1500)
+        .unwrap()
+        .reply;
+    let mut old_hello = init.hello().to_vec();
+    old_hello[1] = 1;
+    let err = Responder::new(lab(), 16, TIMEOUT)
+        .handle_hello(now, &old_hello, 98, 1500)
+        .unwrap_err();
+    assert_eq!(err, HandshakeError::BadVersion(1));
+    assert_eq!(
+        err.to_string(),
+        "peer speaks native transport version 1, this ethersan speaks 2: \
+         run the same ethersan version on both ends"
+    );
+    let mut old_reply = reply.clone();
+    old_reply[1] = 1;
+    assert_eq!(
+        init.handle_reply(&old_reply).unwrap_err(),
+        HandshakeError::BadVersion(1)
+    );
+    let (finish, _) = init.handle_reply(&reply).unwrap();
+    let mut old_finish = finish.clone();
+    old_finish[1] = 1;
+    assert_eq!(
+        resp.handle_finish(now, &old_finish).unwrap_err(),
+        HandshakeError::BadVersion(1)
+    );
+    resp.handle_finish(now, &finish).unwrap();
 }

@@ -6,8 +6,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ethersan_channel::aead::Suite;
 use ethersan_channel::channel::ChannelConfig;
 use ethersan_channel::group::GroupKeys;
+use ethersan_channel::handshake::Responder;
 use ethersan_channel::{Level, ETHERTYPE_NATIVE};
 use ethersan_link::memory::{Impairments, MemoryHub};
 use ethersan_link::{Link, MacAddr};
@@ -352,4 +354,107 @@ async fn a_reset_answers_unknown_channels_and_never_a_reset() {
     // The first answer is the RESET for id 9: nothing answered the RESET.
     assert_eq!(ethersan_channel::reset::check(&keys, body), Some(9));
     assert!(body.len() <= ack.len());
+}
+
+/// Endpoints restricted to suites (as `ETHERSAN_NATIVE_SUITES` does):
+/// a target without AES and an initiator preferring it agree on
+/// ChaCha20-Poly1305 and carry data; an initiator offering only AES gets
+/// a connect error saying there is no suite in common.
+#[tokio::test]
+async fn forced_suites_are_negotiated() {
+    let hub = MemoryHub::new(3);
+    let mut tcfg = config(b"group-secret-1", ChannelConfig::default());
+    tcfg.suites = vec![Suite::ChaCha20Poly1305];
+    let target = Endpoint::target(medium(&hub, TARGET_MAC), tcfg);
+    let mut icfg = config(b"group-secret-1", ChannelConfig::default());
+    icfg.suites = vec![Suite::Aes256Gcm, Suite::ChaCha20Poly1305];
+    let initiator = Endpoint::initiator(medium(&hub, INITIATOR_MAC), icfg);
+    let mut ours = initiator
+        .connect(PeerAddr::Mac(TARGET_MAC), Level::Encrypt, LIMIT)
+        .await
+        .expect("the handshake completes on ChaCha20-Poly1305");
+    let mut theirs = tokio::time::timeout(LIMIT, target.accept())
+        .await
+        .expect("the target accepts in time")
+        .expect("an accepted channel")
+        .stream;
+    let data = pattern(20_000, 7);
+    ours.writer.write_all(&data).await.unwrap();
+    let mut got = vec![0u8; data.len()];
+    tokio::time::timeout(LIMIT, theirs.reader.read_exact(&mut got))
+        .await
+        .expect("delivered in time")
+        .unwrap();
+    assert_eq!(got, data);
+    theirs.writer.write_all(b"back").await.unwrap();
+    let mut got = [0u8; 4];
+    tokio::time::timeout(LIMIT, ours.reader.read_exact(&mut got))
+        .await
+        .expect("delivered in time")
+        .unwrap();
+    assert_eq!(&got, b"back");
+
+    let mut acfg = config(b"group-secret-1", ChannelConfig::default());
+    acfg.suites = vec![Suite::Aes256Gcm];
+    let aes_only = Endpoint::initiator(medium(&hub, MacAddr([2, 0, 0, 0, 0, 3])), acfg);
+    let err = aes_only
+        .connect(PeerAddr::Mac(TARGET_MAC), Level::Encrypt, LIMIT)
+        .await
+        .expect_err("no suite in common");
+    assert!(
+        matches!(&err, EndpointError::Handshake { cause, .. }
+            if cause.contains("no AEAD suite in common") && cause.contains("aes256gcm")),
+        "{err}"
+    );
+}
+
+/// A target answering with a `HELLO_REPLY` of version 1 ends the connect
+/// at once with an error naming both versions and what to do.
+#[tokio::test]
+async fn a_version_1_reply_ends_the_connect_with_the_reason() {
+    let hub = MemoryHub::new(4);
+    let fake = hub
+        .port(TARGET_MAC, ETHERTYPE_NATIVE, 1500)
+        .expect("a hub port");
+    let initiator = Endpoint::initiator(
+        medium(&hub, INITIATOR_MAC),
+        config(b"group-secret-1", ChannelConfig::default()),
+    );
+    let keys = GroupKeys::derive("test", b"group-secret-1").expect("group keys");
+    let old_target = async move {
+        let mut resp = Responder::new(keys, 4, LIMIT);
+        loop {
+            let mut frames = Vec::new();
+            fake.recv_batch(|f| frames.push(f.to_vec()))
+                .await
+                .expect("a frame");
+            for f in frames {
+                let Some(hello) = f.get(14..) else { continue };
+                let Ok(out) = resp.handle_hello(Instant::now(), hello, 5, 1500) else {
+                    continue;
+                };
+                // The real reply, as a version-1 target would label it.
+                let mut reply = out.reply;
+                reply[1] = 1;
+                let mut eth = INITIATOR_MAC.0.to_vec();
+                eth.extend_from_slice(&TARGET_MAC.0);
+                eth.extend_from_slice(&ETHERTYPE_NATIVE.to_be_bytes());
+                eth.extend_from_slice(&reply);
+                fake.send_batch([eth]).await.expect("sent");
+                return fake;
+            }
+        }
+    };
+    let (r, _fake) = tokio::join!(
+        initiator.connect(PeerAddr::Mac(TARGET_MAC), Level::Encrypt, LIMIT),
+        old_target
+    );
+    let err = r.expect_err("a version-1 reply");
+    assert!(
+        err.to_string().contains(
+            "peer speaks native transport version 1, this ethersan speaks 2: \
+             run the same ethersan version on both ends"
+        ),
+        "{err}"
+    );
 }
