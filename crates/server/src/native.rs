@@ -174,17 +174,17 @@ pub async fn start(
         let slot = workers.as_ref().map(|p| p.worker(i));
         let (l, ethertype) = (l.clone(), e.ethertype);
         // The link registers with the reactor of the runtime it opens on.
-        let link = on(slot.as_ref(), move || crate::aoe::open_link_for(&l, ethertype))
-            .await?
-            .map_err(|e| match e {
-                crate::aoe::AoeError::Link { link, cause } => NativeError::Link { link, cause },
-                other => NativeError::Aoe(other),
-            })?;
+        let link = on(slot.as_ref(), move || {
+            crate::aoe::open_link_for(&l, ethertype)
+        })
+        .await?
+        .map_err(|e| match e {
+            crate::aoe::AoeError::Link { link, cause } => NativeError::Link { link, cause },
+            other => NativeError::Aoe(other),
+        })?;
         let medium = Medium::Ethernet(Arc::new(link));
         let what = format!("ethernet {}", e.links[i]);
-        native
-            .serve(what, medium, slot, &ecfg, &server)
-            .await?;
+        native.serve(what, medium, slot, &ecfg, &server).await?;
     }
     for u in &e.udp {
         let udp_err = |cause| NativeError::Udp {
@@ -192,9 +192,7 @@ pub async fn start(
             cause,
         };
         let Some(p) = &workers else {
-            let sock = tokio::net::UdpSocket::bind(u.addr)
-                .await
-                .map_err(udp_err)?;
+            let sock = tokio::net::UdpSocket::bind(u.addr).await.map_err(udp_err)?;
             let bound = sock.local_addr().unwrap_or(u.addr);
             let medium = Medium::udp(sock, u.mtu).map_err(udp_err)?;
             native
@@ -219,7 +217,13 @@ pub async fn start(
             .await?
             .map_err(udp_err)?;
             native
-                .serve(format!("udp {bound} worker {i}"), medium, Some(slot), &ecfg, &server)
+                .serve(
+                    format!("udp {bound} worker {i}"),
+                    medium,
+                    Some(slot),
+                    &ecfg,
+                    &server,
+                )
                 .await?;
         }
     }

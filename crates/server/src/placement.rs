@@ -230,8 +230,7 @@ impl Workers {
             .get_or_init(|| match self.options.placement {
                 crate::config::Placement::Shared => None,
                 crate::config::Placement::Pinned => {
-                    match Placement::start(self.options.worker_threads, self.options.worker_rings)
-                    {
+                    match Placement::start(self.options.worker_threads, self.options.worker_rings) {
                         Ok(p) => Some(Arc::new(p)),
                         Err(e) => {
                             warn!(%e, "cannot start pinned workers; using the shared runtime");

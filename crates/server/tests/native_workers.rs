@@ -54,8 +54,13 @@ fn keys() -> GroupKeys {
 /// A client endpoint on a UDP socket bound to 127.0.0.1:`port` (0: any),
 /// logged in to the target over a channel without protection.
 async fn client(target: SocketAddr, port: u16) -> Option<(Endpoint, Session)> {
-    let sock = tokio::net::UdpSocket::bind(("127.0.0.1", port)).await.ok()?;
-    let ep = Endpoint::initiator(Medium::udp(sock, 9000).unwrap(), EndpointConfig::new(keys()));
+    let sock = tokio::net::UdpSocket::bind(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let ep = Endpoint::initiator(
+        Medium::udp(sock, 9000).unwrap(),
+        EndpointConfig::new(keys()),
+    );
     let stream = ep
         .connect(PeerAddr::Udp(target), Level::None, Duration::from_secs(10))
         .await
