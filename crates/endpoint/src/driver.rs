@@ -343,7 +343,8 @@ impl Driver {
     }
 
     /// An initiator's channel to `peer` whose target side was the id an
-    /// authentic RESET names fails at once.
+    /// authentic RESET names fails at once, once the target has answered
+    /// on it.
     fn on_reset(&mut self, peer: PeerAddr, frame: &[u8]) {
         if !matches!(self.role, Role::Initiator) {
             return;
@@ -353,7 +354,10 @@ impl Driver {
             return;
         };
         for c in self.channels.values_mut() {
-            if c.info.peer == peer && c.info.peer_id == id {
+            // Until the target has answered, its not knowing the channel
+            // only means the HELLO_FINISH was lost (it is resent): the
+            // RESET says nothing then.
+            if c.info.peer == peer && c.info.peer_id == id && c.finish.is_none() {
                 info!(%peer, channel = c.info.local_id, "the target no longer knows this channel");
                 c.ch.reset();
             }

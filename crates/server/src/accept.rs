@@ -12,7 +12,7 @@ use ethersan_proto::negotiate::TargetSettings;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::warn;
 
-use crate::config::{self, Options};
+use crate::config::Options;
 use crate::registry::Registry;
 use crate::{limits, placement, stats};
 
@@ -30,25 +30,15 @@ pub(crate) struct AcceptContext {
 
 impl AcceptContext {
     /// What the accept loops of a server share; starts the pinned workers
-    /// when the placement says so (the shared runtime when they cannot
-    /// start).
+    /// when the placement says so and they have not started yet (the
+    /// shared runtime when they cannot start).
     pub(crate) fn new(
         registry: Arc<Registry>,
         options: Options,
         settings: Arc<ArcSwap<TargetSettings>>,
+        workers: &placement::Workers,
     ) -> AcceptContext {
-        let placement = match options.placement {
-            config::Placement::Shared => None,
-            config::Placement::Pinned => {
-                match placement::Placement::start(options.worker_threads, options.worker_rings) {
-                    Ok(p) => Some(Arc::new(p)),
-                    Err(e) => {
-                        warn!(%e, "cannot start pinned workers; using the shared runtime");
-                        None
-                    }
-                }
-            }
-        };
+        let placement = workers.get();
         // Shared by every portal: the limit is per address, not per portal.
         AcceptContext {
             limiter: limits::ConnectionLimiter::new(options.max_connections_per_address),

@@ -90,6 +90,9 @@ pub struct Server {
     /// once per connection.
     settings: Arc<ArcSwap<TargetSettings>>,
     config: Config,
+    /// The pinned workers, shared by the TCP portals and the native
+    /// transport (started on first use).
+    workers: placement::Workers,
 }
 
 impl Server {
@@ -127,6 +130,7 @@ impl Server {
             options: config.options.clone(),
             settings,
             config: config.clone(),
+            workers: placement::Workers::new(&config.options),
         })
     }
 
@@ -174,6 +178,7 @@ impl Server {
             registry: self.registry.clone(),
             options: self.options.clone(),
             settings: self.settings.clone(),
+            workers: Some(self.workers.clone()),
         }
     }
 
@@ -197,6 +202,7 @@ impl Server {
             self.registry.clone(),
             self.options.clone(),
             self.settings.clone(),
+            &self.workers,
         );
         self.portals.start(Arc::new(ctx));
     }
@@ -452,6 +458,10 @@ pub struct StreamServer {
     registry: Arc<Registry>,
     options: Options,
     settings: Arc<ArcSwap<TargetSettings>>,
+    /// The server's pinned workers (the native transport runs there);
+    /// `None` in the copies its sessions hold, so that no task on a worker
+    /// keeps the workers running.
+    workers: Option<placement::Workers>,
 }
 
 impl std::fmt::Debug for StreamServer {

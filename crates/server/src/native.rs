@@ -44,6 +44,9 @@ pub enum NativeError {
     /// A link did not open for another reason.
     #[error(transparent)]
     Aoe(crate::aoe::AoeError),
+    /// A pinned worker ended while the native transport was starting.
+    #[error("a pinned worker stopped while the native transport was starting")]
+    WorkerGone,
     /// A UDP portal did not bind.
     #[error("cannot bind UDP portal {addr}: {cause}")]
     Udp {
@@ -115,11 +118,12 @@ pub fn host_name() -> String {
 }
 
 /// The native transport of a running server (from [`start`]): an endpoint
-/// per link and UDP portal, and the tasks accepting channels on them.
+/// per link, one per UDP portal and pinned worker, and the tasks accepting
+/// channels on them.
 #[derive(Debug, Default)]
 pub struct Native {
-    /// One endpoint per link or UDP portal (the management plane reads
-    /// their channels' counters).
+    /// One endpoint per link, and per UDP portal and pinned worker (the
+    /// management plane reads their channels' counters).
     pub endpoints: Vec<Endpoint>,
     /// One per endpoint: accepts channels and serves each as a connection.
     accepting: Vec<tokio::task::JoinHandle<()>>,
@@ -140,9 +144,18 @@ impl Native {
 /// Open every link and UDP portal `cfg` configures and serve channels on
 /// them until [`Native::stop_accepting`], or the runtime stops. Needs a
 /// tokio runtime.
+///
+/// With pinned workers (`placement = "pinned"`, the default) each UDP
+/// portal is one socket per worker, all bound to the portal's address with
+/// `SO_REUSEPORT` (the kernel hashes a peer's address and port to one of
+/// them, so a channel stays on one socket): each socket's endpoint, and
+/// every session it accepts, runs on its worker, whose io_uring serves the
+/// sessions' file I/O. Each Ethernet link is one endpoint on one worker
+/// (link `i` on worker `i`, round robin). With `placement = "shared"` every
+/// endpoint and session runs on the shared runtime.
 pub async fn start(
     cfg: &Config,
-    server: StreamServer,
+    mut server: StreamServer,
     registry: Arc<Registry>,
 ) -> Result<Native, NativeError> {
     let e = &cfg.ethernet;
@@ -154,47 +167,140 @@ pub async fn start(
     let mut ecfg = EndpointConfig::new(keys);
     let reg = registry.clone();
     ecfg.catalog = Arc::new(move || catalog(&reg, &name));
-    let mut media: Vec<(String, Medium)> = Vec::new();
-    for l in &e.links {
-        let link = crate::aoe::open_link_for(l, e.ethertype).map_err(|e| match e {
+    // The sessions' copies do not hold the workers (see StreamServer).
+    let workers = server.workers.take().and_then(|w| w.get());
+    let mut native = Native::default();
+    for (i, l) in e.links.iter().enumerate() {
+        let slot = workers.as_ref().map(|p| p.worker(i));
+        let (l, ethertype) = (l.clone(), e.ethertype);
+        // The link registers with the reactor of the runtime it opens on.
+        let link = on(slot.as_ref(), move || {
+            crate::aoe::open_link_for(&l, ethertype)
+        })
+        .await?
+        .map_err(|e| match e {
             crate::aoe::AoeError::Link { link, cause } => NativeError::Link { link, cause },
             other => NativeError::Aoe(other),
         })?;
-        media.push((format!("ethernet {l}"), Medium::Ethernet(Arc::new(link))));
+        let medium = Medium::Ethernet(Arc::new(link));
+        let what = format!("ethernet {}", e.links[i]);
+        native.serve(what, medium, slot, &ecfg, &server).await?;
     }
     for u in &e.udp {
-        let sock = tokio::net::UdpSocket::bind(u.addr)
-            .await
-            .map_err(|cause| NativeError::Udp {
-                addr: u.addr,
-                cause,
-            })?;
-        let bound = sock.local_addr().unwrap_or(u.addr);
-        let medium = Medium::udp(sock, u.mtu).map_err(|cause| NativeError::Udp {
+        let udp_err = |cause| NativeError::Udp {
             addr: u.addr,
             cause,
-        })?;
-        media.push((format!("udp {bound}"), medium));
-    }
-    let mut native = Native::default();
-    for (what, medium) in media {
-        info!(medium = %what, group = %ecfg.group.group(), max_frame = medium.max_frame(), "native transport listening");
-        let ep = Endpoint::target(medium, ecfg.clone());
-        let accepting = ep.clone();
-        let server = server.clone();
-        native.accepting.push(tokio::spawn(async move {
-            while let Some(a) = accepting.accept().await {
-                let s = a.stream;
-                let peer = s.info.peer.to_string();
-                let level = s.info.level.to_u8();
-                let server = server.clone();
-                tokio::spawn(async move {
-                    server.serve_messages(s.into_messages(), &peer, level).await;
-                });
-            }
-            warn!(medium = %what, "native transport endpoint stopped");
-        }));
-        native.endpoints.push(ep);
+        };
+        let Some(p) = &workers else {
+            let sock = tokio::net::UdpSocket::bind(u.addr).await.map_err(udp_err)?;
+            let bound = sock.local_addr().unwrap_or(u.addr);
+            let medium = Medium::udp(sock, u.mtu).map_err(udp_err)?;
+            native
+                .serve(format!("udp {bound}"), medium, None, &ecfg, &server)
+                .await?;
+            continue;
+        };
+        // Port 0: the first socket's port for the others.
+        let first = reuse_port_socket(u.addr).map_err(udp_err)?;
+        let bound = first.local_addr().map_err(udp_err)?;
+        let mut socks = vec![first];
+        for _ in 1..p.len() {
+            socks.push(reuse_port_socket(bound).map_err(udp_err)?);
+        }
+        for (i, sock) in socks.into_iter().enumerate() {
+            let slot = p.worker(i);
+            let mtu = u.mtu;
+            // The socket registers with the reactor of its worker.
+            let medium = on(Some(&slot), move || {
+                Medium::udp(tokio::net::UdpSocket::from_std(sock)?, mtu)
+            })
+            .await?
+            .map_err(udp_err)?;
+            native
+                .serve(
+                    format!("udp {bound} worker {i}"),
+                    medium,
+                    Some(slot),
+                    &ecfg,
+                    &server,
+                )
+                .await?;
+        }
     }
     Ok(native)
+}
+
+impl Native {
+    /// Run a target endpoint on `medium` and accept its channels, on
+    /// `slot`'s worker (its sessions too) or on the current runtime.
+    async fn serve(
+        &mut self,
+        what: String,
+        medium: Medium,
+        slot: Option<crate::placement::WorkerSlot>,
+        ecfg: &EndpointConfig,
+        server: &StreamServer,
+    ) -> Result<(), NativeError> {
+        info!(medium = %what, group = %ecfg.group.group(), max_frame = medium.max_frame(), "native transport listening");
+        let ecfg = ecfg.clone();
+        let server = server.clone();
+        let run_on = slot.clone();
+        // The endpoint's task is spawned where it is made.
+        let (ep, accepting) = on(run_on.as_ref(), move || {
+            let ep = Endpoint::target(medium, ecfg);
+            let accepting = ep.clone();
+            let task = tokio::spawn(async move {
+                while let Some(a) = accepting.accept().await {
+                    let s = a.stream;
+                    let peer = s.info.peer.to_string();
+                    let level = s.info.level.to_u8();
+                    let server = server.clone();
+                    let session = async move {
+                        server.serve_messages(s.into_messages(), &peer, level).await;
+                    };
+                    match &slot {
+                        // The endpoint's worker: counted among its
+                        // connections.
+                        Some(w) => w.spawn(session),
+                        None => {
+                            tokio::spawn(session);
+                        }
+                    }
+                }
+                warn!(medium = %what, "native transport endpoint stopped");
+            });
+            (ep, task)
+        })
+        .await?;
+        self.accepting.push(accepting);
+        self.endpoints.push(ep);
+        Ok(())
+    }
+}
+
+/// Run `f` on `slot`'s worker (so that what it makes registers with that
+/// worker's reactor and spawns its tasks there), or here.
+async fn on<T: Send + 'static>(
+    slot: Option<&crate::placement::WorkerSlot>,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, NativeError> {
+    match slot {
+        Some(w) => w
+            .handle()
+            .spawn(async move { f() })
+            .await
+            .map_err(|_| NativeError::WorkerGone),
+        None => Ok(f()),
+    }
+}
+
+/// A non-blocking UDP socket bound to `addr` with `SO_REUSEPORT`, so that
+/// one socket per worker shares the portal's address.
+fn reuse_port_socket(addr: std::net::SocketAddr) -> std::io::Result<std::net::UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let s = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    s.set_reuse_port(true)?;
+    s.set_nonblocking(true)?;
+    s.bind(&addr.into())?;
+    Ok(s.into())
 }

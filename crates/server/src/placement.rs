@@ -148,6 +148,21 @@ impl Placement {
         });
     }
 
+    /// How many workers there are.
+    pub(crate) fn len(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Worker `i` (modulo their number) on its own: its runtime and its
+    /// connection count, without keeping the workers running.
+    pub(crate) fn worker(&self, i: usize) -> WorkerSlot {
+        let w = &self.workers[i % self.workers.len()];
+        WorkerSlot {
+            handle: w.handle.clone(),
+            conns: w.conns.clone(),
+        }
+    }
+
     /// Connections on each worker, in worker order.
     #[cfg(test)]
     fn loads(&self) -> Vec<usize> {
@@ -155,6 +170,76 @@ impl Placement {
             .iter()
             .map(|w| w.conns.load(Ordering::Relaxed))
             .collect()
+    }
+}
+
+/// One worker's runtime and connection count (from
+/// [`Placement::worker`]): what runs there (a native transport endpoint
+/// and its sessions) places its connections on that worker, counted as
+/// the accept loops' are. Holding it does not keep the worker running.
+#[derive(Clone)]
+pub(crate) struct WorkerSlot {
+    handle: Handle,
+    conns: Arc<AtomicUsize>,
+}
+
+impl WorkerSlot {
+    /// The worker's runtime.
+    pub(crate) fn handle(&self) -> &Handle {
+        &self.handle
+    }
+
+    /// Run a connection's future on this worker, counted among its
+    /// connections until it ends.
+    pub(crate) fn spawn<F>(&self, fut: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.conns.fetch_add(1, Ordering::Relaxed);
+        let guard = ConnGuard(self.conns.clone());
+        self.handle.spawn(async move {
+            let _guard = guard;
+            fut.await;
+        });
+    }
+}
+
+/// The pinned workers of a server, started on first use (by the TCP
+/// accept loops or the native transport) and shared by both; `None`
+/// inside with `placement = "shared"` or when they cannot start.
+#[derive(Clone)]
+pub(crate) struct Workers {
+    cell: Arc<std::sync::OnceLock<Option<Arc<Placement>>>>,
+    options: crate::config::Options,
+}
+
+impl Workers {
+    /// The workers `options` ask for, not started yet.
+    pub(crate) fn new(options: &crate::config::Options) -> Workers {
+        Workers {
+            cell: Arc::default(),
+            options: options.clone(),
+        }
+    }
+
+    /// The pinned workers, started on the first call; `None` with
+    /// `placement = "shared"`, or when they cannot start (logged: the
+    /// shared runtime then runs everything).
+    pub(crate) fn get(&self) -> Option<Arc<Placement>> {
+        self.cell
+            .get_or_init(|| match self.options.placement {
+                crate::config::Placement::Shared => None,
+                crate::config::Placement::Pinned => {
+                    match Placement::start(self.options.worker_threads, self.options.worker_rings) {
+                        Ok(p) => Some(Arc::new(p)),
+                        Err(e) => {
+                            warn!(%e, "cannot start pinned workers; using the shared runtime");
+                            None
+                        }
+                    }
+                }
+            })
+            .clone()
     }
 }
 

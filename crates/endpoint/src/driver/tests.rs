@@ -253,7 +253,15 @@ async fn a_close_through_loss_ends_both_sides_long_before_the_timeout() {
 #[tokio::test]
 async fn a_restarted_target_resets_the_channel_at_once() {
     let hub = MemoryHub::new(11);
-    let (old, initiator, mut ours, _theirs) = pair(&hub, ChannelConfig::default()).await;
+    let (old, initiator, mut ours, mut theirs) = pair(&hub, ChannelConfig::default()).await;
+    // The channel carried data both ways (the target has answered on it:
+    // before that, a RESET only means the HELLO_FINISH was lost).
+    theirs.writer.write_all(b"up").await.unwrap();
+    let mut up = [0u8; 2];
+    tokio::time::timeout(LIMIT, ours.reader.read_exact(&mut up))
+        .await
+        .expect("delivered in time")
+        .unwrap();
     // The restarted target: same group, same address, no channels.
     let _new = Endpoint::target(
         medium(&hub, TARGET_MAC),
