@@ -365,7 +365,10 @@ pub(crate) async fn serve(a: ServeArgs, cfg: Config, json_logs: bool) -> anyhow:
         json_logs,
         say: Arc::new(|line| say(format_args!("{line}"))),
     };
+    // Signal handlers first: a SIGTERM as soon as the server is ready
+    // (its control socket exists) stops it cleanly.
+    let stop = ethersan_daemon::termination();
     let daemon = ethersan_daemon::Daemon::start(cfg, opts).await?;
-    daemon.run(ethersan_daemon::termination()).await;
+    daemon.run(stop).await;
     Ok(())
 }

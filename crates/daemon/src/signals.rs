@@ -11,19 +11,28 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 /// Resolves at the first SIGINT (Ctrl-C) or SIGTERM: when `ethersan serve`
-/// stops.
-pub async fn termination() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = ctrl_c => {},
-                _ = term.recv() => {},
+/// stops. The handlers are installed when this is called (inside a tokio
+/// runtime), not when the future is first polled: call it before the
+/// server announces itself, so that a signal sent as soon as it is ready
+/// stops it cleanly rather than killing it.
+pub fn termination() -> impl std::future::Future<Output = ()> + Send {
+    use tokio::signal::unix::{signal, SignalKind};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    async move {
+        match (term, int) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = int.recv() => {},
+                    _ = term.recv() => {},
+                }
             }
-        }
-        Err(e) => {
-            tracing::warn!("cannot handle SIGTERM: {e}");
-            let _ = ctrl_c.await;
+            (term, int) => {
+                if let Err(e) = term.as_ref().and(int.as_ref()) {
+                    tracing::warn!("cannot handle SIGTERM or SIGINT: {e}");
+                }
+                let _ = tokio::signal::ctrl_c().await;
+            }
         }
     }
 }
