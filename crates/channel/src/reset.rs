@@ -60,11 +60,12 @@ pub fn write(keys: &GroupKeys, dst: u32, trigger_len: usize, out: &mut Vec<u8>) 
 }
 
 /// The channel id (the target's side) an authentic RESET frame names;
-/// `None` for anything else: another kind, a short frame, a wrong token.
-/// Trailing bytes (Ethernet padding) are ignored.
+/// `None` for anything else: another kind, flags set (a RESET has none),
+/// a short frame, a wrong token. Trailing bytes (Ethernet padding) are
+/// ignored.
 pub fn check(keys: &GroupKeys, frame: &[u8]) -> Option<u32> {
     let p = Prefix::parse(frame).ok()?;
-    if p.kind != Kind::Reset || frame.len() < RESET_LEN {
+    if p.kind != Kind::Reset || p.flags != 0 || frame.len() < RESET_LEN {
         return None;
     }
     let want = token(keys, p.dst);
@@ -89,6 +90,9 @@ mod tests {
         // Ethernet padding is ignored.
         f.resize(60, 0);
         assert_eq!(check(&k, &f), Some(77));
+        // A RESET has no flags: one with flags set is not what was sent.
+        f[3] = 0x18;
+        assert_eq!(check(&k, &f), None);
     }
 
     #[test]
