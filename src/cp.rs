@@ -356,7 +356,7 @@ pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
         if a.verify {
             sums.lock()
                 .expect("not poisoned")
-                .push((at, data.len(), crc32c::crc32c(data)));
+                .push((at, data.len(), crc_fast::crc32_iscsi(data)));
         }
     };
 
@@ -484,7 +484,7 @@ pub(crate) async fn cmd_cp(a: CpArgs) -> anyhow::Result<()> {
         stream::iter(sums)
             .map(|(off, len, crc)| async move {
                 let back = read_chunk(dst_ref, dst_at + off, len).await?;
-                if crc32c::crc32c(&back) != crc {
+                if crc_fast::crc32_iscsi(&back) != crc {
                     let at = dst_at + off;
                     bail!(
                         "verify failed: {} differs from the source in the {len} bytes at byte {at}",

@@ -13,7 +13,7 @@ pub const MAGIC: u8 = 0xE5;
 /// The protocol version this crate speaks.
 /// Version 2: AES-256-GCM beside ChaCha20-Poly1305 (`ring`), placed data
 /// frames; version 1 peers are refused ([`FrameError::BadVersion`]).
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// Length of the common prefix (magic, version, kind, flags, destination).
 pub const PREFIX_LEN: usize = 8;
 /// Length of a channel frame's header, prefix included.
@@ -344,7 +344,7 @@ mod tests {
         let mut out = Vec::new();
         h.write(&mut out);
         assert_eq!(out.len(), HEADER_LEN);
-        assert_eq!(&out[..8], &[0xE5, 2, 1, 1, 0xDE, 0xAD, 0xBE, 0xEF]);
+        assert_eq!(&out[..8], &[0xE5, 3, 1, 1, 0xDE, 0xAD, 0xBE, 0xEF]);
         assert_eq!(&out[8..16], &[1, 2, 3, 4, 5, 6, 7, 8]);
         assert_eq!(&out[16..20], &[0xFF, 0xFF, 0xFF, 0xFE]);
         assert_eq!(&out[20..22], &[0, 7]);
@@ -407,7 +407,7 @@ mod tests {
         assert_eq!(Header::parse(&bad), Err(FrameError::BadVersion(1)));
         assert_eq!(
             FrameError::BadVersion(1).to_string(),
-            "peer speaks native transport version 1, this ethersan speaks 2: \
+            "peer speaks native transport version 1, this ethersan speaks 3: \
              run the same ethersan version on both ends"
         );
         for k in [0u8, 5, 0x0F, 0x13, 0x22, 0xFF] {

@@ -1,5 +1,5 @@
 //! The handshake that opens a channel: `Noise_XXpsk0_25519_ChaChaPoly_BLAKE2s`
-//! with prologue `ethersan/2` ‖ group name and the group's PSK
+//! with prologue `ethersan/3` ‖ group name and the group's PSK
 //! (`docs/native-transport.md`, "Handshake").
 //!
 //! With the PSK mixed in before the first message, message 1's payload is
@@ -44,7 +44,7 @@ use crate::Level;
 pub const NOISE_PARAMS: &str = "Noise_XXpsk0_25519_ChaChaPoly_BLAKE2s";
 
 /// The start of the Noise prologue; the group name follows.
-pub const PROLOGUE: &[u8] = b"ethersan/2";
+pub const PROLOGUE: &[u8] = b"ethersan/3";
 
 /// How many suites a `HELLO` can offer (the length of its offer field).
 pub const MAX_OFFER: usize = 4;

@@ -1,5 +1,6 @@
 //! What guards each channel frame (docs/native-transport.md §Protection):
-//! a CRC32C trailer at level `none`, the channel's AEAD tag (AES-256-GCM or
+//! at level `none` a CRC32C trailer, or nothing beyond the medium's own
+//! end-to-end checksum where it has one (UDP: [`Protector::medium_checksum`]), the channel's AEAD tag (AES-256-GCM or
 //! ChaCha20-Poly1305, negotiated in the handshake: [`crate::aead::Suite`])
 //! over the whole frame at level `integrity`, the AEAD over the payload with
 //! the header as associated data at level `encrypt`; and at every level a
@@ -92,6 +93,9 @@ pub struct Protector {
     level: Level,
     keys: Option<TrafficKeys>,
     replay: ReplayWindow,
+    /// Level `none` appends and checks a CRC32C trailer (false: the
+    /// medium's checksum is the frame's only check).
+    crc: bool,
 }
 
 impl Protector {
@@ -105,6 +109,7 @@ impl Protector {
             level,
             keys,
             replay: ReplayWindow::new(),
+            crc: true,
         })
     }
 
@@ -114,7 +119,19 @@ impl Protector {
             level: Level::None,
             keys: None,
             replay: ReplayWindow::new(),
+            crc: true,
         }
+    }
+
+    /// At level `none`, no CRC32C trailer: the frame's check is the
+    /// medium's own end-to-end checksum (UDP's, which the kernel verifies
+    /// and the NIC or the loopback computes for free), as iSCSI without
+    /// digests relies on TCP's. Both ends of a channel must agree: the
+    /// endpoint sets this for every channel on a UDP medium. Other levels
+    /// are unchanged (their tag is the check).
+    pub fn medium_checksum(mut self) -> Protector {
+        self.crc = false;
+        self
     }
 
     /// The channel's level.
@@ -122,9 +139,11 @@ impl Protector {
         self.level
     }
 
-    /// Bytes [`Protector::seal`] appends: 4 (CRC32C) or 16 (AEAD tag).
+    /// Bytes [`Protector::seal`] appends: 4 (CRC32C), 0 (level `none` on
+    /// the medium's checksum) or 16 (AEAD tag).
     pub fn trailer_len(&self) -> usize {
         match self.level {
+            Level::None if !self.crc => 0,
             Level::None => CRC_LEN,
             Level::Integrity | Level::Encrypt => TAG_LEN,
         }
@@ -146,8 +165,9 @@ impl Protector {
         let pn = peek_pn(frame).unwrap_or(0);
         let keys = match (&mut self.keys, self.level) {
             (Some(keys), Level::Integrity | Level::Encrypt) => keys,
+            _ if !self.crc => return,
             _ => {
-                let crc = crc32c::crc32c(frame);
+                let crc = crc_fast::crc32_iscsi(frame);
                 buf.extend_from_slice(&crc.to_be_bytes());
                 return;
             }
@@ -206,9 +226,10 @@ impl Protector {
                 };
                 result.map_err(|_| FrameError::Unauthenticated)?;
             }
+            _ if !self.crc => {}
             _ => {
                 let want = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]);
-                if crc32c::crc32c(body) != want {
+                if crc_fast::crc32_iscsi(body) != want {
                     return Err(FrameError::BadCrc);
                 }
             }
@@ -269,9 +290,10 @@ impl Protector {
                 };
                 result.map_err(|_| FrameError::Unauthenticated)?;
             }
+            _ if !self.crc => {}
             _ => {
                 let want = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]);
-                if crc32c::crc32c(&frame[..end]) != want {
+                if crc_fast::crc32_iscsi(&frame[..end]) != want {
                     return Err(FrameError::BadCrc);
                 }
             }
@@ -360,6 +382,35 @@ mod tests {
         let (h, payload) = p.open(&mut f).expect("opens");
         assert_eq!(h.pn, 0);
         assert_eq!(payload, b"hello");
+    }
+
+    #[test]
+    fn medium_checksum_means_no_trailer_at_level_none_only() {
+        let mut tx = Protector::crc_only().medium_checksum();
+        let mut rx = Protector::crc_only().medium_checksum();
+        assert_eq!(tx.trailer_len(), 0);
+        let mut f = frame(3, b"over udp");
+        tx.seal(&mut f);
+        assert_eq!(f.len(), HEADER_LEN + 8, "nothing appended");
+        let mut g = f.clone();
+        let (h, payload) = rx.open(&mut g).expect("opens");
+        assert_eq!((h.pn, payload), (3, &b"over udp"[..]));
+        // A CRC-trailer peer's frame is longer than its header says: the
+        // extra bytes are ignored, a frame shorter than its header is not.
+        let mut short = f[..f.len() - 1].to_vec();
+        assert!(matches!(
+            rx.open(&mut short),
+            Err(FrameError::LengthMismatch { .. })
+        ));
+        let mut dst = [0u8; 8];
+        let mut f4 = frame(4, b"placed!!");
+        tx.seal(&mut f4);
+        rx.verify_into(&f4, &mut dst).expect("placed frame opens");
+        assert_eq!(&dst, b"placed!!");
+        // Levels with keys keep their tag.
+        let keys = Some(TrafficKeys::new([1; 32], [2; 32]));
+        let p = Protector::new(Level::Integrity, keys).expect("keys").medium_checksum();
+        assert_eq!(p.trailer_len(), TAG_LEN);
     }
 
     #[test]

@@ -204,7 +204,7 @@ fn key_epochs_crossed_under_aes_gcm() {
 /// versions and what to do.
 #[test]
 fn a_version_1_frame_is_refused_with_the_message() {
-    assert_eq!(VERSION, 2);
+    assert_eq!(VERSION, 3);
     for suite in [AES, CHACHA] {
         let (mut a, mut b) = protectors(&[suite], &[suite], Level::Encrypt);
         let mut f = sealed(&mut a, 1, b"from an older ethersan");
@@ -213,7 +213,7 @@ fn a_version_1_frame_is_refused_with_the_message() {
         assert_eq!(err, FrameError::BadVersion(1));
         assert_eq!(
             err.to_string(),
-            "peer speaks native transport version 1, this ethersan speaks 2: \
+            "peer speaks native transport version 1, this ethersan speaks 3: \
              run the same ethersan version on both ends"
         );
         let mut dst = [0u8; 64];

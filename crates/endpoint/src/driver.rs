@@ -427,6 +427,11 @@ impl Driver {
         };
         debug!(%peer, id = est.local_id, suite = %est.keys.suite(), "channel open");
         let protector = match Protector::new(level, Some(est.keys)) {
+            // UDP's checksum covers every datagram end to end: at level
+            // `none` it is the frame's check (no CRC32C trailer), as TCP's
+            // is for iSCSI without digests. Raw Ethernet keeps the CRC (its
+            // FCS is per hop).
+            Ok(p) if matches!(self.medium, Medium::Udp { .. }) => p.medium_checksum(),
             Ok(p) => p,
             Err(e) => {
                 warn!(%peer, error = %e, "cannot protect the channel");

@@ -87,7 +87,7 @@ fn member_query_gets_the_catalog() {
 fn query_layout() {
     let q = query(&lab(), NOW, NONCE);
     assert_eq!(q.len(), 65 + 3);
-    assert_eq!(&q[..8], &[0xE5, 2, 0x20, 0, 0, 0, 0, 0]);
+    assert_eq!(&q[..8], &[0xE5, 3, 0x20, 0, 0, 0, 0, 0]);
     assert_eq!(&q[8..24], &NONCE);
     assert_eq!(&q[24..32], &NOW.to_be_bytes());
     assert_eq!(&q[32..36], b"\x03lab");

@@ -79,7 +79,7 @@ fn frame_lengths() {
         (HELLO_LEN, HELLO_REPLY_LEN, HELLO_FINISH_LEN),
         (69, 114, 72)
     );
-    assert_eq!(&init.hello()[..8], &[0xE5, 2, 0x10, 0, 0, 0, 0, 0]);
+    assert_eq!(&init.hello()[..8], &[0xE5, 3, 0x10, 0, 0, 0, 0, 0]);
 }
 
 #[test]
@@ -504,7 +504,7 @@ fn another_version_is_refused_with_the_reason() {
     assert_eq!(err, HandshakeError::BadVersion(1));
     assert_eq!(
         err.to_string(),
-        "peer speaks native transport version 1, this ethersan speaks 2: \
+        "peer speaks native transport version 1, this ethersan speaks 3: \
          run the same ethersan version on both ends"
     );
     let mut old_reply = reply.clone();

@@ -460,7 +460,7 @@ async fn a_version_1_reply_ends_the_connect_with_the_reason() {
     let err = r.expect_err("a version-1 reply");
     assert!(
         err.to_string().contains(
-            "peer speaks native transport version 1, this ethersan speaks 2: \
+            "peer speaks native transport version 1, this ethersan speaks 3: \
              run the same ethersan version on both ends"
         ),
         "{err}"
