@@ -267,7 +267,7 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let neg = negotiator(opts)?;
+    let neg = negotiator(opts, OperationalParams::initiator_default().first_burst_length)?;
     // Login PDUs carry no digests (§13.1) and the RFC default limits.
     let plain = SessionParams::default();
     let mut login = login::Login::new(neg, opts.isid);
@@ -307,7 +307,7 @@ async fn login_messages_exchange(
     mut ch: ethersan_endpoint::MessageChannel,
     opts: &LoginOptions,
 ) -> Result<Session, Error> {
-    let mut login = login::Login::new(negotiator(opts)?, opts.isid);
+    let mut login = login::Login::new(negotiator(opts, MESSAGES_FIRST_BURST)?, opts.isid);
     let plain = SessionParams::default();
     let f = framer(&plain);
     loop {
@@ -330,8 +330,17 @@ async fn login_messages_exchange(
     }
 }
 
-/// The login's negotiator for `opts` (with CHAP when it has credentials).
-fn negotiator(opts: &LoginOptions) -> Result<InitiatorNegotiator, Error> {
+/// FirstBurstLength offered over the native transport: a write of up to
+/// 8 KiB goes whole as immediate data (no round trip for an R2T); a larger
+/// one sends its first 8 KiB with the command and the rest as solicited
+/// Data-Out, which is placed straight into the target's buffer. Unsolicited
+/// data travels in messages, reassembled and copied on the target: with
+/// the iSCSI default (64 KiB) half of a 128 KiB write took that path.
+pub const MESSAGES_FIRST_BURST: u32 = 8192;
+
+/// The login's negotiator for `opts` (with CHAP when it has credentials),
+/// offering `first_burst` as FirstBurstLength.
+fn negotiator(opts: &LoginOptions, first_burst: u32) -> Result<InitiatorNegotiator, Error> {
     let settings = InitiatorSettings {
         initiator_name: opts.initiator_name.clone(),
         target_name: opts.target_name.clone(),
@@ -343,6 +352,7 @@ fn negotiator(opts: &LoginOptions) -> Result<InitiatorNegotiator, Error> {
         operational: OperationalParams {
             header_digests: OperationalParams::digest_offer(opts.header_digest),
             data_digests: OperationalParams::digest_offer(opts.data_digest),
+            first_burst_length: first_burst,
             ..OperationalParams::initiator_default()
         },
         ..InitiatorSettings::default()
