@@ -48,27 +48,13 @@ fn rss_kib(pid: u32) -> u64 {
 }
 
 fn serve(dir: &Path, port: u16) -> Server {
-    let secret = dir.join("secret");
-    std::fs::write(&secret, format!("{SECRET}\n")).unwrap();
-    let args: Vec<String> = [
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--target",
-        IQN,
-        "--udp",
-        &format!("127.0.0.1:{port}"),
-        "--group",
-        GROUP,
-        "--group-secret-file",
-        &path_str(&secret),
-        "--lun",
-        "ram:96M,security=none",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    Server::start_args(&args)
+    Server::start_udp(
+        dir,
+        port,
+        (GROUP, SECRET),
+        &["ram:96M,security=none".to_string()],
+        &[],
+    )
 }
 
 /// Digests off, the RFC's limits: the framing of every PDU here.

@@ -9,19 +9,13 @@
 mod common;
 
 use std::net::UdpSocket;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::*;
 
 const GROUP: &str = "lab";
 const SECRET: &str = "correct horse battery staple";
-
-fn secret_file(dir: &Path, secret: &str) -> PathBuf {
-    let p = dir.join(format!("secret-{}", secret.len()));
-    std::fs::write(&p, format!("{secret}\n")).unwrap();
-    p
-}
 
 /// `ethersan serve` on loopback with the native transport on UDP `port`.
 fn serve_udp(dir: &Path, port: u16, luns: &[String]) -> Server {
@@ -30,28 +24,7 @@ fn serve_udp(dir: &Path, port: u16, luns: &[String]) -> Server {
 
 /// [`serve_udp`] with more `serve` arguments.
 fn serve_udp_with(dir: &Path, port: u16, luns: &[String], extra: &[&str]) -> Server {
-    let mut args: Vec<String> = [
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--target",
-        IQN,
-        "--udp",
-        &format!("127.0.0.1:{port}"),
-        "--group",
-        GROUP,
-        "--group-secret-file",
-        &path_str(&secret_file(dir, SECRET)),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    for l in luns {
-        args.push("--lun".into());
-        args.push(l.clone());
-    }
-    args.extend(extra.iter().map(|a| a.to_string()));
-    Server::start_args(&args)
+    Server::start_udp(dir, port, (GROUP, SECRET), luns, extra)
 }
 
 /// The client with the group's options.

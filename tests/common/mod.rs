@@ -12,6 +12,14 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// A group secret file under `dir` holding `secret` (one per length, so
+/// that a test can write a right and a wrong one side by side).
+pub fn secret_file(dir: &Path, secret: &str) -> std::path::PathBuf {
+    let p = dir.join(format!("secret-{}", secret.len()));
+    std::fs::write(&p, format!("{secret}\n")).unwrap();
+    p
+}
+
 /// The target name the tests export.
 pub const IQN: &str = "iqn.2026-11.org.ethersan:test";
 
@@ -181,6 +189,40 @@ impl Server {
             args.push("--lun".into());
             args.push((*l).into());
         }
+        Server::start_args(&args)
+    }
+
+    /// `ethersan serve` on loopback with the native transport on UDP
+    /// `port` for `group` (its secret written under `dir`), these LUNs and
+    /// more `serve` arguments.
+    pub fn start_udp(
+        dir: &Path,
+        port: u16,
+        (group, secret): (&str, &str),
+        luns: &[String],
+        extra: &[&str],
+    ) -> Server {
+        let mut args: Vec<String> = [
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--target",
+            IQN,
+            "--udp",
+            &format!("127.0.0.1:{port}"),
+            "--group",
+            group,
+            "--group-secret-file",
+            &path_str(&secret_file(dir, secret)),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        for l in luns {
+            args.push("--lun".into());
+            args.push(l.clone());
+        }
+        args.extend(extra.iter().map(|a| a.to_string()));
         Server::start_args(&args)
     }
 
