@@ -409,7 +409,9 @@ mod tests {
         assert_eq!(&dst, b"placed!!");
         // Levels with keys keep their tag.
         let keys = Some(TrafficKeys::new([1; 32], [2; 32]));
-        let p = Protector::new(Level::Integrity, keys).expect("keys").medium_checksum();
+        let p = Protector::new(Level::Integrity, keys)
+            .expect("keys")
+            .medium_checksum();
         assert_eq!(p.trailer_len(), TAG_LEN);
     }
 

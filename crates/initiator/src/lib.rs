@@ -267,7 +267,10 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let neg = negotiator(opts, OperationalParams::initiator_default().first_burst_length)?;
+    let neg = negotiator(
+        opts,
+        OperationalParams::initiator_default().first_burst_length,
+    )?;
     // Login PDUs carry no digests (§13.1) and the RFC default limits.
     let plain = SessionParams::default();
     let mut login = login::Login::new(neg, opts.isid);
