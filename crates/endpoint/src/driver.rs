@@ -4,7 +4,9 @@
 //! each to the protocol core; then sends what the core wants sent, as one
 //! batch (the shape of Crucible's upstairs loop).
 
-use std::collections::HashMap;
+// Keys the endpoint chooses itself (channel ids, tags, nonces): a fast
+// hash without DoS resistance; maps keyed by what a peer sends use std's.
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -79,7 +81,7 @@ pub(crate) struct Driver {
     channels: HashMap<u32, Chan>,
     lingering: HashMap<u32, Lingering>,
     /// RESET frames sent per peer in the current second.
-    resets: HashMap<PeerAddr, (Instant, u32)>,
+    resets: std::collections::HashMap<PeerAddr, (Instant, u32)>,
     connecting: HashMap<u32, Connecting>,
     responder: Option<Responder>,
     discovery: Option<DiscoveryResponder>,
@@ -116,14 +118,14 @@ impl Driver {
             cfg,
             cmd_tx,
             cmd_rx,
-            channels: HashMap::new(),
-            lingering: HashMap::new(),
-            resets: HashMap::new(),
-            connecting: HashMap::new(),
+            channels: HashMap::default(),
+            lingering: HashMap::default(),
+            resets: std::collections::HashMap::default(),
+            connecting: HashMap::default(),
             responder,
             discovery,
             role,
-            waiters: HashMap::new(),
+            waiters: HashMap::default(),
             outbox: Vec::new(),
             busy: false,
             spare: Vec::new(),

@@ -2,7 +2,7 @@
 //! shared by a channel's halves and the endpoint's task, which lands
 //! placed frames in them through the channel's [`Placement`].
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
