@@ -124,6 +124,7 @@ use crate::Level;
 
 mod placement;
 mod receive;
+mod recovery;
 mod stats;
 mod transmit;
 
@@ -295,6 +296,8 @@ struct SentFrag {
     tx: u64,
     sent_at: Instant,
     sends: u32,
+    /// How it was last declared lost (for the undo of spurious losses).
+    lost_by: recovery::LostBy,
 }
 
 /// What is queued and not yet wholly sent.
@@ -371,6 +374,8 @@ pub struct Channel {
     peer_edge: u32,
     rtt: RttEstimator,
     rtos_without_progress: u32,
+    /// Reordering window and undo of spurious reductions.
+    recovery: recovery::Recovery,
     rto_at: Option<Instant>,
     persist_at: Option<Instant>,
     probe: bool,
@@ -449,6 +454,7 @@ impl Channel {
             peer_edge: seq.wrapping_add(cfg.initial_cwnd),
             rtt,
             rtos_without_progress: 0,
+            recovery: recovery::Recovery::new(seq),
             rto_at: None,
             persist_at: None,
             probe: false,
@@ -515,6 +521,10 @@ impl Channel {
         s.rttvar = self.rtt.rttvar();
         s.rto = self.rto();
         s.recv_held = self.recv_buffered() as u64;
+        s.reorder_window = self
+            .rtt
+            .srtt()
+            .map_or(Duration::ZERO, |t| self.recovery.window(t));
         s
     }
 
@@ -646,6 +656,7 @@ impl Channel {
         self.rto_at = None;
         self.persist_at = None;
         self.close_at = None;
+        self.recovery.loss_at = None;
     }
 
     fn finish_closed(&mut self) {
@@ -671,6 +682,7 @@ impl Channel {
             self.ack_at,
             self.persist_at,
             self.close_at,
+            self.recovery.loss_at,
             dead,
         ]
         .into_iter()
@@ -699,6 +711,10 @@ impl Channel {
             self.persist_at = None;
             self.probe = true;
         }
+        if self.recovery.loss_at.is_some_and(|t| now >= t) {
+            self.recovery.loss_at = None;
+            self.detect_lost(now);
+        }
         if self.rto_at.is_some_and(|t| now >= t) {
             self.on_rto();
         }
@@ -716,6 +732,7 @@ impl Channel {
         // Frames beyond a closed window are probes, not a sign of
         // congestion.
         if seq_lt(self.snd_una, self.peer_edge) {
+            self.on_timeout_undo(self.rtos_without_progress == 0);
             self.ssthresh = (self.cwnd / 2).max(MIN_CWND);
             self.cwnd = MIN_CWND;
             self.ca_acked = 0;
@@ -735,6 +752,7 @@ impl Channel {
             for f in self.sent.iter_mut() {
                 if matches!(f.state, FragState::InFlight | FragState::Lost) {
                     f.state = FragState::Lost;
+                    f.lost_by = recovery::LostBy::Timeout;
                     self.rtx.push_back(seq);
                 }
                 seq = seq.wrapping_add(1);
@@ -747,6 +765,7 @@ impl Channel {
             .position(|f| f.state == FragState::InFlight)
         {
             self.sent[i].state = FragState::Lost;
+            self.sent[i].lost_by = recovery::LostBy::Timeout;
             self.pipe -= 1;
             self.push_lost(self.snd_una.wrapping_add(i as u32));
         }
