@@ -28,7 +28,8 @@
 //! window acknowledged); a loss found by fast retransmit halves `cwnd`
 //! (once per window: losses among frames sent before the reduction do not
 //! reduce it again, nor do their acknowledgements grow it); a
-//! retransmission timeout sets `ssthresh` to half and `cwnd` to 2.
+//! retransmission timeout sets `ssthresh` to half and `cwnd` to 2. Either
+//! reduction is undone when it proves spurious (`recovery.rs`).
 //!
 //! # Placed data
 //!
@@ -53,9 +54,12 @@
 //! Every transmission gets a local transmission index. A frame is declared
 //! lost when a frame transmitted after it has been acknowledged
 //! (cumulatively or selectively) and it was transmitted at least three
-//! transmissions or 9/8 of the smoothed RTT before that one: QUIC's packet
-//! and time thresholds, which treat a retransmission like any new frame,
-//! so a lost retransmission is found the same way. An acknowledgement of a
+//! transmissions before that one (until reordering is seen), or longer
+//! ago than the RTT plus the reordering window (9/8 of the RTT until
+//! reordering is seen, then adapted: RACK, see `recovery.rs`); the oldest
+//! frame spared only by time arms the loss timer. Both thresholds treat a
+//! retransmission like any new frame, so a lost retransmission is found
+//! the same way. An acknowledgement of a
 //! frame sent twice is taken to answer the latest transmission (when it
 //! answered the first, frames sent in between may be declared lost early
 //! and sent twice; the other guess can stall a burst loss at one
