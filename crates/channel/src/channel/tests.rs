@@ -283,3 +283,24 @@ fn a_frame_overtaken_is_reordering_and_the_packet_threshold_stops() {
     assert_eq!(a.send_buffered(), 0);
     assert!(s.reorder_window >= s.srtt.expect("srtt") / 8);
 }
+
+#[test]
+fn a_spurious_fast_retransmit_is_undone() {
+    let t0 = Instant::now();
+    let (mut a, mut b) = pair(t0);
+    a.send_message(&[1; 600]).expect("send"); // 11 frames
+    let mut frames = flight(&mut a, t0);
+    let late = frames.remove(2);
+    let t1 = t0 + MS;
+    exchange(&mut a, &mut b, frames, t1);
+    let s = a.stats();
+    assert_eq!((s.fast_retransmits, s.cwnd, s.ssthresh), (1, 13, 13));
+    // The frame declared lost arrives before its retransmission went.
+    exchange(&mut a, &mut b, vec![late], t1 + MS / 10);
+    let s = a.stats();
+    assert_eq!((s.spurious_losses, s.undos), (1, 1));
+    assert_eq!((s.cwnd, s.ssthresh), (26, u32::MAX));
+    assert!(flight(&mut a, t1 + MS).is_empty());
+    assert_eq!(a.stats().retransmits, 0);
+    assert_eq!(b.recv_message().map(|m| m.len()), Some(600));
+}
