@@ -28,7 +28,8 @@
 //! window acknowledged); a loss found by fast retransmit halves `cwnd`
 //! (once per window: losses among frames sent before the reduction do not
 //! reduce it again, nor do their acknowledgements grow it); a
-//! retransmission timeout sets `ssthresh` to half and `cwnd` to 2.
+//! retransmission timeout sets `ssthresh` to half and `cwnd` to 2. Either
+//! reduction is undone when it proves spurious (`recovery.rs`).
 //!
 //! # Placed data
 //!
@@ -53,9 +54,12 @@
 //! Every transmission gets a local transmission index. A frame is declared
 //! lost when a frame transmitted after it has been acknowledged
 //! (cumulatively or selectively) and it was transmitted at least three
-//! transmissions or 9/8 of the smoothed RTT before that one: QUIC's packet
-//! and time thresholds, which treat a retransmission like any new frame,
-//! so a lost retransmission is found the same way. An acknowledgement of a
+//! transmissions before that one (until reordering is seen), or longer
+//! ago than the RTT plus the reordering window (9/8 of the RTT until
+//! reordering is seen, then adapted: RACK, see `recovery.rs`); the oldest
+//! frame spared only by time arms the loss timer. Both thresholds treat a
+//! retransmission like any new frame, so a lost retransmission is found
+//! the same way. An acknowledgement of a
 //! frame sent twice is taken to answer the latest transmission (when it
 //! answered the first, frames sent in between may be declared lost early
 //! and sent twice; the other guess can stall a burst loss at one
@@ -124,6 +128,7 @@ use crate::Level;
 
 mod placement;
 mod receive;
+mod recovery;
 mod stats;
 mod transmit;
 
@@ -295,6 +300,8 @@ struct SentFrag {
     tx: u64,
     sent_at: Instant,
     sends: u32,
+    /// How it was last declared lost (for the undo of spurious losses).
+    lost_by: recovery::LostBy,
 }
 
 /// What is queued and not yet wholly sent.
@@ -371,6 +378,8 @@ pub struct Channel {
     peer_edge: u32,
     rtt: RttEstimator,
     rtos_without_progress: u32,
+    /// Reordering window and undo of spurious reductions.
+    recovery: recovery::Recovery,
     rto_at: Option<Instant>,
     persist_at: Option<Instant>,
     probe: bool,
@@ -449,6 +458,7 @@ impl Channel {
             peer_edge: seq.wrapping_add(cfg.initial_cwnd),
             rtt,
             rtos_without_progress: 0,
+            recovery: recovery::Recovery::new(seq),
             rto_at: None,
             persist_at: None,
             probe: false,
@@ -515,6 +525,10 @@ impl Channel {
         s.rttvar = self.rtt.rttvar();
         s.rto = self.rto();
         s.recv_held = self.recv_buffered() as u64;
+        s.reorder_window = self
+            .rtt
+            .srtt()
+            .map_or(Duration::ZERO, |t| self.recovery.window(t));
         s
     }
 
@@ -646,6 +660,7 @@ impl Channel {
         self.rto_at = None;
         self.persist_at = None;
         self.close_at = None;
+        self.recovery.loss_at = None;
     }
 
     fn finish_closed(&mut self) {
@@ -671,6 +686,7 @@ impl Channel {
             self.ack_at,
             self.persist_at,
             self.close_at,
+            self.recovery.loss_at,
             dead,
         ]
         .into_iter()
@@ -699,6 +715,10 @@ impl Channel {
             self.persist_at = None;
             self.probe = true;
         }
+        if self.recovery.loss_at.is_some_and(|t| now >= t) {
+            self.recovery.loss_at = None;
+            self.detect_lost(now);
+        }
         if self.rto_at.is_some_and(|t| now >= t) {
             self.on_rto();
         }
@@ -716,6 +736,7 @@ impl Channel {
         // Frames beyond a closed window are probes, not a sign of
         // congestion.
         if seq_lt(self.snd_una, self.peer_edge) {
+            self.on_timeout_undo(self.rtos_without_progress == 0);
             self.ssthresh = (self.cwnd / 2).max(MIN_CWND);
             self.cwnd = MIN_CWND;
             self.ca_acked = 0;
@@ -735,6 +756,7 @@ impl Channel {
             for f in self.sent.iter_mut() {
                 if matches!(f.state, FragState::InFlight | FragState::Lost) {
                     f.state = FragState::Lost;
+                    f.lost_by = recovery::LostBy::Timeout;
                     self.rtx.push_back(seq);
                 }
                 seq = seq.wrapping_add(1);
@@ -747,6 +769,7 @@ impl Channel {
             .position(|f| f.state == FragState::InFlight)
         {
             self.sent[i].state = FragState::Lost;
+            self.sent[i].lost_by = recovery::LostBy::Timeout;
             self.pipe -= 1;
             self.push_lost(self.snd_una.wrapping_add(i as u32));
         }

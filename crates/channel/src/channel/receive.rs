@@ -157,11 +157,13 @@ impl Channel {
         }
         let mut newest: Option<Newest> = None;
         let mut progress = false;
+        self.recovery.begin_ack();
         let n = h.ack.wrapping_sub(self.snd_una);
         for _ in 0..n {
             let Some(f) = self.sent.pop_front() else {
                 break;
             };
+            self.on_newly_acked(now, recovery::AckedFrag::of(self.snd_una, &f));
             self.snd_una = self.snd_una.wrapping_add(1);
             self.unacked_bytes -= usize::from(f.len);
             progress = true;
@@ -187,12 +189,14 @@ impl Channel {
                 if f.state == FragState::Sacked {
                     continue;
                 }
+                let acked = recovery::AckedFrag::of(self.snd_una.wrapping_add(1 + i as u32), f);
                 if f.state == FragState::InFlight {
                     self.pipe -= 1;
                 }
                 f.state = FragState::Sacked;
                 let (tx, sent_at, sends) = (f.tx, f.sent_at, f.sends);
                 progress = true;
+                self.on_newly_acked(now, acked);
                 self.grow_cwnd(tx);
                 note_newest(&mut newest, tx, sent_at, sends);
             }
@@ -202,11 +206,13 @@ impl Channel {
                 self.largest_acked_tx = Some(nw.tx);
             }
             if nw.sends == 1 {
-                self.rtt
-                    .on_sample(now.saturating_duration_since(nw.sent_at));
+                let sample = now.saturating_duration_since(nw.sent_at);
+                self.rtt.on_sample(sample);
+                self.recovery.on_rtt_sample(sample);
             }
         }
         if progress {
+            self.settle_rto_undo(h.ack);
             self.last_progress = now;
             self.rtos_without_progress = 0;
             self.rto_at = (self.pipe > 0).then(|| now + self.rto());
@@ -234,13 +240,17 @@ impl Channel {
     }
 
     /// Declares lost the frames transmitted before the newest one
-    /// acknowledged, by [`PACKET_THRESHOLD`] transmissions or more, or by
-    /// more than 9/8 of the smoothed RTT (QUIC's time threshold).
-    fn detect_lost(&mut self, now: Instant) {
+    /// acknowledged, by [`PACKET_THRESHOLD`] transmissions or more (until
+    /// reordering is seen), or when sent longer ago than the time
+    /// threshold (the RTT plus the reordering window: `recovery.rs`). The
+    /// oldest frame spared only by time arms the loss timer.
+    pub(super) fn detect_lost(&mut self, now: Instant) {
+        self.recovery.loss_at = None;
         let Some(largest) = self.largest_acked_tx else {
             return;
         };
-        let threshold = self.rtt.srtt().map(|s| s * 9 / 8);
+        let threshold = self.rtt.srtt().map(|s| self.recovery.time_threshold(s));
+        let by_count_applies = self.recovery.packet_threshold_applies();
         while let Some(&(tx, seq)) = self.sent_log.front() {
             if tx >= largest {
                 break;
@@ -253,16 +263,22 @@ impl Channel {
                 self.sent_log.pop_front();
                 continue;
             };
-            let by_count = tx + PACKET_THRESHOLD <= largest;
+            let by_count = by_count_applies && tx + PACKET_THRESHOLD <= largest;
             let by_time = threshold.is_some_and(|t| now.saturating_duration_since(f.sent_at) >= t);
             if !by_count && !by_time {
+                self.recovery.loss_at = threshold.map(|t| f.sent_at + t);
                 break;
             }
             self.sent_log.pop_front();
+            if tx >= self.recovery_tx {
+                self.recovery.on_reduction(self.cwnd, self.ssthresh);
+            }
+            let lost_by = self.recovery.on_declared_lost(i > SACK_BITS);
             let Some(f) = self.sent.get_mut(i) else {
                 continue;
             };
             f.state = FragState::Lost;
+            f.lost_by = lost_by;
             self.pipe -= 1;
             self.push_lost(seq);
             self.stats.fast_retransmits += 1;

@@ -33,6 +33,17 @@ pub struct ChannelStats {
     pub fast_retransmits: u64,
     /// Retransmission timeouts.
     pub timeouts: u64,
+    /// Frames declared lost that proved only late: acknowledged before
+    /// their retransmission went, or sooner after it than a round trip.
+    pub spurious_losses: u64,
+    /// Retransmission timeouts found spurious (the original transmissions
+    /// arrived) and undone.
+    pub spurious_timeouts: u64,
+    /// Window reductions undone (spurious fast retransmits and timeouts).
+    pub undos: u64,
+    /// The reordering window: what the time threshold of loss detection
+    /// adds to the RTT.
+    pub reorder_window: Duration,
     /// DATA frames received that were already held or delivered.
     pub duplicates: u64,
     /// DATA frames received ahead of a gap.

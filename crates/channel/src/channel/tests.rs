@@ -155,3 +155,152 @@ fn acknowledgements_are_delayed_then_sent() {
     assert_eq!((h.kind, h.ack), (Kind::Data, 5));
     assert_eq!(b.stats().acks_sent, 1);
 }
+
+/// Sends a first message for an RTT sample, then a second one whose
+/// frames are held back: the timeout fires and sends the oldest again.
+/// Returns the held frames, the retransmission, when it went and the
+/// stats before the timeout.
+fn time_out_a_flight(
+    a: &mut Channel,
+    b: &mut Channel,
+    t0: Instant,
+) -> (Vec<Vec<u8>>, Vec<Vec<u8>>, Instant, ChannelStats) {
+    a.send_message(&[1; 300]).expect("send");
+    let frames = flight(a, t0);
+    exchange(a, b, frames, t0 + MS);
+    a.send_message(&[2; 300]).expect("send"); // 6 frames
+    let held = flight(a, t0 + 2 * MS);
+    let before = a.stats();
+    let deadline = a.poll_timeout().expect("rto armed");
+    a.handle_timeout(deadline);
+    assert_eq!((a.stats().timeouts, a.stats().cwnd), (1, MIN_CWND));
+    let rtx = flight(a, deadline);
+    assert_eq!(rtx.len(), 1);
+    (held, rtx, deadline, before)
+}
+
+#[test]
+fn a_spurious_timeout_is_undone() {
+    let t0 = Instant::now();
+    let (mut a, mut b) = pair(t0);
+    let (held, rtx, deadline, before) = time_out_a_flight(&mut a, &mut b, t0);
+    // The originals were only late: their acknowledgement covers the
+    // frame after the one sent again, cumulatively.
+    let t = deadline + 10 * MS;
+    exchange(&mut a, &mut b, held, t);
+    let s = a.stats();
+    assert_eq!((s.spurious_timeouts, s.undos), (1, 1));
+    // Back to what was in flight (6 frames), not above.
+    assert_eq!(before.in_flight, 6);
+    assert_eq!(s.cwnd, 6);
+    // The timeout's ssthresh (half the window) stays: slow start to it.
+    assert_eq!(s.ssthresh, before.cwnd / 2);
+    assert_eq!(a.send_buffered(), 0);
+    // The retransmission arriving as a duplicate changes nothing.
+    exchange(&mut a, &mut b, rtx, t + MS);
+    assert_eq!(a.stats().cwnd, s.cwnd);
+    assert_eq!(a.stats().retransmits, 1);
+    assert_eq!(b.recv_message().map(|m| m.len()), Some(300));
+    assert_eq!(b.recv_message().map(|m| m.len()), Some(300));
+}
+
+#[test]
+fn a_real_loss_after_a_timeout_is_not_undone() {
+    let t0 = Instant::now();
+    let (mut a, mut b) = pair(t0);
+    let (_lost, rtx, deadline, before) = time_out_a_flight(&mut a, &mut b, t0);
+    // Only the retransmissions arrive.
+    let mut t = deadline;
+    let mut rtx = rtx;
+    while a.send_buffered() > 0 {
+        t += MS;
+        exchange(&mut a, &mut b, rtx, t);
+        rtx = flight(&mut a, t);
+        assert!(!rtx.is_empty() || a.send_buffered() == 0);
+    }
+    let s = a.stats();
+    assert_eq!((s.spurious_timeouts, s.spurious_losses, s.undos), (0, 0, 0));
+    assert_eq!(s.retransmits, 6);
+    // Slow start from the timeout's window, by one per retransmission.
+    assert_eq!((s.cwnd, s.ssthresh), (MIN_CWND + 6, before.cwnd / 2));
+    assert_eq!(b.recv_message().map(|m| m.len()), Some(300));
+    assert_eq!(b.recv_message().map(|m| m.len()), Some(300));
+}
+
+#[test]
+fn a_timeout_after_losses_is_not_undone() {
+    let t0 = Instant::now();
+    let (mut a, mut b) = pair(t0);
+    a.send_message(&[1; 600]).expect("send"); // 11 frames
+    let mut frames = flight(&mut a, t0);
+    frames.remove(2);
+    let t1 = t0 + MS;
+    exchange(&mut a, &mut b, frames, t1);
+    assert_eq!(a.stats().fast_retransmits, 1);
+    // The retransmission is lost too: the timeout follows a real loss.
+    let _lost = flight(&mut a, t1);
+    let deadline = a.poll_timeout().expect("rto armed");
+    a.handle_timeout(deadline);
+    let rtx = flight(&mut a, deadline);
+    assert_eq!(rtx.len(), 1);
+    exchange(&mut a, &mut b, rtx, deadline + MS);
+    let s = a.stats();
+    assert_eq!((s.timeouts, s.undos), (1, 0));
+    assert_eq!(a.send_buffered(), 0);
+}
+
+#[test]
+fn a_frame_overtaken_is_reordering_and_the_packet_threshold_stops() {
+    let t0 = Instant::now();
+    let (mut a, mut b) = pair(t0);
+    a.send_message(&[0; 50]).expect("send");
+    let frames = flight(&mut a, t0);
+    let mut t = t0 + MS;
+    exchange(&mut a, &mut b, frames, t);
+    // Frame 2 overtaken by frame 3 only: no loss declared, but seen.
+    a.send_message(&[1; 200]).expect("send"); // 4 frames
+    let mut frames = flight(&mut a, t);
+    frames.swap(1, 2);
+    t += MS;
+    for f in frames {
+        exchange(&mut a, &mut b, vec![f], t);
+    }
+    assert_eq!(a.stats().fast_retransmits, 0);
+    // Now a frame overtaken by eight later ones (more than the packet
+    // threshold, less than the time threshold) is not declared lost.
+    a.send_message(&[2; 600]).expect("send"); // 11 frames
+    let mut frames = flight(&mut a, t);
+    let late = frames.remove(2);
+    t += MS;
+    exchange(&mut a, &mut b, frames, t);
+    assert_eq!(a.stats().fast_retransmits, 0);
+    assert!(flight(&mut a, t).is_empty());
+    // The loss timer is armed for it.
+    assert!(a.poll_timeout().is_some_and(|d| d < t + a.stats().rto));
+    exchange(&mut a, &mut b, vec![late], t + MS / 10);
+    let s = a.stats();
+    assert_eq!((s.retransmits, s.fast_retransmits), (0, 0));
+    assert_eq!(a.send_buffered(), 0);
+    assert!(s.reorder_window >= s.srtt.expect("srtt") / 8);
+}
+
+#[test]
+fn a_spurious_fast_retransmit_is_undone() {
+    let t0 = Instant::now();
+    let (mut a, mut b) = pair(t0);
+    a.send_message(&[1; 600]).expect("send"); // 11 frames
+    let mut frames = flight(&mut a, t0);
+    let late = frames.remove(2);
+    let t1 = t0 + MS;
+    exchange(&mut a, &mut b, frames, t1);
+    let s = a.stats();
+    assert_eq!((s.fast_retransmits, s.cwnd, s.ssthresh), (1, 13, 13));
+    // The frame declared lost arrives before its retransmission went.
+    exchange(&mut a, &mut b, vec![late], t1 + MS / 10);
+    let s = a.stats();
+    assert_eq!((s.spurious_losses, s.undos), (1, 1));
+    assert_eq!((s.cwnd, s.ssthresh), (26, u32::MAX));
+    assert!(flight(&mut a, t1 + MS).is_empty());
+    assert_eq!(a.stats().retransmits, 0);
+    assert_eq!(b.recv_message().map(|m| m.len()), Some(600));
+}

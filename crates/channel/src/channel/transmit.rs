@@ -195,6 +195,7 @@ impl Channel {
             tx: 0,
             sent_at: now,
             sends: 0,
+            lost_by: recovery::LostBy::Never,
         };
         self.queued_bytes -= take;
         self.unacked_bytes += take;

@@ -143,6 +143,9 @@ pub struct Sim {
     pub workload: Workload,
     /// Side i's frames are not delivered (a dead peer).
     pub blackhole: [bool; 2],
+    /// Side i's frames arrive no earlier than this plus the latency, in
+    /// the order sent (a delay spike: nothing lost, nothing reordered).
+    pub hold_until: [Option<Instant>; 2],
     scratch: Vec<u8>,
     check: Vec<u8>,
 }
@@ -184,6 +187,7 @@ impl Sim {
             link_stats: Default::default(),
             workload,
             blackhole: [false; 2],
+            hold_until: [None; 2],
             scratch: Vec::new(),
             check: Vec::new(),
         }
@@ -307,7 +311,7 @@ impl Sim {
             st.lost += 1;
             return;
         }
-        let mut arrive = depart + link.latency;
+        let mut arrive = depart.max(self.hold_until[from].unwrap_or(depart)) + link.latency;
         if self.rng.chance(link.reorder) {
             st.reordered += 1;
             arrive += Duration::from_micros(20 + self.rng.below(300));
