@@ -205,11 +205,32 @@ pub async fn start(
                 group,
                 mode: FanoutMode::SourceMac,
             };
-            let link = on(Some(&slot), move || {
+            let opened = on(Some(&slot), move || {
                 crate::aoe::open_link_in_group(&spec, ethertype, Some(fanout))
             })
-            .await?
-            .map_err(link_err)?;
+            .await?;
+            let link = match opened {
+                Err(crate::aoe::AoeError::Link {
+                    cause: ethersan_link::LinkError::Packet { op, source, .. },
+                    ..
+                }) if w == 0 && op.contains("fanout") => {
+                    // A kernel without PACKET_FANOUT_CBPF (before 4.2):
+                    // one socket on the first worker serves.
+                    warn!(link = %l, %op, error = %source, "no fanout by source MAC; the link stays on one worker");
+                    let (spec, ethertype) = (l.clone(), e.ethertype);
+                    let link = on(Some(&slot), move || {
+                        crate::aoe::open_link_for(&spec, ethertype)
+                    })
+                    .await?
+                    .map_err(link_err)?;
+                    let medium = Medium::Ethernet(Arc::new(link));
+                    native
+                        .serve(what.clone(), medium, Some(slot), &ecfg, &server)
+                        .await?;
+                    break;
+                }
+                other => other.map_err(link_err)?,
+            };
             if w == 0 {
                 group = match &link {
                     ethersan_link::Link::Packet(pl) => pl
