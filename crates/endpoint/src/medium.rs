@@ -190,7 +190,8 @@ impl Medium {
     /// is not an error (the channel retransmits); a frame addressed in the
     /// other medium's kind is skipped.
     /// Every buffer starts with [`Medium::headroom`] bytes for the link
-    /// header, filled in here.
+    /// header, filled in here (on an AF_PACKET link the frame is built in
+    /// its transmit slot: the header written there, the buffer left as is).
     pub(crate) async fn send_batch(
         &self,
         frames: &mut [(PeerAddr, Vec<u8>)],
@@ -199,6 +200,30 @@ impl Medium {
             Medium::Ethernet(link) => {
                 let src = link.mac();
                 let ethertype = link.ethertype();
+                if matches!(**link, Link::Packet(_)) {
+                    // Built in the transmit slots: the header written
+                    // there, the payload copied once, one kick per batch.
+                    link.send_with(frames.len(), |i, slot| {
+                        let (peer, f) = &frames[i];
+                        let PeerAddr::Mac(dst) = *peer else {
+                            return 0;
+                        };
+                        if f.len() <= HEADER_LEN || f.len() > slot.len() {
+                            return 0;
+                        }
+                        let header = EthernetHeader {
+                            dst,
+                            src,
+                            ethertype,
+                        };
+                        slot[..HEADER_LEN].copy_from_slice(&header.to_bytes());
+                        slot[HEADER_LEN..f.len()].copy_from_slice(&f[HEADER_LEN..]);
+                        f.len()
+                    })
+                    .await
+                    .map_err(std::io::Error::other)?;
+                    return Ok(());
+                }
                 for (peer, f) in frames.iter_mut() {
                     let PeerAddr::Mac(dst) = *peer else { continue };
                     if f.len() >= HEADER_LEN {

@@ -403,6 +403,169 @@ async fn fanout_shares_the_load() {
     assert!(m1 > 0 && m2 > 0, "one socket got everything: {m1} / {m2}");
 }
 
+/// Fanout by source MAC: every frame of one sender reaches the same
+/// socket, and senders are spread over the group's sockets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fanout_by_source_mac_keeps_each_sender_on_one_socket() {
+    let pair = VethPair::named("fo", "s", 1500);
+    let a = Link::from(pair.open(0, |_| {}).unwrap());
+    // The first socket makes a group with an id of the kernel's choice,
+    // the second joins it.
+    let fan = |group: u16| {
+        move |c: &mut PacketConfig| {
+            c.fanout = Some(Fanout {
+                group,
+                mode: FanoutMode::SourceMac,
+            })
+        }
+    };
+    let first = pair.open(1, fan(0)).unwrap();
+    let group = first.fanout_group().unwrap().expect("a fanout group");
+    let b1 = Arc::new(Link::from(first));
+    let b2 = Arc::new(Link::from(pair.open(1, fan(group)).unwrap()));
+    // 16 senders (forged source MACs), 20 frames each.
+    let senders: Vec<MacAddr> = (0..16u8)
+        .map(|i| MacAddr([0x02, 0, 0x5e, 0x10, i.wrapping_mul(37), i]))
+        .collect();
+    let per = 20usize;
+    let n = senders.len() * per;
+    let total = Arc::new(AtomicUsize::new(0));
+    let collect = |l: Arc<Link>| {
+        let total = total.clone();
+        tokio::spawn(async move {
+            let mut seen: Vec<(MacAddr, u32)> = Vec::new();
+            while total.load(Ordering::Acquire) < n {
+                if let Ok(r) = tokio::time::timeout(
+                    Duration::from_millis(50),
+                    l.recv_batch(|f| seen.push((EthernetHeader::parse(f).unwrap().src, seq_of(f)))),
+                )
+                .await
+                {
+                    total.fetch_add(r.unwrap(), Ordering::AcqRel);
+                }
+            }
+            seen
+        })
+    };
+    let (t1, t2) = (collect(b1.clone()), collect(b2.clone()));
+    for round in 0..per as u32 {
+        let batch: Vec<_> = senders
+            .iter()
+            .map(|&src| frame(b1.mac(), src, ETHERTYPE_AOE, round, 100))
+            .collect();
+        a.send_batch(&batch).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let (s1, s2) = tokio::time::timeout(Duration::from_secs(30), async {
+        (t1.await.unwrap(), t2.await.unwrap())
+    })
+    .await
+    .expect("fanout receivers timed out");
+    let mut all: Vec<_> = s1.iter().chain(&s2).copied().collect();
+    all.sort();
+    let mut dups = all.clone();
+    dups.dedup();
+    assert_eq!(dups.len(), all.len(), "a frame seen twice: {s1:?} / {s2:?}");
+    assert_eq!(s1.len() + s2.len(), n);
+    for m in &senders {
+        let (c1, c2) = (
+            s1.iter().filter(|x| x.0 == *m).count(),
+            s2.iter().filter(|x| x.0 == *m).count(),
+        );
+        assert!(
+            (c1, c2) == (per, 0) || (c1, c2) == (0, per),
+            "sender {m} split over the sockets: {c1} / {c2}"
+        );
+    }
+    assert!(
+        !s1.is_empty() && !s2.is_empty(),
+        "one socket got every sender: {} / {}",
+        s1.len(),
+        s2.len()
+    );
+}
+
+/// Sockets joining a fanout group while frames arrive: a frame reaches
+/// one socket only (a bound socket that has not joined yet receives on
+/// its own, so without care a frame then reaches it and the group both).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fanout_joined_under_traffic_delivers_each_frame_once() {
+    let pair = VethPair::named("fo", "j", 1500);
+    let a = Arc::new(Link::from(pair.open(0, |_| {}).unwrap()));
+    let fan = |group: u16| {
+        move |c: &mut PacketConfig| {
+            c.fanout = Some(Fanout {
+                group,
+                mode: FanoutMode::SourceMac,
+            });
+            // Small rings: a dozen sockets.
+            c.rx_blocks = 4;
+            c.tx_frames = 16;
+        }
+    };
+    let first = pair.open(1, fan(0)).unwrap();
+    let group = first.fanout_group().unwrap().expect("a fanout group");
+    let dst = first.filter().mac;
+    let mut members = vec![Arc::new(Link::from(first))];
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let senders: Vec<MacAddr> = (0..8u8)
+        .map(|i| MacAddr([0x02, 0, 0, 0, 0x10, i]))
+        .collect();
+    let sender = {
+        let (a, stop, senders) = (a.clone(), stop.clone(), senders.clone());
+        tokio::spawn(async move {
+            let mut seq = 0u32;
+            while !stop.load(Ordering::Acquire) {
+                let batch: Vec<_> = senders
+                    .iter()
+                    .map(|&src| frame(dst, src, ETHERTYPE_AOE, seq, 100))
+                    .collect();
+                a.send_batch(&batch).await.unwrap();
+                seq += 1;
+                tokio::task::yield_now().await;
+            }
+            seq
+        })
+    };
+    let collect = |l: Arc<Link>, stop: Arc<std::sync::atomic::AtomicBool>| {
+        tokio::spawn(async move {
+            let mut seen: Vec<(MacAddr, u32)> = Vec::new();
+            loop {
+                let r = tokio::time::timeout(
+                    Duration::from_millis(200),
+                    l.recv_batch(|f| seen.push((EthernetHeader::parse(f).unwrap().src, seq_of(f)))),
+                )
+                .await;
+                if r.is_err() && stop.load(Ordering::Acquire) {
+                    return seen;
+                }
+            }
+        })
+    };
+    let mut tasks = vec![collect(members[0].clone(), stop.clone())];
+    // More sockets join one by one while the frames flow (each join has
+    // a short window; several make hitting one likely without the fix).
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let l = Arc::new(Link::from(pair.open(1, fan(group)).unwrap()));
+        tasks.push(collect(l.clone(), stop.clone()));
+        members.push(l);
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    stop.store(true, Ordering::Release);
+    let rounds = sender.await.unwrap();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    assert!(rounds > 0 && !all.is_empty(), "no traffic: {rounds} rounds");
+    let n = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), n, "{} frames seen twice", n - all.len());
+    assert!(n <= rounds as usize * senders.len());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn multicast_only_when_asked() {
     let pair = VethPair::new("m", 1500);

@@ -242,11 +242,22 @@ pub fn open_link(link: &AoeLink) -> Result<Link, AoeError> {
 /// [`open_link`] for frames of `ethertype` (the native transport's links
 /// are opened the same way).
 pub fn open_link_for(link: &AoeLink, ethertype: u16) -> Result<Link, AoeError> {
+    open_link_in_group(link, ethertype, None)
+}
+
+/// [`open_link_for`], an interface's socket joining `fanout` (other
+/// links ignore it).
+pub fn open_link_in_group(
+    link: &AoeLink,
+    ethertype: u16,
+    fanout: Option<ethersan_link::packet::Fanout>,
+) -> Result<Link, AoeError> {
     let opened = match link {
         AoeLink::Interface(name) => PacketLink::open(PacketConfig {
             // Per-frame hand-off: a block-based V3 ring waits up to its
             // block timeout before a lone request is seen.
             ring: RingVersion::V2,
+            fanout,
             ..PacketConfig::new(name.clone(), ethertype)
         })
         .map(Link::from),

@@ -12,7 +12,9 @@ use ethersan_channel::Level;
 use ethersan_endpoint::{Endpoint, EndpointConfig, Medium};
 use tracing::{info, warn};
 
-use crate::config::{Config, EthernetConfig};
+use ethersan_link::packet::{Fanout, FanoutMode};
+
+use crate::config::{AoeLink, Config, EthernetConfig};
 use crate::registry::Registry;
 use crate::StreamServer;
 
@@ -150,9 +152,13 @@ impl Native {
 /// `SO_REUSEPORT` (the kernel hashes a peer's address and port to one of
 /// them, so a channel stays on one socket): each socket's endpoint, and
 /// every session it accepts, runs on its worker, whose io_uring serves the
-/// sessions' file I/O. Each Ethernet link is one endpoint on one worker
-/// (link `i` on worker `i`, round robin). With `placement = "shared"` every
-/// endpoint and session runs on the shared runtime.
+/// sessions' file I/O. An Ethernet interface is likewise one packet socket
+/// and endpoint per worker, joined in one `PACKET_FANOUT` group that
+/// spreads frames by source MAC (a peer's channels stay on one socket; a
+/// broadcast discovery frame reaches one socket, and every endpoint answers
+/// with the same catalog); a unix datagram link is one endpoint on worker
+/// `i` (link `i`, round robin). With `placement = "shared"` every endpoint
+/// and session runs on the shared runtime.
 pub async fn start(
     cfg: &Config,
     mut server: StreamServer,
@@ -171,20 +177,88 @@ pub async fn start(
     let workers = server.workers.take().and_then(|w| w.get());
     let mut native = Native::default();
     for (i, l) in e.links.iter().enumerate() {
-        let slot = workers.as_ref().map(|p| p.worker(i));
-        let (l, ethertype) = (l.clone(), e.ethertype);
-        // The link registers with the reactor of the runtime it opens on.
-        let link = on(slot.as_ref(), move || {
-            crate::aoe::open_link_for(&l, ethertype)
-        })
-        .await?
-        .map_err(|e| match e {
-            crate::aoe::AoeError::Link { link, cause } => NativeError::Link { link, cause },
-            other => NativeError::Aoe(other),
-        })?;
-        let medium = Medium::Ethernet(Arc::new(link));
-        let what = format!("ethernet {}", e.links[i]);
-        native.serve(what, medium, slot, &ecfg, &server).await?;
+        let what = format!("ethernet {l}");
+        let fanned =
+            matches!(l, AoeLink::Interface(_)) && workers.as_ref().is_some_and(|p| p.len() > 1);
+        let Some(p) = workers.as_ref().filter(|_| fanned) else {
+            // One socket: on worker `i` when there are workers.
+            let slot = workers.as_ref().map(|p| p.worker(i));
+            let (l, ethertype) = (l.clone(), e.ethertype);
+            // The link registers with the reactor of the runtime it opens on.
+            let link = on(slot.as_ref(), move || {
+                crate::aoe::open_link_for(&l, ethertype)
+            })
+            .await?
+            .map_err(link_err)?;
+            let medium = Medium::Ethernet(Arc::new(link));
+            native.serve(what, medium, slot, &ecfg, &server).await?;
+            continue;
+        };
+        // One socket per worker in a fanout group of its own (an id the
+        // kernel picks for the first), frames spread by source MAC: a
+        // peer's channels stay on one socket, so on one endpoint.
+        let mut group = 0;
+        for w in 0..p.len() {
+            let slot = p.worker(w);
+            let (spec, ethertype) = (l.clone(), e.ethertype);
+            let fanout = Fanout {
+                group,
+                mode: FanoutMode::SourceMac,
+            };
+            let opened = on(Some(&slot), move || {
+                crate::aoe::open_link_in_group(&spec, ethertype, Some(fanout))
+            })
+            .await?;
+            let link = match opened {
+                Err(crate::aoe::AoeError::Link {
+                    cause: ethersan_link::LinkError::Packet { op, source, .. },
+                    ..
+                }) if w == 0 && op.contains("fanout") => {
+                    // A kernel without PACKET_FANOUT_CBPF (before 4.2):
+                    // one socket on the first worker serves.
+                    warn!(link = %l, %op, error = %source, "no fanout by source MAC; the link stays on one worker");
+                    let (spec, ethertype) = (l.clone(), e.ethertype);
+                    let link = on(Some(&slot), move || {
+                        crate::aoe::open_link_for(&spec, ethertype)
+                    })
+                    .await?
+                    .map_err(link_err)?;
+                    let medium = Medium::Ethernet(Arc::new(link));
+                    native
+                        .serve(what.clone(), medium, Some(slot), &ecfg, &server)
+                        .await?;
+                    break;
+                }
+                other => other.map_err(link_err)?,
+            };
+            if w == 0 {
+                group = match &link {
+                    ethersan_link::Link::Packet(pl) => pl
+                        .fanout_group()
+                        .map_err(|cause| NativeError::Link {
+                            link: l.to_string(),
+                            cause,
+                        })?
+                        .unwrap_or(0),
+                    _ => 0,
+                };
+            }
+            let medium = Medium::Ethernet(Arc::new(link));
+            native
+                .serve(
+                    format!("{what} worker {w}"),
+                    medium,
+                    Some(slot),
+                    &ecfg,
+                    &server,
+                )
+                .await?;
+            if group == 0 {
+                // No id to join (never seen): this one socket serves.
+                warn!(link = %l, "no fanout group id; the link stays on one worker");
+                break;
+            }
+        }
     }
     for u in &e.udp {
         let udp_err = |cause| NativeError::Udp {
@@ -228,6 +302,14 @@ pub async fn start(
         }
     }
     Ok(native)
+}
+
+/// A link-opening error as the native transport's.
+fn link_err(e: crate::aoe::AoeError) -> NativeError {
+    match e {
+        crate::aoe::AoeError::Link { link, cause } => NativeError::Link { link, cause },
+        other => NativeError::Aoe(other),
+    }
 }
 
 impl Native {

@@ -32,6 +32,47 @@ const fn jump(code: u32, k: u32, jt: u8, jf: u8) -> sock_filter {
     }
 }
 
+/// The kernel's `SKF_LL_OFF`: loads at this offset and beyond read the
+/// link-layer (Ethernet) header, wherever the frame's data starts (a
+/// fanout program sees the frame from its network header on).
+const LINK_LAYER: u32 = libc::SKF_LL_OFF as u32;
+
+/// The fanout program of [`FanoutMode::SourceMac`](super::FanoutMode):
+/// returns a hash of the source MAC (the kernel takes it modulo the
+/// group's sockets). Every frame of one sender gets the same value; the
+/// multiplications mix every bit of the address into the low bits the
+/// modulo keeps (MACs that differ only in a few bits, as a vendor's or
+/// a test's usually do, still spread).
+pub(super) fn source_mac_hash() -> Vec<sock_filter> {
+    use libc::{BPF_A, BPF_TAX, BPF_W, BPF_X, BPF_XOR};
+    use libc::{BPF_ABS, BPF_ALU, BPF_H, BPF_K, BPF_LD, BPF_MISC, BPF_MUL, BPF_RET, BPF_RSH};
+    vec![
+        // X = source MAC bytes 2..6 (bytes 8..12 of the frame).
+        stmt(BPF_LD | BPF_W | BPF_ABS, LINK_LAYER.wrapping_add(8)),
+        stmt(BPF_MISC | BPF_TAX, 0),
+        // A = (bytes 0..2 * K1) ^ X.
+        stmt(BPF_LD | BPF_H | BPF_ABS, LINK_LAYER.wrapping_add(6)),
+        stmt(BPF_ALU | BPF_MUL | BPF_K, 0x9e37_79b1),
+        stmt(BPF_ALU | BPF_XOR | BPF_X, 0),
+        // A ^= A >> 16: the high half reaches the low bits.
+        stmt(BPF_MISC | BPF_TAX, 0),
+        stmt(BPF_ALU | BPF_RSH | BPF_K, 16),
+        stmt(BPF_ALU | BPF_XOR | BPF_X, 0),
+        // (A * K2) >> 16: bits 16.. of the product depend on all 16
+        // low bits of A.
+        stmt(BPF_ALU | BPF_MUL | BPF_K, 0x85eb_ca6b),
+        stmt(BPF_ALU | BPF_RSH | BPF_K, 16),
+        stmt(BPF_RET | BPF_A, 0),
+    ]
+}
+
+/// A program that accepts nothing: a fanout member's filter until it has
+/// joined its group (a bound socket receives on its own until then, so
+/// a frame would reach it and the group both).
+pub(super) fn drop_all() -> Vec<sock_filter> {
+    vec![stmt(libc::BPF_RET | libc::BPF_K, 0)]
+}
+
 /// The filter program for `filter`. Jump offsets count instructions after
 /// the jump; the last two instructions are "accept" and "drop".
 pub(super) fn program(filter: &RxFilter) -> Vec<sock_filter> {
@@ -92,16 +133,17 @@ mod tests {
     use super::*;
     use crate::{EthernetHeader, MacAddr, ETHERTYPE_AOE};
 
-    /// Runs the subset of classic BPF that [`program`] uses.
+    /// Runs the subset of classic BPF that [`program`] and
+    /// [`source_mac_hash`] use (loads past [`LINK_LAYER`] read the frame).
     fn run(prog: &[sock_filter], frame: &[u8], pkttype: u8) -> u32 {
-        let mut a: u32 = 0;
+        let (mut a, mut x): (u32, u32) = (0, 0);
         let mut pc = 0;
         loop {
             let i = prog[pc];
             let code = u32::from(i.code);
             pc += 1;
             let load = |k: u32, width: usize| -> Option<u32> {
-                let at = k as usize;
+                let at = if k >= LINK_LAYER { k - LINK_LAYER } else { k } as usize;
                 let b = frame.get(at..at + width)?;
                 Some(b.iter().fold(0u32, |acc, &x| acc << 8 | u32::from(x)))
             };
@@ -128,6 +170,11 @@ mod tests {
                     pc += usize::from(if a & i.k != 0 { i.jt } else { i.jf })
                 }
                 c if c == libc::BPF_RET | libc::BPF_K => return i.k,
+                c if c == libc::BPF_RET | libc::BPF_A => return a,
+                c if c == libc::BPF_MISC | libc::BPF_TAX => x = a,
+                c if c == libc::BPF_ALU | libc::BPF_MUL | libc::BPF_K => a = a.wrapping_mul(i.k),
+                c if c == libc::BPF_ALU | libc::BPF_RSH | libc::BPF_K => a >>= i.k,
+                c if c == libc::BPF_ALU | libc::BPF_XOR | libc::BPF_X => a ^= x,
                 _ => panic!("unexpected instruction {i:?}"),
             }
         }
@@ -178,6 +225,46 @@ mod tests {
                 }
             }
             assert_eq!(run(&prog, &[0xff; 10], libc::PACKET_HOST), 0);
+        }
+    }
+
+    /// The source-MAC hash spreads senders whose addresses differ in a
+    /// few bits over two and over three sockets, and ignores the rest of
+    /// the frame.
+    #[test]
+    fn source_mac_hash_spreads_close_addresses() {
+        let prog = source_mac_hash();
+        let hash = |src: MacAddr, ethertype: u16, fill: u8| {
+            let mut frame = EthernetHeader {
+                dst: MacAddr::BROADCAST,
+                src,
+                ethertype,
+            }
+            .to_bytes()
+            .to_vec();
+            frame.resize(64, fill);
+            run(&prog, &frame, libc::PACKET_HOST)
+        };
+        // Sequential addresses, and addresses with only even low bytes.
+        let families: [Box<dyn Fn(u8) -> MacAddr>; 3] = [
+            Box::new(|i| MacAddr([0x02, 0, 0x5e, 0x10, i.wrapping_mul(37), i])),
+            Box::new(|i| MacAddr([0x02, 0, 0, 0, 0, i])),
+            Box::new(|i| MacAddr([0x02, 0, 0, 0, 0, i.wrapping_mul(2)])),
+        ];
+        for family in &families {
+            for n in [2u32, 3] {
+                let mut per = vec![0; n as usize];
+                for i in 0..16u8 {
+                    let h = hash(family(i), ETHERTYPE_AOE, 0);
+                    assert_eq!(
+                        h,
+                        hash(family(i), 0x88b5, 0xaa),
+                        "the hash saw more than the MAC"
+                    );
+                    per[(h % n) as usize] += 1;
+                }
+                assert!(per.iter().all(|&c| c >= 2), "{n} sockets: {per:?}");
+            }
         }
     }
 }

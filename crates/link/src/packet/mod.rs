@@ -48,12 +48,20 @@ pub enum FanoutMode {
     Cpu,
     /// By the NIC's receive queue.
     QueueMapping,
+    /// By a hash of the source MAC address, computed by a classic BPF
+    /// program (`PACKET_FANOUT_CBPF`): every frame from one peer reaches
+    /// the same socket whatever its EtherType, so a peer's conversation
+    /// (a native transport channel) stays on one socket.
+    SourceMac,
 }
 
 /// Joining a `PACKET_FANOUT` group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fanout {
-    /// Group id, shared by the sockets of one group on one interface.
+    /// Group id, shared by the sockets of one group on one interface; 0
+    /// makes a new group whose id the kernel picks, unique in the network
+    /// namespace (`PACKET_FANOUT_FLAG_UNIQUEID`): the others join it with
+    /// [`PacketLink::fanout_group`].
     pub group: u16,
     /// How frames are spread.
     pub mode: FanoutMode,
@@ -218,7 +226,14 @@ impl PacketLink {
         // A malformed transmit slot is skipped, not a stop of the ring.
         setsockopt(raw, libc::SOL_PACKET, libc::PACKET_LOSS, &one)
             .map_err(os("setting PACKET_LOSS"))?;
-        let mut prog = bpf::program(&filter);
+        // A fanout member filters out everything until it has joined its
+        // group: bound, it receives on its own, and a frame arriving then
+        // would reach it and the group's chosen member both.
+        let mut prog = if config.fanout.is_some() {
+            bpf::drop_all()
+        } else {
+            bpf::program(&filter)
+        };
         let fprog = libc::sock_fprog {
             len: prog.len() as u16,
             filter: prog.as_mut_ptr(),
@@ -258,10 +273,36 @@ impl PacketLink {
                 FanoutMode::LoadBalance => libc::PACKET_FANOUT_LB,
                 FanoutMode::Cpu => libc::PACKET_FANOUT_CPU,
                 FanoutMode::QueueMapping => libc::PACKET_FANOUT_QM,
+                FanoutMode::SourceMac => libc::PACKET_FANOUT_CBPF,
             };
-            let arg = u32::from(fanout.group) | (mode << 16);
+            let unique = if fanout.group == 0 {
+                libc::PACKET_FANOUT_FLAG_UNIQUEID
+            } else {
+                0
+            };
+            let arg = u32::from(fanout.group) | ((mode | unique) << 16);
             setsockopt(raw, libc::SOL_PACKET, libc::PACKET_FANOUT, &arg)
                 .map_err(os("joining the fanout group"))?;
+            if fanout.mode == FanoutMode::SourceMac {
+                // The group's program (the last member's replaces the
+                // same program): set after joining, as the kernel wants.
+                let mut prog = bpf::source_mac_hash();
+                let fprog = libc::sock_fprog {
+                    len: prog.len() as u16,
+                    filter: prog.as_mut_ptr(),
+                };
+                setsockopt(raw, libc::SOL_PACKET, libc::PACKET_FANOUT_DATA, &fprog)
+                    .map_err(os("setting the fanout group's BPF program"))?;
+            }
+            // Joined: now the real filter (a frame the group gave this
+            // socket in between was dropped, never seen twice).
+            let mut prog = bpf::program(&filter);
+            let fprog = libc::sock_fprog {
+                len: prog.len() as u16,
+                filter: prog.as_mut_ptr(),
+            };
+            setsockopt(raw, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)
+                .map_err(os("attaching the BPF filter"))?;
         }
         // SAFETY: `fd` is an open socket the AsyncFd takes ownership of; it
         // stays open, and `as_raw_fd` returns it, until the AsyncFd drops.
@@ -298,6 +339,29 @@ impl PacketLink {
     /// The interface index.
     pub fn ifindex(&self) -> u32 {
         self.ifindex
+    }
+
+    /// The id of the fanout group this socket joined (the one the kernel
+    /// picked for a [`Fanout`] of group 0), `None` outside any group.
+    pub fn fanout_group(&self) -> Result<Option<u16>, LinkError> {
+        let mut arg: u32 = 0;
+        let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
+        // SAFETY: the kernel writes at most `len` bytes (a u32) into `arg`
+        // and updates `len`.
+        let rc = unsafe {
+            libc::getsockopt(
+                self.fd.get_ref().as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_FANOUT,
+                (&mut arg as *mut u32).cast(),
+                &mut len,
+            )
+        };
+        if rc < 0 {
+            return Err(self.err("reading the fanout group", io::Error::last_os_error()));
+        }
+        // 0 (and a short answer) outside any group.
+        Ok((len as usize == std::mem::size_of::<u32>() && arg != 0).then_some(arg as u16))
     }
 
     /// The kernel's counters for this socket since the last call (reading
