@@ -612,31 +612,14 @@ fn clients_close_their_channel_on_exit() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_udp_port();
     let metrics = format!("127.0.0.1:{}", free_port());
-    let mut args: Vec<String> = [
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--target",
-        IQN,
-        "--lun",
-        "ram:8M",
-        "--udp",
-        &format!("127.0.0.1:{port}"),
-        "--group",
-        GROUP,
-        "--group-secret-file",
-        &path_str(&secret_file(dir.path(), SECRET)),
-        "--metrics",
-        &metrics,
-        "--data-dir",
-        &path_str(dir.path()),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.push("--lun".into());
-    args.push("ram:4M".into());
-    let _server = Server::start_args(&args);
+    let data_dir = path_str(dir.path());
+    let _server = Server::start_udp(
+        dir.path(),
+        port,
+        (GROUP, SECRET),
+        &["ram:8M".to_string(), "ram:4M".to_string()],
+        &["--metrics", &metrics, "--data-dir", &data_dir],
+    );
     let url = format!("udp://127.0.0.1:{port}/{IQN}");
     let lun0 = format!("{url}/0");
     let missing = format!("{url}/7");
