@@ -81,11 +81,25 @@ async fn client(target: SocketAddr, port: u16) -> Option<(Endpoint, Session)> {
 
 /// Open channels on each of the target's endpoints.
 async fn channels_per_endpoint(native: &Native) -> Vec<usize> {
-    let mut v = Vec::new();
-    for e in &native.endpoints {
-        v.push(e.stats().await.unwrap().len());
+    channels_on(&native.endpoints).await
+}
+
+/// Each client's channel sits on exactly one of the target's endpoints
+/// (`per`: how many each holds) and every endpoint holds one; then every
+/// session does I/O at once, whichever worker runs it, and logs out.
+async fn spread_and_served(per: Vec<usize>, clients: Vec<(Endpoint, Session)>) {
+    assert_eq!(per.iter().sum::<usize>(), clients.len(), "{per:?}");
+    assert!(
+        per.iter().all(|&n| n > 0),
+        "every endpoint accepted a channel: {per:?} after {} clients",
+        clients.len()
+    );
+    let (eps, sessions): (Vec<_>, Vec<_>) = clients.into_iter().unzip();
+    io_on_all(&sessions).await;
+    for s in &sessions {
+        s.logout().await.unwrap();
     }
-    v
+    drop(eps);
 }
 
 /// Write a block and read it back on every session, all at once.
@@ -127,20 +141,7 @@ async fn a_udp_portal_is_served_by_every_pinned_worker() {
             break;
         }
     }
-    let per = channels_per_endpoint(&native).await;
-    assert_eq!(per.iter().sum::<usize>(), clients.len(), "{per:?}");
-    assert!(
-        per.iter().all(|&n| n > 0),
-        "every worker's endpoint accepted a channel: {per:?} after {} clients",
-        clients.len()
-    );
-    // Every session is served at once, whichever worker runs it.
-    let (eps, sessions): (Vec<_>, Vec<_>) = clients.into_iter().unzip();
-    io_on_all(&sessions).await;
-    for s in &sessions {
-        s.logout().await.unwrap();
-    }
-    drop(eps);
+    spread_and_served(channels_per_endpoint(&native).await, clients).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -342,20 +343,8 @@ async fn over_ethernet(placement: &str, endpoints: usize) {
             break;
         }
     }
-    let per = channels_on(&eps).await;
     // Each channel on exactly one endpoint: none seen twice.
-    assert_eq!(per.iter().sum::<usize>(), clients.len(), "{per:?}");
-    assert!(
-        per.iter().all(|&n| n > 0),
-        "every endpoint accepted a channel: {per:?} after {} clients",
-        clients.len()
-    );
-    let (client_eps, sessions): (Vec<_>, Vec<_>) = clients.into_iter().unzip();
-    io_on_all(&sessions).await;
-    for s in &sessions {
-        s.logout().await.unwrap();
-    }
-    drop(client_eps);
+    spread_and_served(channels_on(&eps).await, clients).await;
     drop(stop);
     thread.join().unwrap();
 }
