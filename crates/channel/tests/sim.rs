@@ -12,9 +12,15 @@ use ethersan_channel::protect::Protector;
 
 const MIB: usize = 1 << 20;
 
+/// `bytes` each way, in messages of 1 byte to 1 MiB.
 fn mixed(bytes: u64) -> Workload {
+    both_ways([bytes, bytes])
+}
+
+/// `bytes[i]` from side `i`, in messages of 1 byte to 1 MiB.
+fn both_ways(bytes: [u64; 2]) -> Workload {
     Workload {
-        bytes: [bytes, bytes],
+        bytes,
         min: 1,
         max: MIB,
         buffer: 4 * MIB,
@@ -379,12 +385,7 @@ fn reordering_within_a_round_trip_causes_no_retransmission() {
         reorder: 0.03,
         ..LinkConfig::lan()
     };
-    let w = Workload {
-        bytes: [40 << 20, 0],
-        min: 1,
-        max: MIB,
-        buffer: 4 * MIB,
-    };
+    let w = both_ways([40 << 20, 0]);
     let mut sim = Sim::new(21, ChannelConfig::default(), link, w);
     sim.run_until(Duration::from_secs(60), |s| s.received_bytes(1) >= 20 << 20);
     let half = sim.channel(0).stats();
@@ -412,12 +413,7 @@ fn a_delay_spike_longer_than_the_rto_is_undone() {
         queue: Duration::from_secs(1),
         ..LinkConfig::lan()
     };
-    let w = Workload {
-        bytes: [40 << 20, 0],
-        min: 1,
-        max: MIB,
-        buffer: 4 * MIB,
-    };
+    let w = both_ways([40 << 20, 0]);
     let mut sim = Sim::new(23, ChannelConfig::default(), link, w);
     sim.run_until(Duration::from_secs(60), |s| s.received_bytes(1) >= 10 << 20);
     let before = sim.channel(0).stats();
