@@ -183,15 +183,9 @@ pub async fn start(
         let Some(p) = workers.as_ref().filter(|_| fanned) else {
             // One socket: on worker `i` when there are workers.
             let slot = workers.as_ref().map(|p| p.worker(i));
-            let (l, ethertype) = (l.clone(), e.ethertype);
-            // The link registers with the reactor of the runtime it opens on.
-            let link = on(slot.as_ref(), move || {
-                crate::aoe::open_link_for(&l, ethertype)
-            })
-            .await?
-            .map_err(link_err)?;
-            let medium = Medium::Ethernet(Arc::new(link));
-            native.serve(what, medium, slot, &ecfg, &server).await?;
+            native
+                .serve_link(what, l, e.ethertype, slot, &ecfg, &server)
+                .await?;
             continue;
         };
         // One socket per worker in a fanout group of its own (an id the
@@ -217,15 +211,8 @@ pub async fn start(
                     // A kernel without PACKET_FANOUT_CBPF (before 4.2):
                     // one socket on the first worker serves.
                     warn!(link = %l, %op, error = %source, "no fanout by source MAC; the link stays on one worker");
-                    let (spec, ethertype) = (l.clone(), e.ethertype);
-                    let link = on(Some(&slot), move || {
-                        crate::aoe::open_link_for(&spec, ethertype)
-                    })
-                    .await?
-                    .map_err(link_err)?;
-                    let medium = Medium::Ethernet(Arc::new(link));
                     native
-                        .serve(what.clone(), medium, Some(slot), &ecfg, &server)
+                        .serve_link(what.clone(), l, e.ethertype, Some(slot), &ecfg, &server)
                         .await?;
                     break;
                 }
@@ -313,6 +300,28 @@ fn link_err(e: crate::aoe::AoeError) -> NativeError {
 }
 
 impl Native {
+    /// Open link `spec` alone (one socket, no fanout) on `slot`'s worker
+    /// (the link registers with the reactor of the runtime it opens on) and
+    /// serve it there.
+    async fn serve_link(
+        &mut self,
+        what: String,
+        spec: &AoeLink,
+        ethertype: u16,
+        slot: Option<crate::placement::WorkerSlot>,
+        ecfg: &EndpointConfig,
+        server: &StreamServer,
+    ) -> Result<(), NativeError> {
+        let spec = spec.clone();
+        let link = on(slot.as_ref(), move || {
+            crate::aoe::open_link_for(&spec, ethertype)
+        })
+        .await?
+        .map_err(link_err)?;
+        let medium = Medium::Ethernet(Arc::new(link));
+        self.serve(what, medium, slot, ecfg, server).await
+    }
+
     /// Run a target endpoint on `medium` and accept its channels, on
     /// `slot`'s worker (its sessions too) or on the current runtime.
     async fn serve(
