@@ -652,6 +652,15 @@ fn unreachable_cluster_and_bad_sizes() {
 /// groups shared after an OSD outage.
 #[test]
 fn watch_survives_a_frozen_osd() {
+    // The backend's own account of the watch (lost, re-established,
+    // retried) is printed with the failure, so that a failure says where
+    // the watch stopped.
+    let _log = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_env_filter("ethersan_rbd=info")
+            .with_test_writer()
+            .finish(),
+    );
     let ceph = Ceph::start();
     let s = spec(&ceph, "frozen", Some(16 * MIB));
     let dev = RbdDevice::open(&s, BS).expect("open");
@@ -682,18 +691,30 @@ fn watch_survives_a_frozen_osd() {
     std::thread::sleep(Duration::from_secs(10));
     let seen = notices.clone();
     let t = Instant::now();
-    within(
-        Duration::from_secs(60),
-        "a notice after the freeze",
-        move || {
-            while seen.load(Ordering::SeqCst) == 0 {
-                let _ = theirs.publish("pr");
-                if seen.load(Ordering::SeqCst) == 0 {
-                    std::thread::sleep(Duration::from_millis(500));
-                }
+    let outcomes: Arc<Mutex<Vec<String>>> = Arc::default();
+    let said = outcomes.clone();
+    let (done, finished) = mpsc::channel();
+    std::thread::spawn(move || {
+        while seen.load(Ordering::SeqCst) == 0 {
+            let r = theirs.publish("pr");
+            said.lock()
+                .unwrap()
+                .push(format!("{:?}: {r:?}", t.elapsed()));
+            if seen.load(Ordering::SeqCst) == 0 {
+                std::thread::sleep(Duration::from_millis(500));
             }
-        },
-    );
+        }
+        let _ = done.send(());
+    });
+    if finished.recv_timeout(Duration::from_secs(60)).is_err() {
+        let osd = std::fs::read_to_string(ceph.dir().join("osd.0.log")).unwrap_or_default();
+        let tail: Vec<&str> = osd.lines().rev().take(40).collect();
+        panic!(
+            "no notice within 60 s of publishing after the freeze; publishes: {:#?}\nosd.0.log, last lines first:\n{}",
+            outcomes.lock().unwrap(),
+            tail.join("\n")
+        );
+    }
     eprintln!("a notice arrived {:?} after publishing began", t.elapsed());
     drop(shared);
     within(Duration::from_secs(60), "closing", move || {
