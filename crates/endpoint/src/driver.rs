@@ -20,7 +20,7 @@ use ethersan_channel::Level;
 use tokio::sync::{mpsc, oneshot, Notify};
 use tracing::{debug, info, trace, warn};
 
-use crate::medium::{Medium, PeerAddr};
+use crate::medium::{Inbox, Medium, PeerAddr};
 use crate::stream::{ChannelReader, ChannelStream, ChannelWriter, Shared, RECV_BUDGET};
 use crate::{Accepted, ChannelInfo, Command, EndpointConfig, EndpointError, Role};
 
@@ -136,21 +136,19 @@ impl Driver {
     /// Run until every handle and stream is gone and the channels have
     /// closed.
     pub(crate) async fn run(mut self) {
-        let mut inbox: Vec<(PeerAddr, Vec<u8>)> = Vec::new();
-        let mut rbuf: Vec<u8> = Vec::new();
+        let mut inbox = Inbox::default();
         let mut handles_open = true;
         loop {
             let deadline = self.next_deadline();
             tokio::select! {
-                r = self.medium.recv_batch(&mut inbox, &mut self.spare, &mut rbuf) => {
+                r = self.medium.recv_batch(&mut inbox) => {
                     if let Err(e) = r {
                         warn!(medium = %self.medium.local(), error = %e, "receiving failed; the endpoint stops");
                         break;
                     }
                     let now = Instant::now();
-                    for (peer, mut frame) in inbox.drain(..) {
-                        self.on_frame(now, peer, &mut frame);
-                        self.spare.push(frame);
+                    for (peer, frame) in inbox.frames() {
+                        self.on_frame(now, peer, frame);
                     }
                 }
                 cmd = self.cmd_rx.recv(), if handles_open => {

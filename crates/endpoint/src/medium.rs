@@ -47,6 +47,38 @@ fn grow_buffers(socket: &UdpSocket, bytes: libc::c_int) {
     }
 }
 
+/// A batch of received frames: each a sender and a range of one buffer,
+/// handled in place (no copy per frame).
+#[derive(Debug, Default)]
+pub(crate) struct Inbox {
+    /// Where the frames are.
+    buf: Vec<u8>,
+    /// Each frame's sender and bytes in `buf`.
+    frames: Vec<(PeerAddr, std::ops::Range<usize>)>,
+}
+
+impl Inbox {
+    /// The frames received, in order, each writable (opened in place).
+    pub(crate) fn frames(&mut self) -> impl Iterator<Item = (PeerAddr, &mut [u8])> + '_ {
+        // Ranges of one batch are disjoint and ascending: split the buffer
+        // as they go.
+        let mut rest: &mut [u8] = &mut self.buf;
+        let mut at = 0usize;
+        self.frames.iter().filter_map(move |(peer, r)| {
+            let skip = r.start.checked_sub(at)?;
+            let len = r.end.checked_sub(r.start)?;
+            if skip + len > rest.len() {
+                return None;
+            }
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(skip);
+            let (frame, tail) = tail.split_at_mut(len);
+            rest = tail;
+            at = r.end;
+            Some((*peer, frame))
+        })
+    }
+}
+
 /// A peer's address on the medium.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PeerAddr {
@@ -140,18 +172,17 @@ impl Medium {
         }
     }
 
-    /// Waits for at least one frame, then appends every frame available
-    /// now with its sender to `out`, reusing the buffers in `spare`.
-    /// Cancel-safe.
-    pub(crate) async fn recv_batch(
-        &self,
-        out: &mut Vec<(PeerAddr, Vec<u8>)>,
-        spare: &mut Vec<Vec<u8>>,
-        rbuf: &mut Vec<u8>,
-    ) -> std::io::Result<()> {
+    /// Waits for at least one frame, then puts every frame available now
+    /// with its sender in `inbox` (emptied first). UDP frames stay where
+    /// the kernel wrote them; Ethernet frames are copied out of the ring
+    /// into the inbox's one buffer. Cancel-safe.
+    pub(crate) async fn recv_batch(&self, inbox: &mut Inbox) -> std::io::Result<()> {
+        inbox.frames.clear();
         match self {
             Medium::Ethernet(link) => {
                 let ethertype = link.ethertype();
+                let Inbox { buf, frames } = inbox;
+                buf.clear();
                 link.recv_batch(|frame| {
                     let Some(h) = EthernetHeader::parse(frame) else {
                         return;
@@ -159,10 +190,9 @@ impl Medium {
                     if h.ethertype != ethertype {
                         return;
                     }
-                    let mut buf = spare.pop().unwrap_or_default();
-                    buf.clear();
+                    let start = buf.len();
                     buf.extend_from_slice(&frame[HEADER_LEN..]);
-                    out.push((PeerAddr::Mac(h.src), buf));
+                    frames.push((PeerAddr::Mac(h.src), start..buf.len()));
                 })
                 .await
                 .map_err(std::io::Error::other)?;
@@ -173,13 +203,11 @@ impl Medium {
                 max_payload,
                 offload,
             } => {
-                // The kernel's buffers land in `rbuf` (zeroed once, kept);
-                // each frame is copied out at its own length.
-                udp::recv(socket, offload, rbuf, *max_payload, |from, data| {
-                    let mut buf = spare.pop().unwrap_or_default();
-                    buf.clear();
-                    buf.extend_from_slice(data);
-                    out.push((PeerAddr::Udp(from), buf));
+                // The kernel's buffers land in the inbox's buffer (zeroed
+                // once, kept); each frame is a range of it.
+                let Inbox { buf, frames } = inbox;
+                udp::recv(socket, offload, buf, *max_payload, |from, range| {
+                    frames.push((PeerAddr::Udp(from), range));
                 })
                 .await
             }
@@ -260,5 +288,41 @@ impl Medium {
                 udp::send(socket, offload, &list).await
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Frames are handed out as their own ranges of the buffer, in order,
+    /// writable; gaps between them (the rest of a receive slot) are skipped.
+    #[test]
+    fn inbox_frames_are_their_ranges() {
+        let a = PeerAddr::Mac(MacAddr([2, 0, 0, 0, 0, 1]));
+        let b = PeerAddr::Mac(MacAddr([2, 0, 0, 0, 0, 2]));
+        let mut inbox = Inbox {
+            buf: (0..100u8).collect(),
+            frames: vec![(a, 0..10), (b, 10..15), (a, 40..42), (b, 99..100)],
+        };
+        let mut got = Vec::new();
+        for (peer, f) in inbox.frames() {
+            f[0] ^= 0xff;
+            got.push((peer, f.to_vec()));
+        }
+        let want: Vec<(PeerAddr, Vec<u8>)> = vec![
+            (a, (0..10).collect()),
+            (b, (10..15).collect()),
+            (a, vec![40, 41]),
+            (b, vec![99]),
+        ]
+        .into_iter()
+        .map(|(p, mut v)| {
+            v[0] ^= 0xff;
+            (p, v)
+        })
+        .collect();
+        assert_eq!(got, want);
+        assert_eq!(inbox.buf[40], 40 ^ 0xff, "written in place");
     }
 }

@@ -326,15 +326,15 @@ async fn send_mmsg(socket: &UdpSocket, frames: &[(SocketAddr, &[u8])]) -> std::i
 }
 
 /// Waits for at least one datagram, then receives what is there now (one
-/// `recvmmsg`), appending each frame with its sender through `push`;
-/// coalesced (GRO) buffers are split at their segment size. `rbuf` is the
-/// receive area, grown once and kept. Cancel-safe.
+/// `recvmmsg`), giving each frame's sender and place in `rbuf` to `push`,
+/// in ascending order; coalesced (GRO) buffers are split at their segment
+/// size. `rbuf` is the receive area, grown once and kept. Cancel-safe.
 pub(crate) async fn recv(
     socket: &UdpSocket,
     off: &Offload,
     rbuf: &mut Vec<u8>,
     slot: usize,
-    mut push: impl FnMut(SocketAddr, &[u8]),
+    mut push: impl FnMut(SocketAddr, std::ops::Range<usize>),
 ) -> std::io::Result<()> {
     let (slots, slot) = if off.gro() {
         (GRO_SLOTS, RECV_SLOT)
@@ -395,9 +395,7 @@ pub(crate) async fn recv(
                 else {
                     continue;
                 };
-                // SAFETY: the slot lies within rbuf and the kernel wrote
-                // `len` bytes of it.
-                let data = unsafe { std::slice::from_raw_parts(base.add(k * slot), len) };
+                let start = k * slot;
                 let mut seg = len;
                 // SAFETY: the control buffer was filled by the kernel up to
                 // msg_controllen; the CMSG macros walk only within it.
@@ -415,11 +413,14 @@ pub(crate) async fn recv(
                     }
                 }
                 if seg == 0 {
-                    push(from, data);
+                    push(from, start..start + len);
                     continue;
                 }
-                for chunk in data.chunks(seg) {
-                    push(from, chunk);
+                let mut at = 0;
+                while at < len {
+                    let end = (at + seg).min(len);
+                    push(from, start + at..start + end);
+                    at = end;
                 }
             }
             Ok(())
@@ -452,18 +453,22 @@ mod tests {
         send(&a, &oa, &list).await.unwrap();
         let mut got: Vec<Vec<u8>> = Vec::new();
         let mut rbuf = Vec::new();
+        let mut ranges = Vec::new();
         let from = a.local_addr().unwrap();
         while got.len() < frames.len() {
             tokio::time::timeout(
                 std::time::Duration::from_secs(10),
-                recv(&b, &ob, &mut rbuf, 9000, |src, d| {
+                recv(&b, &ob, &mut rbuf, 9000, |src, r| {
                     assert_eq!(src, from);
-                    got.push(d.to_vec());
+                    ranges.push(r);
                 }),
             )
             .await
             .expect("frames lost on loopback")
             .unwrap();
+            for r in ranges.drain(..) {
+                got.push(rbuf[r].to_vec());
+            }
         }
         assert_eq!(got, frames);
     }
