@@ -134,6 +134,13 @@ impl Protector {
         self
     }
 
+    /// Whether a sealed frame is its header and payload as they are (level
+    /// `none` on the medium's checksum: no trailer, nothing encrypted), so
+    /// that the payload may be sent from where it lies.
+    pub fn seals_nothing(&self) -> bool {
+        self.level == Level::None && !self.crc
+    }
+
     /// The channel's level.
     pub fn level(&self) -> Level {
         self.level

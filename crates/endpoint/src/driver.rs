@@ -6,6 +6,7 @@
 
 // Keys the endpoint chooses itself (channel ids, tags, nonces): a fast
 // hash without DoS resistance; maps keyed by what a peer sends use std's.
+use bytes::Bytes;
 use rustc_hash::FxHashMap as HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -88,6 +89,11 @@ pub(crate) struct Driver {
     role: Role,
     waiters: HashMap<[u8; 16], mpsc::UnboundedSender<(PeerAddr, ReplyPart)>>,
     outbox: Vec<(PeerAddr, Vec<u8>)>,
+    /// Payloads sent from where they lie after their frame's header, by
+    /// index into `outbox` (level `none` on UDP).
+    tails: Vec<(usize, Vec<Bytes>)>,
+    /// Emptied payload lists, kept for reuse.
+    spare_tails: Vec<Vec<Bytes>>,
     /// A channel had more to send than one round takes.
     busy: bool,
     spare: Vec<Vec<u8>>,
@@ -127,6 +133,8 @@ impl Driver {
             role,
             waiters: HashMap::default(),
             outbox: Vec::new(),
+            tails: Vec::new(),
+            spare_tails: Vec::new(),
             busy: false,
             spare: Vec::new(),
             wake: Arc::new(Notify::new()),
@@ -173,15 +181,20 @@ impl Driver {
             self.on_timers(now);
             self.pump(now);
             if !self.outbox.is_empty() {
-                let r = self.medium.send_batch(&mut self.outbox).await;
+                let r = self.medium.send_batch(&mut self.outbox, &self.tails).await;
                 for (_, f) in self.outbox.drain(..) {
                     self.spare.push(f);
+                }
+                for (_, mut t) in self.tails.drain(..) {
+                    t.clear();
+                    self.spare_tails.push(t);
                 }
                 if let Err(e) = r {
                     warn!(medium = %self.medium.local(), error = %e, "sending failed");
                 }
             }
             self.spare.truncate(1024);
+            self.spare_tails.truncate(1024);
             if !handles_open && self.channels.is_empty() && self.connecting.is_empty() {
                 break;
             }
@@ -645,15 +658,25 @@ impl Driver {
                 }
             }
             let mut sent = 0;
+            let mut tail = self.spare_tails.pop().unwrap_or_default();
             while sent < FRAMES_PER_ROUND {
                 let mut buf = self.spare.pop().unwrap_or_default();
-                if !c.ch.poll_transmit_after(now, &mut buf, headroom) {
+                if !c
+                    .ch
+                    .poll_transmit_gather(now, &mut buf, headroom, &mut tail)
+                {
                     self.spare.push(buf);
                     break;
+                }
+                if !tail.is_empty() {
+                    let next = self.spare_tails.pop().unwrap_or_default();
+                    self.tails
+                        .push((self.outbox.len(), std::mem::replace(&mut tail, next)));
                 }
                 self.outbox.push((c.info.peer, buf));
                 sent += 1;
             }
+            self.spare_tails.push(tail);
             self.busy |= sent == FRAMES_PER_ROUND;
             let acked = c.written.saturating_sub(c.ch.send_buffered());
             if acked > c.released {

@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use ethersan_link::{EthernetHeader, Link, MacAddr, HEADER_LEN};
 use tokio::net::UdpSocket;
 
@@ -220,12 +221,24 @@ impl Medium {
     /// Every buffer starts with [`Medium::headroom`] bytes for the link
     /// header, filled in here (on an AF_PACKET link the frame is built in
     /// its transmit slot: the header written there, the buffer left as is).
+    ///
+    /// `tails` are gathered payloads, by index into `frames` (ascending):
+    /// each goes after its frame's bytes in the same datagram (UDP sends
+    /// it from where it lies; Ethernet appends it to the frame first).
     pub(crate) async fn send_batch(
         &self,
         frames: &mut [(PeerAddr, Vec<u8>)],
+        tails: &[(usize, Vec<Bytes>)],
     ) -> std::io::Result<()> {
         match self {
             Medium::Ethernet(link) => {
+                for (i, tail) in tails {
+                    if let Some((_, f)) = frames.get_mut(*i) {
+                        for b in tail {
+                            f.extend_from_slice(b);
+                        }
+                    }
+                }
                 let src = link.mac();
                 let ethertype = link.ethertype();
                 if matches!(**link, Link::Packet(_)) {
@@ -278,11 +291,23 @@ impl Medium {
             Medium::Udp {
                 socket, offload, ..
             } => {
-                let list: Vec<(SocketAddr, &[u8])> = frames
+                let mut tails = tails.iter().peekable();
+                let list: Vec<udp::Datagram<'_>> = frames
                     .iter()
-                    .filter_map(|(peer, f)| match peer {
-                        PeerAddr::Udp(to) => Some((*to, f.as_slice())),
-                        PeerAddr::Mac(_) => None,
+                    .enumerate()
+                    .filter_map(|(i, (peer, f))| {
+                        while tails.next_if(|(k, _)| *k < i).is_some() {}
+                        let tail = tails
+                            .next_if(|(k, _)| *k == i)
+                            .map_or(&[][..], |(_, t)| t.as_slice());
+                        match peer {
+                            PeerAddr::Udp(to) => Some(udp::Datagram {
+                                to: *to,
+                                head: f.as_slice(),
+                                tail,
+                            }),
+                            PeerAddr::Mac(_) => None,
+                        }
                     })
                     .collect();
                 udp::send(socket, offload, &list).await

@@ -361,6 +361,11 @@ pub struct Channel {
     unacked_bytes: usize,
     /// Bytes left before the frame by the current `poll_transmit_after`.
     headroom: usize,
+    /// Set by [`Channel::poll_transmit_gather`]: a data frame's payload
+    /// goes to `tail` instead of being copied after its header.
+    gather: bool,
+    /// The payload of the frame just written, when `gather` applies.
+    tail: Vec<Bytes>,
     rtx: VecDeque<u32>,
     /// (transmission index, sequence number) of transmissions in order.
     sent_log: VecDeque<(u64, u32)>,
@@ -444,6 +449,8 @@ impl Channel {
             sent: VecDeque::new(),
             unacked_bytes: 0,
             headroom: 0,
+            gather: false,
+            tail: Vec::new(),
             rtx: VecDeque::new(),
             sent_log: VecDeque::new(),
             next_pn: 0,

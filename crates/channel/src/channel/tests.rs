@@ -304,3 +304,56 @@ fn a_spurious_fast_retransmit_is_undone() {
     assert_eq!(a.stats().retransmits, 0);
     assert_eq!(b.recv_message().map(|m| m.len()), Some(600));
 }
+
+/// A gathered frame (header in `out`, payload as slices) is byte for byte
+/// the frame copied whole, for messages spanning parts and placed data,
+/// where the protection leaves payloads as they are; where it does not
+/// (a CRC trailer), nothing is gathered.
+#[test]
+fn gathered_frames_equal_copied_frames() {
+    let t0 = Instant::now();
+    let cfg = ChannelConfig {
+        max_frame: 100,
+        initial_cwnd: 64,
+        ..ChannelConfig::default()
+    };
+    for plain in [true, false] {
+        let protector = || {
+            if plain {
+                Protector::crc_only().medium_checksum()
+            } else {
+                Protector::crc_only()
+            }
+        };
+        let mut copied = Channel::new(cfg.clone(), 1, 2, protector(), t0);
+        let mut gathered = Channel::new(cfg.clone(), 1, 2, protector(), t0);
+        for ch in [&mut copied, &mut gathered] {
+            let parts = [
+                Bytes::from(vec![7u8; 30]),
+                Bytes::from((0..=255u8).collect::<Vec<u8>>()),
+                Bytes::from(vec![9u8; 5]),
+            ];
+            ch.send_parts(parts.to_vec()).expect("send");
+            ch.send_placed(5, 1000, Bytes::from((0..150u8).collect::<Vec<u8>>()))
+                .expect("send placed");
+        }
+        let mut a = Vec::new();
+        let mut b = Vec::new();
+        let mut payload = Vec::new();
+        let mut frames = 0;
+        let mut gathered_any = false;
+        while copied.poll_transmit_after(t0, &mut a, 14) {
+            assert!(gathered.poll_transmit_gather(t0, &mut b, 14, &mut payload));
+            gathered_any |= !payload.is_empty();
+            for p in payload.drain(..) {
+                b.extend_from_slice(&p);
+            }
+            assert_eq!(a, b, "frame {frames}");
+            frames += 1;
+        }
+        assert!(!gathered.poll_transmit_gather(t0, &mut b, 14, &mut payload));
+        assert!(frames > 5, "{frames} frames");
+        assert_eq!(gathered_any, plain);
+        assert_eq!(copied.stats().bytes_sent, gathered.stats().bytes_sent);
+    }
+}

@@ -13,6 +13,27 @@ impl Channel {
         self.poll_transmit_after(now, out, 0)
     }
 
+    /// [`poll_transmit_after`](Self::poll_transmit_after) without copying
+    /// a data frame's payload where the protection leaves it as it is
+    /// (level `none` on a medium with its own checksum): `out` then holds
+    /// the headroom and the header, and the payload is appended to
+    /// `payload` as slices of the queued data, to be sent after `out` as
+    /// one datagram (a gather list). Otherwise `payload` is left alone and
+    /// `out` holds the whole frame.
+    pub fn poll_transmit_gather(
+        &mut self,
+        now: Instant,
+        out: &mut Vec<u8>,
+        headroom: usize,
+        payload: &mut Vec<Bytes>,
+    ) -> bool {
+        self.gather = self.protector.seals_nothing();
+        let sent = self.poll_transmit_after(now, out, headroom);
+        self.gather = false;
+        payload.append(&mut self.tail);
+        sent
+    }
+
     /// [`poll_transmit`](Self::poll_transmit) leaving `headroom` bytes
     /// before the frame in `out` (room for a link header the caller fills
     /// in, so that the frame is not copied again to add it).
@@ -242,6 +263,14 @@ impl Channel {
                 let header = self.header(Kind::Data, flags, seq, frag, len);
                 header.write(out);
                 self.sent_header();
+                if self.gather {
+                    let tail = &mut self.tail;
+                    walk_parts(&parts, at, usize::from(len), |k, r| {
+                        tail.push(parts[k].slice(r));
+                    });
+                    self.count_sent(out);
+                    return;
+                }
                 let mut slices: [&[u8]; 8] = [&[]; 8];
                 let n = gather(&parts, at, usize::from(len), &mut slices);
                 if n <= slices.len() {
@@ -257,6 +286,11 @@ impl Channel {
                 let header = Header::placed(self.peer_id, self.next_pn, seq, len, *tag, *offset);
                 self.next_pn += 1;
                 header.write(out);
+                if self.gather {
+                    self.tail.push(data.clone());
+                    self.count_sent(out);
+                    return;
+                }
                 self.protector.seal_gather(out, start, &[&data[..]]);
             }
         }
@@ -272,8 +306,9 @@ impl Channel {
     }
 
     fn count_sent(&mut self, out: &[u8]) {
+        let tail: usize = self.tail.iter().map(|b| b.len()).sum();
         self.stats.frames_sent += 1;
-        self.stats.bytes_sent += (out.len() - self.headroom.min(out.len())) as u64;
+        self.stats.bytes_sent += (out.len() - self.headroom.min(out.len()) + tail) as u64;
     }
 
     /// Whether the next frame to go is placed data (which carries no
@@ -342,8 +377,19 @@ fn gather_into<'a>(parts: &'a [Bytes], start: usize, len: usize, out: &mut Vec<&
     walk(parts, start, len, |s| out.push(s));
 }
 
-fn walk<'a>(parts: &'a [Bytes], mut start: usize, mut len: usize, mut f: impl FnMut(&'a [u8])) {
-    for p in parts {
+fn walk<'a>(parts: &'a [Bytes], start: usize, len: usize, mut f: impl FnMut(&'a [u8])) {
+    walk_parts(parts, start, len, |k, r| f(&parts[k][r]));
+}
+
+/// Calls `f` with the index and range of each part's share of the `len`
+/// bytes from `start` of `parts`, in order.
+fn walk_parts(
+    parts: &[Bytes],
+    mut start: usize,
+    mut len: usize,
+    mut f: impl FnMut(usize, std::ops::Range<usize>),
+) {
+    for (k, p) in parts.iter().enumerate() {
         if len == 0 {
             break;
         }
@@ -352,7 +398,7 @@ fn walk<'a>(parts: &'a [Bytes], mut start: usize, mut len: usize, mut f: impl Fn
             continue;
         }
         let take = (p.len() - start).min(len);
-        f(&p[start..start + take]);
+        f(k, start..start + take);
         start = 0;
         len -= take;
     }

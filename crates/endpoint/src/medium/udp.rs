@@ -9,6 +9,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use bytes::Bytes;
 use tokio::io::Interest;
 use tokio::net::UdpSocket;
 
@@ -20,6 +21,8 @@ const UDP_GRO: libc::c_int = 104;
 const GSO_MAX_SEGMENTS: usize = 64;
 /// Most bytes of one `UDP_SEGMENT` send (an IP packet's limit, less headers).
 const GSO_MAX_BYTES: usize = 65_000;
+/// Most pieces of one `sendmsg` (the kernel's `UIO_MAXIOV`).
+const MAX_IOV: usize = 1024;
 /// Messages per `sendmmsg` / `recvmmsg` call.
 pub(crate) const MMSG_BATCH: usize = 64;
 /// Bytes of each receive slot: a whole coalesced (GRO) buffer fits.
@@ -158,38 +161,75 @@ fn dropped(e: &std::io::Error) -> bool {
     )
 }
 
+/// One datagram to send: `head`, then the bytes of `tail` (a gather
+/// list: the payload sent from where it lies).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Datagram<'a> {
+    /// Its destination.
+    pub(crate) to: SocketAddr,
+    /// Its first bytes.
+    pub(crate) head: &'a [u8],
+    /// The rest, in order.
+    pub(crate) tail: &'a [Bytes],
+}
+
+impl Datagram<'_> {
+    /// Its length in bytes.
+    fn len(&self) -> usize {
+        self.head.len() + self.tail.iter().map(|b| b.len()).sum::<usize>()
+    }
+
+    /// Appends its pieces to a gather list.
+    fn iovecs(&self, out: &mut Vec<libc::iovec>) {
+        out.push(libc::iovec {
+            iov_base: self.head.as_ptr() as *mut libc::c_void,
+            iov_len: self.head.len(),
+        });
+        for b in self.tail.iter().filter(|b| !b.is_empty()) {
+            out.push(libc::iovec {
+                iov_base: b.as_ptr() as *mut libc::c_void,
+                iov_len: b.len(),
+            });
+        }
+    }
+}
+
 /// Sends `frames` (each to its peer): runs of equal-sized frames to one
 /// peer as `UDP_SEGMENT` sends when `off` allows, the rest by `sendmmsg`.
 /// Lost frames are not an error.
 pub(crate) async fn send(
     socket: &UdpSocket,
     off: &Offload,
-    frames: &[(SocketAddr, &[u8])],
+    frames: &[Datagram<'_>],
 ) -> std::io::Result<()> {
+    let lens: Vec<usize> = frames.iter().map(Datagram::len).collect();
     // Whether frames[k] and frames[k + 1] can share one GSO send.
     let pairs = |k: usize| {
         k + 1 < frames.len()
-            && frames[k + 1].0 == frames[k].0
-            && !frames[k].1.is_empty()
-            && frames[k + 1].1.len() <= frames[k].1.len()
+            && frames[k + 1].to == frames[k].to
+            && lens[k] > 0
+            && lens[k + 1] <= lens[k]
     };
     let mut i = 0;
     while i < frames.len() {
         if off.gso() && pairs(i) {
             // A run: same peer, same size (the last may be shorter).
-            let (to, first) = frames[i];
-            let size = first.len();
+            let to = frames[i].to;
+            let size = lens[i];
             let mut j = i + 1;
             let mut bytes = size;
+            let mut pieces = 1 + frames[i].tail.len();
             while j < frames.len()
                 && j - i < GSO_MAX_SEGMENTS
-                && frames[j].0 == to
-                && frames[j].1.len() <= size
-                && bytes + frames[j].1.len() <= GSO_MAX_BYTES
+                && pieces + 1 + frames[j].tail.len() <= MAX_IOV
+                && frames[j].to == to
+                && lens[j] <= size
+                && bytes + lens[j] <= GSO_MAX_BYTES
             {
-                bytes += frames[j].1.len();
+                bytes += lens[j];
+                pieces += 1 + frames[j].tail.len();
                 j += 1;
-                if frames[j - 1].1.len() < size {
+                if lens[j - 1] < size {
                     break;
                 }
             }
@@ -226,14 +266,12 @@ pub(crate) async fn send(
 }
 
 /// The frames' bytes as the kernel's gather list.
-fn iovecs(frames: &[(SocketAddr, &[u8])]) -> Vec<libc::iovec> {
-    frames
-        .iter()
-        .map(|(_, f)| libc::iovec {
-            iov_base: f.as_ptr() as *mut libc::c_void,
-            iov_len: f.len(),
-        })
-        .collect()
+fn iovecs(frames: &[Datagram<'_>]) -> Vec<libc::iovec> {
+    let mut out = Vec::with_capacity(frames.len() * 2);
+    for f in frames {
+        f.iovecs(&mut out);
+    }
+    out
 }
 
 /// One `sendmsg` with a `UDP_SEGMENT` control message: `frames`, each
@@ -242,7 +280,7 @@ async fn send_gso(
     socket: &UdpSocket,
     to: SocketAddr,
     size: usize,
-    frames: &[(SocketAddr, &[u8])],
+    frames: &[Datagram<'_>],
 ) -> std::io::Result<()> {
     let (mut addr, addr_len) = to_raw(&to);
     let mut control = [0u64; CMSG_ROOM / 8];
@@ -281,25 +319,35 @@ async fn send_gso(
 }
 
 /// `sendmmsg` of `frames`, each one datagram, retried on partial sends.
-async fn send_mmsg(socket: &UdpSocket, frames: &[(SocketAddr, &[u8])]) -> std::io::Result<()> {
+async fn send_mmsg(socket: &UdpSocket, frames: &[Datagram<'_>]) -> std::io::Result<()> {
     let mut addrs: Vec<(libc::sockaddr_storage, libc::socklen_t)> =
-        frames.iter().map(|(a, _)| to_raw(a)).collect();
+        frames.iter().map(|f| to_raw(&f.to)).collect();
     let mut done = 0;
     while done < frames.len() {
         let end = (done + MMSG_BATCH).min(frames.len());
         let r = socket
             .async_io(Interest::WRITABLE, || {
-                let mut iov = iovecs(&frames[done..end]);
+                // Each message's pieces, consecutive in one list.
+                let mut iov: Vec<libc::iovec> = Vec::with_capacity((end - done) * 2);
+                let mut runs: Vec<(usize, usize)> = Vec::with_capacity(end - done);
+                for f in &frames[done..end] {
+                    let at = iov.len();
+                    f.iovecs(&mut iov);
+                    runs.push((at, iov.len() - at));
+                }
+                let base = iov.as_mut_ptr();
                 let mut msgs: Vec<libc::mmsghdr> = (done..end)
-                    .zip(iov.iter_mut())
-                    .map(|(k, v)| {
+                    .zip(runs.iter())
+                    .map(|(k, &(at, n))| {
                         // SAFETY: mmsghdr is plain data; all-zero is valid.
                         let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
                         m.msg_hdr.msg_name =
                             (&mut addrs[k].0 as *mut libc::sockaddr_storage).cast();
                         m.msg_hdr.msg_namelen = addrs[k].1;
-                        m.msg_hdr.msg_iov = v;
-                        m.msg_hdr.msg_iovlen = 1;
+                        // SAFETY: at + n <= iov.len(): the run was pushed
+                        // above and `iov` is not changed after.
+                        m.msg_hdr.msg_iov = unsafe { base.add(at) };
+                        m.msg_hdr.msg_iovlen = n as _;
                         m
                     })
                     .collect();
@@ -449,7 +497,34 @@ mod tests {
         let frames: Vec<Vec<u8>> = (0..20u8)
             .map(|k| vec![k; if k == 19 { 1234 } else { 9000 }])
             .collect();
-        let list: Vec<(SocketAddr, &[u8])> = frames.iter().map(|f| (to, f.as_slice())).collect();
+        // Half the frames as a header and a gathered payload.
+        let tails: Vec<[Bytes; 2]> = frames
+            .iter()
+            .map(|f| {
+                let b = Bytes::copy_from_slice(&f[f.len().min(16)..]);
+                [b.slice(..b.len() / 2), b.slice(b.len() / 2..)]
+            })
+            .collect();
+        let list: Vec<Datagram<'_>> = frames
+            .iter()
+            .zip(&tails)
+            .enumerate()
+            .map(|(k, (f, t))| {
+                if k % 2 == 0 {
+                    Datagram {
+                        to,
+                        head: f,
+                        tail: &[],
+                    }
+                } else {
+                    Datagram {
+                        to,
+                        head: &f[..f.len().min(16)],
+                        tail: t,
+                    }
+                }
+            })
+            .collect();
         send(&a, &oa, &list).await.unwrap();
         let mut got: Vec<Vec<u8>> = Vec::new();
         let mut rbuf = Vec::new();
