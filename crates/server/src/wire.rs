@@ -359,8 +359,16 @@ pub(crate) fn spawn_message_writer(
     (tx, handle)
 }
 
-/// For a Data-In PDU whose data can travel placed (it has data, and no
-/// data digest covers it): its ITT and buffer offset.
+/// A read whose whole data is at most this long goes inline with its
+/// Data-In (one message, usually one frame) rather than placed (a placed
+/// frame and a header message): the same one copy on the initiator, half
+/// the frames. The same bound as the initiator's unsolicited writes
+/// (`ethersan_initiator::MESSAGES_FIRST_BURST`).
+pub(crate) const INLINE_READ_MAX: usize = 8192;
+
+/// For a Data-In PDU whose data travels placed (it has data, no data
+/// digest covers it, and it is not a small read's whole data): its ITT
+/// and buffer offset.
 fn placed_data_in(f: &Frame, data_digest: bool) -> Option<(u32, u64)> {
     let b = &f.bhs.0;
     let data_in = b[0] & 0x3f == 0x25;
@@ -369,6 +377,14 @@ fn placed_data_in(f: &Frame, data_digest: bool) -> Option<(u32, u64)> {
     }
     let itt = u32::from_be_bytes([b[16], b[17], b[18], b[19]]);
     let offset = u32::from_be_bytes([b[40], b[41], b[42], b[43]]);
+    // Offset 0 and the final bit: this PDU is the task's whole data. (A
+    // later PDU of a larger read stays placed even when short: the
+    // initiator takes a Data-In with status and inline data as the whole
+    // answer and drops the read's registration.)
+    let whole = offset == 0 && b[1] & 0x80 != 0;
+    if whole && f.data.len() <= INLINE_READ_MAX {
+        return None;
+    }
     Some((itt, u64::from(offset)))
 }
 

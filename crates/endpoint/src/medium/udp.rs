@@ -194,37 +194,36 @@ impl Datagram<'_> {
     }
 }
 
-/// Sends `frames` (each to its peer): runs of equal-sized frames to one
-/// peer as `UDP_SEGMENT` sends when `off` allows, the rest by `sendmmsg`.
-/// Lost frames are not an error.
-pub(crate) async fn send(
-    socket: &UdpSocket,
-    off: &Offload,
-    frames: &[Datagram<'_>],
-) -> std::io::Result<()> {
-    let lens: Vec<usize> = frames.iter().map(Datagram::len).collect();
-    // Whether frames[k] and frames[k + 1] can share one GSO send.
-    let pairs = |k: usize| {
-        k + 1 < frames.len()
-            && frames[k + 1].to == frames[k].to
-            && lens[k] > 0
-            && lens[k + 1] <= lens[k]
-    };
-    let mut i = 0;
+/// One message of a `sendmmsg`: `frames[start..end]` to one peer, cut by
+/// the kernel into datagrams of `seg` bytes (`UDP_SEGMENT`) when `seg` is
+/// not zero, else one datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Planned {
+    start: usize,
+    end: usize,
+    seg: usize,
+}
+
+/// Groups `frames[from..]` into messages: with `gso`, each run of frames
+/// to one peer, of one size (the last may be shorter), within the
+/// kernel's limits, is one segmented message; every other frame is a
+/// message of its own.
+fn plan(frames: &[Datagram<'_>], lens: &[usize], from: usize, gso: bool) -> Vec<Planned> {
+    let mut out = Vec::new();
+    let mut i = from;
     while i < frames.len() {
-        if off.gso() && pairs(i) {
-            // A run: same peer, same size (the last may be shorter).
-            let to = frames[i].to;
-            let size = lens[i];
-            let mut j = i + 1;
+        let size = lens[i];
+        let mut j = i + 1;
+        if gso && size > 0 {
             let mut bytes = size;
             let mut pieces = 1 + frames[i].tail.len();
             while j < frames.len()
                 && j - i < GSO_MAX_SEGMENTS
-                && pieces + 1 + frames[j].tail.len() <= MAX_IOV
-                && frames[j].to == to
+                && frames[j].to == frames[i].to
                 && lens[j] <= size
+                && lens[j] > 0
                 && bytes + lens[j] <= GSO_MAX_BYTES
+                && pieces + 1 + frames[j].tail.len() <= MAX_IOV
             {
                 bytes += lens[j];
                 pieces += 1 + frames[j].tail.len();
@@ -233,144 +232,123 @@ pub(crate) async fn send(
                     break;
                 }
             }
-            if j - i > 1 {
-                match send_gso(socket, to, size, &frames[i..j]).await {
-                    Ok(()) => {
-                        i = j;
-                        continue;
-                    }
-                    Err(e) if matches!(e.raw_os_error(), Some(libc::EIO) | Some(libc::EINVAL)) => {
-                        // The device or kernel cannot segment: from now on
-                        // every frame goes by sendmmsg.
-                        off.gso.store(false, Ordering::Relaxed);
-                        tracing::debug!(error = %e, "udp medium: UDP_SEGMENT refused, using sendmmsg");
-                        continue;
-                    }
-                    Err(e) if dropped(&e) => {
-                        i = j;
-                        continue;
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
         }
-        // Frames that start no run, batched by sendmmsg.
-        let mut end = i + 1;
-        while end < frames.len() && end - i < MMSG_BATCH && !(off.gso() && pairs(end)) {
-            end += 1;
-        }
-        send_mmsg(socket, &frames[i..end]).await?;
-        i = end;
-    }
-    Ok(())
-}
-
-/// The frames' bytes as the kernel's gather list.
-fn iovecs(frames: &[Datagram<'_>]) -> Vec<libc::iovec> {
-    let mut out = Vec::with_capacity(frames.len() * 2);
-    for f in frames {
-        f.iovecs(&mut out);
+        let seg = if j - i > 1 { size } else { 0 };
+        out.push(Planned {
+            start: i,
+            end: j,
+            seg,
+        });
+        i = j;
     }
     out
 }
 
-/// One `sendmsg` with a `UDP_SEGMENT` control message: `frames`, each
-/// `size` bytes but the last, as consecutive datagrams to `to`.
-async fn send_gso(
+/// Sends `frames` (each to its peer) in as few `sendmmsg` calls as the
+/// batch limit allows: runs of equal-sized frames to one peer as
+/// `UDP_SEGMENT` messages when `off` allows, the rest one datagram per
+/// message. Lost frames are not an error.
+pub(crate) async fn send(
     socket: &UdpSocket,
-    to: SocketAddr,
-    size: usize,
+    off: &Offload,
     frames: &[Datagram<'_>],
 ) -> std::io::Result<()> {
-    let (mut addr, addr_len) = to_raw(&to);
-    let mut control = [0u64; CMSG_ROOM / 8];
-    socket
-        .async_io(Interest::WRITABLE, || {
-            let mut iov = iovecs(frames);
-            // SAFETY: msghdr is plain data; all-zero is valid.
-            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-            msg.msg_name = (&mut addr as *mut libc::sockaddr_storage).cast();
-            msg.msg_namelen = addr_len;
-            msg.msg_iov = iov.as_mut_ptr();
-            msg.msg_iovlen = iov.len() as _;
-            msg.msg_control = control.as_mut_ptr().cast();
-            // SAFETY: CMSG_SPACE only computes a size.
-            msg.msg_controllen =
-                unsafe { libc::CMSG_SPACE(std::mem::size_of::<u16>() as u32) } as _;
-            // SAFETY: msg_control points at `control`, 8-aligned and
-            // larger than CMSG_SPACE(2); CMSG_FIRSTHDR of it is in bounds.
-            unsafe {
-                let cmsg = libc::CMSG_FIRSTHDR(&msg);
-                (*cmsg).cmsg_level = libc::SOL_UDP;
-                (*cmsg).cmsg_type = UDP_SEGMENT;
-                (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<u16>() as u32) as _;
-                std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<u16>(), size as u16);
+    let lens: Vec<usize> = frames.iter().map(Datagram::len).collect();
+    let mut plans = plan(frames, &lens, 0, off.gso());
+    let mut k = 0;
+    while k < plans.len() {
+        let end = (k + MMSG_BATCH).min(plans.len());
+        match send_planned(socket, frames, &plans[k..end]).await {
+            Ok(n) => k += n.max(1),
+            Err(e)
+                if plans[k].seg != 0
+                    && matches!(e.raw_os_error(), Some(libc::EIO) | Some(libc::EINVAL)) =>
+            {
+                // The device or kernel cannot segment: from now on every
+                // frame is a datagram of its own.
+                off.gso.store(false, Ordering::Relaxed);
+                tracing::debug!(error = %e, "udp medium: UDP_SEGMENT refused, one datagram per frame");
+                let from = plans[k].start;
+                plans.truncate(k);
+                plans.extend(plan(frames, &lens, from, false));
             }
-            // SAFETY: every pointer in msg (address, iovecs over the
-            // caller's frames, control) lives across the call.
-            let rc = unsafe { libc::sendmsg(socket.as_raw_fd(), &msg, 0) };
-            if rc < 0 {
-                Err(std::io::Error::last_os_error())
-            } else {
-                Ok(())
-            }
-        })
-        .await
-}
-
-/// `sendmmsg` of `frames`, each one datagram, retried on partial sends.
-async fn send_mmsg(socket: &UdpSocket, frames: &[Datagram<'_>]) -> std::io::Result<()> {
-    let mut addrs: Vec<(libc::sockaddr_storage, libc::socklen_t)> =
-        frames.iter().map(|f| to_raw(&f.to)).collect();
-    let mut done = 0;
-    while done < frames.len() {
-        let end = (done + MMSG_BATCH).min(frames.len());
-        let r = socket
-            .async_io(Interest::WRITABLE, || {
-                // Each message's pieces, consecutive in one list.
-                let mut iov: Vec<libc::iovec> = Vec::with_capacity((end - done) * 2);
-                let mut runs: Vec<(usize, usize)> = Vec::with_capacity(end - done);
-                for f in &frames[done..end] {
-                    let at = iov.len();
-                    f.iovecs(&mut iov);
-                    runs.push((at, iov.len() - at));
-                }
-                let base = iov.as_mut_ptr();
-                let mut msgs: Vec<libc::mmsghdr> = (done..end)
-                    .zip(runs.iter())
-                    .map(|(k, &(at, n))| {
-                        // SAFETY: mmsghdr is plain data; all-zero is valid.
-                        let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
-                        m.msg_hdr.msg_name =
-                            (&mut addrs[k].0 as *mut libc::sockaddr_storage).cast();
-                        m.msg_hdr.msg_namelen = addrs[k].1;
-                        // SAFETY: at + n <= iov.len(): the run was pushed
-                        // above and `iov` is not changed after.
-                        m.msg_hdr.msg_iov = unsafe { base.add(at) };
-                        m.msg_hdr.msg_iovlen = n as _;
-                        m
-                    })
-                    .collect();
-                // SAFETY: msgs and everything it points to (addresses,
-                // iovecs over the caller's frames) live across the call.
-                let rc = unsafe {
-                    libc::sendmmsg(socket.as_raw_fd(), msgs.as_mut_ptr(), msgs.len() as _, 0)
-                };
-                if rc < 0 {
-                    Err(std::io::Error::last_os_error())
-                } else {
-                    Ok(rc as usize)
-                }
-            })
-            .await;
-        match r {
-            Ok(n) => done += n.max(1),
-            // The first message's error: that frame is lost, go on.
-            Err(e) if dropped(&e) => done += 1,
+            // The first message's error: its frames are lost, go on.
+            Err(e) if dropped(&e) => k += 1,
             Err(e) => return Err(e),
         }
     }
     Ok(())
+}
+
+/// One `sendmmsg` of `plans` (at most [`MMSG_BATCH`]); how many messages
+/// the kernel took.
+async fn send_planned(
+    socket: &UdpSocket,
+    frames: &[Datagram<'_>],
+    plans: &[Planned],
+) -> std::io::Result<usize> {
+    let mut addrs: Vec<(libc::sockaddr_storage, libc::socklen_t)> =
+        plans.iter().map(|p| to_raw(&frames[p.start].to)).collect();
+    let mut control = vec![[0u64; CMSG_ROOM / 8]; plans.len()];
+    socket
+        .async_io(Interest::WRITABLE, || {
+            // Each message's pieces, consecutive in one list (made here:
+            // raw pointers do not cross the await).
+            let mut iov: Vec<libc::iovec> = Vec::with_capacity(plans.len() * 4);
+            let mut runs: Vec<(usize, usize)> = Vec::with_capacity(plans.len());
+            for p in plans {
+                let at = iov.len();
+                for f in &frames[p.start..p.end] {
+                    f.iovecs(&mut iov);
+                }
+                runs.push((at, iov.len() - at));
+            }
+            let base = iov.as_mut_ptr();
+            let mut msgs: Vec<libc::mmsghdr> = Vec::with_capacity(plans.len());
+            for (k, p) in plans.iter().enumerate() {
+                let (at, n) = runs[k];
+                // SAFETY: mmsghdr is plain data; all-zero is valid.
+                let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
+                m.msg_hdr.msg_name = (&mut addrs[k].0 as *mut libc::sockaddr_storage).cast();
+                m.msg_hdr.msg_namelen = addrs[k].1;
+                // SAFETY: at + n <= iov.len(): the run was pushed above and
+                // `iov` is not changed after.
+                m.msg_hdr.msg_iov = unsafe { base.add(at) };
+                m.msg_hdr.msg_iovlen = n as _;
+                if p.seg != 0 {
+                    m.msg_hdr.msg_control = control[k].as_mut_ptr().cast();
+                    // SAFETY: CMSG_SPACE only computes a size.
+                    m.msg_hdr.msg_controllen =
+                        unsafe { libc::CMSG_SPACE(std::mem::size_of::<u16>() as u32) } as _;
+                    // SAFETY: msg_control points at control[k], 8-aligned
+                    // and larger than CMSG_SPACE(2); CMSG_FIRSTHDR of it is
+                    // in bounds.
+                    unsafe {
+                        let cmsg = libc::CMSG_FIRSTHDR(&m.msg_hdr);
+                        (*cmsg).cmsg_level = libc::SOL_UDP;
+                        (*cmsg).cmsg_type = UDP_SEGMENT;
+                        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<u16>() as u32) as _;
+                        std::ptr::write_unaligned(
+                            libc::CMSG_DATA(cmsg).cast::<u16>(),
+                            p.seg as u16,
+                        );
+                    }
+                }
+                msgs.push(m);
+            }
+            // SAFETY: msgs and everything it points to (addresses, iovecs
+            // over the caller's frames, control buffers) live across the
+            // call.
+            let rc = unsafe {
+                libc::sendmmsg(socket.as_raw_fd(), msgs.as_mut_ptr(), msgs.len() as _, 0)
+            };
+            if rc < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(rc as usize)
+            }
+        })
+        .await
 }
 
 /// Waits for at least one datagram, then receives what is there now (one
@@ -546,6 +524,53 @@ mod tests {
             }
         }
         assert_eq!(got, frames);
+    }
+
+    /// Runs of one peer and one size (the last may be shorter) become one
+    /// segmented message; a larger frame, another peer or a short frame
+    /// ends a run; without GSO every frame is a message.
+    #[test]
+    fn plan_groups_runs_by_peer_and_size() {
+        let a: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let b: SocketAddr = "127.0.0.1:2".parse().unwrap();
+        let big = [0u8; 9000];
+        let small = [0u8; 100];
+        let d = |to, head| Datagram {
+            to,
+            head,
+            tail: &[],
+        };
+        let frames = [
+            d(a, &big[..]),
+            d(a, &big[..]),
+            d(a, &small[..]),
+            d(a, &big[..]),
+            d(b, &big[..]),
+            d(b, &big[..]),
+            d(b, &big[..]),
+            d(a, &small[..]),
+            d(a, &big[..]),
+        ];
+        let lens: Vec<usize> = frames.iter().map(Datagram::len).collect();
+        let p = |start, end, seg| Planned { start, end, seg };
+        assert_eq!(
+            plan(&frames, &lens, 0, true),
+            vec![
+                p(0, 3, 9000),
+                p(3, 4, 0),
+                p(4, 7, 9000),
+                p(7, 8, 0),
+                p(8, 9, 0)
+            ]
+        );
+        assert_eq!(plan(&frames, &lens, 0, false).len(), frames.len());
+        // At most 65,000 bytes per segmented message: 7 of 9000.
+        let many: Vec<Datagram<'_>> = (0..10).map(|_| d(a, &big[..])).collect();
+        let lens: Vec<usize> = many.iter().map(Datagram::len).collect();
+        assert_eq!(
+            plan(&many, &lens, 0, true),
+            vec![p(0, 7, 9000), p(7, 10, 9000)]
+        );
     }
 
     #[tokio::test]
