@@ -262,6 +262,18 @@ async fn scsi_commands_and_task_management_over_the_native_transport() {
     assert!(r.data == data, "read back differs");
     // The read's data came placed, straight into its buffer.
     assert_eq!(s.placed_bytes() - placed_before, 1 << 20, "Data-In placed");
+    // A read of at most 8 KiB comes inline with its one Data-In; one of
+    // 8 KiB + 512 is placed whole (its second Data-In too, however short).
+    let r = s.read16(0, 100, 16, 512).await.unwrap();
+    assert!(r.data == data[..8192], "8 KiB read back differs");
+    assert_eq!(s.placed_bytes() - placed_before, 1 << 20, "8 KiB inline");
+    let r = s.read16(0, 100, 17, 512).await.unwrap();
+    assert!(r.data == data[..8704], "8.5 KiB read back differs");
+    assert_eq!(
+        s.placed_bytes() - placed_before,
+        (1 << 20) + 8704,
+        "8.5 KiB placed"
+    );
     // COMPARE AND WRITE: block 100 holds data[..512].
     let mut caw = data[..512].to_vec();
     caw.extend_from_slice(&[0x5a; 512]);
