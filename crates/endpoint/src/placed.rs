@@ -303,3 +303,99 @@ impl Placement for Placing<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use ethersan_channel::aead::TrafficKeys;
+    use ethersan_channel::channel::{Channel, ChannelConfig};
+    use ethersan_channel::frame::{Header, HEADER_LEN};
+    use ethersan_channel::protect::Protector;
+    use ethersan_channel::Level;
+    use std::time::Instant;
+
+    fn pair(level: Level, now: Instant) -> (Channel, Channel) {
+        let (a, b) = ([7u8; 32], [9u8; 32]);
+        let (pa, pb) = match level {
+            Level::None => (Protector::crc_only(), Protector::crc_only()),
+            _ => (
+                Protector::new(level, Some(TrafficKeys::new(a, b))).unwrap(),
+                Protector::new(level, Some(TrafficKeys::new(b, a))).unwrap(),
+            ),
+        };
+        let cfg = ChannelConfig {
+            max_frame: 140,
+            initial_cwnd: 64,
+            ..ChannelConfig::default()
+        };
+        (
+            Channel::new(cfg.clone(), 1, 2, pa, now),
+            Channel::new(cfg, 2, 1, pb, now),
+        )
+    }
+
+    fn pattern(len: usize) -> Bytes {
+        (0..len).map(|i| (i * 13 + i / 7) as u8).collect()
+    }
+
+    /// Placed frames into an uninitialised registration through the
+    /// channel: a forged frame over a fresh range lands nothing, frames
+    /// out of order and duplicated land each byte once, and the buffer is
+    /// data only once all of it has landed.
+    #[test]
+    fn uninitialised_registration_out_of_order_duplicated_and_forged() {
+        for level in [Level::None, Level::Integrity, Level::Encrypt] {
+            let now = Instant::now();
+            let (mut a, mut b) = pair(level, now);
+            let table = Placements::default();
+            table.expect(7, PlacedBuf::new(600));
+            let data = pattern(600);
+            a.send_placed(7, 0, data.clone()).unwrap();
+            let mut frames = Vec::new();
+            let mut out = Vec::new();
+            while a.poll_transmit(now, &mut out) {
+                if Header::parse(&out).is_ok_and(|h| h.is_placed()) {
+                    frames.push(out.clone());
+                }
+            }
+            assert!(frames.len() >= 3, "{level:?}: several frames");
+            let mut deliver = |f: &[u8]| {
+                let mut f = f.to_vec();
+                b.handle_frame_placing(now, &mut f, &mut table.placing())
+            };
+            // Forged (payload bit flipped, a fresh packet number) over a
+            // range where nothing has landed: rejected, nothing landed.
+            let mut forged = frames[0].clone();
+            forged[HEADER_LEN + 3] ^= 1;
+            forged[15] ^= 0x40;
+            assert!(deliver(&forged).is_err(), "{level:?}");
+            assert_eq!(table.with(7, |p| p.landed()), Some(0), "{level:?}");
+            assert_eq!(table.with(7, |p| p.get(0, 1).is_none()), Some(true));
+            // Out of order, each twice; the first frame last.
+            for f in frames[1..].iter().rev() {
+                deliver(f).expect("valid");
+                let _ = deliver(f);
+            }
+            let (covers, readable, partial) = table
+                .with(7, |p| {
+                    let first = p.ranges()[0].0 as usize;
+                    (
+                        p.covers(600),
+                        p.get(first, 600).map(<[u8]>::to_vec),
+                        p.get(0, 600).is_none(),
+                    )
+                })
+                .unwrap();
+            assert!(!covers && partial, "{level:?}: frame 0 missing");
+            let readable = readable.expect("the landed tail is readable");
+            assert_eq!(readable[..], data[600 - readable.len()..]);
+            deliver(&frames[0]).expect("valid");
+            // A forged copy of a landed frame spoils nothing.
+            assert!(deliver(&forged).is_err());
+            let p = table.release(7).expect("registered");
+            assert_eq!(p.landed(), 600, "{level:?}: each byte once");
+            assert_eq!(p.into_data(600).as_deref(), Some(&data[..]), "{level:?}");
+        }
+    }
+}
