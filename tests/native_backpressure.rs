@@ -368,7 +368,7 @@ async fn a_stopped_reader_and_an_unsolicited_flood_stay_within_the_budget() {
         .sender
         .release(first_unanswered)
         .expect("the buffer of the first unanswered read");
-    assert!(r.covers(1 << 20), "its data landed whole: {:?}", r.ranges);
+    assert!(r.covers(1 << 20), "its data landed whole: {:?}", r.ranges());
     drop(flood);
     let _ = good.logout().await;
 }

@@ -13,6 +13,8 @@
 //! can never move it. At level `none` it only drops frames duplicated by
 //! the network before the channel looks at them.
 
+use std::mem::MaybeUninit;
+
 use crate::aead::{TrafficKeys, TAG_LEN};
 use crate::frame::{peek_pn, FrameError, Header, HEADER_LEN};
 use crate::Level;
@@ -268,6 +270,27 @@ impl Protector {
     /// there while it is in cache (`ring` opens in place only), under
     /// either suite.
     pub fn verify_into(&mut self, frame: &[u8], dst: &mut [u8]) -> Result<Header, FrameError> {
+        // SAFETY: `verify_into_uninit` only ever writes initialised bytes
+        // (a copy of the frame's payload, then the AEAD's output over
+        // them), so `dst` holds initialised `u8`s whatever happens; the
+        // two types have the same layout.
+        let dst = unsafe { &mut *(std::ptr::from_mut::<[u8]>(dst) as *mut [MaybeUninit<u8>]) };
+        self.verify_into_uninit(frame, dst)
+    }
+
+    /// [`Protector::verify_into`] into memory that may not be initialised
+    /// (a read buffer registered for placed data, never zeroed): the
+    /// payload is copied into `dst` with one `MaybeUninit` copy, and only
+    /// then, once those bytes are initialised, viewed as `&mut [u8]` to be
+    /// decrypted in place. On success the first `len` bytes of `dst` (the
+    /// header's payload length) hold the payload; on error they are
+    /// initialised but unspecified (a forged frame's bytes), or untouched
+    /// when the frame was rejected before the copy.
+    pub fn verify_into_uninit(
+        &mut self,
+        frame: &[u8],
+        dst: &mut [MaybeUninit<u8>],
+    ) -> Result<Header, FrameError> {
         let header = Header::parse(frame)?;
         let trailer = self.trailer_len();
         let len = usize::from(header.len);
@@ -284,8 +307,7 @@ impl Protector {
             return Err(FrameError::Replayed { pn: header.pn });
         }
         let rest = &frame[end..end + trailer];
-        let dst = &mut dst[..len];
-        dst.copy_from_slice(&frame[HEADER_LEN..end]);
+        let dst: &mut [u8] = dst[..len].write_copy_of_slice(&frame[HEADER_LEN..end]);
         match (&mut self.keys, self.level) {
             (Some(keys), Level::Integrity | Level::Encrypt) => {
                 let mut tag = [0; TAG_LEN];

@@ -6,6 +6,7 @@
 //! into the buffer while a forged frame cannot spoil landed bytes.
 
 use std::collections::HashMap;
+use std::mem::MaybeUninit;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -21,7 +22,7 @@ const MS: Duration = Duration::from_millis(1);
 /// (counting every landing, to see that each byte lands once).
 #[derive(Default)]
 struct Table {
-    bufs: HashMap<u32, (Vec<u8>, Vec<bool>)>,
+    bufs: HashMap<u32, (Vec<MaybeUninit<u8>>, Vec<bool>)>,
     landings: u64,
 }
 
@@ -40,7 +41,7 @@ impl Placement for Table {
         })
     }
 
-    fn landed(&mut self, tag: u32, offset: u64, len: usize) {
+    unsafe fn landed(&mut self, tag: u32, offset: u64, len: usize) {
         if let Some((_, landed)) = self.bufs.get_mut(&tag) {
             let start = offset as usize;
             landed[start..start + len]
@@ -53,7 +54,15 @@ impl Placement for Table {
 
 impl Table {
     fn expect(&mut self, tag: u32, len: usize) {
-        self.bufs.insert(tag, (vec![0; len], vec![false; len]));
+        self.bufs
+            .insert(tag, (vec![MaybeUninit::new(0); len], vec![false; len]));
+    }
+    /// The buffer of `tag` as bytes.
+    fn data(&self, tag: u32) -> &[u8] {
+        let buf = &self.bufs[&tag].0;
+        // SAFETY: the buffer was made of initialised zeros and the channel
+        // only ever writes bytes (frame payloads) into it.
+        unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), buf.len()) }
     }
     fn complete(&self, tag: u32) -> bool {
         self.bufs
@@ -163,7 +172,7 @@ fn placed_frames_land_out_of_order_and_a_retransmission_overwrites_the_same_rang
         b.handle_frame_placing(t2, &mut lost.clone(), &mut table)
             .expect("valid");
         assert!(table.complete(77), "{level}");
-        assert_eq!(table.bufs[&77].0, data[..], "{level}: bytes intact");
+        assert_eq!(table.data(77), &data[..], "{level}: bytes intact");
         assert_eq!(b.recv_message().as_deref(), Some(&b"after"[..]));
         let s = b.stats();
         let frames_placed = 2000_usize.div_ceil(payload) as u64;
@@ -227,7 +236,7 @@ fn a_placed_frame_beyond_its_buffer_is_dropped_and_counted() {
     }
     assert_eq!(b.stats().placed_dropped, 1);
     assert_eq!(table.landings, 0);
-    assert!(table.bufs[&1].0.iter().all(|x| *x == 0));
+    assert!(table.data(1).iter().all(|x| *x == 0));
     assert_eq!(b.recv_message().as_deref(), Some(&b"m"[..]));
     // Without a table (plain handle_frame) every placed frame is dropped.
     a.send_placed(1, 0, pattern(10)).unwrap();
@@ -250,14 +259,14 @@ fn a_forged_placed_frame_is_rejected_and_spoils_no_landed_byte() {
         b.handle_frame_placing(t0, &mut f.clone(), &mut table)
             .expect("valid");
     }
-    assert_eq!(table.bufs[&3].0, data[..]);
+    assert_eq!(table.data(3), &data[..]);
     // A copy of frame 0 with a flipped ciphertext bit and a fresh packet
     // number, as a retransmission would be: rejected, bytes untouched.
     let mut forged = frames[0].clone();
     forged[HEADER_LEN + 3] ^= 1;
     forged[15] ^= 0x40;
     assert!(b.handle_frame_placing(t0, &mut forged, &mut table).is_err());
-    assert_eq!(table.bufs[&3].0, data[..], "landed bytes intact");
+    assert_eq!(table.data(3), &data[..], "landed bytes intact");
     assert_eq!(b.stats().rejected, 1);
 }
 

@@ -72,7 +72,7 @@ fn one_gib_back_to_back() {
 }
 
 /// One registered buffer that every placed frame lands in.
-struct OneBuffer(Vec<u8>, u64);
+struct OneBuffer(Vec<std::mem::MaybeUninit<u8>>, u64);
 
 impl Placement for OneBuffer {
     fn slot(&mut self, _tag: u32, offset: u64, len: usize) -> Option<PlaceSlot<'_>> {
@@ -80,7 +80,7 @@ impl Placement for OneBuffer {
         let dst = self.0.get_mut(start..start + len)?;
         Some(PlaceSlot { dst, fresh: true })
     }
-    fn landed(&mut self, _tag: u32, _offset: u64, len: usize) {
+    unsafe fn landed(&mut self, _tag: u32, _offset: u64, len: usize) {
         self.1 += len as u64;
     }
 }
@@ -97,7 +97,7 @@ fn placed(total: usize, chunk: usize, max_frame: usize) {
     let mut a = Channel::new(cfg.clone(), 1, 2, Protector::crc_only(), now);
     let mut b = Channel::new(cfg, 2, 1, Protector::crc_only(), now);
     let data = Bytes::from(vec![0x5A; chunk]);
-    let mut table = OneBuffer(vec![0; chunk], 0);
+    let mut table = OneBuffer(Box::<[u8]>::new_uninit_slice(chunk).into_vec(), 0);
     let (mut sent, mut responses) = (0usize, 0usize);
     let mut out = Vec::new();
     let mut frames = 0u64;

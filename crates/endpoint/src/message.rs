@@ -89,9 +89,19 @@ impl MessageSender {
         self.inner.send_placed(tag, offset, data).await
     }
 
-    /// Register `buf` to receive the data the peer places under `tag`.
+    /// Register `buf` to receive the data the peer places under `tag`
+    /// (readable whole: see [`PlacedBuf::from_vec`]).
     pub fn expect(&self, tag: u32, buf: Vec<u8>) {
-        self.inner.placements().expect(tag, buf);
+        self.inner
+            .placements()
+            .expect(tag, PlacedBuf::from_vec(buf));
+    }
+
+    /// Register a buffer of `len` bytes, not initialised, to receive the
+    /// data the peer places under `tag`: a read buffer is not zeroed; it
+    /// becomes data ([`PlacedBuf::into_data`]) once all of it has landed.
+    pub fn expect_len(&self, tag: u32, len: usize) {
+        self.inner.placements().expect(tag, PlacedBuf::new(len));
     }
 
     /// Take the buffer registered under `tag` back, with what landed in it.
@@ -143,9 +153,16 @@ impl std::fmt::Debug for Registrar {
 }
 
 impl Registrar {
-    /// Register `buf` to receive the data the peer places under `tag`.
+    /// Register `buf` to receive the data the peer places under `tag`
+    /// (readable whole: see [`PlacedBuf::from_vec`]).
     pub fn expect(&self, tag: u32, buf: Vec<u8>) {
-        self.shared.placements.expect(tag, buf);
+        self.shared.placements.expect(tag, PlacedBuf::from_vec(buf));
+    }
+
+    /// Register a buffer of `len` bytes, not initialised, under `tag` (see
+    /// [`MessageSender::expect_len`]).
+    pub fn expect_len(&self, tag: u32, len: usize) {
+        self.shared.placements.expect(tag, PlacedBuf::new(len));
     }
 
     /// Take the buffer registered under `tag` back, with what landed in it.
@@ -183,18 +200,63 @@ mod tests {
 
     #[test]
     fn ranges_merge_out_of_order_and_repeated() {
-        let mut p = PlacedBuf::new(vec![0; 100]);
+        let mut p = PlacedBuf::new(100);
         assert!(p.place(50, &[1; 25]));
         assert!(p.place(0, &[2; 25]));
         assert!(!p.covers(100));
         assert!(p.place(25, &[3; 25]));
         assert!(p.place(50, &[4; 25]));
-        assert_eq!(p.ranges, vec![(0, 75)]);
+        assert_eq!(p.ranges(), &[(0, 75)]);
         assert!(p.place(75, &[5; 25]));
         assert!(p.covers(100));
         assert_eq!(p.landed(), 100);
         assert!(!p.place(90, &[6; 20]));
-        assert_eq!(p.overflow, 1);
-        assert_eq!(&p.buf[50..75], &[4; 25]);
+        assert_eq!(p.overflow(), 1);
+        assert_eq!(p.get(50, 75), Some(&[4; 25][..]));
+        let data = p.into_data(100).expect("all landed");
+        assert_eq!(&data[..25], &[2; 25]);
+        assert_eq!(&data[50..75], &[4; 25]);
+    }
+
+    #[test]
+    fn a_partly_landed_buffer_is_never_data() {
+        let mut p = PlacedBuf::new(64);
+        assert!(p.place(16, &[1; 16]));
+        assert!(p.place(48, &[2; 16]));
+        // Landed ranges are readable, nothing across a gap.
+        assert_eq!(p.get(16, 32), Some(&[1; 16][..]));
+        assert_eq!(p.get(20, 24), Some(&[1; 4][..]));
+        assert_eq!(p.get(0, 16), None);
+        assert_eq!(p.get(16, 33), None);
+        assert_eq!(p.get(16, 64), None);
+        assert_eq!(p.get(48, 65), None, "beyond the buffer");
+        assert_eq!(p.get(10, 10), Some(&[][..]));
+        // Data only when all of [0, len) has landed.
+        let mut q = PlacedBuf::new(64);
+        assert!(q.place(0, &[3; 32]));
+        assert!(q.covers(32) && !q.covers(33));
+        assert!(PlacedBuf::new(64).into_data(1).is_none());
+        assert_eq!(PlacedBuf::new(64).into_data(0), Some(Vec::new()));
+        assert!(p.into_data(64).is_none(), "gaps at 0..16 and 32..48");
+        let mut short = PlacedBuf::new(64);
+        assert!(short.place(0, &[3; 32]));
+        assert!(short.place(32, &[4; 8]));
+        let d = short.into_data(40).expect("a short read: 0..40 landed");
+        assert_eq!(d.len(), 40);
+        assert_eq!(&d[32..], &[4; 8]);
+        let mut beyond = PlacedBuf::new(8);
+        assert!(beyond.place(0, &[5; 8]));
+        assert!(beyond.into_data(9).is_none(), "beyond the buffer");
+    }
+
+    #[test]
+    fn an_initialised_registration_is_readable_whole() {
+        let mut p = PlacedBuf::from_vec(vec![9; 32]);
+        assert_eq!(p.landed(), 0);
+        assert!(p.place(8, &[1; 8]));
+        assert_eq!(p.get(0, 32).map(|b| b[0]), Some(9));
+        let d = p.into_data(32).expect("initialised");
+        assert_eq!(&d[..8], &[9; 8]);
+        assert_eq!(&d[8..16], &[1; 8]);
     }
 }

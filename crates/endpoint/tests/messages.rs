@@ -85,7 +85,7 @@ async fn placed_data_lands_before_the_message_that_follows_it() {
         .await
         .expect("connect");
     let mut m = stream.into_messages();
-    m.sender.expect(42, vec![0u8; total]);
+    m.sender.expect_len(42, total);
     m.sender
         .send(&[Bytes::copy_from_slice(&42u32.to_be_bytes())])
         .await
@@ -93,9 +93,10 @@ async fn placed_data_lands_before_the_message_that_follows_it() {
     let done = m.receiver.recv().await.expect("recv").expect("done");
     assert_eq!(&done[..], b"done");
     let placed = m.sender.release(42).expect("registered");
-    assert!(placed.covers(total as u64), "{:?}", placed.ranges);
+    assert!(placed.covers(total as u64), "{:?}", placed.ranges());
     assert_eq!(placed.landed(), total as u64);
-    assert!(placed.buf == payload[..], "the data landed intact");
+    let data = placed.into_data(total).expect("all landed");
+    assert!(data == payload[..], "the data landed intact");
     let bye = m.receiver.recv().await.expect("recv").expect("bye");
     assert_eq!(&bye[..], b"bye");
     assert!(m.sender.release(42).is_none(), "released once");

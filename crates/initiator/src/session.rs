@@ -601,8 +601,22 @@ impl<W> Driver<W> {
             Error::Protocol(format!("task {:#x}: no buffer for its placed data", d.itt))
         })?;
         let end = check_placed(d.itt, &announced, &placed)?;
-        let mut buf = placed.buf;
-        buf.truncate(end as usize);
+        // The buffer was never zeroed: it is data only if all of it up to
+        // the end of the data has landed (the announced ranges leave no
+        // gap).
+        if !placed.covers(end) {
+            return Err(Error::Protocol(format!(
+                "task {:#x}: the Data-In the target announced leaves a gap in 0..{end} (landed: {:?})",
+                d.itt,
+                placed.ranges()
+            )));
+        }
+        let buf = placed.into_data(end as usize).ok_or_else(|| {
+            Error::Protocol(format!(
+                "task {:#x}: Data-In beyond the read's buffer",
+                d.itt
+            ))
+        })?;
         self.placed
             .read
             .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
@@ -622,7 +636,7 @@ fn check_placed(itt: u32, announced: &[(u32, u32)], placed: &PlacedBuf) -> Resul
     let mut end = 0u64;
     for &(off, len) in announced {
         let (s, e) = (u64::from(off), u64::from(off) + u64::from(len));
-        let covered = placed.ranges.iter().any(|&(a, b)| a <= s && e <= b);
+        let covered = placed.ranges().iter().any(|&(a, b)| a <= s && e <= b);
         if !covered {
             return Err(Error::Protocol(format!(
                 "task {itt:#x}: the target announced Data-In bytes {s}..{e} that never arrived (placed data missing): the read's data is incomplete"
@@ -661,7 +675,8 @@ async fn send_message(
     let edtl = u32::from_be_bytes([b[20], b[21], b[22], b[23]]);
     if scsi_read && edtl > 0 && !p.data_digest {
         let itt = u32::from_be_bytes([b[16], b[17], b[18], b[19]]);
-        tx.expect(itt, vec![0u8; edtl as usize]);
+        // Not zeroed: every byte the read returns is one that landed.
+        tx.expect_len(itt, edtl as usize);
         reads.insert(itt, Vec::new());
     }
     let e = crate::framer(p).encode(&t.bhs, &t.ahs, &t.data);
@@ -799,11 +814,11 @@ mod placed_tests {
     use super::*;
 
     fn placed(ranges: &[(u64, u64)]) -> PlacedBuf {
-        PlacedBuf {
-            buf: vec![0; 4096],
-            ranges: ranges.to_vec(),
-            overflow: 0,
+        let mut p = PlacedBuf::new(4096);
+        for &(s, e) in ranges {
+            assert!(p.place(s, &vec![1; (e - s) as usize]));
         }
+        p
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! Where placed data lands (docs/native-transport.md, "Placed data").
 
+use std::mem::MaybeUninit;
+
 /// Where placed data lands: what [`Channel::handle_frame_placing`](super::Channel::handle_frame_placing) asks
 /// for the destination of each placed frame (the endpoint's table of
 /// registered buffers; tests' own).
@@ -10,17 +12,27 @@ pub trait Placement {
     fn slot(&mut self, tag: u32, offset: u64, len: usize) -> Option<PlaceSlot<'_>>;
     /// The bytes handed out by [`Placement::slot`] for `(tag, offset,
     /// len)` hold verified data now.
-    fn landed(&mut self, tag: u32, offset: u64, len: usize);
+    ///
+    /// # Safety
+    ///
+    /// Every one of those `len` bytes has been written (since the slot was
+    /// handed out) with the frame's verified payload: an implementation may
+    /// from now on read them as initialised `u8`s (hand the buffer out as a
+    /// `Vec<u8>` once its whole length has landed).
+    unsafe fn landed(&mut self, tag: u32, offset: u64, len: usize);
 }
 
 /// A destination for a placed frame's payload.
 #[derive(Debug)]
 pub struct PlaceSlot<'a> {
-    /// Exactly the frame's payload length.
-    pub dst: &'a mut [u8],
+    /// Exactly the frame's payload length; possibly not initialised (a
+    /// read buffer is never zeroed): the channel writes it with
+    /// `MaybeUninit` copies and views it as bytes only once written.
+    pub dst: &'a mut [MaybeUninit<u8>],
     /// No byte of `dst` has landed yet: the frame may be verified straight
     /// into it (a forged frame leaves garbage only where nothing has
-    /// landed). Otherwise it is verified in place first, then copied.
+    /// landed, and those bytes are not reported as landed). Otherwise it
+    /// is verified in place first, then copied.
     pub fresh: bool,
 }
 
@@ -32,5 +44,5 @@ impl Placement for NoPlacement {
     fn slot(&mut self, _tag: u32, _offset: u64, _len: usize) -> Option<PlaceSlot<'_>> {
         None
     }
-    fn landed(&mut self, _tag: u32, _offset: u64, _len: usize) {}
+    unsafe fn landed(&mut self, _tag: u32, _offset: u64, _len: usize) {}
 }

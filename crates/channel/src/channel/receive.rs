@@ -62,14 +62,23 @@ impl Channel {
         if live && self.is_new(h.seq) {
             if let Some(slot) = placement.slot(tag, offset, len) {
                 if slot.fresh && slot.dst.len() == len {
-                    let h = self.protector.verify_into(frame, slot.dst)?;
-                    placement.landed(tag, offset, len);
+                    // Nothing in the slot has landed: verify (decrypt)
+                    // straight into it. A forged frame leaves its bytes
+                    // there but fails here, before `landed`.
+                    let h = self.protector.verify_into_uninit(frame, slot.dst)?;
+                    // SAFETY: `verify_into_uninit` succeeded, so it wrote
+                    // all `len` bytes of the slot with the verified payload.
+                    unsafe { placement.landed(tag, offset, len) };
                     return Ok((h, &[], true));
                 }
+                // Some of the slot has landed: verify in the frame first, so
+                // that a forged frame cannot touch landed bytes.
                 let (h, payload) = self.protector.verify(frame)?;
                 if slot.dst.len() == payload.len() {
-                    slot.dst.copy_from_slice(payload);
-                    placement.landed(tag, offset, len);
+                    slot.dst.write_copy_of_slice(payload);
+                    // SAFETY: the verified payload was just copied over the
+                    // whole slot (`payload.len() == len`).
+                    unsafe { placement.landed(tag, offset, len) };
                     return Ok((h, &[], true));
                 }
                 return Ok((h, payload, false));

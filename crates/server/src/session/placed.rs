@@ -86,7 +86,10 @@ impl Session {
         match (gap, placed) {
             (None, Some(p)) => {
                 if task.fail.is_none() {
-                    task.data = p.buf;
+                    // Registered initialised (zero-filled past what came
+                    // before the registration), so readable whole.
+                    let len = p.len();
+                    task.data = p.into_data(len).unwrap_or_default();
                 }
             }
             (gap, _) => {
@@ -109,7 +112,7 @@ impl Session {
 fn first_gap(announced: &[(u32, u32)], placed: &PlacedBuf) -> Option<(u64, u64)> {
     announced.iter().find_map(|&(o, l)| {
         let (s, e) = (u64::from(o), u64::from(o) + u64::from(l));
-        let landed = placed.ranges.iter().any(|&(a, b)| a <= s && e <= b);
+        let landed = placed.ranges().iter().any(|&(a, b)| a <= s && e <= b);
         (!landed).then_some((s, e))
     })
 }

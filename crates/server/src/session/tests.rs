@@ -46,11 +46,7 @@ struct Buffers(std::sync::Mutex<std::collections::HashMap<u32, PlacedBuf>>);
 
 impl super::driver::WriteBuffers for Buffers {
     fn expect(&self, itt: u32, buf: Vec<u8>) {
-        let p = PlacedBuf {
-            buf,
-            ranges: Vec::new(),
-            overflow: 0,
-        };
+        let p = PlacedBuf::from_vec(buf);
         self.0.lock().unwrap().insert(itt, p);
     }
     fn place(&self, itt: u32, offset: u64, data: &[u8]) -> bool {
@@ -607,8 +603,9 @@ fn placed_data_out_lands_in_the_registered_buffer_and_reads_back() {
     {
         let m = reg.0.lock().unwrap();
         let p = m.get(&40).expect("registered before the R2T went out");
-        assert_eq!(p.buf.len(), len as usize);
-        assert!(p.buf[..8192].iter().all(|b| *b == 1), "immediate data kept");
+        assert_eq!(p.len(), len as usize);
+        let buf = p.get(0, 8192).expect("initialised");
+        assert!(buf.iter().all(|b| *b == 1), "immediate data kept");
     }
     // The data lands, last half first; then the headers, 8 KiB each.
     let half = (len - 8192) / 2;
