@@ -8,12 +8,14 @@
 //! [`Session`] handle, so any number of tasks can issue commands
 //! concurrently.
 
+mod check;
+use check::check_placed;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use ethersan_endpoint::{MessageChannel, MessageReceiver, MessageSender, PlacedBuf};
+use ethersan_endpoint::{MessageChannel, MessageReceiver, MessageSender};
 use ethersan_proto::negotiate::SessionParams;
 use ethersan_proto::pdu::{Bhs, MessagePdu, Pdu, RawPdu, TmfFunction};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
@@ -628,23 +630,6 @@ impl<W> Driver<W> {
             data: buf,
         })
     }
-}
-
-/// Check that every byte range the Data-In headers of task `itt`
-/// announced has landed in `placed`; the end of the data.
-fn check_placed(itt: u32, announced: &[(u32, u32)], placed: &PlacedBuf) -> Result<u64, Error> {
-    let mut end = 0u64;
-    for &(off, len) in announced {
-        let (s, e) = (u64::from(off), u64::from(off) + u64::from(len));
-        let covered = placed.ranges().iter().any(|&(a, b)| a <= s && e <= b);
-        if !covered {
-            return Err(Error::Protocol(format!(
-                "task {itt:#x}: the target announced Data-In bytes {s}..{e} that never arrived (placed data missing): the read's data is incomplete"
-            )));
-        }
-        end = end.max(e);
-    }
-    Ok(end)
 }
 
 /// Bytes of data placed each way over a native transport channel.
