@@ -796,6 +796,8 @@ pub(crate) async fn read_pdu<R: AsyncRead + Unpin>(
 
 #[cfg(test)]
 mod placed_tests {
+    use ethersan_endpoint::PlacedBuf;
+
     use super::*;
 
     fn placed(ranges: &[(u64, u64)]) -> PlacedBuf {
