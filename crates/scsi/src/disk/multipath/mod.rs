@@ -342,11 +342,16 @@ impl LogicalUnit {
             tracing::error!(%e, shared = %where_, "cannot follow target port group changes");
         }
         let own = self.cfg.alua;
+        // A gateway that comes back with the group it had finds itself
+        // already registered: nothing is stored and nobody is told (a
+        // notice would wait for the watch its previous run left behind).
         let registered = update(&*shared, ALUA_BLOB, |v| {
             let mut groups =
                 alua::decode_groups(&v.data).map_err(|e| Err(corrupt(ALUA_BLOB, e)))?;
-            alua::upsert(&mut groups, &own);
-            Ok::<_, Result<(), _>>((alua::encode_groups(&groups), groups))
+            if !alua::upsert(&mut groups, &own) {
+                return Err(Ok((v.version, groups)));
+            }
+            Ok((alua::encode_groups(&groups), groups))
         });
         match registered {
             Ok(Ok((version, groups))) => {
@@ -355,7 +360,7 @@ impl LogicalUnit {
                     tracing::error!(%e, shared = %where_, "cannot announce the target port group");
                 }
             }
-            Ok(Err(())) => {}
+            Ok(Err((version, groups))) => f.absorb_groups(groups, version, None),
             Err(e) => {
                 tracing::error!(%e, shared = %where_, "cannot register the target port group")
             }

@@ -350,6 +350,34 @@ fn a_restarted_gateway_finds_the_reservation() {
     good(exec(&g1.t, A, &cdb10(0x28, 0, 0, 1), &[]));
 }
 
+/// A gateway that comes back with the group it had stores nothing and
+/// tells nobody (a notice would wait for its previous run's watch), yet
+/// knows every group; one that comes back in another state stores it.
+#[test]
+fn a_restarted_gateway_with_its_group_unchanged_stores_nothing() {
+    let shared = MemoryShared::new();
+    let ram = ram();
+    let (g1, g2) = two_gateways(&ram, &shared);
+    let before = shared.load(ALUA_BLOB).unwrap().version;
+    drop(g1);
+    let g1 = gateway(
+        &ram,
+        Arc::new(shared.handle()),
+        1,
+        AluaState::ActiveOptimized,
+    );
+    assert_eq!(shared.load(ALUA_BLOB).unwrap().version, before);
+    let d = good(exec(&g1.t, A, &rtpg(false, 1024), &[]));
+    assert_eq!(groups_of(&d), vec![(1, 0), (2, 0)]);
+    drop(g1);
+    let g1 = gateway(&ram, Arc::new(shared.handle()), 1, AluaState::Standby);
+    assert!(shared.load(ALUA_BLOB).unwrap().version > before);
+    assert_eq!(g1.lu.target_port_groups().len(), 2);
+    settle(&g2.t, A);
+    let d = good(exec(&g2.t, A, &rtpg(false, 1024), &[]));
+    assert_eq!(groups_of(&d), vec![(1, 2), (2, 0)]);
+}
+
 #[test]
 fn target_port_groups_across_gateways() {
     let shared = MemoryShared::new();
