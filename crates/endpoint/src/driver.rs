@@ -155,8 +155,11 @@ impl Driver {
                         break;
                     }
                     let now = Instant::now();
-                    for (peer, frame) in inbox.frames() {
-                        self.on_frame(now, peer, frame);
+                    let medium = self.medium.clone();
+                    let r = medium.deliver(&mut inbox, |peer, frame| self.on_frame(now, peer, frame));
+                    if let Err(e) = r {
+                        warn!(medium = %self.medium.local(), error = %e, "receiving failed; the endpoint stops");
+                        break;
                     }
                 }
                 cmd = self.cmd_rx.recv(), if handles_open => {

@@ -173,32 +173,13 @@ impl Medium {
         }
     }
 
-    /// Waits for at least one frame, then puts every frame available now
-    /// with its sender in `inbox` (emptied first). UDP frames stay where
-    /// the kernel wrote them; Ethernet frames are copied out of the ring
-    /// into the inbox's one buffer. Cancel-safe.
+    /// Waits for frames. UDP frames are received into `inbox` (emptied
+    /// first), where the kernel writes them; Ethernet frames stay in the
+    /// link's receive ring until [`Medium::deliver`]. Cancel-safe.
     pub(crate) async fn recv_batch(&self, inbox: &mut Inbox) -> std::io::Result<()> {
         inbox.frames.clear();
         match self {
-            Medium::Ethernet(link) => {
-                let ethertype = link.ethertype();
-                let Inbox { buf, frames } = inbox;
-                buf.clear();
-                link.recv_batch(|frame| {
-                    let Some(h) = EthernetHeader::parse(frame) else {
-                        return;
-                    };
-                    if h.ethertype != ethertype {
-                        return;
-                    }
-                    let start = buf.len();
-                    buf.extend_from_slice(&frame[HEADER_LEN..]);
-                    frames.push((PeerAddr::Mac(h.src), start..buf.len()));
-                })
-                .await
-                .map_err(std::io::Error::other)?;
-                Ok(())
-            }
+            Medium::Ethernet(link) => link.ready().await.map_err(std::io::Error::other),
             Medium::Udp {
                 socket,
                 max_payload,
@@ -213,6 +194,38 @@ impl Medium {
                 .await
             }
         }
+    }
+
+    /// Hands each frame [`Medium::recv_batch`] waited for to `f` with its
+    /// sender, writable and without the link header: UDP frames where
+    /// they lie in `inbox`, Ethernet frames in the receive ring's slot
+    /// itself (no copy: `f` opens, decrypts or places them there). Never
+    /// waits; `f` must not receive on this medium.
+    pub(crate) fn deliver(
+        &self,
+        inbox: &mut Inbox,
+        mut f: impl FnMut(PeerAddr, &mut [u8]),
+    ) -> std::io::Result<()> {
+        match self {
+            Medium::Ethernet(link) => {
+                let ethertype = link.ethertype();
+                link.try_recv_batch(|frame| {
+                    let Some(h) = EthernetHeader::parse(frame) else {
+                        return;
+                    };
+                    if h.ethertype == ethertype {
+                        f(PeerAddr::Mac(h.src), &mut frame[HEADER_LEN..]);
+                    }
+                })
+                .map_err(std::io::Error::other)?;
+            }
+            Medium::Udp { .. } => {
+                for (peer, frame) in inbox.frames() {
+                    f(peer, frame);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Sends every frame of `frames` to its peer. A frame the medium drops

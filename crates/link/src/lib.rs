@@ -158,6 +158,33 @@ impl Link {
         }
     }
 
+    /// Waits until a frame may have arrived, taking none: the frames are
+    /// then handed over by [`try_recv_batch`](Self::try_recv_batch), which
+    /// does not wait (so a caller can handle them outside the future it
+    /// selects on). It may return when none is there after all; the next
+    /// `try_recv_batch` then hands over nothing. Cancel-safe.
+    pub async fn ready(&self) -> Result<(), LinkError> {
+        match self {
+            Link::Packet(l) => l.ready().await,
+            Link::UnixDgram(l) => l.ready().await,
+            Link::Memory(l) => l.ready().await,
+        }
+    }
+
+    /// Calls `f` with each frame available now (at most about
+    /// [`RECV_BATCH`]), without waiting, and returns how many. The frame
+    /// is writable and valid only during the call: on AF_PACKET it is
+    /// the receive ring's slot itself, so a receiver can open or decrypt
+    /// it where the kernel wrote it. `f` must not receive on the same
+    /// link.
+    pub fn try_recv_batch<F: FnMut(&mut [u8])>(&self, f: F) -> Result<usize, LinkError> {
+        match self {
+            Link::Packet(l) => l.try_recv_batch(f),
+            Link::UnixDgram(l) => l.try_recv_batch(f),
+            Link::Memory(l) => Ok(l.try_recv_batch(f)),
+        }
+    }
+
     /// Sends one frame (header included; 14 to MTU + 14 bytes). Like
     /// Ethernet, delivery is not guaranteed: a frame the medium drops is
     /// not an error.

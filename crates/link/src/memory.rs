@@ -312,25 +312,44 @@ impl MemoryPort {
     /// See [`Link::recv_batch`](crate::Link::recv_batch).
     pub async fn recv_batch<F: FnMut(&[u8])>(&self, mut f: F) -> Result<usize, LinkError> {
         loop {
-            let batch: Vec<Vec<u8>> = {
-                let mut q = self.queue.frames.lock().unwrap_or_else(|e| e.into_inner());
-                if q.queue.is_empty() {
-                    // Idle: a frame held back for reordering goes now.
-                    if let Some(h) = q.held.take() {
-                        q.queue.push_back(h);
-                    }
-                }
-                let n = q.queue.len().min(RECV_BATCH);
-                q.queue.drain(..n).collect()
-            };
-            if !batch.is_empty() {
-                for frame in &batch {
-                    f(frame);
-                }
-                return Ok(batch.len());
+            let n = self.try_recv_batch(|frame| f(frame));
+            if n > 0 {
+                return Ok(n);
             }
             self.queue.ready.notified().await;
         }
+    }
+
+    /// See [`Link::ready`](crate::Link::ready).
+    pub async fn ready(&self) -> Result<(), LinkError> {
+        loop {
+            {
+                let q = self.queue.frames.lock().unwrap_or_else(|e| e.into_inner());
+                if !q.queue.is_empty() || q.held.is_some() {
+                    return Ok(());
+                }
+            }
+            self.queue.ready.notified().await;
+        }
+    }
+
+    /// See [`Link::try_recv_batch`](crate::Link::try_recv_batch).
+    pub fn try_recv_batch<F: FnMut(&mut [u8])>(&self, mut f: F) -> usize {
+        let mut batch: Vec<Vec<u8>> = {
+            let mut q = self.queue.frames.lock().unwrap_or_else(|e| e.into_inner());
+            if q.queue.is_empty() {
+                // Idle: a frame held back for reordering goes now.
+                if let Some(h) = q.held.take() {
+                    q.queue.push_back(h);
+                }
+            }
+            let n = q.queue.len().min(RECV_BATCH);
+            q.queue.drain(..n).collect()
+        };
+        for frame in &mut batch {
+            f(frame);
+        }
+        batch.len()
     }
 
     /// See [`Link::send_batch`](crate::Link::send_batch).

@@ -162,32 +162,43 @@ impl UnixDgramLink {
 
     /// See [`Link::recv_batch`](crate::Link::recv_batch).
     pub async fn recv_batch<F: FnMut(&[u8])>(&self, mut f: F) -> Result<usize, LinkError> {
-        let max = self.mtu + HEADER_LEN;
         loop {
-            self.sock
-                .readable()
-                .await
-                .map_err(|e| self.err("waiting to receive on", e))?;
-            let mut delivered = 0;
-            let mut buf = self.buf.lock().unwrap_or_else(|e| e.into_inner());
-            for _ in 0..RECV_BATCH {
-                match self.sock.try_recv(&mut buf) {
-                    Ok(n) => {
-                        let frame = &buf[..n];
-                        if n <= max && self.filter.accepts(frame) {
-                            f(frame);
-                            delivered += 1;
-                        }
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(self.err("receiving on", e)),
-                }
-            }
-            if delivered > 0 {
-                return Ok(delivered);
+            self.ready().await?;
+            let n = self.try_recv_batch(|frame| f(frame))?;
+            if n > 0 {
+                return Ok(n);
             }
         }
+    }
+
+    /// See [`Link::ready`](crate::Link::ready).
+    pub async fn ready(&self) -> Result<(), LinkError> {
+        self.sock
+            .readable()
+            .await
+            .map_err(|e| self.err("waiting to receive on", e))
+    }
+
+    /// See [`Link::try_recv_batch`](crate::Link::try_recv_batch).
+    pub fn try_recv_batch<F: FnMut(&mut [u8])>(&self, mut f: F) -> Result<usize, LinkError> {
+        let max = self.mtu + HEADER_LEN;
+        let mut delivered = 0;
+        let mut buf = self.buf.lock().unwrap_or_else(|e| e.into_inner());
+        for _ in 0..RECV_BATCH {
+            match self.sock.try_recv(&mut buf) {
+                Ok(n) => {
+                    let frame = &mut buf[..n];
+                    if n <= max && self.filter.accepts(frame) {
+                        f(frame);
+                        delivered += 1;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(self.err("receiving on", e)),
+            }
+        }
+        Ok(delivered)
     }
 
     /// See [`Link::send_batch`](crate::Link::send_batch).

@@ -394,31 +394,47 @@ impl PacketLink {
     /// See [`Link::recv_batch`](crate::Link::recv_batch).
     pub async fn recv_batch<F: FnMut(&[u8])>(&self, mut f: F) -> Result<usize, LinkError> {
         loop {
+            self.ready().await?;
+            let n = self.try_recv_batch(|frame| f(frame))?;
+            if n > 0 {
+                return Ok(n);
+            }
+        }
+    }
+
+    /// See [`Link::ready`](crate::Link::ready).
+    pub async fn ready(&self) -> Result<(), LinkError> {
+        loop {
             let mut ready = self
                 .fd
                 .readable()
                 .await
                 .map_err(|e| self.err("waiting to receive", e))?;
-            let mut delivered = 0;
-            let empty = {
-                let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
-                rx.drain(RECV_BATCH, |frame, pkttype| {
-                    // The BPF filter did this already; kept for safety.
-                    if pkttype != libc::PACKET_OUTGOING && self.filter.accepts(frame) {
-                        f(frame);
-                        delivered += 1;
-                    }
-                })
-            };
-            if empty {
-                // Only now: a block retired meanwhile re-arms readiness
-                // (tokio does not clear readiness newer than this guard).
-                ready.clear_ready();
+            if self
+                .rx
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .has_frames()
+            {
+                return Ok(());
             }
-            if delivered > 0 {
-                return Ok(delivered);
-            }
+            // Readiness newer than this guard survives the clear (a block
+            // retired since the look above).
+            ready.clear_ready();
         }
+    }
+
+    /// See [`Link::try_recv_batch`](crate::Link::try_recv_batch).
+    pub fn try_recv_batch<F: FnMut(&mut [u8])>(&self, mut f: F) -> Result<usize, LinkError> {
+        let mut delivered = 0;
+        let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        rx.drain(RECV_BATCH, |frame, pkttype| {
+            if pkttype != libc::PACKET_OUTGOING && self.filter.accepts(frame) {
+                f(frame);
+                delivered += 1;
+            }
+        });
+        Ok(delivered)
     }
 
     /// See [`Link::send_batch`](crate::Link::send_batch).

@@ -239,7 +239,30 @@ impl RxRing {
     /// slot (V2) back after its last frame. Stops once `max` frames are
     /// reached (V3: at the end of that block) and returns false, or at the
     /// first block or slot still the kernel's and returns true (empty).
-    pub(super) fn drain(&mut self, max: usize, f: impl FnMut(&[u8], u8)) -> bool {
+    /// Whether the kernel has handed over a block (V3) or slot (V2) that
+    /// [`drain`](Self::drain) would walk now.
+    pub(super) fn has_frames(&self) -> bool {
+        let at = match self {
+            // SAFETY: `next < blocks`, so the block lies in the ring; block
+            // starts are page aligned.
+            RxRing::Blocks {
+                base,
+                block_size,
+                next,
+                ..
+            } => unsafe { base.add(*next * *block_size).add(BLOCK_STATUS) },
+            // SAFETY: slots are 16-byte aligned and inside the mapping.
+            RxRing::Frames { slots, next } => unsafe {
+                slots.at(*next).add(Version::V2.status_offset())
+            },
+        };
+        // SAFETY: `at` is the aligned status word of a block or slot in
+        // the mapping.
+        let st = unsafe { status(at) };
+        st.load(Ordering::Acquire) & libc::TP_STATUS_USER != 0
+    }
+
+    pub(super) fn drain(&mut self, max: usize, f: impl FnMut(&mut [u8], u8)) -> bool {
         match self {
             RxRing::Blocks {
                 base,
@@ -258,7 +281,7 @@ fn drain_blocks(
     blocks: usize,
     next: &mut usize,
     max: usize,
-    mut f: impl FnMut(&[u8], u8),
+    mut f: impl FnMut(&mut [u8], u8),
 ) -> bool {
     let mut frames = 0;
     loop {
@@ -292,9 +315,11 @@ fn drain_blocks(
             let (start, len) = (off + usize::from(h.tp_mac), h.tp_snaplen as usize);
             if start + len <= block_size && h.tp_snaplen == h.tp_len {
                 // SAFETY: the frame lies inside the block (checked), the
-                // block stays ours until after `f` returns, and the slice
-                // does not outlive the call.
-                let frame = unsafe { std::slice::from_raw_parts(block.add(start), len) };
+                // block stays ours until after `f` returns (the kernel does
+                // not touch it while TP_STATUS_USER is set), the mapping is
+                // read-write, frames of a block do not overlap, and the
+                // slice does not outlive the call.
+                let frame = unsafe { std::slice::from_raw_parts_mut(block.add(start), len) };
                 f(frame, sll.sll_pkttype);
             }
             frames += 1;
@@ -311,7 +336,12 @@ fn drain_blocks(
     }
 }
 
-fn drain_frames(slots: &Slots, next: &mut usize, max: usize, mut f: impl FnMut(&[u8], u8)) -> bool {
+fn drain_frames(
+    slots: &Slots,
+    next: &mut usize,
+    max: usize,
+    mut f: impl FnMut(&mut [u8], u8),
+) -> bool {
     for _ in 0..max {
         let slot = slots.at(*next);
         // SAFETY: slots are 16-byte aligned and inside the mapping.
@@ -327,8 +357,10 @@ fn drain_frames(slots: &Slots, next: &mut usize, max: usize, mut f: impl FnMut(&
         let (start, len) = (usize::from(h.tp_mac), h.tp_snaplen as usize);
         if start + len <= slots.frame_size && h.tp_snaplen == h.tp_len {
             // SAFETY: the frame lies inside the slot (checked), which stays
-            // ours until after `f` returns; the slice does not outlive it.
-            let frame = unsafe { std::slice::from_raw_parts(slot.add(start), len) };
+            // ours until after `f` returns (the kernel does not touch it
+            // while TP_STATUS_USER is set); the mapping is read-write and no
+            // other view of the slot exists; the slice does not outlive it.
+            let frame = unsafe { std::slice::from_raw_parts_mut(slot.add(start), len) };
             f(frame, sll.sll_pkttype);
         }
         st.store(libc::TP_STATUS_KERNEL, Ordering::Release);
