@@ -159,6 +159,15 @@ impl Registrar {
         self.shared.placements.expect(tag, PlacedBuf::from_vec(buf));
     }
 
+    /// Register a buffer of `len` bytes under `tag` that starts with
+    /// `prefix`, data already received (see [`PlacedBuf::with_prefix`]);
+    /// the rest is not initialised and readable only once data lands.
+    pub fn expect_prefix(&self, tag: u32, prefix: Vec<u8>, len: usize) {
+        self.shared
+            .placements
+            .expect(tag, PlacedBuf::with_prefix(prefix, len));
+    }
+
     /// Register a buffer of `len` bytes, not initialised, under `tag` (see
     /// [`MessageSender::expect_len`]).
     pub fn expect_len(&self, tag: u32, len: usize) {
@@ -216,6 +225,29 @@ mod tests {
         let data = p.into_data(100).expect("all landed");
         assert_eq!(&data[..25], &[2; 25]);
         assert_eq!(&data[50..75], &[4; 25]);
+    }
+
+    #[test]
+    fn a_prefix_counts_as_landed_and_the_rest_must_land() {
+        let mut p = PlacedBuf::with_prefix(vec![7; 16], 64);
+        assert_eq!((p.len(), p.ranges()), (64, &[(0, 16)][..]));
+        assert_eq!(p.get(0, 16), Some(&[7; 16][..]));
+        assert_eq!(p.get(0, 17), None, "past the prefix nothing is readable");
+        assert!(p.place(16, &[8; 32]));
+        assert!(p.covers(48) && !p.covers(64));
+        assert!(p.place(48, &[9; 16]));
+        let d = p.into_data(64).expect("prefix and placed data fill it");
+        assert_eq!(
+            (&d[..16], &d[16..48], &d[48..]),
+            (&[7; 16][..], &[8; 32][..], &[9; 16][..])
+        );
+        // A prefix longer than the buffer is cut; an empty one lands nothing.
+        let long = PlacedBuf::with_prefix(vec![1; 40], 32);
+        assert_eq!((long.len(), long.ranges()), (32, &[(0, 32)][..]));
+        assert_eq!(long.into_data(32), Some(vec![1; 32]));
+        let none = PlacedBuf::with_prefix(Vec::new(), 32);
+        assert!(none.ranges().is_empty());
+        assert!(none.into_data(1).is_none());
     }
 
     #[test]

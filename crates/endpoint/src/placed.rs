@@ -72,6 +72,37 @@ impl PlacedBuf {
         }
     }
 
+    /// A buffer of `len` bytes whose start is `prefix` (data that came
+    /// before the registration, such as a write's immediate data: counted
+    /// as landed) and whose rest is not initialised. A `prefix` longer
+    /// than `len` is cut to it.
+    pub fn with_prefix(mut prefix: Vec<u8>, len: usize) -> PlacedBuf {
+        prefix.truncate(len);
+        let landed = prefix.len();
+        prefix.reserve_exact(len - landed);
+        let mut v = std::mem::ManuallyDrop::new(prefix);
+        let (ptr, cap) = (v.as_mut_ptr(), v.capacity());
+        // SAFETY: the allocation of a `Vec<u8>` (given up by the
+        // `ManuallyDrop`) re-owned as a `Vec<MaybeUninit<u8>>` of the same
+        // capacity (same size and alignment), `landed` long; then made
+        // `len <= capacity` long, which a `MaybeUninit` allows without
+        // writing. The invariant holds: only `[0, landed)`, initialised
+        // bytes, goes in the range map.
+        let buf = unsafe {
+            let mut buf = Vec::from_raw_parts(ptr.cast::<MaybeUninit<u8>>(), landed, cap);
+            buf.set_len(len);
+            buf
+        };
+        let mut p = PlacedBuf {
+            buf,
+            ranges: Vec::new(),
+            initialised: false,
+            overflow: 0,
+        };
+        p.add(0, landed as u64);
+        p
+    }
+
     /// The buffer's length.
     pub fn len(&self) -> usize {
         self.buf.len()

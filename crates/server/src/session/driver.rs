@@ -42,8 +42,9 @@ pub(crate) struct Channels {
 /// Where a session's writes' buffers are registered for placed data (a
 /// channel's [`Registrar`](ethersan_endpoint::Registrar); a map in tests).
 pub(crate) trait WriteBuffers: Sync {
-    /// Register `buf` under `itt`.
-    fn expect(&self, itt: u32, buf: Vec<u8>);
+    /// Register a buffer of `len` bytes under `itt` that starts with
+    /// `prefix` (counted as landed; the rest not initialised).
+    fn expect(&self, itt: u32, prefix: Vec<u8>, len: usize);
     /// Copy `data` in at `offset`; false when there is no room for it.
     fn place(&self, itt: u32, offset: u64, data: &[u8]) -> bool;
     /// Take the registration back.
@@ -51,8 +52,8 @@ pub(crate) trait WriteBuffers: Sync {
 }
 
 impl WriteBuffers for ethersan_endpoint::Registrar {
-    fn expect(&self, itt: u32, buf: Vec<u8>) {
-        ethersan_endpoint::Registrar::expect(self, itt, buf)
+    fn expect(&self, itt: u32, prefix: Vec<u8>, len: usize) {
+        self.expect_prefix(itt, prefix, len)
     }
     fn place(&self, itt: u32, offset: u64, data: &[u8]) -> bool {
         ethersan_endpoint::Registrar::place(self, itt, offset, data)
@@ -237,9 +238,9 @@ fn carry_out(
                     finished.push((itt, f));
                 }
             }
-            Output::Expect { itt, buf } => {
+            Output::Expect { itt, prefix, len } => {
                 if let Some(b) = buffers {
-                    b.expect(itt, buf);
+                    b.expect(itt, prefix, len);
                 }
             }
             Output::Place { itt, offset, data } => {

@@ -131,8 +131,10 @@ pub(crate) enum Output {
     Expect {
         /// The task's ITT.
         itt: u32,
-        /// Its buffer: the expected length, the data so far at its start.
-        buf: Vec<u8>,
+        /// The data so far (immediate data), the buffer's start.
+        prefix: Vec<u8>,
+        /// The buffer's length: the command's expected length.
+        len: usize,
     },
     /// Copy data that came in a message into the registered buffer.
     Place {

@@ -28,10 +28,12 @@ impl Session {
         if task.placed.is_some() || task.fail.is_some() {
             return;
         }
-        let mut buf = std::mem::take(&mut task.data);
-        buf.resize(task.cmd.expected_len as usize, 0);
+        // Not zeroed: the rest of the buffer is readable only where data
+        // lands (see `on_reclaimed`).
+        let prefix = std::mem::take(&mut task.data);
+        let len = task.cmd.expected_len as usize;
         task.placed = Some(Vec::new());
-        self.outputs.push_back(Output::Expect { itt, buf });
+        self.outputs.push_back(Output::Expect { itt, prefix, len });
     }
 
     /// The data of one accepted Data-Out of a registered task: a placed
@@ -81,13 +83,20 @@ impl Session {
         let gap = match &placed {
             None => Some("its buffer was gone".to_string()),
             Some(p) => first_gap(&announced, p)
-                .map(|(s, e)| format!("the initiator announced bytes {s}..{e} that never arrived")),
+                .map(|(s, e)| format!("the initiator announced bytes {s}..{e} that never arrived"))
+                .or_else(|| {
+                    // Immediate data, Data-Out messages and placed frames
+                    // together must fill the buffer: it was not zeroed.
+                    let len = p.len() as u64;
+                    (!p.covers(len)).then(|| {
+                        let (s, e) = first_hole(p.ranges(), len);
+                        format!("no data for bytes {s}..{e} of {len}")
+                    })
+                }),
         };
         match (gap, placed) {
             (None, Some(p)) => {
                 if task.fail.is_none() {
-                    // Registered initialised (zero-filled past what came
-                    // before the registration), so readable whole.
                     let len = p.len();
                     task.data = p.into_data(len).unwrap_or_default();
                 }
@@ -105,6 +114,19 @@ impl Session {
         self.tasks.set_data_ready(itt);
         self.dispatch();
     }
+}
+
+/// The first bytes `[start, end)` of `[0, len)` that `ranges` (sorted,
+/// merged) leave out.
+fn first_hole(ranges: &[(u64, u64)], len: u64) -> (u64, u64) {
+    let mut at = 0;
+    for &(s, e) in ranges {
+        if s > at {
+            return (at, s.min(len));
+        }
+        at = at.max(e);
+    }
+    (at, len)
 }
 
 /// The first range `(offset, len)` of `announced` that has not wholly

@@ -45,8 +45,8 @@ struct Harness {
 struct Buffers(std::sync::Mutex<std::collections::HashMap<u32, PlacedBuf>>);
 
 impl super::driver::WriteBuffers for Buffers {
-    fn expect(&self, itt: u32, buf: Vec<u8>) {
-        let p = PlacedBuf::from_vec(buf);
+    fn expect(&self, itt: u32, prefix: Vec<u8>, len: usize) {
+        let p = PlacedBuf::with_prefix(prefix, len);
         self.0.lock().unwrap().insert(itt, p);
     }
     fn place(&self, itt: u32, offset: u64, data: &[u8]) -> bool {
@@ -667,6 +667,43 @@ fn placed_data_out_that_never_landed_fails_and_an_abort_drops_the_buffer() {
         .contains_key(&51));
     assert_eq!(h.tmf(52, TmfFunction::AbortTask, 51), 0);
     assert!(h.buffers.as_ref().unwrap().0.lock().unwrap().is_empty());
+}
+
+/// The registered buffer is not zeroed: bytes that no Data-Out announced
+/// and that never landed (here the first header sent twice in place of
+/// the second) fail the command rather than write whatever the buffer
+/// held.
+#[test]
+fn a_placed_write_with_bytes_nobody_sent_fails() {
+    let mut h = Harness::placing();
+    h.command(60, &write10(0, 48), &[], 24576, true, TaskAttr::Simple);
+    let r2t = h.r2ts().pop().expect("an R2T");
+    use super::driver::WriteBuffers;
+    let reg = h.buffers.as_ref().unwrap();
+    assert!(reg.place(60, 0, &[5u8; 8192]));
+    assert!(reg.place(60, 16384, &[6u8; 8192]));
+    let mut outs = data_outs(&r2t);
+    assert_eq!(outs.len(), 3);
+    outs[1].0.buffer_offset = outs[0].0.buffer_offset;
+    for (d, len) in outs {
+        let raw = RawPdu {
+            bhs: Pdu::DataOut(d).encode(len),
+            ahs: Vec::new(),
+            data: Vec::new(),
+        };
+        h.event(Event::Pdu(Ok(raw)));
+    }
+    let sense = h
+        .sent
+        .iter()
+        .find_map(|(p, d)| matches!(p, Pdu::ScsiResponse(r) if r.itt == 60).then(|| d.clone()))
+        .expect("a response");
+    assert_eq!(h.response(60).status, 2);
+    assert_eq!(
+        (sense[4] & 0x0f, sense[14]),
+        (0x0b, 0x4b),
+        "DATA PHASE ERROR"
+    );
 }
 
 /// The Data-Out headers of a placed answer to `r`, 8 KiB each, each
