@@ -243,18 +243,20 @@ impl RxRing {
     /// [`drain`](Self::drain) would walk now.
     pub(super) fn has_frames(&self) -> bool {
         let at = match self {
-            // SAFETY: `next < blocks`, so the block lies in the ring; block
-            // starts are page aligned.
             RxRing::Blocks {
                 base,
                 block_size,
                 next,
                 ..
-            } => unsafe { base.add(*next * *block_size).add(BLOCK_STATUS) },
-            // SAFETY: slots are 16-byte aligned and inside the mapping.
-            RxRing::Frames { slots, next } => unsafe {
-                slots.at(*next).add(Version::V2.status_offset())
-            },
+            } => {
+                // SAFETY: `next < blocks`, so the block lies in the ring;
+                // block starts are page aligned.
+                unsafe { base.add(*next * *block_size).add(BLOCK_STATUS) }
+            }
+            RxRing::Frames { slots, next } => {
+                // SAFETY: slots are 16-byte aligned and inside the mapping.
+                unsafe { slots.at(*next).add(Version::V2.status_offset()) }
+            }
         };
         // SAFETY: `at` is the aligned status word of a block or slot in
         // the mapping.
