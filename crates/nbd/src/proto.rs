@@ -247,7 +247,7 @@ impl Device {
             _ => {}
         }
         let bs = u64::from(self.block_size.max(1));
-        if req.offset % bs != 0 || u64::from(req.len) % bs != 0 {
+        if !req.offset.is_multiple_of(bs) || !u64::from(req.len).is_multiple_of(bs) {
             return Err(Errno::Inval);
         }
         match req.offset.checked_add(u64::from(req.len)) {
