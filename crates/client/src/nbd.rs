@@ -192,5 +192,7 @@ fn run<'a>(target: &'a dyn BlockTarget, dev: &Device, inc: Incoming) -> Running<
     })
 }
 
+pub mod netlink;
+
 #[cfg(test)]
 mod tests;
