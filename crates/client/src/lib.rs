@@ -38,6 +38,7 @@ pub mod aoe;
 pub mod iscsi;
 pub mod local;
 pub mod native;
+pub mod nbd;
 mod open;
 pub mod options;
 pub mod scsi;
