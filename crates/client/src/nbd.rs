@@ -13,7 +13,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use ethersan_nbd::{flags, Command, DecodeError, Device, Errno, Reply, Request, REQUEST_LEN};
+use ethersan_nbd::{
+    flags, Command, DecodeError, Device, Errno, Reply, Request, MAX_TRANSFER, REQUEST_LEN,
+};
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -142,11 +144,19 @@ async fn read_requests<R: AsyncRead + Unpin>(
         }
         let req = Request::parse(&raw)?;
         let mut data = Vec::new();
-        if req.payload_len() > 0 {
+        let len = req.payload_len();
+        if len > MAX_TRANSFER as usize {
+            // Refused by `Device::check` (EOVERFLOW): its data is read
+            // and dropped, never held, and the stream stays in step.
+            let skipped =
+                tokio::io::copy(&mut (&mut *rd).take(len as u64), &mut tokio::io::sink()).await?;
+            if skipped < len as u64 {
+                return Ok(());
+            }
+        } else if len > 0 {
             // A write's data is read even when the request will be
-            // refused: the stream stays in step. Bounded by the u32
-            // length field (4 GiB at worst, refused after reading).
-            data.resize(req.payload_len(), 0);
+            // refused: the stream stays in step.
+            data.resize(len, 0);
             rd.read_exact(&mut data).await?;
         }
         let last = req.command == Command::Disconnect;

@@ -207,6 +207,11 @@ async fn refused_and_failed_requests_get_an_error_and_the_service_goes_on() {
     k.send(req(1, Command::Write, 1 << 20, 512), &[7; 512])
         .await;
     assert_eq!(k.reply(|_| 0).await.0, Reply::error(1, Errno::NoSpc));
+    // Longer than any transfer: EOVERFLOW, its data read and dropped.
+    let big = ethersan_nbd::MAX_TRANSFER + 512;
+    k.send(req(7, Command::Write, 0, big), &vec![3; big as usize])
+        .await;
+    assert_eq!(k.reply(|_| 0).await.0, Reply::error(7, Errno::Overflow));
     // Misaligned: EINVAL.
     k.send(req(2, Command::Read, 100, 512), &[]).await;
     assert_eq!(k.reply(|_| 0).await.0, Reply::error(2, Errno::Inval));
