@@ -246,6 +246,7 @@ async fn open_end(spec: &str, as_dst: bool, how: &ConnectArgs) -> anyhow::Result
         let opts = OpenOptions {
             program: "ethersan cp",
             retry: true,
+            reconnect: None,
         };
         return Ok(End::Lun(Arc::from(
             ethersan_client::open(spec, how, &opts).await?,

@@ -167,8 +167,22 @@ enum Command {
     /// Load-generate against a LUN or a local file/block device: IOPS, MB/s, latency.
     Bench(bench::BenchArgs),
     /// Show a LUN as one regular file in a FUSE mount at DIR (for losetup,
-    /// qemu-img, dd…) until DIR is unmounted or the command is stopped.
+    /// qemu-img, dd…) until DIR is unmounted or the command is stopped; or,
+    /// with --block, as a kernel block device /dev/nbdN until detached.
     Attach(attach::AttachArgs),
+    /// End an `attach --block`: write back /dev/nbdN's cache, disconnect
+    /// it, and wait for its server to flush the LUN and log out.
+    Detach {
+        /// The device attach --block printed (/dev/nbdN).
+        device: PathBuf,
+        /// Disconnect even while the device is mounted or held (its users
+        /// get I/O errors).
+        #[arg(long)]
+        force: bool,
+        /// How long to wait for the server to finish (e.g. 30s).
+        #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = ethersan_client::parse_duration)]
+        wait: std::time::Duration,
+    },
     /// Change a running server through its management API: targets,
     /// LUNs, grants, CHAP, portals, sessions; save its configuration.
     Ctl(ctl::CtlArgs),
@@ -418,6 +432,11 @@ fn main() -> ExitCode {
             Command::Cp(a) => cp::cmd_cp(a).await,
             Command::Bench(a) => bench::cmd_bench(a).await,
             Command::Attach(a) => attach::cmd_attach(a).await,
+            Command::Detach {
+                device,
+                force,
+                wait,
+            } => attach::cmd_detach(&device, force, wait).await,
             Command::Ctl(a) => ctl::cmd_ctl(a).await,
             Command::Completions { .. } | Command::Man { .. } => {
                 unreachable!("handled before the runtime")

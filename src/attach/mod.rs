@@ -1,16 +1,22 @@
 //! `ethersan attach URL DIR`: a LUN as one regular file in a FUSE mount at
-//! DIR, for `losetup`, `qemu-img`, `dd` or any program that takes a file.
+//! DIR, for `losetup`, `qemu-img`, `dd` or any program that takes a file;
+//! `ethersan attach --block URL`: a LUN as a kernel block device
+//! (/dev/nbdN), and `ethersan detach /dev/nbdN`.
 //!
 //! - [`file`]: byte offsets to whole-block LUN commands (read-modify-write
 //!   at the edges, serialized per block), no FUSE;
 //! - [`fs`]: the FUSE file system (one directory, one file) over it;
+//! - [`block`]: the NBD block device;
 //! - here: the command: options, mount, signals, clean detach.
 //!
 //! The LUN comes from [`ethersan_client::open`], so every URL scheme the
 //! client knows works here too.
 
+mod block;
 mod file;
 mod fs;
+
+pub(crate) use block::cmd_detach;
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -33,9 +39,41 @@ pub(crate) struct AttachArgs {
     /// or aoe+unix://SHELF.SLOT?local=PATH&peer=PATH.
     url: String,
     /// An existing directory to mount on; the LUN shows in it as one file
-    /// (lunN for iSCSI LUN N, eSHELF.SLOT for an AoE device).
-    dir: PathBuf,
-    /// Mount read-only (the file's mode 0400 unless --mode says otherwise).
+    /// (lunN for iSCSI LUN N, eSHELF.SLOT for an AoE device). Not with
+    /// --block.
+    #[arg(required_unless_present = "block")]
+    dir: Option<PathBuf>,
+    /// A kernel block device (/dev/nbdN, through the kernel's NBD driver)
+    /// instead of a FUSE file: printed once connected; served until
+    /// `ethersan detach /dev/nbdN`, SIGTERM or SIGINT.
+    #[arg(long, conflicts_with_all = ["dir", "name", "mode", "allow_root"])]
+    block: bool,
+    /// With --block: sessions to the LUN, each one kernel queue (where the
+    /// transport has sessions: iSCSI and the native transport).
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "block")]
+    connections: usize,
+    /// With --block: how long a lost target (restarted, path down) is
+    /// waited for, new logins tried all the while, before I/O errors are
+    /// returned; the requests in flight go on once it is back (like
+    /// open-iscsi's replacement_timeout). --timeout stays each command's
+    /// and login's own limit.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "120s",
+        value_parser = ethersan_client::parse_duration,
+        requires = "block"
+    )]
+    reconnect_timeout: std::time::Duration,
+    /// With --block: use /dev/nbdN (else the kernel picks a free one).
+    #[arg(long, value_name = "N", requires = "block")]
+    index: Option<u32>,
+    /// With --block: print the device as JSON (device, size, block size,
+    /// connections, flags).
+    #[arg(long, requires = "block")]
+    json: bool,
+    /// Read-only: the FUSE file's mode 0400 unless --mode says otherwise;
+    /// the block device refuses writes.
     #[arg(long)]
     read_only: bool,
     /// The file's name instead of lunN / eSHELF.SLOT.
@@ -119,7 +157,9 @@ fn unmount(dir: &Path, mut unmounter: fuser::SessionUnmounter) -> anyhow::Result
 /// `ethersan attach`.
 pub(crate) async fn cmd_attach(a: AttachArgs) -> anyhow::Result<()> {
     // Mistakes in the arguments before any login.
-    check_dir(&a.dir)?;
+    if let Some(dir) = &a.dir {
+        check_dir(dir)?;
+    }
     if let Some(n) = &a.name {
         check_name(n)?;
     }
@@ -134,13 +174,26 @@ pub(crate) async fn cmd_attach(a: AttachArgs) -> anyhow::Result<()> {
             ethersan_client::url_forms()
         );
     }
+    let Some(dir) = &a.dir else {
+        return block::cmd_attach_block(block::BlockRequest {
+            url: &a.url,
+            connect: &a.connect,
+            connections: a.connections,
+            reconnect: a.reconnect_timeout,
+            index: a.index,
+            read_only: a.read_only,
+            json: a.json,
+        })
+        .await;
+    };
     if !Path::new("/dev/fuse").exists() {
         bail!("/dev/fuse is missing: load the FUSE module (modprobe fuse)");
     }
-    let dir = std::fs::canonicalize(&a.dir).with_context(|| a.dir.display().to_string())?;
+    let dir = std::fs::canonicalize(dir).with_context(|| dir.display().to_string())?;
     let opts = OpenOptions {
         program: "ethersan attach",
         retry: true,
+        reconnect: None,
     };
     let lun = ethersan_client::open(&a.url, &a.connect, &opts).await?;
     let file = Arc::new(LunFile::new(lun));

@@ -232,6 +232,7 @@ async fn open_targets(a: &BenchArgs) -> anyhow::Result<Opened> {
         let opts = OpenOptions {
             program: "ethersan bench",
             retry: false,
+            reconnect: None,
         };
         let first: Arc<dyn BlockTarget> =
             Arc::from(ethersan_client::open(&a.target, &a.connect, &opts).await?);

@@ -46,7 +46,7 @@ mod target;
 pub mod url;
 
 pub use open::{is_url, open, transport_of, url_forms, TRANSPORTS};
-pub use options::{ConnectArgs, Timeout};
+pub use options::{parse_duration, ConnectArgs, Timeout};
 pub use target::{
     write_zero_buffers, BlockTarget, BoxFuture, Capabilities, OpenFn, OpenOptions, Say, Transport,
 };

@@ -149,6 +149,11 @@ pub struct OpenOptions {
     /// Send a command that lost its session again on a new one (where the
     /// transport has sessions); `bench` measures without.
     pub retry: bool,
+    /// With `retry`: how long a lost target is waited for before commands
+    /// fail, new sessions tried all the while (the block device's
+    /// replacement timeout; AoE commands retransmit this long). `None`: a
+    /// few immediate tries, as `cp` does.
+    pub reconnect: Option<std::time::Duration>,
 }
 
 impl Default for OpenOptions {
@@ -156,6 +161,7 @@ impl Default for OpenOptions {
         OpenOptions {
             program: "ethersan",
             retry: true,
+            reconnect: None,
         }
     }
 }

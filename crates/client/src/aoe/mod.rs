@@ -200,9 +200,21 @@ pub async fn open(url: &str, how: &ConnectArgs) -> anyhow::Result<AoeDevice> {
 pub(crate) fn open_target<'a>(
     url: &'a str,
     how: &'a ConnectArgs,
-    _opts: &'a OpenOptions,
+    opts: &'a OpenOptions,
 ) -> BoxFuture<'a, anyhow::Result<Box<dyn BlockTarget>>> {
-    Box::pin(async move { Ok(Box::new(open(url, how).await?) as Box<dyn BlockTarget>) })
+    Box::pin(async move {
+        // Connectionless: a lost target is waited for by retransmitting
+        // each command for the whole reconnect window.
+        let how = match (opts.retry, opts.reconnect, how.timeout.0) {
+            (true, Some(w), Some(t)) if w > t => {
+                let mut longer = how.clone();
+                longer.timeout = crate::options::Timeout(Some(w));
+                std::borrow::Cow::Owned(longer)
+            }
+            _ => std::borrow::Cow::Borrowed(how),
+        };
+        Ok(Box::new(open(url, &how).await?) as Box<dyn BlockTarget>)
+    })
 }
 
 impl BlockTarget for AoeDevice {

@@ -45,8 +45,12 @@ fn open_target<'a>(
     Box::pin(async move {
         let url = IscsiUrl::parse(spec)?;
         Ok(if opts.retry {
-            Box::new(RetryingLun::open(&url, how).await?.said_by(opts.program))
-                as Box<dyn BlockTarget>
+            Box::new(
+                RetryingLun::open(&url, how)
+                    .await?
+                    .said_by(opts.program)
+                    .within(opts.reconnect),
+            ) as Box<dyn BlockTarget>
         } else {
             Box::new(IscsiLun::open(&url, how).await?)
         })
@@ -222,6 +226,10 @@ impl BlockTarget for RetryingLun {
         Box::pin(zero_range(self, step, at, len, move |a, n| {
             RetryingLun::write_zeroes(self, a, n, unmap)
         }))
+    }
+
+    fn another_session(&self) -> BoxFuture<'_, anyhow::Result<Box<dyn BlockTarget>>> {
+        Box::pin(async move { Ok(Box::new(self.another().await?) as Box<dyn BlockTarget>) })
     }
 
     fn set_say(&self, say: Say) {

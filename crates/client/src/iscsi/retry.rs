@@ -12,8 +12,12 @@ use crate::target::Say;
 use crate::url::IscsiUrl;
 
 /// How often a command that lost its session is tried again, each time on
-/// a new session.
+/// a new session (without a reconnect window).
 const RETRIES: u32 = 3;
+
+/// With a reconnect window, once it has passed: how often a command may
+/// try one login before failing at once.
+const DOWN_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A LUN whose reads and whole-block writes are retried on a new session
 /// when a command times out or the connection is lost: each of them can be
@@ -35,6 +39,12 @@ pub struct RetryingLun {
     say: std::sync::Mutex<Option<Say>>,
     /// What starts those lines ("ethersan cp").
     program: &'static str,
+    /// How long a lost target is waited for ([`RetryingLun::within`]);
+    /// `None`: [`RETRIES`] immediate tries.
+    window: Option<std::time::Duration>,
+    /// When the last reconnect window ran out without a session (the
+    /// target is down); cleared by the next login.
+    down: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl std::fmt::Debug for RetryingLun {
@@ -60,6 +70,35 @@ impl RetryingLun {
             sessions: 0.into(),
             say: std::sync::Mutex::new(None),
             program: "ethersan cp",
+            window: None,
+            down: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// Wait up to `window` for a lost target (new logins tried all the
+    /// while, with a growing pause) before a command fails, and retry a
+    /// cache flush on the new session too (see [`RetryingLun::flush`]):
+    /// the block device's replacement timeout.
+    pub fn within(mut self, window: Option<std::time::Duration>) -> RetryingLun {
+        self.window = window;
+        self
+    }
+
+    /// Another session to the same LUN, with the same retry policy.
+    pub async fn another(&self) -> anyhow::Result<RetryingLun> {
+        let logged = login(&self.url, &self.how).await?;
+        let lun = Lun::on_known(logged, self.url.lun, self.lun().known()).await?;
+        Ok(RetryingLun {
+            url: self.url.clone(),
+            how: self.how.clone(),
+            current: std::sync::Mutex::new((0, lun)),
+            relogin: tokio::sync::Mutex::new(()),
+            retried: 0.into(),
+            sessions: 0.into(),
+            say: std::sync::Mutex::new(self.say.lock().expect("not poisoned").clone()),
+            program: self.program,
+            window: self.window,
+            down: std::sync::Mutex::new(None),
         })
     }
 
@@ -94,14 +133,17 @@ impl RetryingLun {
     }
 
     /// Run `op` on the current session; when the session fails (timeout,
-    /// connection lost), log in again and run it again, up to [`RETRIES`]
-    /// times.
+    /// connection lost), log in again and run it again: up to [`RETRIES`]
+    /// times, or for as long as the reconnect window allows
+    /// ([`RetryingLun::within`]).
     async fn run<T, F, Fut>(&self, what: &str, op: F) -> anyhow::Result<T>
     where
         F: Fn(Lun) -> Fut,
         Fut: std::future::Future<Output = anyhow::Result<T>>,
     {
         let mut tries = 0;
+        // Set when this command first lost its session.
+        let mut deadline: Option<tokio::time::Instant> = None;
         loop {
             let (generation, lun) = self.current.lock().expect("not poisoned").clone();
             let err = match op(lun).await {
@@ -111,7 +153,14 @@ impl RetryingLun {
             let failed = err
                 .downcast_ref::<ethersan_initiator::Error>()
                 .is_some_and(|e| e.is_session_failure());
-            if !failed || tries == RETRIES {
+            let give_up = match self.window {
+                None => tries == RETRIES,
+                Some(w) => {
+                    let d = *deadline.get_or_insert_with(|| tokio::time::Instant::now() + w);
+                    tokio::time::Instant::now() >= d
+                }
+            };
+            if !failed || give_up {
                 return Err(if tries > 0 {
                     err.context(format!(
                         "{what} failed after {tries} retries on new sessions"
@@ -123,13 +172,21 @@ impl RetryingLun {
             tries += 1;
             self.retried
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.renew(generation, &err).await?;
+            self.renew(generation, &err, deadline).await?;
         }
     }
 
     /// A new session in place of generation `generation`, unless another
-    /// command has already replaced it.
-    async fn renew(&self, generation: u64, why: &anyhow::Error) -> anyhow::Result<()> {
+    /// command has already replaced it: [`RETRIES`] logins at once, or
+    /// logins with a growing pause until `deadline`. Past a deadline the
+    /// target is marked down: until a login succeeds again, each command
+    /// tries one login (at most one a second) and fails at once.
+    async fn renew(
+        &self,
+        generation: u64,
+        why: &anyhow::Error,
+        deadline: Option<tokio::time::Instant>,
+    ) -> anyhow::Result<()> {
         let _one = self.relogin.lock().await;
         let old = {
             let cur = self.current.lock().expect("not poisoned");
@@ -139,29 +196,79 @@ impl RetryingLun {
             cur.1.clone()
         };
         old.session.abandon();
-        self.say(&format!(
-            "{}: {why:#}; logging in again to retry",
-            self.program
-        ));
+        let down = *self.down.lock().expect("not poisoned");
+        let (tries, deadline) = match (deadline, down) {
+            (None, _) => {
+                self.say(&format!(
+                    "{}: {why:#}; logging in again to retry",
+                    self.program
+                ));
+                (RETRIES, None)
+            }
+            (Some(_), Some(last)) => {
+                if last.elapsed() < DOWN_RETRY {
+                    anyhow::bail!(
+                        "{why:#}; the target has been unreachable for longer than the reconnect timeout"
+                    );
+                }
+                (1, None)
+            }
+            (Some(d), None) => {
+                self.say(&format!(
+                    "{}: {why:#}; logging in again (for up to {:.0} s)",
+                    self.program,
+                    d.saturating_duration_since(tokio::time::Instant::now())
+                        .as_secs_f64()
+                ));
+                (u32::MAX, Some(d))
+            }
+        };
         let mut last = None;
-        for _ in 0..RETRIES {
-            let opened = match login(&self.url, &self.how).await {
-                Ok(logged) => Lun::on_known(logged, self.url.lun, old.known()).await,
-                Err(e) => Err(e),
+        let mut pause = std::time::Duration::from_millis(100);
+        for attempt in 0..tries {
+            if attempt > 0 {
+                if let Some(d) = deadline {
+                    let now = tokio::time::Instant::now();
+                    if now >= d {
+                        break;
+                    }
+                    tokio::time::sleep(pause.min(d - now)).await;
+                    pause = (pause * 2).min(std::time::Duration::from_secs(2));
+                }
+            }
+            let login_once = async {
+                match login(&self.url, &self.how).await {
+                    Ok(logged) => Lun::on_known(logged, self.url.lun, old.known()).await,
+                    Err(e) => Err(e),
+                }
+            };
+            let opened = match deadline {
+                Some(d) => match tokio::time::timeout_at(d, login_once).await {
+                    Ok(r) => r,
+                    Err(_) => Err(anyhow::anyhow!("no login before the reconnect timeout")),
+                },
+                None => login_once.await,
             };
             match opened {
                 Ok(lun) => {
                     self.sessions
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     *self.current.lock().expect("not poisoned") = (generation + 1, lun);
+                    if self.down.lock().expect("not poisoned").take().is_some()
+                        || deadline.is_some()
+                    {
+                        self.say(&format!("{}: logged in again", self.program));
+                    }
                     return Ok(());
                 }
                 Err(e) => last = Some(e),
             }
         }
-        Err(last
-            .expect("tried at least once")
-            .context(format!("{why:#}, and logging in again failed")))
+        if self.window.is_some() {
+            *self.down.lock().expect("not poisoned") = Some(std::time::Instant::now());
+        }
+        let last = last.unwrap_or_else(|| anyhow::anyhow!("no login before the reconnect timeout"));
+        Err(last.context(format!("{why:#}, and logging in again failed")))
     }
 
     /// Read `len` bytes at `offset` (both block-aligned).
@@ -188,11 +295,21 @@ impl RetryingLun {
         .await
     }
 
-    /// SYNCHRONIZE CACHE over the whole LUN. Not repeated on a new
-    /// session: writes the old session had acknowledged but the target had
-    /// not yet made durable may be gone with it, and a flush on the new
-    /// session would report them durable.
+    /// SYNCHRONIZE CACHE over the whole LUN. Without a reconnect window
+    /// it is not repeated on a new session: writes the old session had
+    /// acknowledged but the target had not yet made durable may be gone
+    /// with it, and a flush on the new session would report them durable.
+    /// With one (the block device) it is, as the kernel's own iSCSI
+    /// initiator does after a session recovery: a target process that
+    /// restarted kept what it acknowledged in its host's page cache or on
+    /// disk; only a target host that lost power can have lost them, and
+    /// no SCSI status tells a new session that.
     pub async fn flush(&self) -> anyhow::Result<()> {
+        if self.window.is_some() {
+            return self
+                .run("synchronize cache", |l| async move { l.flush().await })
+                .await;
+        }
         let lun = self.lun();
         lun.flush().await.map_err(|e| {
             let lost = e

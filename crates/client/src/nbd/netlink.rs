@@ -106,7 +106,9 @@ pub struct Connect {
     /// Client flags ([`CFLAG_DESTROY_ON_DISCONNECT`], …).
     pub client_flags: u64,
     /// How long a request may take before the kernel gives up on its
-    /// connection.
+    /// connection (marks it dead and requeues the request), in whole
+    /// seconds; zero: never, the kernel only warns of a stuck request and
+    /// the server answers every request itself in its own time.
     pub timeout: Duration,
     /// How long the kernel waits for a dead connection to be replaced
     /// (RECONFIGURE) before failing I/O.
@@ -195,7 +197,7 @@ pub fn connect_message(c: &Connect) -> Result<Msg, NetlinkError> {
     attrs.push(attr(NbdAttr::BlockSizeBytes, false, c.block_size)?);
     attrs.push(attr(NbdAttr::ServerFlags, false, c.server_flags)?);
     attrs.push(attr(NbdAttr::ClientFlags, false, c.client_flags)?);
-    attrs.push(attr(NbdAttr::Timeout, false, u64_secs(c.timeout))?);
+    attrs.push(attr(NbdAttr::Timeout, false, c.timeout.as_secs())?);
     attrs.push(attr(
         NbdAttr::DeadConnTimeout,
         false,

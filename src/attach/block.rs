@@ -1,0 +1,390 @@
+//! `ethersan attach --block URL`: a LUN as a kernel block device
+//! (/dev/nbdN) through the kernel's NBD driver, configured over its
+//! generic netlink interface. This process is the device's server: each
+//! connection is one end of a socket pair whose other end the kernel
+//! holds (one hardware queue each), served by
+//! [`ethersan_client::nbd::serve`] against its own session to the LUN.
+//!
+//! A lost target is waited for inside this process: each transport
+//! reconnects for up to `--reconnect-timeout` (a new login, a new native
+//! channel; AoE retransmits) and the requests in flight go on on the new
+//! session, so the kernel sees a slow request, not an error. The kernel's
+//! own request timeout is off (zero): it would tear down the socket pair,
+//! which never fails on its own.
+//!
+//! `ethersan detach /dev/nbdN`, SIGTERM and SIGINT end it the same way:
+//! the device's page cache written back, the kernel told to disconnect
+//! (it ends each connection with NBD_CMD_DISC once what it sent is
+//! answered), the LUN's cache flushed, each session logged out.
+
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde::Serialize;
+use tokio::signal::unix::{signal, SignalKind};
+
+use ethersan_client::nbd::netlink::{
+    Connect, Nbd, CFLAG_DESTROY_ON_DISCONNECT, CFLAG_DISCONNECT_ON_CLOSE,
+};
+use ethersan_client::nbd::{self, transmission_flags};
+use ethersan_client::{BlockTarget, ConnectArgs, OpenOptions};
+use ethersan_nbd::Device;
+
+/// Requests each connection runs at once.
+const DEPTH: usize = 64;
+
+/// How long the end waits for the kernel to close the connections after
+/// DISCONNECT before it stops serving them anyway.
+const DISCONNECT_WAIT: Duration = Duration::from_secs(30);
+
+/// What `attach --block` was asked for.
+#[derive(Debug)]
+pub(crate) struct BlockRequest<'a> {
+    pub url: &'a str,
+    pub connect: &'a ConnectArgs,
+    pub connections: usize,
+    pub reconnect: Duration,
+    pub index: Option<u32>,
+    pub read_only: bool,
+    pub json: bool,
+}
+
+/// What `attach --block --json` prints once the device is there.
+#[derive(Debug, Serialize)]
+struct Attached {
+    device: String,
+    index: u32,
+    lun: String,
+    size: u64,
+    block_size: u64,
+    read_only: bool,
+    connections: usize,
+    reconnect_timeout_s: u64,
+    flush: bool,
+    fua: bool,
+    trim: bool,
+}
+
+/// `ethersan attach --block`.
+pub(crate) async fn cmd_attach_block(r: BlockRequest<'_>) -> anyhow::Result<()> {
+    if r.connections == 0 || r.connections > 16 {
+        bail!(
+            "--connections {}: give 1 to 16 (one session and one kernel queue each)",
+            r.connections
+        );
+    }
+    // Before any login: no driver, no point.
+    let nl = Nbd::open()?;
+    let opts = OpenOptions {
+        program: "ethersan attach",
+        retry: true,
+        reconnect: Some(r.reconnect),
+    };
+    let first: Arc<dyn BlockTarget> =
+        Arc::from(ethersan_client::open(r.url, r.connect, &opts).await?);
+    let caps = first.capabilities();
+    let mut targets = vec![first.clone()];
+    let n = if caps.sessions {
+        r.connections
+    } else {
+        if r.connections > 1 {
+            note!(
+                "ethersan attach: {} has one session only: using 1 connection, not {}",
+                first.name(),
+                r.connections
+            );
+        }
+        1
+    };
+    for _ in 1..n {
+        match first.another_session().await {
+            Ok(t) => targets.push(Arc::from(t)),
+            Err(e) => {
+                close_all(&targets).await;
+                return Err(e.context("opening another session for --connections"));
+            }
+        }
+    }
+    let result = attach(&r, &nl, &targets).await;
+    close_all(&targets).await;
+    result
+}
+
+/// Every session ends (a logout where the transport has one).
+async fn close_all(targets: &[Arc<dyn BlockTarget>]) {
+    for t in targets {
+        t.close().await;
+    }
+}
+
+/// Connect the device, serve it until detached or signalled, flush.
+async fn attach(
+    r: &BlockRequest<'_>,
+    nl: &Nbd,
+    targets: &[Arc<dyn BlockTarget>],
+) -> anyhow::Result<()> {
+    let lun = &targets[0];
+    let block_size = lun.block_size();
+    let dev = Device {
+        size: lun.capacity(),
+        block_size: u32::try_from(block_size).context("block size")?,
+        read_only: r.read_only,
+    };
+    if !(512..=4096).contains(&block_size) || !block_size.is_power_of_two() {
+        bail!(
+            "{} has {block_size}-byte blocks; the kernel's NBD driver takes 512 to 4096",
+            lun.name()
+        );
+    }
+    let caps = lun.capabilities();
+    let flags = transmission_flags(caps, r.read_only);
+    // One socket pair per connection: the kernel gets one end (it takes
+    // its own reference), this process serves the other.
+    let mut ours = Vec::new();
+    let mut theirs = Vec::new();
+    for _ in targets {
+        let (a, b) = std::os::unix::net::UnixStream::pair().context("socketpair")?;
+        a.set_nonblocking(true).context("socketpair")?;
+        ours.push(a);
+        theirs.push(b);
+    }
+    let connect = Connect {
+        index: r.index,
+        size: dev.size,
+        block_size,
+        server_flags: flags,
+        client_flags: CFLAG_DESTROY_ON_DISCONNECT | CFLAG_DISCONNECT_ON_CLOSE,
+        timeout: Duration::ZERO,
+        dead_conn_timeout: r.reconnect,
+        backend: Some(backend_name(r.url, &lun.name())),
+        sockets: theirs.iter().map(|s| s.as_raw_fd()).collect(),
+    };
+    // The kernel starts sending as soon as it is connected: serve first.
+    let mut serving = tokio::task::JoinSet::new();
+    for (t, s) in targets.iter().zip(ours) {
+        let s = tokio::net::UnixStream::from_std(s).context("socketpair")?;
+        serving.spawn(nbd::serve(t.clone(), s, dev, DEPTH));
+    }
+    let index = match nl.connect(&connect) {
+        Ok(i) => i,
+        Err(e) => {
+            serving.abort_all();
+            return Err(e.into());
+        }
+    };
+    drop(theirs);
+    let device = format!("/dev/nbd{index}");
+    let shown = Attached {
+        device: device.clone(),
+        index,
+        lun: lun.name(),
+        size: dev.size,
+        block_size,
+        read_only: r.read_only,
+        connections: targets.len(),
+        reconnect_timeout_s: r.reconnect.as_secs(),
+        flush: true,
+        fua: flags & ethersan_nbd::flags::SEND_FUA != 0,
+        trim: flags & ethersan_nbd::flags::SEND_TRIM != 0,
+    };
+    if r.json {
+        out!("{}", serde_json::to_string(&shown)?);
+    } else {
+        out!("{device}");
+        note!(
+            "ethersan attach: {} ({} bytes, {block_size}-byte blocks{}) is {device}, {} connection{}; stop with ethersan detach {device} (or SIGTERM)",
+            shown.lun,
+            shown.size,
+            if r.read_only { ", read-only" } else { "" },
+            shown.connections,
+            if shown.connections == 1 { "" } else { "s" }
+        );
+    }
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
+
+    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let mut failures = Vec::new();
+    let signalled = tokio::select! {
+        // The kernel disconnected (ethersan detach, nbd-client -d) or a
+        // connection failed.
+        first = serving.join_next() => {
+            if let Some(Ok(Err(e))) = first {
+                failures.push(e.to_string());
+            }
+            false
+        }
+        _ = term.recv() => true,
+        _ = int.recv() => true,
+    };
+    if signalled {
+        let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+        note!("ethersan attach: stopping: writing back {device}'s cache and disconnecting");
+        if let Err(e) = sync_device(&device).await {
+            note!("ethersan attach: {device}: {e:#}");
+        }
+    }
+    // Idempotent: the kernel may already have disconnected.
+    let _ = nl.disconnect(index);
+    let drained = tokio::time::timeout(DISCONNECT_WAIT, async {
+        while let Some(r) = serving.join_next().await {
+            if let Ok(Err(e)) = r {
+                failures.push(e.to_string());
+            }
+        }
+    })
+    .await;
+    if drained.is_err() {
+        serving.abort_all();
+        note!("ethersan attach: the kernel kept {device}'s connections open; stopped serving them");
+    }
+    let mut flushed = Ok(());
+    for t in targets {
+        if let Err(e) = t.flush().await {
+            flushed = Err(e);
+        }
+    }
+    flushed.with_context(|| format!("{}: final cache flush", lun.name()))?;
+    if !failures.is_empty() && !signalled {
+        bail!("{device} stopped: {}", failures.join("; "));
+    }
+    note!(
+        "ethersan attach: detached {device} ({} flushed{})",
+        lun.name(),
+        if caps.logout { ", logging out" } else { "" }
+    );
+    Ok(())
+}
+
+/// What /sys/block/nbdN/backend says: the URL without credentials or
+/// query, and the LUN.
+fn backend_name(url: &str, lun: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    let rest = rest.split('?').next().unwrap_or(rest);
+    format!("ethersan {scheme}://{rest} ({lun})")
+}
+
+/// Write back the device's page cache and have the kernel send a FLUSH
+/// (fsync of the block device), on a blocking thread: the requests it
+/// makes are served by this process's runtime meanwhile.
+async fn sync_device(device: &str) -> anyhow::Result<()> {
+    let path = PathBuf::from(device);
+    tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .open(&path)
+            .with_context(|| format!("open {}", path.display()))?;
+        f.sync_all()
+            .with_context(|| format!("write back {}", path.display()))
+    })
+    .await?
+}
+
+/// The index N of `/dev/nbdN` (or `nbdN`, or a link to one).
+fn nbd_index(device: &Path) -> anyhow::Result<u32> {
+    let real = std::fs::canonicalize(device).unwrap_or_else(|_| device.to_path_buf());
+    let name = real
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    name.strip_prefix("nbd")
+        .and_then(|n| n.parse().ok())
+        .with_context(|| {
+            format!(
+                "{} is not an NBD device: give /dev/nbdN as attach --block printed it",
+                device.display()
+            )
+        })
+}
+
+/// Why `detach` will not disconnect a device: mounted, or held (by a
+/// device-mapper map, a RAID, a swap).
+fn in_use(index: u32) -> Option<String> {
+    let dev = format!("/dev/nbd{index}");
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    if let Some(m) = mounts
+        .lines()
+        .find(|l| l.split(' ').next() == Some(dev.as_str()) || l.starts_with(&format!("{dev}p")))
+    {
+        let on = m.split(' ').nth(1).unwrap_or("?");
+        return Some(format!("{dev} is mounted on {on}: unmount it first"));
+    }
+    let holders = format!("/sys/block/nbd{index}/holders");
+    if let Ok(mut d) = std::fs::read_dir(&holders) {
+        if let Some(Ok(h)) = d.next() {
+            return Some(format!(
+                "{dev} is held by {}: remove that first (dmsetup remove, mdadm --stop, swapoff)",
+                h.file_name().to_string_lossy()
+            ));
+        }
+    }
+    None
+}
+
+/// `ethersan detach /dev/nbdN`: write the device's cache back, tell the
+/// kernel to disconnect it, and wait (up to `wait`) for the `attach` that
+/// serves it to flush the LUN, log out and exit.
+pub(crate) async fn cmd_detach(device: &Path, force: bool, wait: Duration) -> anyhow::Result<()> {
+    let index = nbd_index(device)?;
+    let dev = format!("/dev/nbd{index}");
+    let pid_file = format!("/sys/block/nbd{index}/pid");
+    let server: Option<u32> = std::fs::read_to_string(&pid_file)
+        .ok()
+        .and_then(|p| p.trim().parse().ok());
+    let Some(server) = server else {
+        bail!("{dev} is not connected (no server behind it): nothing to detach");
+    };
+    if !force {
+        if let Some(why) = in_use(index) {
+            bail!("{why} (or --force: its users get I/O errors)");
+        }
+    }
+    let nl = Nbd::open()?;
+    if let Err(e) = sync_device(&dev).await {
+        note!("ethersan detach: {e:#}; disconnecting anyway");
+    }
+    nl.disconnect(index)?;
+    let gone = tokio::time::timeout(wait, async {
+        while Path::new(&format!("/proc/{server}")).exists() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    if gone.is_err() {
+        bail!(
+            "{dev} is disconnected, but its server (pid {server}) is still running after {:.0} s",
+            wait.as_secs_f64()
+        );
+    }
+    note!("ethersan detach: {dev} detached");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backend_name_has_no_secret() {
+        assert_eq!(
+            backend_name("iscsi://u%s3cret@10.0.2.2:3260/iqn.x:y/0?x=1", "LUN 0"),
+            "ethersan iscsi://10.0.2.2:3260/iqn.x:y/0 (LUN 0)"
+        );
+        assert_eq!(
+            backend_name("aoe://eth1/0.1", "e0.1"),
+            "ethersan aoe://eth1/0.1 (e0.1)"
+        );
+    }
+
+    #[test]
+    fn device_indexes() {
+        assert_eq!(nbd_index(Path::new("/dev/nbd3")).unwrap(), 3);
+        assert_eq!(nbd_index(Path::new("nbd12")).unwrap(), 12);
+        let e = nbd_index(Path::new("/dev/sda")).unwrap_err().to_string();
+        assert!(e.contains("not an NBD device"), "{e}");
+    }
+}
