@@ -26,9 +26,7 @@ use anyhow::{bail, Context};
 use serde::Serialize;
 use tokio::signal::unix::{signal, SignalKind};
 
-use ethersan_client::nbd::netlink::{
-    Connect, Nbd, CFLAG_DESTROY_ON_DISCONNECT, CFLAG_DISCONNECT_ON_CLOSE,
-};
+use ethersan_client::nbd::netlink::{Connect, Nbd, CFLAG_DESTROY_ON_DISCONNECT};
 use ethersan_client::nbd::{self, transmission_flags};
 use ethersan_client::{BlockTarget, ConnectArgs, OpenOptions};
 use ethersan_nbd::Device;
@@ -87,8 +85,21 @@ pub(crate) async fn cmd_attach_block(r: BlockRequest<'_>) -> anyhow::Result<()> 
         Arc::from(ethersan_client::open(r.url, r.connect, &opts).await?);
     let caps = first.capabilities();
     let mut targets = vec![first.clone()];
+    // The kernel makes one hardware queue per connection, at most one per
+    // CPU, and sends each request on its queue's connection: sessions
+    // beyond the CPUs would carry nothing.
+    let cpus = possible_cpus();
     let n = if caps.sessions {
-        r.connections
+        if r.connections > cpus {
+            note!(
+                "ethersan attach: {} CPU{}: using {cpus} connection{}, not {} (the kernel makes at most one queue per CPU)",
+                cpus,
+                if cpus == 1 { "" } else { "s" },
+                if cpus == 1 { "" } else { "s" },
+                r.connections
+            );
+        }
+        r.connections.min(cpus)
     } else {
         if r.connections > 1 {
             note!(
@@ -111,6 +122,18 @@ pub(crate) async fn cmd_attach_block(r: BlockRequest<'_>) -> anyhow::Result<()> 
     let result = attach(&r, &nl, &targets).await;
     close_all(&targets).await;
     result
+}
+
+/// The CPUs the kernel counts for block queues (`nr_cpu_ids`: the
+/// possible ones, /sys/devices/system/cpu/possible, e.g. "0-3").
+fn possible_cpus() -> usize {
+    let listed = std::fs::read_to_string("/sys/devices/system/cpu/possible")
+        .ok()
+        .and_then(|s| {
+            let last = s.trim().rsplit([',', '-']).next()?.parse::<usize>().ok()?;
+            Some(last + 1)
+        });
+    listed.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// Every session ends (a logout where the transport has one).
@@ -156,7 +179,7 @@ async fn attach(
         size: dev.size,
         block_size,
         server_flags: flags,
-        client_flags: CFLAG_DESTROY_ON_DISCONNECT | CFLAG_DISCONNECT_ON_CLOSE,
+        client_flags: CFLAG_DESTROY_ON_DISCONNECT,
         timeout: Duration::ZERO,
         dead_conn_timeout: r.reconnect,
         backend: Some(backend_name(r.url, &lun.name())),

@@ -88,8 +88,9 @@ impl NlAttrType for NbdSock {}
 
 /// Client flag: the device is freed when it disconnects.
 pub const CFLAG_DESTROY_ON_DISCONNECT: u64 = 1 << 0;
-/// Client flag: the device disconnects when the last opener of the
-/// netlink socket that configured it closes (that process exits).
+/// Client flag: the device disconnects when its last opener closes the
+/// block device (each `mkfs`, `dd` or unmount would end it: not for a
+/// device that is served until detached).
 pub const CFLAG_DISCONNECT_ON_CLOSE: u64 = 1 << 1;
 
 /// What CONNECT tells the kernel.
