@@ -595,6 +595,49 @@ fn mistakes_are_one_error_line_and_leave_nothing_mounted() {
     );
 }
 
+/// `attach --block` and `detach` mistakes: one error line each, before
+/// any login. (The block device itself is tested in the kernel VM: this
+/// host's kernel has no NBD driver.)
+#[test]
+fn block_device_mistakes_are_one_error_line() {
+    let server = Server::start(&["ram:1M"]);
+    let url = server.url(0);
+    if !Path::new("/sys/module/nbd").exists() {
+        let l = refused(&["--block", &url]);
+        assert!(
+            l.contains("no NBD driver")
+                && l.contains("modprobe nbd")
+                && l.contains("ethersan attach"),
+            "{l}"
+        );
+    }
+    let l = refused(&["--block", &url, "--connections", "0"]);
+    assert!(
+        l.contains("--connections 0") && l.contains("1 to 16"),
+        "{l}"
+    );
+    // FUSE-only options and a directory do not go with --block.
+    let o = run(
+        BIN,
+        &["attach", "--block", &url, "/mnt"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--block"),
+        "{o:?}"
+    );
+
+    let detach = |args: &[&str]| {
+        let o = run(BIN, &[&["detach"], args].concat(), Duration::from_secs(60));
+        error_line(&o, &format!("detach {args:?}"))
+    };
+    let l = detach(&["/dev/null"]);
+    assert!(l.contains("is not an NBD device"), "{l}");
+    let l = detach(&["/dev/nbd4095"]);
+    assert!(l.contains("/dev/nbd4095 is not connected"), "{l}");
+}
+
 #[test]
 fn a_lun_that_goes_away_is_eio_with_a_log_line_naming_it() {
     require_fuse();

@@ -231,13 +231,18 @@ async fn attach(
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut failures = Vec::new();
+    // Requests each connection answered, in the order they ended.
+    let mut answered = Vec::new();
+    let mut record = |r: Option<Result<Result<nbd::Served, nbd::ServeError>, _>>| match r {
+        Some(Ok(Ok(s))) => answered.push(s.requests),
+        Some(Ok(Err(e))) => failures.push(e.to_string()),
+        _ => {}
+    };
     let signalled = tokio::select! {
         // The kernel disconnected (ethersan detach, nbd-client -d) or a
         // connection failed.
         first = serving.join_next() => {
-            if let Some(Ok(Err(e))) = first {
-                failures.push(e.to_string());
-            }
+            record(first);
             false
         }
         _ = term.recv() => true,
@@ -254,9 +259,7 @@ async fn attach(
     let _ = nl.disconnect(index);
     let drained = tokio::time::timeout(DISCONNECT_WAIT, async {
         while let Some(r) = serving.join_next().await {
-            if let Ok(Err(e)) = r {
-                failures.push(e.to_string());
-            }
+            record(Some(r));
         }
     })
     .await;
@@ -274,10 +277,16 @@ async fn attach(
     if !failures.is_empty() && !signalled {
         bail!("{device} stopped: {}", failures.join("; "));
     }
+    answered.sort_unstable();
     note!(
-        "ethersan attach: detached {device} ({} flushed{})",
+        "ethersan attach: detached {device} ({} flushed{}; requests answered per connection: {})",
         lun.name(),
-        if caps.logout { ", logging out" } else { "" }
+        if caps.logout { ", logging out" } else { "" },
+        answered
+            .iter()
+            .map(|n| n.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     Ok(())
 }

@@ -31,6 +31,15 @@ pub enum Ended {
     Closed,
 }
 
+/// What a connection's service did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Served {
+    /// How it ended.
+    pub ended: Ended,
+    /// Requests answered (DISCONNECT not counted).
+    pub requests: u64,
+}
+
 /// Why a connection's service stopped early.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -81,7 +90,7 @@ pub async fn serve<S>(
     stream: S,
     dev: Device,
     depth: usize,
-) -> Result<Ended, ServeError>
+) -> Result<Served, ServeError>
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
@@ -94,10 +103,12 @@ where
     let mut set: FuturesUnordered<Running<'_>> = FuturesUnordered::new();
     let mut disconnect = false;
     let mut open = true;
+    let mut requests = 0u64;
     loop {
         tokio::select! {
             biased;
             Some((reply, data)) = set.next(), if !set.is_empty() => {
+                requests += 1;
                 wr.write_all(&reply.encode()).await?;
                 if reply.error == 0 && !data.is_empty() {
                     wr.write_all(&data).await?;
@@ -122,11 +133,12 @@ where
         Ok(Err(e)) if !disconnect => return Err(e),
         Ok(Err(_)) => {}
     }
-    Ok(if disconnect {
+    let ended = if disconnect {
         Ended::Disconnected
     } else {
         Ended::Closed
-    })
+    };
+    Ok(Served { ended, requests })
 }
 
 /// Read requests (and their write data) into `tx` until DISCONNECT, the

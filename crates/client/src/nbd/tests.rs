@@ -129,7 +129,7 @@ fn start(
     target: Arc<Ram>,
     dev: Device,
     depth: usize,
-) -> (Kernel, tokio::task::JoinHandle<Result<Ended, ServeError>>) {
+) -> (Kernel, tokio::task::JoinHandle<Result<Served, ServeError>>) {
     let (a, b) = tokio::io::duplex(1 << 20);
     let t: Arc<dyn BlockTarget> = target;
     (Kernel { pipe: a }, tokio::spawn(serve(t, b, dev, depth)))
@@ -171,7 +171,14 @@ async fn pipelined_requests_are_answered_by_handle_out_of_order() {
     assert_eq!(k.reply(|_| 0).await.0, Reply::ok(9));
     assert_eq!(ram.flushes.load(Ordering::SeqCst), 1);
     k.send(req(10, Command::Disconnect, 0, 0), &[]).await;
-    assert_eq!(server.await.unwrap().unwrap(), Ended::Disconnected);
+    assert_eq!(
+        server.await.unwrap().unwrap(),
+        Served {
+            ended: Ended::Disconnected,
+            requests: 10
+        },
+        "the write, eight reads and the flush answered; DISCONNECT not counted"
+    );
 }
 
 #[tokio::test]
@@ -192,7 +199,7 @@ async fn trim_and_write_zeroes_read_back_as_zeros() {
     assert!(d[..4096].iter().all(|b| *b == 0xee), "outside untouched");
     assert!(d[12288..65536].iter().all(|b| *b == 0xee));
     drop(k);
-    assert_eq!(server.await.unwrap().unwrap(), Ended::Closed);
+    assert_eq!(server.await.unwrap().unwrap().ended, Ended::Closed);
 }
 
 #[tokio::test]
@@ -223,7 +230,7 @@ async fn refused_and_failed_requests_get_an_error_and_the_service_goes_on() {
     assert_eq!(k.reply(|_| 0).await.0, Reply::ok(4));
     assert!(ram.data.lock().unwrap()[..512].iter().all(|b| *b == 9));
     k.send(req(5, Command::Disconnect, 0, 0), &[]).await;
-    assert_eq!(server.await.unwrap().unwrap(), Ended::Disconnected);
+    assert_eq!(server.await.unwrap().unwrap().ended, Ended::Disconnected);
 
     // A read-only device refuses writes with EPERM.
     let ro = Device {
@@ -234,7 +241,7 @@ async fn refused_and_failed_requests_get_an_error_and_the_service_goes_on() {
     k.send(req(6, Command::Write, 0, 512), &[1; 512]).await;
     assert_eq!(k.reply(|_| 0).await.0, Reply::error(6, Errno::Perm));
     drop(k);
-    assert_eq!(server.await.unwrap().unwrap(), Ended::Closed);
+    assert_eq!(server.await.unwrap().unwrap().ended, Ended::Closed);
 }
 
 #[tokio::test]
@@ -267,7 +274,7 @@ async fn disconnect_waits_for_writes_in_flight() {
     for _ in 0..16 {
         assert_eq!(k.reply(|_| 0).await.0.error, 0);
     }
-    assert_eq!(server.await.unwrap().unwrap(), Ended::Disconnected);
+    assert_eq!(server.await.unwrap().unwrap().ended, Ended::Disconnected);
     let d = ram.data.lock().unwrap();
     for i in 0..16usize {
         assert!(d[i * 4096..(i + 1) * 4096]
