@@ -241,6 +241,21 @@ pub fn initiator_config(link: &Link) -> InitiatorConfig {
     cfg
 }
 
+/// Retransmissions for `timeout`: about as many as fit in it at the RTO
+/// ceiling, so that a target restarting within a long timeout
+/// (`attach --block`'s reconnect window) is waited for instead of given
+/// up after `cfg`'s few (about 28 s at the defaults), and a command the
+/// caller gave up on is not sent long after (a late write must not land
+/// after its error was reported). Never fewer than `cfg`'s.
+pub fn retries_for(cfg: &InitiatorConfig, timeout: Timeout) -> u32 {
+    let Some(t) = timeout.0 else {
+        return u32::MAX;
+    };
+    let per = cfg.max_rto.as_secs_f64().max(0.001);
+    let fit = (t.as_secs_f64() / per).ceil().min(f64::from(u32::MAX)) as u32;
+    fit.max(cfg.max_retries)
+}
+
 impl AoeDevice {
     /// Find the device `shelf.slot` on `link` (Query Config to broadcast)
     /// and attach to the first that answers.
@@ -294,7 +309,8 @@ impl AoeDevice {
                 wait.as_secs_f64()
             );
         };
-        let cfg = initiator_config(&link);
+        let mut cfg = initiator_config(&link);
+        cfg.max_retries = retries_for(&cfg, timeout);
         AoeDevice::attach(link, target, cfg, name, timeout).await
     }
 

@@ -302,3 +302,19 @@ fn urls_parse_and_bad_ones_show_the_forms() {
     assert!(is_aoe_url("aoe+unix://0.1?local=/a&peer=/b"));
     assert!(!is_aoe_url("iscsi://h/t/0"));
 }
+
+#[test]
+fn retransmissions_cover_the_timeout() {
+    use super::device::retries_for;
+    let cfg = ethersan_aoe::InitiatorConfig::new(ethersan_aoe::Mac([2, 0, 0, 0, 0, 1]));
+    // The default limit stays for short timeouts…
+    assert_eq!(
+        retries_for(&cfg, Timeout(Some(Duration::from_secs(5)))),
+        cfg.max_retries
+    );
+    // …a long one gets enough retransmissions at the RTO ceiling (5 s)…
+    let r = retries_for(&cfg, Timeout(Some(Duration::from_secs(120))));
+    assert!(u64::from(r) * cfg.max_rto.as_secs() >= 120, "{r}");
+    // …and no timeout, no limit.
+    assert_eq!(retries_for(&cfg, Timeout(None)), u32::MAX);
+}
