@@ -1,7 +1,8 @@
-//! Running as a service: the systemd unit in packaging/ passes
-//! `systemd-analyze verify`, the packaged configuration checks, the server
-//! tells `$NOTIFY_SOCKET` when it is ready, reloading and stopping, and
-//! SIGHUP applies a changed configuration file live.
+//! Running as a service: the systemd units in packaging/ pass
+//! `systemd-analyze verify`, the packaged configuration checks, the
+//! attach template's command line is one `ethersan attach` takes, the
+//! server tells `$NOTIFY_SOCKET` when it is ready, reloading and stopping,
+//! and SIGHUP applies a changed configuration file live.
 
 mod common;
 
@@ -25,17 +26,7 @@ fn the_systemd_unit_verifies_and_its_configuration_checks() {
     .replace("/usr/local/bin/ethersan", env!("CARGO_BIN_EXE_ethersan"));
     let path = dir.path().join("ethersan.service");
     std::fs::write(&path, unit).unwrap();
-    let out = Command::new("systemd-analyze")
-        .arg("verify")
-        .arg(&path)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success() && text.trim().is_empty(), "{text}");
+    verify_unit(&path);
     // The configuration it serves is good as shipped.
     let out = ethersan(&[
         "serve",
@@ -47,6 +38,146 @@ fn the_systemd_unit_verifies_and_its_configuration_checks() {
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `systemd-analyze verify` on `unit` (a path; an instance of a template
+/// is found as the template in the same directory): no output, success.
+fn verify_unit(unit: &Path) {
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(unit)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success() && text.trim().is_empty(), "{text}");
+}
+
+/// packaging/ethersan-attach@.service as installed, running the build.
+fn attach_template() -> String {
+    std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/packaging/ethersan-attach@.service"
+    ))
+    .unwrap()
+    .replace("/usr/local/bin/ethersan", env!("CARGO_BIN_EXE_ethersan"))
+}
+
+/// The values of `key=` in a unit.
+fn unit_setting<'a>(unit: &'a str, key: &str) -> Vec<&'a str> {
+    let prefix = format!("{key}=");
+    unit.lines()
+        .filter_map(|l| l.strip_prefix(prefix.as_str()))
+        .collect()
+}
+
+/// The unit's ExecStart= as systemd runs it: `${URL}` and
+/// `${CREDENTIALS_DIRECTORY}` put in, `$ARGS` split into words.
+fn attach_command(unit: &str, url: &str, args: &[&str], credentials: &Path) -> Vec<String> {
+    let exec = unit_setting(unit, "ExecStart");
+    assert_eq!(exec.len(), 1, "one ExecStart=: {exec:?}");
+    let mut words = Vec::new();
+    for w in exec[0].split_whitespace() {
+        if w == "$ARGS" {
+            words.extend(args.iter().map(|a| a.to_string()));
+            continue;
+        }
+        let w = w.replace("${URL}", url).replace(
+            "${CREDENTIALS_DIRECTORY}",
+            &credentials.display().to_string(),
+        );
+        assert!(
+            !w.contains('$'),
+            "ExecStart= uses a variable the test does not set: {w}"
+        );
+        words.push(w);
+    }
+    assert_eq!(words[0], env!("CARGO_BIN_EXE_ethersan"));
+    words
+}
+
+/// What a credential holds when its file is missing: the unit's
+/// `SetCredential=ID:VALUE`, C escapes undone (`\n` is all it uses).
+fn credential_default(unit: &str, id: &str) -> String {
+    let values: Vec<&str> = unit_setting(unit, "SetCredential")
+        .into_iter()
+        .filter_map(|v| v.strip_prefix(id)?.strip_prefix(':'))
+        .collect();
+    assert_eq!(values.len(), 1, "one SetCredential={id}: {values:?}");
+    values[0].replace("\\n", "\n")
+}
+
+#[test]
+fn the_attach_template_verifies_and_its_command_line_is_one_attach_takes() {
+    require_tool("systemd-analyze");
+    let dir = tempfile::tempdir().unwrap();
+    let unit = attach_template();
+    std::fs::write(dir.path().join("ethersan-attach@.service"), &unit).unwrap();
+    // What `systemctl enable --now ethersan-attach@lun0` starts.
+    verify_unit(&dir.path().join("ethersan-attach@lun0.service"));
+
+    // Every secret is an optional credential with a default, and the
+    // command line reads each from the credentials directory.
+    for id in ["chap", "group-secret"] {
+        let load = format!("{id}:/etc/ethersan/attach/%i.{id}");
+        assert!(
+            unit_setting(&unit, "LoadCredential").contains(&load.as_str()),
+            "LoadCredential={load}"
+        );
+    }
+    let creds = dir.path().join("credentials");
+    std::fs::create_dir(&creds).unwrap();
+    for id in ["chap", "group-secret"] {
+        std::fs::write(creds.join(id), credential_default(&unit, id)).unwrap();
+    }
+    let url = "iscsi://127.0.0.1:1/iqn.2026-11.org.ethersan:disk/0";
+    // The ARGS= of docs/block-device.md and the unit's header, and more.
+    let args = [
+        "--index",
+        "0",
+        "--connections",
+        "4",
+        "--reconnect-timeout",
+        "60s",
+        "--read-only",
+        "--timeout",
+        "10s",
+    ];
+    let run = |words: &[String], extra: &[&str]| {
+        Command::new(&words[0])
+            .args(&words[1..])
+            .args(extra)
+            .env_remove("ETHERSAN_CHAP")
+            .env_remove("ETHERSAN_GROUP_SECRET")
+            .output()
+            .unwrap()
+    };
+    // With the credentials' defaults (no files under /etc), every
+    // argument parses: --help, last, stops clap once all before it are
+    // taken (an unknown flag or a refused value fails instead).
+    let words = attach_command(&unit, url, &args, &creds);
+    let out = run(&words, &["--help"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("--chap-file"),
+        "{words:?}: {}{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // And the chap credential is what --chap-file reads: a missing one is
+    // named, before any device or connection.
+    std::fs::remove_file(creds.join("chap")).unwrap();
+    let out = run(&words, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let chap = creds.join("chap").display().to_string();
+    assert!(
+        !out.status.success()
+            && stderr.contains(&format!("invalid value '{chap}' for '--chap-file <FILE>'"))
+            && stderr.contains("no such file"),
+        "{stderr}"
     );
 }
 

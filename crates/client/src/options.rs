@@ -1,8 +1,10 @@
-//! How the client connects: CHAP (in the URL or from the flags), mutual
-//! CHAP, the native transport's group, and how long it waits. Every
-//! command that talks to a target takes these as [`ConnectArgs`] (a
-//! `clap` argument group).
+//! How the client connects: CHAP (in the URL, from the flags or from a
+//! file), mutual CHAP, the native transport's group, and how long it
+//! waits. Every command that talks to a target takes these as
+//! [`ConnectArgs`] (a `clap` argument group).
 
+use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::bail;
@@ -30,6 +32,17 @@ pub struct ConnectArgs {
         hide_env_values = true
     )]
     pub chap: Option<String>,
+    /// Log in with CHAP as the USER:SECRET this file holds (one line; an
+    /// empty file: no CHAP), so the secret is on no command line and in no
+    /// environment; credentials in the URL win. Not with --chap or
+    /// $ETHERSAN_CHAP.
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with = "chap",
+        value_parser = parse_chap_file
+    )]
+    pub chap_file: Option<ChapFile>,
     /// Mutual CHAP: the target must prove itself as USER:SECRET (also
     /// $ETHERSAN_MUTUAL_CHAP); ?target_user=U&target_password=P in the URL
     /// wins.
@@ -56,7 +69,70 @@ pub struct ConnectArgs {
     pub group: Option<String>,
     /// A file holding the group secret (else $ETHERSAN_GROUP_SECRET).
     #[arg(long, value_name = "FILE")]
-    pub group_secret_file: Option<std::path::PathBuf>,
+    pub group_secret_file: Option<PathBuf>,
+}
+
+/// `--chap-file`: the file, read when the arguments are parsed (before
+/// any device is set up or any connection made), and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChapFile {
+    /// Where the credentials were read from.
+    pub path: PathBuf,
+    /// `None`: the file is empty (no CHAP).
+    pub credentials: Option<Credentials>,
+}
+
+/// Longest `--chap-file` read: a name, a colon and a secret at their
+/// RFC 7143 limits, and a line end.
+const MAX_CHAP_FILE: u64 =
+    (ethersan_proto::chap::MAX_NAME + 1 + ethersan_proto::chap::MAX_CHALLENGE + 2) as u64;
+
+fn parse_chap_file(s: &str) -> Result<ChapFile, String> {
+    let path = PathBuf::from(s);
+    let credentials = read_chap_file(&path)?;
+    Ok(ChapFile { path, credentials })
+}
+
+/// The credentials in a `--chap-file`: `USER:SECRET` on one line (one
+/// trailing newline, or CRLF, dropped); `None` when the file is empty.
+/// The errors never show what the file holds: clap puts the file's name
+/// in front of them.
+fn read_chap_file(path: &Path) -> Result<Option<Credentials>, String> {
+    let mut held = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_CHAP_FILE + 1).read_to_end(&mut held))
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                "no such file: create it holding USER:SECRET on one line".to_string()
+            }
+            _ => format!("cannot read it: {e}"),
+        })?;
+    if held.len() as u64 > MAX_CHAP_FILE {
+        return Err(format!(
+            "longer than {MAX_CHAP_FILE} bytes: it should hold USER:SECRET on one line"
+        ));
+    }
+    if held.last() == Some(&b'\n') {
+        held.pop();
+        if held.last() == Some(&b'\r') {
+            held.pop();
+        }
+    }
+    if held.is_empty() {
+        return Ok(None);
+    }
+    if held.contains(&b'\n') {
+        return Err("holds more than one line: write USER:SECRET on one line".to_string());
+    }
+    let Some(colon) = held.iter().position(|&b| b == b':') else {
+        return Err(
+            "does not hold USER:SECRET: write the CHAP user, a colon and the secret on one line"
+                .to_string(),
+        );
+    };
+    let user = std::str::from_utf8(&held[..colon])
+        .map_err(|_| "the CHAP user in it is not UTF-8 text".to_string())?;
+    Credentials::new(user, &held[colon + 1..]).map(Some)
 }
 
 /// `--timeout`: `None` waits forever.
@@ -104,11 +180,15 @@ impl ConnectArgs {
                     .map_err(|e| anyhow::anyhow!("CHAP in the URL: {e}"))?,
             ),
             Some((_, None)) => {
-                bail!("the URL names a CHAP user but no secret: write iscsi://USER%SECRET@host/... or give --chap USER:SECRET")
+                bail!("the URL names a CHAP user but no secret: write iscsi://USER%SECRET@host/... or give --chap USER:SECRET or --chap-file FILE")
             }
-            None => match &self.chap {
-                Some(c) => Some(Credentials::parse(c).map_err(|e| anyhow::anyhow!("--chap: {e}"))?),
-                None => None,
+            // clap lets only one of them through (with $ETHERSAN_CHAP too).
+            None => match (&self.chap, &self.chap_file) {
+                (Some(c), _) => {
+                    Some(Credentials::parse(c).map_err(|e| anyhow::anyhow!("--chap: {e}"))?)
+                }
+                (None, Some(file)) => file.credentials.clone(),
+                (None, None) => None,
             },
         };
         let target_chap = match url.map(|u| (&u.target_user, &u.target_secret)) {
@@ -127,7 +207,7 @@ impl ConnectArgs {
             },
         };
         if target_chap.is_some() && chap.is_none() {
-            bail!("mutual CHAP (--mutual-chap, $ETHERSAN_MUTUAL_CHAP or target_user in the URL) needs CHAP credentials of our own too: add --chap USER:SECRET");
+            bail!("mutual CHAP (--mutual-chap, $ETHERSAN_MUTUAL_CHAP or target_user in the URL) needs CHAP credentials of our own too: add --chap USER:SECRET or --chap-file FILE");
         }
         Ok(LoginOptions {
             initiator_name: CLIENT_IQN.to_string(),
@@ -160,4 +240,118 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err(format!("bad duration {s:?}: must be positive"));
     }
     Ok(Duration::from_secs_f64(v * scale))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// `ConnectArgs` as a command line of its own.
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        connect: ConnectArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<ConnectArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("test").chain(args.iter().copied())).map(|c| c.connect)
+    }
+
+    fn write(dir: &Path, name: &str, held: &[u8]) -> String {
+        let p = dir.join(name);
+        std::fs::write(&p, held).unwrap();
+        p.display().to_string()
+    }
+
+    #[test]
+    fn a_chap_file_holds_user_colon_secret_on_one_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let good = Credentials::new("initiator", b"s3cret:with-colon").unwrap();
+        for held in [
+            &b"initiator:s3cret:with-colon\n"[..],
+            b"initiator:s3cret:with-colon\r\n",
+            b"initiator:s3cret:with-colon",
+        ] {
+            let f = write(d, "chap", held);
+            assert_eq!(read_chap_file(Path::new(&f)), Ok(Some(good.clone())));
+        }
+        // Empty: no CHAP (a service unit passes a file either way).
+        for held in [&b""[..], b"\n"] {
+            let f = write(d, "empty", held);
+            assert_eq!(read_chap_file(Path::new(&f)), Ok(None));
+        }
+        // What is wrong and what to do, never what the file holds.
+        let cases: [(&[u8], &str); 5] = [
+            (b"just-a-secret-value\n", "does not hold USER:SECRET"),
+            (b"initiator:s3cret-s3cret\n\n", "more than one line"),
+            (b"initiator:short\n", "at least 12 bytes"),
+            (b":s3cret-s3cret\n", "the CHAP user must be"),
+            (b"\xff:s3cret-s3cret\n", "not UTF-8"),
+        ];
+        for (held, want) in cases {
+            let f = write(d, "bad", held);
+            let e = read_chap_file(Path::new(&f)).unwrap_err();
+            assert!(e.contains(want), "{e}");
+            assert!(!e.contains("s3cret") && !e.contains("just-a-secret"), "{e}");
+        }
+        let long = vec![b'x'; MAX_CHAP_FILE as usize + 1];
+        let f = write(d, "long", &long);
+        let e = read_chap_file(Path::new(&f)).unwrap_err();
+        assert!(e.contains("longer than"), "{e}");
+        let e = read_chap_file(&d.join("missing")).unwrap_err();
+        assert!(
+            e.contains("no such file") && e.contains("USER:SECRET"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_chap_file_logs_in_unless_the_url_has_credentials() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = write(dir.path(), "chap", b"from-file:file-secret-1234\n");
+        let args = parse(&["--chap-file", &f]).unwrap();
+        assert_eq!(args.chap_file.as_ref().unwrap().path, Path::new(&f));
+        let chap = args.options(None).unwrap().chap.unwrap();
+        assert_eq!(
+            (chap.user.as_str(), chap.secret.as_slice()),
+            ("from-file", &b"file-secret-1234"[..])
+        );
+        let url = IscsiUrl::parse("iscsi://from-url%url-secret-1234@127.0.0.1/iqn.x:y/0").unwrap();
+        let chap = args.options(Some(&url)).unwrap().chap.unwrap();
+        assert_eq!(chap.user, "from-url");
+        // Mutual CHAP with the file's credentials as ours.
+        let args = parse(&["--chap-file", &f, "--mutual-chap", "tgt:target-secret-1"]).unwrap();
+        assert!(args.options(None).unwrap().target_chap.is_some());
+        // An empty file: no CHAP, and mutual CHAP says what is missing.
+        let empty = write(dir.path(), "empty", b"");
+        let args = parse(&["--chap-file", &empty]).unwrap();
+        assert!(args.options(None).unwrap().chap.is_none());
+        let args = parse(&[
+            "--chap-file",
+            &empty,
+            "--mutual-chap",
+            "tgt:target-secret-1",
+        ])
+        .unwrap();
+        let e = args.options(None).unwrap_err().to_string();
+        assert!(e.contains("--chap-file FILE"), "{e}");
+    }
+
+    #[test]
+    fn chap_and_chap_file_conflict_and_a_bad_file_names_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = write(dir.path(), "chap", b"from-file:file-secret-1234\n");
+        let e = parse(&["--chap", "u:flag-secret-1234", "--chap-file", &f]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict, "{e}");
+        let bad = write(dir.path(), "bad", b"no colon here\n");
+        let e = parse(&["--chap-file", &bad]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ValueValidation, "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains(&bad) && text.contains("--chap-file") && text.contains("USER:SECRET"),
+            "{text}"
+        );
+    }
 }
