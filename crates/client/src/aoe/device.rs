@@ -247,7 +247,7 @@ pub fn initiator_config(link: &Link) -> InitiatorConfig {
 /// up after `cfg`'s few (about 28 s at the defaults), and a command the
 /// caller gave up on is not sent long after (a late write must not land
 /// after its error was reported). Never fewer than `cfg`'s.
-pub fn retries_for(cfg: &InitiatorConfig, timeout: Timeout) -> u32 {
+pub(crate) fn retries_for(cfg: &InitiatorConfig, timeout: Timeout) -> u32 {
     let Some(t) = timeout.0 else {
         return u32::MAX;
     };
