@@ -234,6 +234,12 @@ impl RetryingLun {
                     }
                     tokio::time::sleep(pause.min(d - now)).await;
                     pause = (pause * 2).min(std::time::Duration::from_secs(2));
+                    // No login begun at the deadline: it would be cut at
+                    // once, its "no login before the reconnect timeout"
+                    // hiding why the last real one failed.
+                    if tokio::time::Instant::now() >= d {
+                        break;
+                    }
                 }
             }
             let login_once = async {
