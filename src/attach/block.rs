@@ -9,8 +9,11 @@
 //! reconnects for up to `--reconnect-timeout` (a new login, a new native
 //! channel; AoE retransmits) and the requests in flight go on on the new
 //! session, so the kernel sees a slow request, not an error. The kernel's
-//! own request timeout is off (zero): it would tear down the socket pair,
-//! which never fails on its own.
+//! own request timeout is longer than this process can take to answer
+//! (it would tear down a live socket pair): what it does is requeue the
+//! requests a killed attach left unanswered, for the attach that takes
+//! the device over (`--index N` of a device whose server is gone: NBD's
+//! RECONFIGURE with new sockets, within the dead-connection timeout).
 //!
 //! `ethersan detach /dev/nbdN`, SIGTERM and SIGINT end it the same way:
 //! the device's page cache written back, the kernel told to disconnect
@@ -76,6 +79,12 @@ pub(crate) async fn cmd_attach_block(r: BlockRequest<'_>) -> anyhow::Result<()> 
     }
     // Before any login: no driver, no point.
     let nl = Nbd::open()?;
+    // A device another attach left behind (killed, crashed) is taken over
+    // with as many connections as it had.
+    let takeover = match r.index {
+        Some(i) => left_behind(i)?,
+        None => None,
+    };
     let opts = OpenOptions {
         program: "ethersan attach",
         retry: true,
@@ -89,7 +98,9 @@ pub(crate) async fn cmd_attach_block(r: BlockRequest<'_>) -> anyhow::Result<()> 
     // CPU, and sends each request on its queue's connection: sessions
     // beyond the CPUs would carry nothing.
     let cpus = possible_cpus();
-    let n = if caps.sessions {
+    let n = if let Some(t) = &takeover {
+        t.connections
+    } else if caps.sessions {
         if r.connections > cpus {
             note!(
                 "ethersan attach: {} CPU{}: using {cpus} connection{}, not {} (the kernel makes at most one queue per CPU)",
@@ -119,7 +130,7 @@ pub(crate) async fn cmd_attach_block(r: BlockRequest<'_>) -> anyhow::Result<()> 
             }
         }
     }
-    let result = attach(&r, &nl, &targets).await;
+    let result = attach(&r, &nl, &targets, takeover).await;
     close_all(&targets).await;
     result
 }
@@ -148,8 +159,30 @@ async fn attach(
     r: &BlockRequest<'_>,
     nl: &Nbd,
     targets: &[Arc<dyn BlockTarget>],
+    takeover: Option<LeftBehind>,
 ) -> anyhow::Result<()> {
     let lun = &targets[0];
+    let backend = backend_name(r.url, &lun.name());
+    if let Some(t) = &takeover {
+        if t.backend.as_deref().is_some_and(|b| b != backend) {
+            bail!(
+                "/dev/nbd{} served {:?}, not {backend:?}: give the URL it was attached with (or detach it first: ethersan detach --force /dev/nbd{})",
+                t.index,
+                t.backend.as_deref().unwrap_or_default(),
+                t.index
+            );
+        }
+        if t.size != lun.capacity() {
+            bail!(
+                "/dev/nbd{} has {} bytes and {} has {}: not the LUN it served (detach it first: ethersan detach --force /dev/nbd{})",
+                t.index,
+                t.size,
+                lun.name(),
+                lun.capacity(),
+                t.index
+            );
+        }
+    }
     let block_size = lun.block_size();
     let dev = Device {
         size: lun.capacity(),
@@ -180,9 +213,9 @@ async fn attach(
         block_size,
         server_flags: flags,
         client_flags: CFLAG_DESTROY_ON_DISCONNECT,
-        timeout: Duration::ZERO,
+        timeout: kernel_timeout(r.reconnect, r.connect.timeout.0),
         dead_conn_timeout: r.reconnect,
-        backend: Some(backend_name(r.url, &lun.name())),
+        backend: Some(backend),
         sockets: theirs.iter().map(|s| s.as_raw_fd()).collect(),
     };
     // The kernel starts sending as soon as it is connected: serve first.
@@ -191,7 +224,13 @@ async fn attach(
         let s = tokio::net::UnixStream::from_std(s).context("socketpair")?;
         serving.spawn(nbd::serve(t.clone(), s, dev, DEPTH));
     }
-    let index = match nl.connect(&connect) {
+    let connected = match &takeover {
+        Some(t) => nl
+            .reconfigure(t.index, &connect.sockets, connect.backend.as_deref())
+            .map(|()| t.index),
+        None => nl.connect(&connect),
+    };
+    let index = match connected {
         Ok(i) => i,
         Err(e) => {
             serving.abort_all();
@@ -200,6 +239,18 @@ async fn attach(
     };
     drop(theirs);
     let device = format!("/dev/nbd{index}");
+    // Who serves the device now (the kernel's pid attribute keeps naming
+    // the process that connected it).
+    let pid_file = server_pid_file(index);
+    if std::fs::create_dir_all(RUN_DIR)
+        .and_then(|()| std::fs::write(&pid_file, std::process::id().to_string()))
+        .is_err()
+    {
+        note!("ethersan attach: cannot write {pid_file}: `ethersan detach` will not wait for this process");
+    }
+    if takeover.is_some() {
+        note!("ethersan attach: took over {device} from the attach that left it: its requests go on on this one's connections");
+    }
     let shown = Attached {
         device: device.clone(),
         index,
@@ -273,6 +324,7 @@ async fn attach(
             flushed = Err(e);
         }
     }
+    let _ = std::fs::remove_file(&pid_file);
     flushed.with_context(|| format!("{}: final cache flush", lun.name()))?;
     if !failures.is_empty() && !signalled {
         bail!("{device} stopped: {}", failures.join("; "));
@@ -289,6 +341,84 @@ async fn attach(
             .join(", ")
     );
     Ok(())
+}
+
+/// Where `attach --block` says which process serves /dev/nbdN.
+const RUN_DIR: &str = "/run/ethersan";
+
+fn server_pid_file(index: u32) -> String {
+    format!("{RUN_DIR}/nbd{index}.pid")
+}
+
+/// The process serving /dev/nbdN: the one that wrote its pid file if it
+/// still runs, else the one the kernel names (it connected the device);
+/// `None` when the device is not connected.
+fn serving_pid(index: u32) -> Option<u32> {
+    let read = |p: &str| -> Option<u32> { std::fs::read_to_string(p).ok()?.trim().parse().ok() };
+    let kernel = read(&format!("/sys/block/nbd{index}/pid"))?;
+    match read(&server_pid_file(index)) {
+        Some(p) if alive(p) => Some(p),
+        _ => Some(kernel),
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// A connected device whose server is gone.
+#[derive(Debug)]
+struct LeftBehind {
+    index: u32,
+    /// Its connections (one kernel queue each).
+    connections: usize,
+    size: u64,
+    /// What it was connected with (/sys/block/nbdN/backend), where the
+    /// kernel keeps it.
+    backend: Option<String>,
+}
+
+/// /dev/nbdN, if it is connected and its server has gone (to be taken
+/// over with RECONFIGURE); an error if a live process serves it.
+fn left_behind(index: u32) -> anyhow::Result<Option<LeftBehind>> {
+    let Some(pid) = serving_pid(index) else {
+        return Ok(None);
+    };
+    if alive(pid) {
+        bail!("/dev/nbd{index} is served by process {pid}: detach it first (ethersan detach /dev/nbd{index}) or leave out --index");
+    }
+    let sys = format!("/sys/block/nbd{index}");
+    let connections = std::fs::read_dir(format!("{sys}/mq"))
+        .map(|d| d.count())
+        .unwrap_or(1)
+        .max(1);
+    let sectors: u64 = std::fs::read_to_string(format!("{sys}/size"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    let backend = std::fs::read_to_string(format!("{sys}/backend"))
+        .ok()
+        .map(|b| b.trim_end_matches('\n').to_string())
+        .filter(|b| !b.is_empty());
+    Ok(Some(LeftBehind {
+        index,
+        connections,
+        size: sectors * 512,
+        backend,
+    }))
+}
+
+/// The kernel's per-request timeout: longer than this process can take
+/// to answer (a command's `timeout`, the reconnect window, the command
+/// again), so that it never tears down a live connection; what it still
+/// does is requeue, after that long, the requests a dead server (a killed
+/// attach) left unanswered, for the attach that takes the device over.
+/// `None` (no command timeout): zero, the kernel never times out.
+fn kernel_timeout(reconnect: Duration, command: Option<Duration>) -> Duration {
+    match command {
+        Some(c) => reconnect + 2 * c + Duration::from_secs(10),
+        None => Duration::ZERO,
+    }
 }
 
 /// What /sys/block/nbdN/backend says: the URL without credentials or
@@ -363,11 +493,7 @@ fn in_use(index: u32) -> Option<String> {
 pub(crate) async fn cmd_detach(device: &Path, force: bool, wait: Duration) -> anyhow::Result<()> {
     let index = nbd_index(device)?;
     let dev = format!("/dev/nbd{index}");
-    let pid_file = format!("/sys/block/nbd{index}/pid");
-    let server: Option<u32> = std::fs::read_to_string(&pid_file)
-        .ok()
-        .and_then(|p| p.trim().parse().ok());
-    let Some(server) = server else {
+    let Some(server) = serving_pid(index) else {
         bail!("{dev} is not connected (no server behind it): nothing to detach");
     };
     if !force {
@@ -410,6 +536,14 @@ mod tests {
             backend_name("aoe://eth1/0.1", "e0.1"),
             "ethersan aoe://eth1/0.1 (e0.1)"
         );
+    }
+
+    #[test]
+    fn the_kernel_waits_longer_than_a_command_can_take() {
+        let s = Duration::from_secs;
+        assert_eq!(kernel_timeout(s(120), Some(s(30))), s(190));
+        assert_eq!(kernel_timeout(s(5), Some(s(5))), s(25));
+        assert_eq!(kernel_timeout(s(5), None), Duration::ZERO);
     }
 
     #[test]

@@ -19,6 +19,9 @@ const RETRIES: u32 = 3;
 /// try one login before failing at once.
 const DOWN_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// With the target marked down: the longest that one login may take.
+const DOWN_LOGIN: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A LUN whose reads and whole-block writes are retried on a new session
 /// when a command times out or the connection is lost: each of them can be
 /// repeated without changing the outcome (a write sends the same bytes to
@@ -211,7 +214,9 @@ impl RetryingLun {
                         "{why:#}; the target has been unreachable for longer than the reconnect timeout"
                     );
                 }
-                (1, None)
+                // One login, bounded: a host that drops packets must not
+                // hold the commands queued behind it for a whole --timeout.
+                (1, Some(tokio::time::Instant::now() + DOWN_LOGIN))
             }
             (Some(d), None) => {
                 self.say(&format!(

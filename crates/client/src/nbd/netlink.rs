@@ -145,6 +145,24 @@ fn err(what: &'static str, e: impl std::fmt::Display) -> NetlinkError {
 
 type Msg = Genlmsghdr<NbdCmd, NbdAttr>;
 
+/// A netlink failure; the kernel's own refusal as its error number (the
+/// NBD driver logs its reason in the kernel log).
+fn kernel_err<T, P>(what: &'static str, e: neli::err::RouterError<T, P>) -> NetlinkError
+where
+    neli::err::RouterError<T, P>: std::fmt::Display,
+{
+    match &e {
+        neli::err::RouterError::Nlmsgerr(m) => err(
+            what,
+            format!(
+                "the kernel refused: {} (its log says why: dmesg | tail)",
+                std::io::Error::from_raw_os_error(-*m.error())
+            ),
+        ),
+        _ => err(what, e),
+    }
+}
+
 fn attr<T: NlAttrType, P: neli::Size + neli::ToBytes>(
     t: T,
     nested: bool,
@@ -205,20 +223,32 @@ pub fn connect_message(c: &Connect) -> Result<Msg, NetlinkError> {
         u64_secs(c.dead_conn_timeout),
     )?);
     if let Some(b) = &c.backend {
-        let mut s = b.as_bytes().to_vec();
-        s.push(0);
-        attrs.push(attr(NbdAttr::BackendIdentifier, false, Buffer::from(s))?);
+        attrs.push(backend_attr(b)?);
     }
     attrs.push(sockets(&c.sockets)?);
     message(NbdCmd::Connect, attrs)
 }
 
-/// The RECONFIGURE message giving device `index` new sockets.
-pub fn reconfigure_message(index: u32, fds: &[RawFd]) -> Result<Msg, NetlinkError> {
-    message(
-        NbdCmd::Reconfigure,
-        vec![attr(NbdAttr::Index, false, index)?, sockets(fds)?],
-    )
+/// The RECONFIGURE message giving device `index` new sockets; `backend`
+/// must repeat the name the device was connected with, if it was given
+/// one (the kernel checks that it is the same backend).
+pub fn reconfigure_message(
+    index: u32,
+    fds: &[RawFd],
+    backend: Option<&str>,
+) -> Result<Msg, NetlinkError> {
+    let mut attrs = vec![attr(NbdAttr::Index, false, index)?];
+    if let Some(b) = backend {
+        attrs.push(backend_attr(b)?);
+    }
+    attrs.push(sockets(fds)?);
+    message(NbdCmd::Reconfigure, attrs)
+}
+
+fn backend_attr(b: &str) -> Result<Nlattr<NbdAttr, Buffer>, NetlinkError> {
+    let mut s = b.as_bytes().to_vec();
+    s.push(0);
+    attr(NbdAttr::BackendIdentifier, false, Buffer::from(s))
 }
 
 /// The DISCONNECT message for device `index`.
@@ -263,10 +293,10 @@ impl Nbd {
                 NlmF::REQUEST | NlmF::ACK,
                 NlPayload::Payload(msg),
             )
-            .map_err(|e| err(what, e))?;
+            .map_err(|e| kernel_err(what, e))?;
         let mut index = None;
         for answer in recv {
-            let answer = answer.map_err(|e| err(what, e))?;
+            let answer = answer.map_err(|e| kernel_err(what, e))?;
             if let NlPayload::Payload(p) = answer.nl_payload() {
                 if let Ok(i) = p
                     .attrs()
@@ -289,9 +319,15 @@ impl Nbd {
     }
 
     /// RECONFIGURE device `index` with new sockets (after a dead
-    /// connection, within the dead-connection timeout).
-    pub fn reconfigure(&self, index: u32, fds: &[RawFd]) -> Result<(), NetlinkError> {
-        self.call("reconfigure", reconfigure_message(index, fds)?)
+    /// connection, within the dead-connection timeout); `backend` as in
+    /// [`reconfigure_message`].
+    pub fn reconfigure(
+        &self,
+        index: u32,
+        fds: &[RawFd],
+        backend: Option<&str>,
+    ) -> Result<(), NetlinkError> {
+        self.call("reconfigure", reconfigure_message(index, fds, backend)?)
             .map(|_| ())
     }
 
@@ -393,11 +429,16 @@ mod tests {
 
     #[test]
     fn reconfigure_and_disconnect_name_the_device() {
-        let b = bytes(&reconfigure_message(3, &[9]).unwrap());
+        let b = bytes(&reconfigure_message(3, &[9], None).unwrap());
         assert_eq!(b[0], 3);
         let a = attrs(&b[4..]);
         assert_eq!((a[0].0, a[0].2.clone()), (1, 3u32.to_ne_bytes().to_vec()));
         assert_eq!(a[1].0, 7);
+        // With the backend the device was connected with, before the
+        // sockets.
+        let a = attrs(&bytes(&reconfigure_message(3, &[9], Some("b")).unwrap())[4..]);
+        assert_eq!(a.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 10, 7]);
+        assert_eq!(a[1].2, b"b\0");
         let b = bytes(&disconnect_message(7).unwrap());
         assert_eq!(b[0], 2);
         assert_eq!(
