@@ -34,6 +34,8 @@ use ethersan_client::nbd::{self, transmission_flags};
 use ethersan_client::{BlockTarget, ConnectArgs, OpenOptions};
 use ethersan_nbd::Device;
 
+use super::served;
+
 /// Requests each connection runs at once.
 const DEPTH: usize = 64;
 
@@ -77,13 +79,24 @@ pub(crate) async fn cmd_attach_block(r: BlockRequest<'_>) -> anyhow::Result<()> 
             r.connections
         );
     }
+    if r.connect.timeout.0.is_none() && r.connections > 1 {
+        bail!("--timeout 0 (wait forever) needs --connections 1: with several connections the kernel's block layer ends a connection whose request takes longer than 30 s");
+    }
     // Before any login: no driver, no point.
     let nl = Nbd::open()?;
-    // A device another attach left behind (killed, crashed) is taken over
-    // with as many connections as it had.
-    let takeover = match r.index {
-        Some(i) => left_behind(i)?,
-        None => None,
+    // With --index: this process's lock on the device first (so no other
+    // attach serves it), then a device another attach left behind (killed,
+    // crashed) is taken over with as many connections as it had.
+    let (mut lock, takeover) = match r.index {
+        Some(i) => {
+            let lock = served::lock(i)?;
+            let left = served::left_behind(i);
+            if left.is_some() && lock.is_none() {
+                bail!("/dev/nbd{i} is connected and /run/ethersan cannot be written, so whether its server is alive cannot be told: detach it first (ethersan detach /dev/nbd{i})");
+            }
+            (lock, left)
+        }
+        None => (None, None),
     };
     let opts = OpenOptions {
         program: "ethersan attach",
@@ -130,8 +143,11 @@ pub(crate) async fn cmd_attach_block(r: BlockRequest<'_>) -> anyhow::Result<()> 
             }
         }
     }
-    let result = attach(&r, &nl, &targets, takeover).await;
+    let result = attach(&r, &nl, &targets, takeover, &mut lock).await;
     close_all(&targets).await;
+    // Let go only now: `detach` waits for the lock, and the sessions are
+    // logged out.
+    drop(lock);
     result
 }
 
@@ -159,8 +175,14 @@ async fn attach(
     r: &BlockRequest<'_>,
     nl: &Nbd,
     targets: &[Arc<dyn BlockTarget>],
-    takeover: Option<LeftBehind>,
+    takeover: Option<served::LeftBehind>,
+    lock: &mut Option<served::ServerLock>,
 ) -> anyhow::Result<()> {
+    // Signals from before the device exists: none may end this process
+    // with the device connected and nobody serving it.
+    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let mut hup = signal(SignalKind::hangup()).context("SIGHUP handler")?;
     let lun = &targets[0];
     let backend = backend_name(r.url, &lun.name());
     if let Some(t) = &takeover {
@@ -170,6 +192,16 @@ async fn attach(
                 t.index,
                 t.backend.as_deref().unwrap_or_default(),
                 t.index
+            );
+        }
+        if t.block_size != lun.block_size() || t.read_only != r.read_only {
+            bail!(
+                "/dev/nbd{} has {}-byte blocks{} and this attach would give {}-byte blocks{}: attach with the settings it had",
+                t.index,
+                t.block_size,
+                if t.read_only { ", read-only," } else { "" },
+                lun.block_size(),
+                if r.read_only { ", read-only," } else { "" }
             );
         }
         if t.size != lun.capacity() {
@@ -225,9 +257,7 @@ async fn attach(
         serving.spawn(nbd::serve(t.clone(), s, dev, DEPTH));
     }
     let connected = match &takeover {
-        Some(t) => nl
-            .reconfigure(t.index, &connect.sockets, connect.backend.as_deref())
-            .map(|()| t.index),
+        Some(t) => nl.reconfigure(t.index, &connect).map(|()| t.index),
         None => nl.connect(&connect),
     };
     let index = match connected {
@@ -241,15 +271,14 @@ async fn attach(
     let device = format!("/dev/nbd{index}");
     // Who serves the device now (the kernel's pid attribute keeps naming
     // the process that connected it).
-    let pid_file = server_pid_file(index);
-    if std::fs::create_dir_all(RUN_DIR)
-        .and_then(|()| std::fs::write(&pid_file, std::process::id().to_string()))
-        .is_err()
-    {
-        note!("ethersan attach: cannot write {pid_file}: `ethersan detach` will not wait for this process");
+    if lock.is_none() {
+        *lock = served::lock(index).unwrap_or(None);
+        if lock.is_none() {
+            say(&format!("ethersan attach: cannot lock /run/ethersan/nbd{index}.lock: `ethersan detach` will not wait for this process"));
+        }
     }
     if takeover.is_some() {
-        note!("ethersan attach: took over {device} from the attach that left it: its requests go on on this one's connections");
+        say(&format!("ethersan attach: took over {device} from the attach that left it: its requests go on on this one's connections"));
     }
     let shown = Attached {
         device: device.clone(),
@@ -264,73 +293,106 @@ async fn attach(
         fua: flags & ethersan_nbd::flags::SEND_FUA != 0,
         trim: flags & ethersan_nbd::flags::SEND_TRIM != 0,
     };
-    if r.json {
-        out!("{}", serde_json::to_string(&shown)?);
-    } else {
-        out!("{device}");
-        note!(
+    {
+        // Standard output may be gone: the device is served anyway.
+        use std::io::Write;
+        let line = if r.json {
+            serde_json::to_string(&shown)?
+        } else {
+            device.clone()
+        };
+        let mut o = std::io::stdout().lock();
+        let _ = writeln!(o, "{line}").and_then(|()| o.flush());
+    }
+    if !r.json {
+        say(&format!(
             "ethersan attach: {} ({} bytes, {block_size}-byte blocks{}) is {device}, {} connection{}; stop with ethersan detach {device} (or SIGTERM)",
             shown.lun,
             shown.size,
             if r.read_only { ", read-only" } else { "" },
             shown.connections,
             if shown.connections == 1 { "" } else { "s" }
-        );
+        ));
     }
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
 
-    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let mut failures = Vec::new();
     // Requests each connection answered, in the order they ended.
     let mut answered = Vec::new();
-    let mut record = |r: Option<Result<Result<nbd::Served, nbd::ServeError>, _>>| match r {
-        Some(Ok(Ok(s))) => answered.push(s.requests),
-        Some(Ok(Err(e))) => failures.push(e.to_string()),
-        _ => {}
-    };
-    let signalled = tokio::select! {
-        // The kernel disconnected (ethersan detach, nbd-client -d) or a
-        // connection failed.
-        first = serving.join_next() => {
-            record(first);
-            false
+    // Once a disconnect is under way, the kernel shutting a socket down
+    // under replies still being written is the end asked for.
+    let mut record =
+        |r: Option<Result<Result<nbd::Served, nbd::ServeError>, _>>, ending: bool| match r {
+            Some(Ok(Ok(s))) => answered.push(s.requests),
+            Some(Ok(Err(nbd::ServeError::Io(e))))
+                if ending
+                    && matches!(
+                        e.kind(),
+                        std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+                    ) => {}
+            Some(Ok(Err(e))) => failures.push(e.to_string()),
+            _ => {}
+        };
+    let mut warned = false;
+    let signalled = loop {
+        tokio::select! {
+            // The kernel disconnected (ethersan detach, nbd-client -d) or a
+            // connection failed.
+            first = serving.join_next() => {
+                record(first, true);
+                break false;
+            }
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+            _ = hup.recv() => {
+                say("ethersan attach: SIGHUP ignored: this process serves the device until ethersan detach, SIGTERM or SIGINT");
+                continue;
+            }
         }
-        _ = term.recv() => true,
-        _ = int.recv() => true,
+        // A stop signal: not under a mounted file system, unless repeated.
+        if !warned {
+            if let Some(why) = in_use(index) {
+                say(&format!("ethersan attach: not stopping: {why} (a second signal stops anyway, and its users get I/O errors)"));
+                warned = true;
+                continue;
+            }
+        }
+        break true;
     };
     if signalled {
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
-        note!("ethersan attach: stopping: writing back {device}'s cache and disconnecting");
+        say(&format!(
+            "ethersan attach: stopping: writing back {device}'s cache and disconnecting"
+        ));
         if let Err(e) = sync_device(&device).await {
-            note!("ethersan attach: {device}: {e:#}");
+            say(&format!("ethersan attach: {device}: {e:#}"));
         }
     }
     // Idempotent: the kernel may already have disconnected.
     let _ = nl.disconnect(index);
     let drained = tokio::time::timeout(DISCONNECT_WAIT, async {
         while let Some(r) = serving.join_next().await {
-            record(Some(r));
+            record(Some(r), true);
         }
     })
     .await;
     if drained.is_err() {
         serving.abort_all();
-        note!("ethersan attach: the kernel kept {device}'s connections open; stopped serving them");
+        say(&format!(
+            "ethersan attach: the kernel kept {device}'s connections open; stopped serving them"
+        ));
     }
-    let mut flushed = Ok(());
-    for t in targets {
-        if let Err(e) = t.flush().await {
-            flushed = Err(e);
-        }
+    // Every session at once: a lost target costs one reconnect window, not
+    // one per connection.
+    let flushes = futures::future::join_all(targets.iter().map(|t| t.flush())).await;
+    if let Some(e) = flushes.into_iter().find_map(Result::err) {
+        return Err(e.context(format!("{}: final cache flush", lun.name())));
     }
-    let _ = std::fs::remove_file(&pid_file);
-    flushed.with_context(|| format!("{}: final cache flush", lun.name()))?;
     if !failures.is_empty() && !signalled {
         bail!("{device} stopped: {}", failures.join("; "));
     }
     answered.sort_unstable();
-    note!(
+    say(&format!(
         "ethersan attach: detached {device} ({} flushed{}; requests answered per connection: {})",
         lun.name(),
         if caps.logout { ", logging out" } else { "" },
@@ -339,86 +401,32 @@ async fn attach(
             .map(|n| n.to_string())
             .collect::<Vec<_>>()
             .join(", ")
-    );
+    ));
     Ok(())
 }
 
-/// Where `attach --block` says which process serves /dev/nbdN.
-const RUN_DIR: &str = "/run/ethersan";
-
-fn server_pid_file(index: u32) -> String {
-    format!("{RUN_DIR}/nbd{index}.pid")
-}
-
-/// The process serving /dev/nbdN: the one that wrote its pid file if it
-/// still runs, else the one the kernel names (it connected the device);
-/// `None` when the device is not connected.
-fn serving_pid(index: u32) -> Option<u32> {
-    let read = |p: &str| -> Option<u32> { std::fs::read_to_string(p).ok()?.trim().parse().ok() };
-    let kernel = read(&format!("/sys/block/nbd{index}/pid"))?;
-    match read(&server_pid_file(index)) {
-        Some(p) if alive(p) => Some(p),
-        _ => Some(kernel),
-    }
-}
-
-fn alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-}
-
-/// A connected device whose server is gone.
-#[derive(Debug)]
-struct LeftBehind {
-    index: u32,
-    /// Its connections (one kernel queue each).
-    connections: usize,
-    size: u64,
-    /// What it was connected with (/sys/block/nbdN/backend), where the
-    /// kernel keeps it.
-    backend: Option<String>,
-}
-
-/// /dev/nbdN, if it is connected and its server has gone (to be taken
-/// over with RECONFIGURE); an error if a live process serves it.
-fn left_behind(index: u32) -> anyhow::Result<Option<LeftBehind>> {
-    let Some(pid) = serving_pid(index) else {
-        return Ok(None);
-    };
-    if alive(pid) {
-        bail!("/dev/nbd{index} is served by process {pid}: detach it first (ethersan detach /dev/nbd{index}) or leave out --index");
-    }
-    let sys = format!("/sys/block/nbd{index}");
-    let connections = std::fs::read_dir(format!("{sys}/mq"))
-        .map(|d| d.count())
-        .unwrap_or(1)
-        .max(1);
-    let sectors: u64 = std::fs::read_to_string(format!("{sys}/size"))
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0);
-    let backend = std::fs::read_to_string(format!("{sys}/backend"))
-        .ok()
-        .map(|b| b.trim_end_matches('\n').to_string())
-        .filter(|b| !b.is_empty());
-    Ok(Some(LeftBehind {
-        index,
-        connections,
-        size: sectors * 512,
-        backend,
-    }))
-}
-
 /// The kernel's per-request timeout: longer than this process can take
-/// to answer (a command's `timeout`, the reconnect window, the command
-/// again), so that it never tears down a live connection; what it still
-/// does is requeue, after that long, the requests a dead server (a killed
-/// attach) left unanswered, for the attach that takes the device over.
-/// `None` (no command timeout): zero, the kernel never times out.
+/// to answer (a command's `timeout` and the reconnect window, twice: a
+/// request may wait behind others through one loss and meet a second), so
+/// that it never tears down a live connection; what it still does is
+/// requeue, after that long, the requests a dead server (a killed attach)
+/// left unanswered, for the attach that takes the device over. `None` (no
+/// command timeout): zero, which with one connection means the kernel
+/// never times out (with several, the block layer's 30 s still applies:
+/// refused before this).
 fn kernel_timeout(reconnect: Duration, command: Option<Duration>) -> Duration {
     match command {
-        Some(c) => reconnect + 2 * c + Duration::from_secs(10),
+        Some(c) => 2 * (reconnect + c) + Duration::from_secs(10),
         None => Duration::ZERO,
     }
+}
+
+/// A line on standard error, its failure ignored: once the device is
+/// connected this process must go on serving it (and end it cleanly) even
+/// when nobody reads its messages any more.
+fn say(msg: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{msg}");
 }
 
 /// What /sys/block/nbdN/backend says: the URL without credentials or
@@ -493,28 +501,26 @@ fn in_use(index: u32) -> Option<String> {
 pub(crate) async fn cmd_detach(device: &Path, force: bool, wait: Duration) -> anyhow::Result<()> {
     let index = nbd_index(device)?;
     let dev = format!("/dev/nbd{index}");
-    let Some(server) = serving_pid(index) else {
+    if !served::connected(index) {
         bail!("{dev} is not connected (no server behind it): nothing to detach");
-    };
+    }
     if !force {
         if let Some(why) = in_use(index) {
             bail!("{why} (or --force: its users get I/O errors)");
         }
     }
     let nl = Nbd::open()?;
-    if let Err(e) = sync_device(&dev).await {
-        note!("ethersan detach: {e:#}; disconnecting anyway");
+    // Written back only while a server answers: a device whose attach
+    // died would hold the write-back for the kernel's timeouts.
+    if served::held(index) != Some(false) {
+        if let Err(e) = sync_device(&dev).await {
+            note!("ethersan detach: {e:#}; disconnecting anyway");
+        }
     }
     nl.disconnect(index)?;
-    let gone = tokio::time::timeout(wait, async {
-        while Path::new(&format!("/proc/{server}")).exists() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
-    if gone.is_err() {
+    if !served::wait_ended(index, wait).await {
         bail!(
-            "{dev} is disconnected, but its server (pid {server}) is still running after {:.0} s",
+            "{dev} is disconnected, but its attach is still running after {:.0} s",
             wait.as_secs_f64()
         );
     }
@@ -541,8 +547,8 @@ mod tests {
     #[test]
     fn the_kernel_waits_longer_than_a_command_can_take() {
         let s = Duration::from_secs;
-        assert_eq!(kernel_timeout(s(120), Some(s(30))), s(190));
-        assert_eq!(kernel_timeout(s(5), Some(s(5))), s(25));
+        assert_eq!(kernel_timeout(s(120), Some(s(30))), s(310));
+        assert_eq!(kernel_timeout(s(5), Some(s(5))), s(30));
         assert_eq!(kernel_timeout(s(5), None), Duration::ZERO);
     }
 

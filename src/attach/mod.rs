@@ -15,6 +15,7 @@
 mod block;
 mod file;
 mod fs;
+mod served;
 
 pub(crate) use block::cmd_detach;
 

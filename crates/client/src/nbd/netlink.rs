@@ -229,19 +229,22 @@ pub fn connect_message(c: &Connect) -> Result<Msg, NetlinkError> {
     message(NbdCmd::Connect, attrs)
 }
 
-/// The RECONFIGURE message giving device `index` new sockets; `backend`
-/// must repeat the name the device was connected with, if it was given
-/// one (the kernel checks that it is the same backend).
-pub fn reconfigure_message(
-    index: u32,
-    fds: &[RawFd],
-    backend: Option<&str>,
-) -> Result<Msg, NetlinkError> {
+/// The RECONFIGURE message giving device `index` `c`'s sockets (each
+/// replaces a dead connection) and timeouts; `c.backend` must repeat the
+/// name the device was connected with, if it was given one (the kernel
+/// checks that it is the same backend). Sizes and flags stay as they are.
+pub fn reconfigure_message(index: u32, c: &Connect) -> Result<Msg, NetlinkError> {
     let mut attrs = vec![attr(NbdAttr::Index, false, index)?];
-    if let Some(b) = backend {
+    if let Some(b) = &c.backend {
         attrs.push(backend_attr(b)?);
     }
-    attrs.push(sockets(fds)?);
+    attrs.push(attr(NbdAttr::Timeout, false, c.timeout.as_secs())?);
+    attrs.push(attr(
+        NbdAttr::DeadConnTimeout,
+        false,
+        u64_secs(c.dead_conn_timeout),
+    )?);
+    attrs.push(sockets(&c.sockets)?);
     message(NbdCmd::Reconfigure, attrs)
 }
 
@@ -318,16 +321,11 @@ impl Nbd {
             .ok_or_else(|| err("connect", "the kernel named no device"))
     }
 
-    /// RECONFIGURE device `index` with new sockets (after a dead
-    /// connection, within the dead-connection timeout); `backend` as in
-    /// [`reconfigure_message`].
-    pub fn reconfigure(
-        &self,
-        index: u32,
-        fds: &[RawFd],
-        backend: Option<&str>,
-    ) -> Result<(), NetlinkError> {
-        self.call("reconfigure", reconfigure_message(index, fds, backend)?)
+    /// RECONFIGURE device `index` with new sockets and timeouts (after
+    /// a dead connection, within the dead-connection timeout), as
+    /// [`reconfigure_message`] says.
+    pub fn reconfigure(&self, index: u32, c: &Connect) -> Result<(), NetlinkError> {
+        self.call("reconfigure", reconfigure_message(index, c)?)
             .map(|_| ())
     }
 
@@ -429,15 +427,31 @@ mod tests {
 
     #[test]
     fn reconfigure_and_disconnect_name_the_device() {
-        let b = bytes(&reconfigure_message(3, &[9], None).unwrap());
+        let mut c = Connect {
+            index: None,
+            size: 512,
+            block_size: 512,
+            server_flags: 1,
+            client_flags: 0,
+            timeout: Duration::from_secs(40),
+            dead_conn_timeout: Duration::from_secs(7),
+            backend: None,
+            sockets: vec![9],
+        };
+        let b = bytes(&reconfigure_message(3, &c).unwrap());
         assert_eq!(b[0], 3);
         let a = attrs(&b[4..]);
-        assert_eq!((a[0].0, a[0].2.clone()), (1, 3u32.to_ne_bytes().to_vec()));
-        assert_eq!(a[1].0, 7);
-        // With the backend the device was connected with, before the
-        // sockets.
-        let a = attrs(&bytes(&reconfigure_message(3, &[9], Some("b")).unwrap())[4..]);
-        assert_eq!(a.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 10, 7]);
+        assert_eq!(a.iter().map(|x| x.0).collect::<Vec<_>>(), vec![1, 4, 8, 7]);
+        assert_eq!(a[0].2, 3u32.to_ne_bytes().to_vec());
+        assert_eq!(a[1].2, 40u64.to_ne_bytes().to_vec());
+        assert_eq!(a[2].2, 7u64.to_ne_bytes().to_vec());
+        // With the backend the device was connected with, before the rest.
+        c.backend = Some("b".into());
+        let a = attrs(&bytes(&reconfigure_message(3, &c).unwrap())[4..]);
+        assert_eq!(
+            a.iter().map(|x| x.0).collect::<Vec<_>>(),
+            vec![1, 10, 4, 8, 7]
+        );
         assert_eq!(a[1].2, b"b\0");
         let b = bytes(&disconnect_message(7).unwrap());
         assert_eq!(b[0], 2);
