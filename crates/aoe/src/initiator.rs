@@ -673,6 +673,31 @@ impl Initiator {
         })
     }
 
+    /// Forget the command `handle` because its caller gave up on it (a
+    /// timeout): it is never sent again, and a late answer to it is
+    /// ignored. A frame already on the wire may still reach the target;
+    /// nothing of it goes out after this. False when the command is not
+    /// outstanding (already completed).
+    pub fn cancel(&mut self, handle: Handle) -> bool {
+        let Some(tag) = self
+            .commands
+            .iter()
+            .find(|(_, c)| c.handle == handle)
+            .map(|(t, _)| *t)
+        else {
+            return false;
+        };
+        let Some(c) = self.commands.remove(&tag) else {
+            return false;
+        };
+        match c.state {
+            State::InFlight => self.in_flight -= 1,
+            State::Lost => self.lost.retain(|t| *t != tag),
+            State::Queued => self.queued.retain(|t| *t != tag),
+        }
+        true
+    }
+
     /// Give up every command (shutdown, target gone).
     pub fn abort_all(&mut self) -> Vec<Completion> {
         self.queued.clear();

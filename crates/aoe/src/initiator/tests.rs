@@ -496,3 +496,36 @@ fn initial_tag_and_target_updates() {
     assert!(!i.update_target(newer));
     assert_eq!(i.target().slot, 4);
 }
+
+/// A command its caller gave up on is never sent again: queued, it is
+/// not sent at all; in flight, it is not retransmitted, its window slot
+/// is freed, and a late answer completes nothing.
+#[test]
+fn a_cancelled_command_is_never_sent_again() {
+    let mut i = init(1);
+    let t0 = Instant::now();
+    let a = i.submit(read(0)).unwrap();
+    let b = i.submit(read(8)).unwrap();
+    let c = i.submit(read(16)).unwrap();
+    // Window of 1: `a` goes out, `b` and `c` wait.
+    let fa = i.poll_transmit(t0).expect("a is sent");
+    assert!(i.poll_transmit(t0).is_none());
+    assert!(i.cancel(b), "b was queued");
+    assert!(i.cancel(a), "a was in flight");
+    assert_eq!(i.in_flight(), 0);
+    assert!(!i.cancel(a), "already forgotten");
+    // The late answer to `a` completes nothing.
+    assert!(i.on_frame(&ok(&fa), t0 + MS).is_none());
+    // Only `c` is ever sent, and only `c` is retransmitted.
+    let fc = i.poll_transmit(t0 + MS).expect("c is sent");
+    assert_ne!(tag(&fc), tag(&fa));
+    assert!(i.poll_transmit(t0 + MS).is_none());
+    let later = t0 + Duration::from_secs(10);
+    assert!(i.on_timeout(later).is_empty());
+    let again = i.poll_transmit(later).expect("c is retransmitted");
+    assert_eq!(tag(&again), tag(&fc));
+    assert!(i.poll_transmit(later).is_none(), "nothing of a or b");
+    let done = i.on_frame(&ok(&again), later + MS).expect("c completes");
+    assert_eq!(done.handle, c);
+    assert_eq!(i.outstanding(), 0);
+}

@@ -96,6 +96,7 @@ struct Driver {
 impl Driver {
     async fn run(mut self) {
         loop {
+            self.forget_abandoned();
             self.feed();
             if let Err(e) = self.transmit().await {
                 self.fail_all(e);
@@ -111,6 +112,23 @@ impl Driver {
             }
             self.apply(event, Instant::now());
         }
+    }
+
+    /// Forget the commands whose callers gave up (their `--timeout` ran
+    /// out and they reported the failure): none of them may be sent, or
+    /// sent again, later — a write reported failed must not land after
+    /// newer data once the target answers again.
+    fn forget_abandoned(&mut self) {
+        self.backlog.retain(|(_, reply)| !reply.is_closed());
+        let init = &mut self.init;
+        self.waiting.retain(|h, reply| {
+            if reply.is_closed() {
+                init.cancel(*h);
+                false
+            } else {
+                true
+            }
+        });
     }
 
     /// Move backlog into the initiator up to [`FEED`] outstanding.

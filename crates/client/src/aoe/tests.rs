@@ -237,6 +237,42 @@ async fn a_dead_target_fails_at_the_timeout() {
     assert!(err.contains("no answer within 0.3 s (--timeout"), "{err}");
 }
 
+/// A command given up at the `--timeout` is never sent again: a write
+/// reported failed must not land later, over newer data, once the target
+/// answers. (Before, its retransmissions went on in the background.)
+#[tokio::test]
+async fn a_write_given_up_at_the_timeout_is_not_sent_again() {
+    let hub = MemoryHub::new(1);
+    let target = spawn_target(&hub, 64, 1500);
+    let link = Link::from(hub.port(CLIENT_MAC, ETHERTYPE_AOE, 1500).unwrap());
+    let t = Timeout(Some(Duration::from_millis(300)));
+    let dev = AoeDevice::open(link, "AoE device e1.2 on test".into(), 1, 2, t)
+        .await
+        .unwrap();
+    // The target goes away; a write times out.
+    target.abort();
+    let _ = target.await;
+    let err = BlockTarget::write(&dev, 0, Bytes::from(vec![7u8; 512]), false)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no answer within 0.3 s"), "{err}");
+    // The target is back: nothing of the failed write reaches it (its
+    // retransmissions, 250 ms and more apart, would within 1.5 s).
+    let back = Link::from(hub.port(TARGET_MAC, ETHERTYPE_AOE, 1500).unwrap());
+    let mut frames = 0;
+    let got = tokio::time::timeout(
+        Duration::from_millis(1500),
+        back.recv_batch(|_| frames += 1),
+    )
+    .await;
+    assert!(
+        got.is_err(),
+        "{frames} frame(s) of a write reported failed were sent after its timeout"
+    );
+    drop(dev);
+}
+
 #[tokio::test]
 async fn a_missing_device_is_reported_when_opening() {
     let hub = MemoryHub::new(1);
