@@ -216,17 +216,26 @@ pub fn connect_message(c: &Connect) -> Result<Msg, NetlinkError> {
     attrs.push(attr(NbdAttr::BlockSizeBytes, false, c.block_size)?);
     attrs.push(attr(NbdAttr::ServerFlags, false, c.server_flags)?);
     attrs.push(attr(NbdAttr::ClientFlags, false, c.client_flags)?);
+    push_timeouts(&mut attrs, c)?;
+    if let Some(b) = &c.backend {
+        attrs.push(backend_attr(b)?);
+    }
+    attrs.push(sockets(&c.sockets)?);
+    message(NbdCmd::Connect, attrs)
+}
+
+/// `c`'s request timeout and dead-connection timeout, in whole seconds.
+fn push_timeouts(
+    attrs: &mut Vec<Nlattr<NbdAttr, Buffer>>,
+    c: &Connect,
+) -> Result<(), NetlinkError> {
     attrs.push(attr(NbdAttr::Timeout, false, c.timeout.as_secs())?);
     attrs.push(attr(
         NbdAttr::DeadConnTimeout,
         false,
         u64_secs(c.dead_conn_timeout),
     )?);
-    if let Some(b) = &c.backend {
-        attrs.push(backend_attr(b)?);
-    }
-    attrs.push(sockets(&c.sockets)?);
-    message(NbdCmd::Connect, attrs)
+    Ok(())
 }
 
 /// The RECONFIGURE message giving device `index` `c`'s sockets (each
@@ -238,12 +247,7 @@ pub fn reconfigure_message(index: u32, c: &Connect) -> Result<Msg, NetlinkError>
     if let Some(b) = &c.backend {
         attrs.push(backend_attr(b)?);
     }
-    attrs.push(attr(NbdAttr::Timeout, false, c.timeout.as_secs())?);
-    attrs.push(attr(
-        NbdAttr::DeadConnTimeout,
-        false,
-        u64_secs(c.dead_conn_timeout),
-    )?);
+    push_timeouts(&mut attrs, c)?;
     attrs.push(sockets(&c.sockets)?);
     message(NbdCmd::Reconfigure, attrs)
 }
