@@ -319,27 +319,25 @@ async fn attach(
     let mut failures = Vec::new();
     // Requests each connection answered, in the order they ended.
     let mut answered = Vec::new();
-    // Once a disconnect is under way, the kernel shutting a socket down
-    // under replies still being written is the end asked for.
-    let mut record =
-        |r: Option<Result<Result<nbd::Served, nbd::ServeError>, _>>, ending: bool| match r {
-            Some(Ok(Ok(s))) => answered.push(s.requests),
-            Some(Ok(Err(nbd::ServeError::Io(e))))
-                if ending
-                    && matches!(
-                        e.kind(),
-                        std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
-                    ) => {}
-            Some(Ok(Err(e))) => failures.push(e.to_string()),
-            _ => {}
-        };
+    // A connection ends when the kernel disconnects: it shutting a socket
+    // down under replies still being written is that end, not a failure.
+    let mut record = |r: Option<Result<Result<nbd::Served, nbd::ServeError>, _>>| match r {
+        Some(Ok(Ok(s))) => answered.push(s.requests),
+        Some(Ok(Err(nbd::ServeError::Io(e))))
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+            ) => {}
+        Some(Ok(Err(e))) => failures.push(e.to_string()),
+        _ => {}
+    };
     let mut warned = false;
     let signalled = loop {
         tokio::select! {
             // The kernel disconnected (ethersan detach, nbd-client -d) or a
             // connection failed.
             first = serving.join_next() => {
-                record(first, true);
+                record(first);
                 break false;
             }
             _ = term.recv() => {}
@@ -372,7 +370,7 @@ async fn attach(
     let _ = nl.disconnect(index);
     let drained = tokio::time::timeout(DISCONNECT_WAIT, async {
         while let Some(r) = serving.join_next().await {
-            record(Some(r), true);
+            record(Some(r));
         }
     })
     .await;

@@ -64,7 +64,13 @@ impl RetryingLun {
     /// Log in and learn the LUN's geometry.
     pub async fn open(url: &IscsiUrl, how: &ConnectArgs) -> anyhow::Result<RetryingLun> {
         let lun = Lun::open(url, how).await?;
-        Ok(RetryingLun {
+        Ok(RetryingLun::over(url, how, lun))
+    }
+
+    /// `lun` (a session already logged in) with the defaults: `cp`'s
+    /// name in messages, [`RETRIES`] immediate tries, standard error.
+    fn over(url: &IscsiUrl, how: &ConnectArgs, lun: Lun) -> RetryingLun {
+        RetryingLun {
             url: url.clone(),
             how: how.clone(),
             current: std::sync::Mutex::new((0, lun)),
@@ -75,7 +81,7 @@ impl RetryingLun {
             program: "ethersan cp",
             window: None,
             down: std::sync::Mutex::new(None),
-        })
+        }
     }
 
     /// Wait up to `window` for a lost target (new logins tried all the
@@ -87,22 +93,18 @@ impl RetryingLun {
         self
     }
 
-    /// Another session to the same LUN, with the same retry policy.
+    /// Another session to the same LUN, with the same retry policy, name
+    /// and place to say things.
     pub async fn another(&self) -> anyhow::Result<RetryingLun> {
         let logged = login(&self.url, &self.how).await?;
         let lun = Lun::on_known(logged, self.url.lun, self.lun().known()).await?;
-        Ok(RetryingLun {
-            url: self.url.clone(),
-            how: self.how.clone(),
-            current: std::sync::Mutex::new((0, lun)),
-            relogin: tokio::sync::Mutex::new(()),
-            retried: 0.into(),
-            sessions: 0.into(),
-            say: std::sync::Mutex::new(self.say.lock().expect("not poisoned").clone()),
-            program: self.program,
-            window: self.window,
-            down: std::sync::Mutex::new(None),
-        })
+        let other = RetryingLun::over(&self.url, &self.how, lun)
+            .said_by(self.program)
+            .within(self.window);
+        if let Some(say) = self.say.lock().expect("not poisoned").clone() {
+            other.set_say(say);
+        }
+        Ok(other)
     }
 
     /// Start the lines said when a session is replaced with `program`.
