@@ -45,7 +45,10 @@ fn within<T: Send + 'static>(
 }
 
 /// Submit every request at once and wait for all the outcomes.
-fn submit_all(dev: &RbdDevice, reqs: Vec<IoRequest>) -> Vec<Result<Vec<u8>, BackendError>> {
+fn submit_all(
+    dev: &RbdDevice,
+    reqs: Vec<IoRequest>,
+) -> Vec<Result<ethersan_backend::IoBuf, BackendError>> {
     let (tx, rx) = mpsc::channel();
     let n = reqs.len();
     for (i, req) in reqs.into_iter().enumerate() {
@@ -111,7 +114,7 @@ fn lba_map(dev: &RbdDevice) -> Vec<(u64, u64)> {
 
 /// 4 KiB requests at queue depth 32 for `secs`: IOPS.
 fn iops(dev: &RbdDevice, write: bool, size: u64, secs: u64) -> f64 {
-    let (tx, rx) = mpsc::channel::<Result<Vec<u8>, BackendError>>();
+    let (tx, rx) = mpsc::channel::<Result<ethersan_backend::IoBuf, BackendError>>();
     let blocks = size / 4096;
     let data = pattern(4096, 7);
     let issue = |tx: mpsc::Sender<_>| {
@@ -119,7 +122,7 @@ fn iops(dev: &RbdDevice, write: bool, size: u64, secs: u64) -> f64 {
         let req = if write {
             IoRequest::Write {
                 offset: off,
-                data: data.clone(),
+                data: data.clone().into(),
                 len: 4096,
                 fua: false,
             }
@@ -200,7 +203,7 @@ fn data_path_provisioning_and_resize() {
         model[off as usize..off as usize + len].copy_from_slice(&data);
         reqs.push(IoRequest::Write {
             offset: off,
-            data,
+            data: data.into(),
             len,
             fua: i % 3 == 0,
         });
@@ -222,7 +225,7 @@ fn data_path_provisioning_and_resize() {
         reqs.push(IoRequest::Read {
             offset: off,
             len,
-            buf: vec![0xEE; 100],
+            buf: vec![0xEE; 100].into(),
         });
         want.push((off as usize, len));
     }

@@ -605,7 +605,7 @@ mod tests {
         ScsiResponse {
             status,
             sense,
-            data_in: Vec::new(),
+            data_in: Default::default(),
             data_out_len: None,
         }
     }

@@ -62,18 +62,6 @@ pub(crate) fn read_fill(
     Ok(true)
 }
 
-/// How many bytes of prefix put the data of `buf` (once cleared and grown
-/// to hold `len + align - 1` bytes) at an `align`-aligned address; the
-/// prefix is written as zeros, so every byte of `buf` stays initialized.
-pub(crate) fn align_prefix(buf: &mut Vec<u8>, len: usize, align: usize) -> usize {
-    buf.clear();
-    buf.reserve(len + align - 1);
-    let skip = buf.spare_capacity_mut().as_ptr().align_offset(align);
-    assert!(skip < align, "cannot align a byte pointer");
-    buf.resize(skip, 0);
-    skip
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,12 +86,12 @@ mod tests {
         assert!(read_fill(&f, 100, &mut buf, 0, 8000, false).unwrap());
         assert_eq!(buf, data[100..8100]);
         assert_eq!(buf.as_ptr(), ptr, "the allocation is reused");
-        // With an aligning prefix.
-        let mut buf = vec![0xee; 3];
-        let skip = align_prefix(&mut buf, 4096, 4096);
-        assert!(read_fill(&f, 0, &mut buf, skip, 4096, false).unwrap());
-        assert_eq!(buf[skip..].as_ptr().align_offset(4096), 0);
-        assert_eq!(buf[skip..], data[..4096]);
+        // After an aligning prefix.
+        let mut b = crate::IoBuf::from(vec![0xee; 3]);
+        let skip = b.reserve_aligned(4096);
+        assert!(read_fill(&f, 0, b.raw_mut(), skip, 4096, false).unwrap());
+        assert!(b.is_aligned());
+        assert_eq!(b, data[..4096]);
         let mut buf = Vec::new();
         let e = read_fill(&f, 9000, &mut buf, 0, 2000, false).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);

@@ -34,6 +34,7 @@ pub mod ram;
 pub mod shared;
 pub mod uring;
 
+pub use aligned::IoBuf;
 pub use shared::{MemoryShared, SharedState, Versioned};
 
 /// One data-path request ([`BlockDevice::submit`]); buffers are owned, so
@@ -47,17 +48,20 @@ pub enum IoRequest {
         /// Bytes to read.
         len: usize,
         /// An allocation to reuse for the data: it is cleared (its old
-        /// contents are never returned) and grown as needed. `Vec::new()`
-        /// lets the engine allocate.
-        buf: Vec<u8>,
+        /// contents are never returned) and grown as needed; with
+        /// `O_DIRECT` the data lands at an aligned spot of it and stays
+        /// there. `IoBuf::new()` lets the engine allocate.
+        buf: IoBuf,
     },
     /// Write `data[..len]` at byte `offset`; with `fua` the data is on
     /// stable storage when the request completes.
     Write {
         /// Byte offset.
         offset: u64,
-        /// The data (may be longer than `len`).
-        data: Vec<u8>,
+        /// The data (may be longer than `len`); aligned memory
+        /// ([`IoBuf::aligned`]) reaches an `O_DIRECT` descriptor without
+        /// a bounce copy.
+        data: IoBuf,
         /// Bytes of `data` to write.
         len: usize,
         /// Force Unit Access.
@@ -73,7 +77,7 @@ impl IoRequest {
         IoRequest::Read {
             offset,
             len,
-            buf: Vec::new(),
+            buf: IoBuf::new(),
         }
     }
 
@@ -93,9 +97,10 @@ impl IoRequest {
     }
 }
 
-/// A request's outcome: the bytes read for a [`IoRequest::Read`], an
-/// empty vector for a write or flush.
-pub type IoResult = Result<Vec<u8>, BackendError>;
+/// A request's outcome: the bytes read for a [`IoRequest::Read`] (exactly
+/// the length asked for, where the engine put them), an empty buffer for
+/// a write or flush.
+pub type IoResult = Result<IoBuf, BackendError>;
 
 /// Called exactly once with a request's outcome when, and only when,
 /// [`BlockDevice::submit`] answered [`Submission::Pending`]. It runs on
@@ -176,7 +181,7 @@ pub trait BlockDeviceExt: BlockDevice {
     fn write_at(&self, offset: u64, buf: &[u8], fua: bool) -> Result<(), BackendError> {
         let req = IoRequest::Write {
             offset,
-            data: buf.to_vec(),
+            data: buf.to_vec().into(),
             len: buf.len(),
             fua,
         };

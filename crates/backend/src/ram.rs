@@ -2,7 +2,7 @@
 
 use std::sync::RwLock;
 
-use crate::{BackendError, BlockDevice, IoCompletion, IoRequest, Submission};
+use crate::{BackendError, BlockDevice, IoBuf, IoCompletion, IoRequest, Submission};
 
 /// Number of bytes each lock shard covers; writes to different shards run
 /// in parallel.
@@ -63,13 +63,13 @@ impl RamDevice {
 
     /// Copy `len` bytes at `offset` into `buf` (cleared first; its
     /// allocation is reused, never zeroed).
-    fn read(&self, offset: u64, len: usize, mut buf: Vec<u8>) -> Result<Vec<u8>, BackendError> {
+    fn read(&self, offset: u64, len: usize, mut buf: IoBuf) -> Result<IoBuf, BackendError> {
         self.check(offset, len)?;
-        buf.clear();
-        buf.reserve(len);
+        buf.reserve_plain(len);
+        let v = buf.raw_mut();
         self.for_each_piece(offset, len, |shard, within, _, n| {
             let data = self.shards[shard].read().unwrap_or_else(|e| e.into_inner());
-            buf.extend_from_slice(&data[within..within + n]);
+            v.extend_from_slice(&data[within..within + n]);
         });
         Ok(buf)
     }
@@ -111,8 +111,8 @@ impl BlockDevice for RamDevice {
                 offset, data, len, ..
             } => self
                 .write(offset, &data[..len.min(data.len())])
-                .map(|()| Vec::new()),
-            IoRequest::Flush => Ok(Vec::new()),
+                .map(|()| IoBuf::new()),
+            IoRequest::Flush => Ok(IoBuf::new()),
         })
     }
     fn is_persistent(&self) -> bool {
@@ -138,7 +138,7 @@ mod tests {
         let never = || -> IoCompletion { Box::new(|_| panic!("completion called")) };
         let w = IoRequest::Write {
             offset: 512,
-            data: vec![3; 2048],
+            data: vec![3; 2048].into(),
             len: 1024,
             fua: true,
         };
@@ -149,7 +149,7 @@ mod tests {
         let r = IoRequest::Read {
             offset: 0,
             len: 2048,
-            buf: garbage,
+            buf: garbage.into(),
         };
         match dev.submit(r, never()) {
             Submission::Done(Ok(v)) => {

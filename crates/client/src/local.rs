@@ -58,7 +58,9 @@ impl LocalDevice {
             Submission::Pending => rx.await.context("the engine dropped a request")?,
             Submission::Blocking(job) => tokio::task::spawn_blocking(job).await?,
         };
-        Ok(r?)
+        // The trait's buffers are vectors: a direct read's data moves to
+        // the front of its allocation here (the server keeps it in place).
+        Ok(r?.into_vec())
     }
 }
 
@@ -104,7 +106,7 @@ impl BlockTarget for LocalDevice {
             let req = IoRequest::Read {
                 offset,
                 len,
-                buf: spare,
+                buf: spare.into(),
             };
             self.submit(req).await.context("read")
         })
@@ -115,7 +117,7 @@ impl BlockTarget for LocalDevice {
             let len = data.len();
             let req = IoRequest::Write {
                 offset,
-                data: Vec::from(data),
+                data: Vec::from(data).into(),
                 len,
                 fua,
             };

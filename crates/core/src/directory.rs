@@ -326,7 +326,7 @@ mod tests {
                     nexus: n,
                     lun: 0,
                     cdb: cdb.to_vec(),
-                    data_out: vec![],
+                    data_out: Default::default(),
                     expected_len: 32,
                 },
                 None,

@@ -54,8 +54,10 @@ pub struct Command {
     pub lun: u64,
     /// The CDB.
     pub cdb: Vec<u8>,
-    /// Data-Out bytes (empty for a command without data).
-    pub data: Vec<u8>,
+    /// Data-Out bytes (empty for a command without data); received into
+    /// an aligned [`IoBuf`](ethersan_scsi::IoBuf), a WRITE reaches an
+    /// `O_DIRECT` store without a copy.
+    pub data: ethersan_scsi::IoBuf,
     /// Expected data transfer length from the transport.
     pub expected_len: u32,
     /// The transport's name for the task (iSCSI: its ITT), handed back to
@@ -282,7 +284,7 @@ pub fn check_condition(key: u8, asc: u8, ascq: u8) -> ScsiResponse {
     ScsiResponse {
         status: ScsiStatus::CheckCondition,
         sense,
-        data_in: Vec::new(),
+        data_in: Default::default(),
         data_out_len: None,
     }
 }

@@ -163,9 +163,17 @@ impl Registrar {
     /// `prefix`, data already received (see [`PlacedBuf::with_prefix`]);
     /// the rest is not initialised and readable only once data lands.
     pub fn expect_prefix(&self, tag: u32, prefix: Vec<u8>, len: usize) {
+        self.expect_prefix_at(tag, prefix, 0, len);
+    }
+
+    /// Register a buffer of `len` bytes under `tag` that starts at
+    /// `raw[start]` and whose start is `raw[start..]`, data already
+    /// received (see [`PlacedBuf::with_prefix_at`]: an aligned buffer
+    /// stays where it is).
+    pub fn expect_prefix_at(&self, tag: u32, raw: Vec<u8>, start: usize, len: usize) {
         self.shared
             .placements
-            .expect(tag, PlacedBuf::with_prefix(prefix, len));
+            .expect(tag, PlacedBuf::with_prefix_at(raw, start, len));
     }
 
     /// Register a buffer of `len` bytes, not initialised, under `tag` (see
@@ -248,6 +256,27 @@ mod tests {
         let none = PlacedBuf::with_prefix(Vec::new(), 32);
         assert!(none.ranges().is_empty());
         assert!(none.into_data(1).is_none());
+    }
+
+    #[test]
+    fn a_buffer_inside_its_vector_stays_where_it_is() {
+        // Three bytes of prefix (say, aligning), 8 of data received, room
+        // for the whole buffer: placed data lands after them, nothing moves.
+        let mut raw = Vec::with_capacity(3 + 64);
+        raw.extend_from_slice(&[0xaa; 3]);
+        raw.extend_from_slice(&[7; 8]);
+        let ptr = raw.as_ptr();
+        let mut p = PlacedBuf::with_prefix_at(raw, 3, 64);
+        assert_eq!((p.len(), p.ranges()), (64, &[(0, 8)][..]));
+        assert_eq!(p.get(0, 8), Some(&[7; 8][..]));
+        assert!(p.place(8, &[8; 56]));
+        assert!(!p.place(60, &[9; 5]), "past the buffer's end");
+        let (v, start) = p.into_parts(64).expect("all landed");
+        assert_eq!((v.as_ptr(), start), (ptr, 3));
+        assert_eq!((&v[3..11], &v[11..]), (&[7; 8][..], &[8; 56][..]));
+        // into_data gives the same bytes at the vector's front.
+        let p = PlacedBuf::with_prefix_at(vec![1, 2, 3, 4], 2, 2);
+        assert_eq!(p.into_data(2), Some(vec![3, 4]));
     }
 
     #[test]

@@ -16,13 +16,18 @@ use ethersan_channel::channel::{PlaceSlot, Placement};
 /// are readable only where data has landed, which the range map records,
 /// and the buffer becomes a `Vec<u8>` ([`PlacedBuf::into_data`]) only when
 /// all of it has. A buffer registered already initialised
-/// ([`PlacedBuf::from_vec`]: the target's write buffer, immediate data at
-/// its start) is readable whole.
+/// ([`PlacedBuf::from_vec`]) is readable whole. A buffer may start inside
+/// its vector ([`PlacedBuf::with_prefix_at`]: the target's write buffer,
+/// aligned for `O_DIRECT`, immediate data at its start) and is handed back
+/// the same way ([`PlacedBuf::into_parts`]), so the data never moves.
 pub struct PlacedBuf {
-    /// The buffer; placed data beyond its length is dropped and counted.
-    /// Invariant: every byte in `ranges` is initialised, and every byte
-    /// when `initialised`.
+    /// The vector; the buffer is `buf[start..]`, and placed data beyond
+    /// its end is dropped and counted. Invariant: `buf[..start]` is
+    /// initialised, every byte of the buffer in `ranges` is initialised,
+    /// and every byte when `initialised`.
     buf: Vec<MaybeUninit<u8>>,
+    /// Where the buffer starts in `buf`.
+    start: usize,
     /// Byte ranges `[start, end)` that have landed, sorted, merged.
     ranges: Vec<(u64, u64)>,
     /// Every byte of `buf` was initialised at registration.
@@ -34,7 +39,7 @@ pub struct PlacedBuf {
 impl std::fmt::Debug for PlacedBuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PlacedBuf")
-            .field("len", &self.buf.len())
+            .field("len", &self.len())
             .field("ranges", &self.ranges)
             .field("initialised", &self.initialised)
             .field("overflow", &self.overflow)
@@ -48,6 +53,7 @@ impl PlacedBuf {
     pub fn new(len: usize) -> PlacedBuf {
         PlacedBuf {
             buf: Box::<[u8]>::new_uninit_slice(len).into_vec(),
+            start: 0,
             ranges: Vec::new(),
             initialised: false,
             overflow: 0,
@@ -66,6 +72,7 @@ impl PlacedBuf {
         let buf = unsafe { Vec::from_raw_parts(ptr.cast::<MaybeUninit<u8>>(), len, cap) };
         PlacedBuf {
             buf,
+            start: 0,
             ranges: Vec::new(),
             initialised: true,
             overflow: 0,
@@ -76,25 +83,39 @@ impl PlacedBuf {
     /// before the registration, such as a write's immediate data: counted
     /// as landed) and whose rest is not initialised. A `prefix` longer
     /// than `len` is cut to it.
-    pub fn with_prefix(mut prefix: Vec<u8>, len: usize) -> PlacedBuf {
-        prefix.truncate(len);
-        let landed = prefix.len();
-        prefix.reserve_exact(len - landed);
-        let mut v = std::mem::ManuallyDrop::new(prefix);
+    pub fn with_prefix(prefix: Vec<u8>, len: usize) -> PlacedBuf {
+        PlacedBuf::with_prefix_at(prefix, 0, len)
+    }
+
+    /// A buffer of `len` bytes that starts at `raw[start]` (the bytes
+    /// before are kept as they are, e.g. a prefix that aligns the buffer)
+    /// and whose start is `raw[start..]` (data that came before the
+    /// registration: counted as landed); the rest is not initialised. With
+    /// capacity for `start + len` bytes the allocation is kept, so the
+    /// buffer stays where it is. A prefix longer than `len` is cut to it;
+    /// panics when `start` lies beyond `raw`.
+    pub fn with_prefix_at(mut raw: Vec<u8>, start: usize, len: usize) -> PlacedBuf {
+        assert!(start <= raw.len(), "the buffer starts within its vector");
+        raw.truncate(start + len);
+        let landed = raw.len() - start;
+        raw.reserve_exact(len - landed);
+        let mut v = std::mem::ManuallyDrop::new(raw);
         let (ptr, cap) = (v.as_mut_ptr(), v.capacity());
         // SAFETY: the allocation of a `Vec<u8>` (given up by the
         // `ManuallyDrop`) re-owned as a `Vec<MaybeUninit<u8>>` of the same
-        // capacity (same size and alignment), `landed` long; then made
-        // `len <= capacity` long, which a `MaybeUninit` allows without
-        // writing. The invariant holds: only `[0, landed)`, initialised
+        // capacity (same size and alignment), `start + landed` long; then
+        // made `start + len <= capacity` long, which a `MaybeUninit`
+        // allows without writing. The invariant holds: `[0, start)` is
+        // initialised, and only `[0, landed)` of the buffer, initialised
         // bytes, goes in the range map.
         let buf = unsafe {
-            let mut buf = Vec::from_raw_parts(ptr.cast::<MaybeUninit<u8>>(), landed, cap);
-            buf.set_len(len);
+            let mut buf = Vec::from_raw_parts(ptr.cast::<MaybeUninit<u8>>(), start + landed, cap);
+            buf.set_len(start + len);
             buf
         };
         let mut p = PlacedBuf {
             buf,
+            start,
             ranges: Vec::new(),
             initialised: false,
             overflow: 0,
@@ -105,12 +126,12 @@ impl PlacedBuf {
 
     /// The buffer's length.
     pub fn len(&self) -> usize {
-        self.buf.len()
+        self.buf.len() - self.start
     }
 
     /// Whether the buffer has no room at all.
     pub fn is_empty(&self) -> bool {
-        self.buf.is_empty()
+        self.len() == 0
     }
 
     /// Byte ranges `[start, end)` that have landed, sorted, merged.
@@ -140,7 +161,7 @@ impl PlacedBuf {
     /// Whether every byte of `[start, end)` may be read: it has landed (in
     /// one merged range), or the buffer was registered initialised.
     fn readable(&self, start: u64, end: u64) -> bool {
-        end <= self.buf.len() as u64
+        end <= self.len() as u64
             && (start >= end
                 || self.initialised
                 || self.ranges.iter().any(|&(s, e)| s <= start && end <= e))
@@ -152,7 +173,7 @@ impl PlacedBuf {
         if start > end || !self.readable(start as u64, end as u64) {
             return None;
         }
-        let part = &self.buf[start..end];
+        let part = &self.buf[self.start + start..self.start + end];
         // SAFETY: `readable`: every byte of `[start, end)` has landed (the
         // range map holds only bytes written with landed data) or the
         // buffer was initialised whole at registration; `MaybeUninit<u8>`
@@ -167,17 +188,30 @@ impl PlacedBuf {
     /// is beyond the buffer: the caller has [`PlacedBuf::ranges`] to say
     /// what is missing before giving the buffer up.
     pub fn into_data(self, len: usize) -> Option<Vec<u8>> {
+        let (mut v, start) = self.into_parts(len)?;
+        v.drain(..start);
+        Some(v)
+    }
+
+    /// [`PlacedBuf::into_data`] without moving the data: the vector and
+    /// where the buffer's first `len` bytes start in it (`v[start..]`).
+    pub fn into_parts(self, len: usize) -> Option<(Vec<u8>, usize)> {
         if !self.readable(0, len as u64) {
             return None;
         }
+        let start = self.start;
         let mut buf = std::mem::ManuallyDrop::new(self.buf);
         let (ptr, cap) = (buf.as_mut_ptr(), buf.capacity());
         // SAFETY: the allocation of the `Vec<MaybeUninit<u8>>` (given up by
         // the `ManuallyDrop`) re-owned as a `Vec<u8>` of the same capacity:
-        // same size and alignment; its first `len <= capacity` bytes are
-        // initialised because `readable(0, len)` (all landed, or
-        // initialised at registration).
-        Some(unsafe { Vec::from_raw_parts(ptr.cast::<u8>(), len, cap) })
+        // same size and alignment; its first `start + len <= capacity`
+        // bytes are initialised: `[0, start)` by the invariant, the rest
+        // because `readable(0, len)` (all landed, or initialised at
+        // registration).
+        Some((
+            unsafe { Vec::from_raw_parts(ptr.cast::<u8>(), start + len, cap) },
+            start,
+        ))
     }
 
     /// Whether any byte of `[start, end)` has landed.
@@ -231,7 +265,9 @@ impl PlacedBuf {
     pub(crate) fn slot(&mut self, offset: u64, len: usize) -> Option<&mut [MaybeUninit<u8>]> {
         let start = usize::try_from(offset).ok()?;
         match start.checked_add(len) {
-            Some(end) if end <= self.buf.len() => Some(&mut self.buf[start..end]),
+            Some(end) if end <= self.len() => {
+                Some(&mut self.buf[self.start + start..self.start + end])
+            }
             _ => {
                 self.overflow += 1;
                 None

@@ -19,7 +19,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use ethersan_backend::{
-    BackendError, BlockDevice, IoCompletion, IoRequest, SharedState, Submission,
+    BackendError, BlockDevice, IoBuf, IoCompletion, IoRequest, SharedState, Submission,
 };
 
 use crate::cluster::{errno, Cluster, Ioctx};
@@ -277,11 +277,7 @@ unsafe extern "C" fn aio_done(c: CompletionT, arg: *mut c_void) {
         }
         Finish::Io(done) => {
             let outcome = match state.req.take() {
-                Some(IoRequest::Read {
-                    offset,
-                    len,
-                    mut buf,
-                }) => {
+                Some(IoRequest::Read { offset, len, buf }) => {
                     if r < 0 {
                         Err(BackendError::Read {
                             offset,
@@ -289,15 +285,18 @@ unsafe extern "C" fn aio_done(c: CompletionT, arg: *mut c_void) {
                         })
                     } else {
                         let got = usize::try_from(r).unwrap_or(0).min(len);
+                        // Empty, starting at 0 (see `submit`): the same
+                        // allocation, no copy.
+                        let mut buf = buf.into_vec();
                         // SAFETY: librbd wrote `got` (<= len <= capacity)
                         // bytes at the start of the buffer's allocation.
                         unsafe { buf.set_len(got) };
                         buf.resize(len, 0);
-                        Ok(buf)
+                        Ok(buf.into())
                     }
                 }
                 Some(req) if r < 0 => Err(req.error(errno(r))),
-                _ => Ok(Vec::new()),
+                _ => Ok(IoBuf::new()),
             };
             // A panicking completion must not unwind into librbd.
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| done(outcome)));
@@ -368,14 +367,13 @@ impl BlockDevice for RbdDevice {
         state.finish = Finish::Io(done);
         let failed = |req: &IoRequest, e: io::Error| Submission::Done(Err(req.error(e)));
         match req {
-            IoRequest::Read {
-                offset,
-                len,
-                mut buf,
-            } => {
+            IoRequest::Read { offset, len, buf } => {
+                let mut buf = buf.into_vec();
                 buf.clear();
                 buf.reserve(len);
                 let p = buf.as_mut_ptr().cast::<c_char>();
+                // The vector moves into the request, its heap block stays.
+                let buf = IoBuf::from(buf);
                 state.req = Some(IoRequest::Read { offset, len, buf });
                 // SAFETY: `p` points to `len` writable bytes of the buffer
                 // owned by `state`, which lives until the callback.

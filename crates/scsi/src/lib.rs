@@ -28,7 +28,7 @@ pub mod sense;
 mod target;
 mod unit_attention;
 
-pub use ethersan_backend::BlockDevice;
+pub use ethersan_backend::{BlockDevice, IoBuf};
 
 /// Identifies an I_T nexus: the server gives each session a unique value
 /// derived from (initiator name, ISID, target, portal group tag), so a
@@ -76,8 +76,10 @@ pub struct ScsiCommand {
     /// The CDB (6..16 bytes; longer with AHS).
     pub cdb: Vec<u8>,
     /// All Data-Out bytes the initiator sent (may be shorter or longer than
-    /// the CDB asks for: the expected data transfer length governs).
-    pub data_out: Vec<u8>,
+    /// the CDB asks for: the expected data transfer length governs). A
+    /// transport that receives them into an aligned [`IoBuf`] lets a WRITE
+    /// reach an `O_DIRECT` store without a copy.
+    pub data_out: IoBuf,
     /// Expected Data Transfer Length from the transport, in bytes.
     pub expected_len: u32,
 }
@@ -89,7 +91,7 @@ impl ScsiCommand {
             nexus: self.nexus,
             lun: self.lun,
             cdb: &self.cdb,
-            data_out: &self.data_out,
+            data_out: &self.data_out[..],
             expected_len: self.expected_len,
         }
     }
@@ -101,7 +103,7 @@ impl From<&ScsiRequest<'_>> for ScsiCommand {
             nexus: r.nexus,
             lun: r.lun,
             cdb: r.cdb.to_vec(),
-            data_out: r.data_out.to_vec(),
+            data_out: r.data_out.into(),
             expected_len: r.expected_len,
         }
     }
@@ -187,8 +189,10 @@ pub struct ScsiResponse {
     /// Sense data (fixed or descriptor format per D_SENSE), empty if none.
     pub sense: Vec<u8>,
     /// Data-In bytes, exactly as many as the command produces (the
-    /// transport truncates to the expected length and computes residuals).
-    pub data_in: Vec<u8>,
+    /// transport truncates to the expected length and computes residuals);
+    /// a READ's data where the engine put it ([`IoBuf::into_bytes`] sends
+    /// it without a copy).
+    pub data_in: IoBuf,
     /// For commands that take Data-Out: how many bytes the CDB asked for
     /// (SPDTL), so the transport can report residuals against the
     /// expected length. `None` when the command takes no data.

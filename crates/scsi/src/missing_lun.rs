@@ -25,7 +25,7 @@ pub(crate) fn execute(req: &ScsiRequest<'_>) -> ScsiResponse {
             ScsiResponse {
                 status: ScsiStatus::Good,
                 sense: Vec::new(),
-                data_in: d,
+                data_in: d.into(),
                 data_out_len: None,
             }
         }
@@ -36,7 +36,7 @@ pub(crate) fn execute(req: &ScsiRequest<'_>) -> ScsiResponse {
             ScsiResponse {
                 status: ScsiStatus::Good,
                 sense: Vec::new(),
-                data_in: d,
+                data_in: d.into(),
                 data_out_len: None,
             }
         }
@@ -52,7 +52,7 @@ pub(crate) fn plain_check(s: Sense, lu: Option<&Arc<LogicalUnit>>) -> ScsiRespon
         None => ScsiResponse {
             status: ScsiStatus::CheckCondition,
             sense: s.to_bytes(false),
-            data_in: Vec::new(),
+            data_in: Default::default(),
             data_out_len: None,
         },
     }

@@ -411,7 +411,7 @@ impl ScsiTarget {
             Ok(data) => ScsiResponse {
                 status: ScsiStatus::Good,
                 sense: Vec::new(),
-                data_in: data,
+                data_in: data.into(),
                 data_out_len: None,
             },
             Err(s) => plain_check(s, lu.as_ref()),
@@ -493,7 +493,7 @@ fn copy_command(
     let ok = |data_in: Vec<u8>| ScsiResponse {
         status: ScsiStatus::Good,
         sense: Vec::new(),
-        data_in,
+        data_in: data_in.into(),
         data_out_len: None,
     };
     let result = if op == Op::ExtendedCopy {
@@ -695,7 +695,7 @@ mod tests {
                     nexus: A,
                     lun,
                     cdb: cdb.to_vec(),
-                    data_out: data.to_vec(),
+                    data_out: data.to_vec().into(),
                     expected_len: data.len() as u32,
                 },
                 Some(who),
@@ -750,7 +750,7 @@ mod tests {
                 nexus: A,
                 lun,
                 cdb: cdb.to_vec(),
-                data_out: Vec::new(),
+                data_out: Default::default(),
                 expected_len: 0,
             };
             match t.submit_from(cmd, who, Box::new(|_| {})) {

@@ -24,7 +24,7 @@ use ethersan_aoe::{
     Action, AoeTarget, DeviceAddr, DeviceConfig, IoFailure, IoOp, IoRequest, Mac, Pending,
     TargetConfig,
 };
-use ethersan_backend::{BackendError, Submission};
+use ethersan_backend::{BackendError, IoBuf, Submission};
 use ethersan_link::packet::{PacketConfig, PacketLink, RingVersion};
 use ethersan_link::unix::{UnixDgramConfig, UnixDgramLink};
 use ethersan_link::{Link, LinkError, ETHERTYPE_AOE};
@@ -363,13 +363,13 @@ enum Reply {
         /// What the response needs.
         pending: Pending,
         /// The run's data.
-        data: Arc<Vec<u8>>,
+        data: Arc<IoBuf>,
         /// Where this answer's sectors start in `data`.
         at: usize,
     },
     /// A buffer the volume is done with, back to the link's pool; not
     /// sent.
-    Recycle(Vec<u8>),
+    Recycle(IoBuf),
 }
 
 impl Reply {
@@ -405,7 +405,7 @@ impl Reply {
 
 /// An I/O finished: its response (`data`: a read's sectors, `at` where
 /// this request's start).
-fn respond(io: &IoRequest, result: Result<(&Arc<Vec<u8>>, usize), IoFailure>) -> Reply {
+fn respond(io: &IoRequest, result: Result<(&Arc<IoBuf>, usize), IoFailure>) -> Reply {
     let mut frame = Vec::new();
     match (&io.op, result) {
         (IoOp::Read { .. }, Ok((data, at))) => {
@@ -433,16 +433,19 @@ const POOL_BUFFERS: usize = 64;
 
 /// A link's spare I/O buffers: a run's read or write data goes in one
 /// taken from here, and comes back when its answers are sent, so the data
-/// path allocates nothing per frame or per run once warm.
+/// path allocates nothing per frame or per run once warm. They are
+/// aligned, so a run reaches an `O_DIRECT` store without a bounce copy.
 #[derive(Default)]
-struct Pool(Vec<Vec<u8>>);
+struct Pool(Vec<IoBuf>);
 
 impl Pool {
-    fn take(&mut self) -> Vec<u8> {
-        self.0.pop().unwrap_or_default()
+    fn take(&mut self) -> IoBuf {
+        self.0
+            .pop()
+            .unwrap_or_else(|| IoBuf::aligned_with_capacity(MAX_RUN_SECTORS as usize * 512))
     }
 
-    fn put(&mut self, mut buf: Vec<u8>) {
+    fn put(&mut self, mut buf: IoBuf) {
         if self.0.len() < POOL_BUFFERS
             && buf.capacity() > 0
             && buf.capacity() <= 2 * (MAX_RUN_SECTORS as usize) * 512 + 4096
@@ -505,7 +508,7 @@ struct Run {
     first: u64,
     /// The sector after the last.
     next: u64,
-    data: Vec<u8>,
+    data: IoBuf,
 }
 
 impl Run {
@@ -550,7 +553,7 @@ impl IoBatch {
             return;
         }
         let mut buf = if data.is_empty() {
-            Vec::new()
+            IoBuf::new()
         } else {
             pool.take()
         };
@@ -651,7 +654,7 @@ fn start_run(
     // Each member's response from the run's outcome; the buffer goes back
     // to the pool with the last read answer sent, or at once after a
     // write.
-    let answer = move |members: &[IoRequest], r: Result<Vec<u8>, IoFailure>| -> Vec<Reply> {
+    let answer = move |members: &[IoRequest], r: Result<IoBuf, IoFailure>| -> Vec<Reply> {
         let mut out = Vec::with_capacity(members.len() + 1);
         match r {
             Ok(d) if read => {
@@ -662,7 +665,7 @@ fn start_run(
                 }));
             }
             Ok(d) => {
-                let none = Arc::new(Vec::new());
+                let none = Arc::new(IoBuf::new());
                 out.extend(members.iter().map(|io| respond(io, Ok((&none, 0)))));
                 out.push(Reply::Recycle(d));
             }

@@ -686,7 +686,7 @@ async fn serve_pdus<R>(
     let room = read_ahead.clone();
     let reader_task = tokio::spawn(async move {
         loop {
-            let r = reader.read().await;
+            let r = reader.read_aligning().await;
             let stop = r.is_err()
                 && !matches!(
                     r,
@@ -695,7 +695,12 @@ async fn serve_pdus<R>(
             if !room.reserve().await {
                 break;
             }
-            if rd_tx.send(Event::Pdu(r)).is_err() || stop {
+            let ev = match r {
+                Ok((raw, Some(data))) => Event::WriteCommand(raw, data),
+                Ok((raw, None)) => Event::Pdu(Ok(raw)),
+                Err(e) => Event::Pdu(Err(e)),
+            };
+            if rd_tx.send(ev).is_err() || stop {
                 break;
             }
         }

@@ -6,9 +6,13 @@
 //! buffers), verifying digests and the negotiated data-segment limit;
 //! [`spawn_writer`] runs the task that owns the write half and sends frames
 //! in batches, one vectored write of uncopied data segments, computing
-//! each digest once.
+//! each digest once. A session's reader puts a write command's immediate
+//! data into an aligned buffer with room for the whole transfer
+//! ([`PduReader::read_aligning`]), so the write reaches an `O_DIRECT`
+//! store without a bounce copy.
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes};
+use ethersan_backend::IoBuf;
 use ethersan_endpoint::{MessageReceiver, MessageSender};
 use ethersan_proto::pdu::{
     Bhs, FrameError, Framer, MessageError, MessagePdu, PduError, RawPdu, BHS_LEN, MAX_DATA_SEGMENT,
@@ -85,10 +89,22 @@ impl<R: AsyncRead + Unpin> PduReader<R> {
     /// Read one whole PDU: the three decoding steps of [`Framer`], each part
     /// read straight into its own buffer.
     pub(crate) async fn read(&mut self) -> Result<RawPdu, ReadError> {
+        self.read_inner(false).await.map(|(raw, _)| raw)
+    }
+
+    /// [`read`](Self::read), except that the immediate data of a SCSI
+    /// write command read from a stream without data digests comes in an
+    /// aligned buffer of its own, with room for the whole transfer (as
+    /// [`write_capacity`] says), and the PDU's `data` is empty.
+    pub(crate) async fn read_aligning(&mut self) -> Result<(RawPdu, Option<IoBuf>), ReadError> {
+        self.read_inner(true).await
+    }
+
+    async fn read_inner(&mut self, align: bool) -> Result<(RawPdu, Option<IoBuf>), ReadError> {
         let f = self.framer;
         let r = match &mut self.src {
             Source::Stream(r) => r,
-            Source::Messages(rx) => return read_message(rx, f).await,
+            Source::Messages(rx) => return read_message(rx, f, align).await,
         };
         let mut bhs = Bhs::default();
         // Distinguish a clean close between PDUs from a truncated one.
@@ -127,8 +143,20 @@ impl<R: AsyncRead + Unpin> PduReader<R> {
         } else {
             0
         };
+        if align && capacity > 0 && !f.data_digest {
+            // Padding included (no digest to check), then cut off.
+            let mut data = IoBuf::aligned_with_capacity(capacity.max(len));
+            fill_part(r, &mut data, len).await?;
+            data.truncate(head.layout.data_len);
+            let raw = RawPdu {
+                bhs: head.bhs,
+                ahs: head.ahs,
+                data: Vec::new(),
+            };
+            return Ok((raw, Some(data)));
+        }
         let part = read_part(r, len, capacity).await?;
-        Ok(f.finish(head, part)?)
+        Ok((f.finish(head, part)?, None))
     }
 }
 
@@ -148,8 +176,13 @@ impl PduReader<tokio::io::Empty> {
 
 /// One PDU from one message: the header parsed in place, the data part
 /// copied once into a buffer of its own (with room for the rest of a
-/// write's data, as from a stream).
-async fn read_message(rx: &mut MessageReceiver, f: Framer) -> Result<RawPdu, ReadError> {
+/// write's data, as from a stream; with `align`, that one aligned, as
+/// [`PduReader::read_aligning`] says).
+async fn read_message(
+    rx: &mut MessageReceiver,
+    f: Framer,
+    align: bool,
+) -> Result<(RawPdu, Option<IoBuf>), ReadError> {
     let msg = rx.recv().await?.ok_or(ReadError::Closed)?;
     let misframed =
         |e: String| ReadError::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, e));
@@ -158,11 +191,12 @@ async fn read_message(rx: &mut MessageReceiver, f: Framer) -> Result<RawPdu, Rea
         // A Data-Out header alone: its data was placed into the write's
         // registered buffer (the session checks that it landed).
         Ok(MessagePdu::Placed(head)) if head.bhs.0[0] & 0x3f == 0x05 => {
-            return Ok(RawPdu {
+            let raw = RawPdu {
                 bhs: head.bhs,
                 ahs: head.ahs,
                 data: Vec::new(),
-            })
+            };
+            return Ok((raw, None));
         }
         // Data-In travels only to the initiator.
         Ok(MessagePdu::Placed(_)) => {
@@ -180,9 +214,20 @@ async fn read_message(rx: &mut MessageReceiver, f: Framer) -> Result<RawPdu, Rea
     } else {
         0
     };
+    if align && capacity > 0 && !f.data_digest {
+        let mut d = IoBuf::aligned_with_capacity(len.max(capacity));
+        d.extend_from_slice(data);
+        d.truncate(head.layout.data_len);
+        let raw = RawPdu {
+            bhs: head.bhs,
+            ahs: head.ahs,
+            data: Vec::new(),
+        };
+        return Ok((raw, Some(d)));
+    }
     let mut part = Vec::with_capacity(len.max(capacity));
     part.extend_from_slice(data);
-    Ok(f.finish(head, part)?)
+    Ok((f.finish(head, part)?, None))
 }
 
 /// Most bytes of a write's buffer allocated with its command PDU (larger
@@ -219,13 +264,24 @@ async fn read_part<R: AsyncRead + Unpin>(
     capacity: usize,
 ) -> std::io::Result<Vec<u8>> {
     let mut part = Vec::with_capacity(capacity.max(len));
+    fill_part(r, &mut part, len).await?;
+    Ok(part)
+}
+
+/// Read into `part` until it holds `len` bytes, into its spare capacity
+/// (never zeroed first).
+async fn fill_part<R, B>(r: &mut R, part: &mut B, len: usize) -> std::io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    B: BufMut + std::ops::Deref<Target = [u8]>,
+{
     while part.len() < len {
         let want = (len - part.len()) as u64;
-        if (&mut *r).take(want).read_buf(&mut part).await? == 0 {
+        if (&mut *r).take(want).read_buf(part).await? == 0 {
             return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
     }
-    Ok(part)
+    Ok(())
 }
 
 impl From<FrameError> for ReadError {
@@ -470,5 +526,29 @@ mod capacity_tests {
         let mut short = &data[..100];
         let e = read_part(&mut short, 200, 0).await.unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+    }
+
+    #[tokio::test]
+    async fn a_writes_immediate_data_lands_aligned_with_room_for_the_rest() {
+        // A SCSI Command PDU (W bit, EDTL 128 KiB) carrying 40001 bytes of
+        // immediate data (3 bytes of padding), then a NOP-Out.
+        let mut b = bhs(0x01, 0xa0, 131_072);
+        b.0[5..8].copy_from_slice(&40_001u32.to_be_bytes()[1..]);
+        let imm: Vec<u8> = (0..40_001u32).map(|i| (i * 13) as u8).collect();
+        let mut stream = b.0.to_vec();
+        stream.extend_from_slice(&imm);
+        stream.extend_from_slice(&[0; 3]);
+        stream.extend_from_slice(&bhs(0x40, 0x80, 0).0);
+        let mut reader = PduReader::new(&stream[..], 65_536);
+        let (raw, data) = reader.read_aligning().await.unwrap();
+        assert!(raw.data.is_empty());
+        let data = data.expect("an aligned buffer of its own");
+        assert!(data.is_aligned());
+        assert_eq!(data, imm);
+        assert!(data.capacity() >= 131_072);
+        // Any other PDU comes as before.
+        let (raw, data) = reader.read_aligning().await.unwrap();
+        assert_eq!(raw.bhs.0[0], 0x40);
+        assert!(data.is_none());
     }
 }

@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 pub use ethersan_backend::{
-    submit_and_wait, BackendError, BlockDevice, BlockingIo, IoCompletion, IoRequest, IoResult,
-    Submission,
+    submit_and_wait, BackendError, BlockDevice, BlockingIo, IoBuf, IoCompletion, IoRequest,
+    IoResult, Submission,
 };
 
 mod range_lock;
@@ -171,13 +171,15 @@ impl Volume {
     }
 
     /// Read `blocks` blocks from `lba` into `buf` (an allocation to reuse;
-    /// its contents are never returned). `done` is called iff the answer is
-    /// [`Submission::Pending`].
+    /// its contents are never returned; `IoBuf::new()` lets the engine
+    /// allocate, aligned where the engine needs it). The data comes back
+    /// where the engine put it, exactly the blocks asked for. `done` is
+    /// called iff the answer is [`Submission::Pending`].
     pub fn read(
         &self,
         lba: u64,
         blocks: u64,
-        buf: Vec<u8>,
+        buf: IoBuf,
         done: IoCompletion,
     ) -> Result<Submission, VolumeError> {
         let (offset, len) = self.check_range(lba, blocks)?;
@@ -192,7 +194,9 @@ impl Volume {
     }
 
     /// Write the first `blocks` blocks of `data` at `lba`, durable on
-    /// completion with `fua` or with the write cache off. The range is held
+    /// completion with `fua` or with the write cache off (data in an
+    /// aligned [`IoBuf`] reaches an `O_DIRECT` store without a copy). The
+    /// range is held
     /// shared until the write completes; when a read-modify-write command
     /// holds it exclusive the answer is a [`Submission::Blocking`] job that
     /// waits for it. `done` is called iff the answer is
@@ -201,7 +205,7 @@ impl Volume {
         &self,
         lba: u64,
         blocks: u64,
-        data: Vec<u8>,
+        data: IoBuf,
         fua: bool,
         done: IoCompletion,
     ) -> Result<Submission, VolumeError> {
@@ -219,7 +223,7 @@ impl Volume {
             fua: self.effective_fua(fua),
         };
         if len == 0 {
-            return Ok(Submission::Done(Ok(Vec::new())));
+            return Ok(Submission::Done(Ok(IoBuf::new())));
         }
         let Some(guard) = self.ranges.try_lock_shared_owned(offset, len) else {
             let dev = self.dev.clone();

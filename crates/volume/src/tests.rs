@@ -7,6 +7,7 @@ use std::time::Duration;
 use ethersan_backend::ram::RamDevice;
 
 use super::*;
+use ethersan_backend::IoBuf;
 
 /// How the scripted engine answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,13 +121,13 @@ fn ranges_are_checked_in_blocks() {
             })
         );
         let (done, _rx) = channel();
-        assert!(v.read(lba, n, Vec::new(), done).is_err());
+        assert!(v.read(lba, n, IoBuf::new(), done).is_err());
         let (done, _rx) = channel();
-        assert!(v.write(lba, n, vec![0; 1024], false, done).is_err());
+        assert!(v.write(lba, n, vec![0; 1024].into(), false, done).is_err());
     }
     let (done, _rx) = channel();
     assert!(matches!(
-        v.write(0, 2, vec![0; 1000], false, done),
+        v.write(0, 2, vec![0; 1000].into(), false, done),
         Err(VolumeError::ShortData {
             have: 1000,
             need: 1024
@@ -143,7 +144,7 @@ fn write_cache_off_makes_every_write_fua_and_flush_reaches_the_engine() {
             v.set_write_cache(wce);
             assert_eq!(v.write_cache(), wce);
             let (done, rx) = channel();
-            let s = v.write(1, 1, vec![7; 512], fua, done).unwrap();
+            let s = v.write(1, 1, vec![7; 512].into(), fua, done).unwrap();
             outcome(s, &rx, &dev).unwrap();
         }
         assert_eq!(*dev.fua.lock().unwrap(), [false, true, true, true]);
@@ -152,10 +153,10 @@ fn write_cache_off_makes_every_write_fua_and_flush_reaches_the_engine() {
         assert_eq!(*dev.flushes.lock().unwrap(), 1);
         // Only the blocks asked for are written; the read returns them.
         let (done, rx) = channel();
-        let s = v.write(2, 1, vec![9; 4096], false, done).unwrap();
+        let s = v.write(2, 1, vec![9; 4096].into(), false, done).unwrap();
         outcome(s, &rx, &dev).unwrap();
         let (done, rx) = channel();
-        let s = v.read(1, 3, vec![0xee; 10], done).unwrap();
+        let s = v.read(1, 3, vec![0xee; 10].into(), done).unwrap();
         let back = outcome(s, &rx, &dev).unwrap();
         assert_eq!(
             back,
@@ -173,7 +174,7 @@ fn a_write_waits_for_an_exclusive_holder_and_holds_its_range_until_done() {
     let v = Arc::new(Volume::new(dev.clone(), true));
     let excl = v.ranges().lock(0, 512, true);
     let (done, _rx) = channel();
-    let Submission::Blocking(job) = v.write(0, 1, vec![1; 512], false, done).unwrap() else {
+    let Submission::Blocking(job) = v.write(0, 1, vec![1; 512].into(), false, done).unwrap() else {
         panic!("a write went ahead of an exclusive holder")
     };
     let t = std::thread::spawn(job);
@@ -192,7 +193,7 @@ fn a_write_waits_for_an_exclusive_holder_and_holds_its_range_until_done() {
     let v = Arc::new(Volume::new(dev.clone(), true));
     let (done, rx) = channel();
     assert!(matches!(
-        v.write(0, 1, vec![2; 512], false, done).unwrap(),
+        v.write(0, 1, vec![2; 512].into(), false, done).unwrap(),
         Submission::Pending
     ));
     assert!(
@@ -214,7 +215,7 @@ fn a_write_waits_for_an_exclusive_holder_and_holds_its_range_until_done() {
     let dev = Scripted::new(Mode::Blocking);
     let v = Volume::new(dev.clone(), true);
     let (done, _rx) = channel();
-    let Submission::Blocking(job) = v.write(0, 1, vec![3; 512], false, done).unwrap() else {
+    let Submission::Blocking(job) = v.write(0, 1, vec![3; 512].into(), false, done).unwrap() else {
         panic!()
     };
     let v = Arc::new(v);
@@ -292,7 +293,7 @@ fn a_real_file_engine_through_the_volume() {
             Submission::Pending => rx.recv().unwrap(),
         };
         let (done, rx) = channel();
-        let s = v.write(8, 8, data.clone(), false, done).unwrap();
+        let s = v.write(8, 8, data.clone().into(), false, done).unwrap();
         // The write cache is off: FUA, which never finishes inline.
         assert!(
             !matches!(s, Submission::Done(_)),
@@ -300,7 +301,7 @@ fn a_real_file_engine_through_the_volume() {
         );
         wait(s, rx).unwrap();
         let (done, rx) = channel();
-        let s = v.read(8, 8, Vec::new(), done).unwrap();
+        let s = v.read(8, 8, IoBuf::new(), done).unwrap();
         if direct {
             assert!(!matches!(s, Submission::Done(_)), "O_DIRECT read inline");
         }

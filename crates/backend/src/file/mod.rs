@@ -7,8 +7,11 @@
 //!
 //! Two options change how the data moves ([`FileOptions`]):
 //! - `direct`: a second descriptor opened with `O_DIRECT` carries every
-//!   READ and WRITE, bypassing the page cache. Caller buffers that are not
-//!   page-aligned are bounced through an [`AlignedBuf`](crate::aligned::AlignedBuf); a transfer the
+//!   READ and WRITE, bypassing the page cache. A read lands at an aligned
+//!   spot of its own [`IoBuf`] and stays there; a write from an aligned
+//!   [`IoBuf`] goes to the device as is, one from unaligned memory is
+//!   bounced through an aligned copy (counted:
+//!   [`FileDevice::bounced_bytes`]); a transfer the
 //!   device refuses as misaligned (EINVAL, e.g. 512-byte blocks on a 4Kn
 //!   disk) goes through the buffered descriptor instead. A direct transfer
 //!   never completes inline (it always waits for the device).
@@ -38,7 +41,7 @@ use std::sync::Arc;
 use crate::fill::read_fill;
 use crate::lock::{Locking, StoreLock};
 use crate::uring::UringEngine;
-use crate::{BackendError, BlockDevice, IoCompletion, IoRequest, Submission};
+use crate::{BackendError, BlockDevice, IoBuf, IoCompletion, IoRequest, Submission};
 
 /// How a file or block device moves data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -121,6 +124,8 @@ pub struct FileDevice {
     /// The lock on the store while this device exports it (see
     /// [`crate::lock`]); `None` when opened without one.
     lock: Option<Arc<StoreLock>>,
+    /// Bytes the sync engine copied to aligned memory for `O_DIRECT`.
+    bounced: Arc<AtomicU64>,
 }
 
 impl FileDevice {
@@ -144,6 +149,16 @@ impl FileDevice {
         self.uring.as_ref()
     }
 
+    /// Bytes of writes that reached the `O_DIRECT` descriptor from
+    /// unaligned memory and were copied to aligned memory first (a
+    /// bounce), by either engine since the device was opened. Zero while
+    /// every write comes in an aligned [`IoBuf`](crate::IoBuf) (reads never
+    /// bounce: they land in aligned memory of their own buffer).
+    pub fn bounced_bytes(&self) -> u64 {
+        self.bounced.load(Ordering::Relaxed)
+            + self.uring.as_ref().map_or(0, UringEngine::bounced_bytes)
+    }
+
     /// Whether transfers bypass the page cache (`O_DIRECT`).
     pub fn is_direct(&self) -> bool {
         self.direct.is_some()
@@ -155,22 +170,19 @@ impl FileDevice {
         SyncIo {
             file: self.file.clone(),
             direct: self.direct.clone(),
+            bounced: self.bounced.clone(),
         }
     }
 
     /// Try to finish a READ without waiting (never with `O_DIRECT`): whether
     /// `buf` now holds all `len` bytes. Bytes read before the data ran out
     /// stay in `buf`.
-    fn read_inline(
-        &self,
-        offset: u64,
-        buf: &mut Vec<u8>,
-        len: usize,
-    ) -> Result<bool, BackendError> {
+    fn read_inline(&self, offset: u64, buf: &mut IoBuf, len: usize) -> Result<bool, BackendError> {
         if self.direct.is_some() || !self.nowait_reads.load(Ordering::Relaxed) {
             return Ok(false);
         }
-        match read_fill(&self.file, offset, buf, 0, len, true) {
+        buf.reserve_plain(len);
+        match read_fill(&self.file, offset, buf.raw_mut(), 0, len, true) {
             Ok(done) => Ok(done),
             Err(e) if nowait_unsupported(&e) => {
                 self.nowait_reads.store(false, Ordering::Relaxed);
@@ -367,8 +379,8 @@ impl BlockDevice for FileDevice {
                 len,
                 mut buf,
             } => {
-                buf.clear();
                 if len == 0 {
+                    buf.reserve_plain(0);
                     return Submission::Done(Ok(buf));
                 }
                 match self.read_inline(offset, &mut buf, len) {
@@ -377,7 +389,6 @@ impl BlockDevice for FileDevice {
                     Err(e) => return Submission::Done(Err(e)),
                 }
                 if let Some(u) = &self.uring {
-                    buf.clear();
                     u.submit(IoRequest::Read { offset, len, buf }, done);
                     return Submission::Pending;
                 }
@@ -392,11 +403,11 @@ impl BlockDevice for FileDevice {
             } => {
                 let len = len.min(data.len());
                 if len == 0 {
-                    return Submission::Done(Ok(Vec::new()));
+                    return Submission::Done(Ok(IoBuf::new()));
                 }
                 if !fua {
                     match self.write_inline(offset, &data[..len]) {
-                        Ok(true) => return Submission::Done(Ok(Vec::new())),
+                        Ok(true) => return Submission::Done(Ok(IoBuf::new())),
                         Ok(false) => {}
                         Err(e) => return Submission::Done(Err(e)),
                     }

@@ -302,6 +302,7 @@ impl FileDevice {
             is_block_device,
             thin,
             lock,
+            bounced: Arc::new(AtomicU64::new(0)),
         })
     }
 

@@ -7,11 +7,11 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::aligned::{AlignedBuf, DIRECT_ALIGN};
-use crate::fill::{align_prefix, read_fill};
-use crate::{BackendError, IoResult};
+use crate::fill::read_fill;
+use crate::{BackendError, IoBuf, IoResult};
 
 use super::FileDevice;
 
@@ -21,31 +21,33 @@ use super::FileDevice;
 pub(super) struct SyncIo {
     pub(super) file: Arc<File>,
     pub(super) direct: Option<Arc<File>>,
+    /// Bytes of unaligned writes copied to aligned memory for `direct`.
+    pub(super) bounced: Arc<AtomicU64>,
 }
 
 impl SyncIo {
     /// Read `len` bytes at `offset` into `buf` (which may hold the first
-    /// bytes already, from an inline attempt).
-    pub(super) fn read(&self, offset: u64, mut buf: Vec<u8>, len: usize) -> IoResult {
+    /// bytes already, from an inline attempt, when there is no direct
+    /// descriptor).
+    pub(super) fn read(&self, offset: u64, mut buf: IoBuf, len: usize) -> IoResult {
         let err = |source| BackendError::Read {
             offset,
             cause: source,
         };
         if let Some(d) = &self.direct {
-            // Into an aligned spot of the same allocation; no bounce copy.
-            let skip = align_prefix(&mut buf, len, DIRECT_ALIGN);
-            match read_fill(d, offset, &mut buf, skip, len, false) {
-                Ok(_) => {
-                    buf.drain(..skip);
-                    return Ok(buf);
-                }
+            // Into an aligned spot of the same allocation, where the data
+            // stays: no bounce, no move.
+            let skip = buf.reserve_aligned(len);
+            match read_fill(d, offset, buf.raw_mut(), skip, len, false) {
+                Ok(_) => return Ok(buf),
                 // The device refuses this alignment: use the page cache.
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => buf.clear(),
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => buf.reserve_plain(len),
                 Err(e) => return Err(err(e)),
             }
         }
         // A sparse region reads as zeros.
-        read_fill(&self.file, offset, &mut buf, 0, len, false).map_err(err)?;
+        let skip = buf.start();
+        read_fill(&self.file, offset, buf.raw_mut(), skip, len, false).map_err(err)?;
         Ok(buf)
     }
 
@@ -58,11 +60,12 @@ impl SyncIo {
         };
         if let Some(d) = &self.direct {
             let bounce;
-            let data = if buf.as_ptr().align_offset(DIRECT_ALIGN) == 0 {
+            let data = if buf.as_ptr().align_offset(crate::aligned::DIRECT_ALIGN) == 0 {
                 buf
             } else {
-                bounce = AlignedBuf::copy_of(buf);
-                bounce.as_slice()
+                self.bounced.fetch_add(buf.len() as u64, Ordering::Relaxed);
+                bounce = IoBuf::aligned_copy_of(buf);
+                &bounce[..]
             };
             let r = if fua {
                 FileDevice::write_dsync(d, offset, data)
@@ -70,7 +73,7 @@ impl SyncIo {
                 d.write_all_at(data, offset)
             };
             match r {
-                Ok(()) => return Ok(Vec::new()),
+                Ok(()) => return Ok(IoBuf::new()),
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
                 Err(e) => return Err(err(e)),
             }
@@ -80,13 +83,13 @@ impl SyncIo {
         } else {
             self.file.write_all_at(buf, offset)
         };
-        r.map(|()| Vec::new()).map_err(err)
+        r.map(|()| IoBuf::new()).map_err(err)
     }
 
     pub(super) fn flush(&self) -> IoResult {
         self.file
             .sync_data()
-            .map(|()| Vec::new())
+            .map(|()| IoBuf::new())
             .map_err(BackendError::Flush)
     }
 }

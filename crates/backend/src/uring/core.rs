@@ -8,40 +8,34 @@ use super::*;
 /// A buffer the kernel may be using.
 enum Buf {
     None,
-    /// Data to write.
-    Plain(Vec<u8>),
-    /// A vector whose spare capacity a read fills after its first `skip`
-    /// bytes (a prefix that aligns the data for `O_DIRECT`); not zeroed
-    /// first: the kernel writes every byte before the vector's length
-    /// covers it.
-    Fill {
-        v: Vec<u8>,
-        skip: usize,
-    },
-    Aligned(AlignedBuf),
+    /// Data to write, aligned when it goes to a direct descriptor (an
+    /// unaligned write was copied into an aligned buffer first).
+    Plain(IoBuf),
+    /// A buffer whose vector's spare capacity a read fills after the
+    /// buffer's start (an aligning prefix for `O_DIRECT`, where the data
+    /// stays); not zeroed first: the kernel writes every byte before the
+    /// vector's length covers it.
+    Fill(IoBuf),
 }
 
 impl Buf {
     /// The request's buffer, ready for a `len`-byte read (aligned for
     /// `O_DIRECT`).
-    fn for_read(mut v: Vec<u8>, len: usize, direct: bool) -> Buf {
-        v.clear();
-        let skip = if direct {
-            align_prefix(&mut v, len, crate::aligned::DIRECT_ALIGN)
+    fn for_read(mut b: IoBuf, len: usize, direct: bool) -> Buf {
+        if direct {
+            b.reserve_aligned(len);
         } else {
-            v.reserve(len);
-            0
-        };
-        Buf::Fill { v, skip }
+            b.reserve_plain(len);
+        }
+        Buf::Fill(b)
     }
 
     /// Where the transfer continues after `done` bytes.
     fn ptr_at(&mut self, done: usize) -> *mut u8 {
         match self {
             Buf::None => std::ptr::null_mut(),
-            Buf::Plain(v) => v[done..].as_mut_ptr(),
-            Buf::Fill { v, .. } => v.spare_capacity_mut()[done..].as_mut_ptr().cast(),
-            Buf::Aligned(a) => a.as_mut_slice()[done..].as_mut_ptr(),
+            Buf::Plain(b) => b[done..].as_mut_ptr(),
+            Buf::Fill(b) => b.raw_mut().spare_capacity_mut()[done..].as_mut_ptr().cast(),
         }
     }
 }
@@ -189,9 +183,9 @@ impl Core {
                     done_bytes: 0,
                     fua,
                     direct,
-                    buf: if direct && data.as_ptr().align_offset(crate::aligned::DIRECT_ALIGN) != 0
-                    {
-                        Buf::Aligned(AlignedBuf::copy_of(&data[..len]))
+                    buf: if direct && !data.is_aligned() {
+                        files.bounced.fetch_add(len as u64, Ordering::Relaxed);
+                        Buf::Plain(IoBuf::aligned_copy_of(&data[..len]))
                     } else {
                         Buf::Plain(data)
                     },
@@ -213,7 +207,7 @@ impl Core {
         };
         if op.kind != Kind::Flush && op.len == 0 {
             self.ready
-                .push((op.completion.expect("new op"), Ok(Vec::new())));
+                .push((op.completion.expect("new op"), Ok(IoBuf::new())));
             return;
         }
         let idx = match self.free.pop() {
@@ -334,18 +328,18 @@ impl Core {
         } = op;
         let outcome = match r {
             Ok(()) => Ok(match (kind, buf) {
-                (Kind::Read, Buf::Fill { mut v, skip }) => {
+                (Kind::Read, Buf::Fill(mut b)) => {
+                    let skip = b.start();
                     // SAFETY: the read completed in full: the kernel wrote
                     // all `done_bytes` (= the request's length; the
                     // capacity holds `skip` + that) bytes at the start of
                     // the vector's spare capacity, right after the `skip`
-                    // initialized prefix bytes.
-                    unsafe { v.set_len(skip + done_bytes) };
-                    v.drain(..skip);
-                    v
+                    // initialized prefix bytes. The data stays where it
+                    // landed: the buffer starts at `skip`.
+                    unsafe { b.raw_mut().set_len(skip + done_bytes) };
+                    b
                 }
-                (Kind::Read, Buf::Aligned(a)) => a.into_vec(),
-                _ => Vec::new(),
+                _ => IoBuf::new(),
             }),
             Err(source) => Err(match kind {
                 Kind::Read => BackendError::Read {

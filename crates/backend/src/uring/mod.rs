@@ -31,9 +31,11 @@
 //!
 //! A read lands in the spare capacity of the request's own buffer (not
 //! zeroed first); with a direct (`O_DIRECT`) descriptor at an aligned spot
-//! of it, and a write from unaligned memory is bounced through an
-//! [`AlignedBuf`]; a transfer the device refuses as misaligned (EINVAL)
-//! is retried on the buffered descriptor.
+//! of it, where it stays (the [`IoBuf`] starts there). A write from an
+//! aligned [`IoBuf`] goes to the device as is; one from unaligned memory
+//! is bounced through an aligned copy (counted,
+//! [`UringEngine::bounced_bytes`]); a transfer the device refuses as
+//! misaligned (EINVAL) is retried on the buffered descriptor.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -41,16 +43,14 @@ use std::fs::File;
 use std::io;
 use std::marker::PhantomData;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::task::{Context, Poll, Waker};
 use std::thread::JoinHandle;
 
 use io_uring::{opcode, types, IoUring};
 
-use crate::aligned::AlignedBuf;
-use crate::fill::align_prefix;
-use crate::{BackendError, IoCompletion, IoRequest, IoResult};
+use crate::{BackendError, IoBuf, IoCompletion, IoRequest, IoResult};
 
 mod core;
 mod local;
@@ -71,6 +71,8 @@ struct Files {
     buffered: Arc<File>,
     /// The `O_DIRECT` descriptor, used for every transfer when present.
     direct: Option<Arc<File>>,
+    /// Bytes of unaligned writes copied to aligned memory for `direct`.
+    bounced: AtomicU64,
 }
 
 struct Job {
@@ -161,7 +163,11 @@ impl UringEngine {
                 .run()
             })?;
         Ok(UringEngine {
-            files: Arc::new(Files { buffered, direct }),
+            files: Arc::new(Files {
+                buffered,
+                direct,
+                bounced: AtomicU64::new(0),
+            }),
             tx: Some(tx),
             shared,
             thread: Some(thread),
@@ -181,6 +187,13 @@ impl UringEngine {
             return;
         };
         self.submit_to_thread(job);
+    }
+
+    /// Bytes of writes that reached the `O_DIRECT` descriptor from
+    /// unaligned memory and were copied to aligned memory first (zero while
+    /// every write comes in an aligned [`IoBuf`]).
+    pub fn bounced_bytes(&self) -> u64 {
+        self.files.bounced.load(Ordering::Relaxed)
     }
 
     /// Queue `job` for the device's own ring thread.

@@ -23,7 +23,7 @@ fn open(path: &std::path::Path, size: Option<u64>, ro: bool, direct: bool) -> Fi
 }
 
 /// Submit and wait for the outcome.
-fn run(d: &FileDevice, req: IoRequest) -> Result<Vec<u8>, BackendError> {
+fn run(d: &FileDevice, req: IoRequest) -> Result<crate::IoBuf, BackendError> {
     let (tx, rx) = mpsc::channel();
     d.uring()
         .expect("uring engine")
@@ -65,7 +65,7 @@ fn round_trip_fua_flush_buffered_and_direct() {
                 &d,
                 IoRequest::Write {
                     offset: off,
-                    data: data.clone(),
+                    data: data.clone().into(),
                     len,
                     fua,
                 },
@@ -82,7 +82,7 @@ fn round_trip_fua_flush_buffered_and_direct() {
             &d,
             IoRequest::Write {
                 offset: 0,
-                data: vec![7u8; 8192],
+                data: vec![7u8; 8192].into(),
                 len: 512,
                 fua: false,
             },
@@ -122,7 +122,7 @@ fn writes_to_a_read_only_store_fail_as_write_errors() {
         &d,
         IoRequest::Write {
             offset: 0,
-            data: vec![1; 512],
+            data: vec![1; 512].into(),
             len: 512,
             fua: true,
         },
@@ -151,7 +151,7 @@ fn many_in_flight_all_complete_also_when_dropped() {
         let req = if i % 2 == 0 {
             IoRequest::Write {
                 offset: off,
-                data: vec![i as u8; 4096],
+                data: vec![i as u8; 4096].into(),
                 len: 4096,
                 fua: false,
             }
@@ -182,7 +182,7 @@ fn buffered_reads_from_the_page_cache_finish_inline_direct_ones_go_pending() {
         IoRequest::Read {
             offset: 8192,
             len: 8192,
-            buf: vec![0xee; 100],
+            buf: vec![0xee; 100].into(),
         },
         Box::new(|_| panic!("went pending")),
     ) {
@@ -194,7 +194,7 @@ fn buffered_reads_from_the_page_cache_finish_inline_direct_ones_go_pending() {
     for req in [
         IoRequest::Write {
             offset: 0,
-            data: data.clone(),
+            data: data.clone().into(),
             len: 4096,
             fua: true,
         },
@@ -213,7 +213,7 @@ fn buffered_reads_from_the_page_cache_finish_inline_direct_ones_go_pending() {
         let req = IoRequest::Read {
             offset: 8192,
             len: 8192,
-            buf: vec![0xee; 20000],
+            buf: vec![0xee; 20000].into(),
         };
         let s = d.submit(req, Box::new(move |r| tx.send(r).unwrap()));
         assert!(matches!(s, Submission::Pending), "{s:?}");
@@ -251,7 +251,7 @@ fn a_thread_with_its_own_ring_submits_and_completes_on_itself() {
         let off = (i as u64 % 4000) * 4096;
         let req = IoRequest::Write {
             offset: off,
-            data: pattern(4096, i as u8),
+            data: pattern(4096, i as u8).into(),
             len: 4096,
             fua: i % 100 == 0,
         };
@@ -320,7 +320,7 @@ fn dropping_a_local_ring_waits_for_its_io_and_runs_the_completions() {
         let req = if i % 2 == 0 {
             IoRequest::Write {
                 offset: i * 4096,
-                data: vec![i as u8; 4096],
+                data: vec![i as u8; 4096].into(),
                 len: 4096,
                 fua: false,
             }

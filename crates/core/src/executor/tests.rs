@@ -31,7 +31,7 @@ impl BlockDevice for Panicking {
     fn submit(&self, req: IoRequest, _: IoCompletion) -> Submission {
         match req {
             IoRequest::Read { .. } => panic!("backend bug"),
-            _ => Submission::Done(Ok(Vec::new())),
+            _ => Submission::Done(Ok(Default::default())),
         }
     }
     fn describe(&self) -> String {
@@ -59,7 +59,7 @@ fn cmd(cdb: &[u8], data: Vec<u8>, expected_len: u32) -> Command {
         channel_level: None,
         lun: 0,
         cdb: cdb.to_vec(),
-        data,
+        data: data.into(),
         expected_len,
         tag: 7,
         started: std::time::Instant::now(),

@@ -312,7 +312,7 @@ mod tests {
                     nexus: B,
                     lun: 0,
                     cdb: row_cdb(def),
-                    data_out: Vec::new(),
+                    data_out: Default::default(),
                     expected_len: 0,
                 },
                 Some("ro"),

@@ -35,7 +35,7 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use ethersan_backend::{BackendError, BlockDevice, SharedState};
+use ethersan_backend::{BackendError, BlockDevice, IoBuf, SharedState};
 use ethersan_volume::{MediumError, Volume};
 
 use crate::be::{be16, be32};
@@ -68,7 +68,9 @@ type CmdResult = Result<Reply, Sense>;
 /// What a successful command returns.
 #[derive(Debug, Default)]
 struct Reply {
-    data: Vec<u8>,
+    /// Data-In: a READ's data where the engine put it, or what the
+    /// emulation built.
+    data: IoBuf,
 }
 
 impl Reply {
@@ -77,7 +79,10 @@ impl Reply {
     }
     fn data(mut data: Vec<u8>, alloc: usize) -> CmdResult {
         data.truncate(alloc);
-        Ok(Reply { data })
+        Ok(Reply::full(data))
+    }
+    fn full(data: Vec<u8>) -> Reply {
+        Reply { data: data.into() }
     }
 }
 
@@ -301,7 +306,7 @@ impl LogicalUnit {
         ScsiResponse {
             status: ScsiStatus::CheckCondition,
             sense: s.to_bytes(self.d_sense.load(Ordering::Relaxed)),
-            data_in: Vec::new(),
+            data_in: IoBuf::new(),
             data_out_len: None,
         }
     }
@@ -435,12 +440,8 @@ impl LogicalUnit {
             Op::ReadCapacity10 => self.read_capacity10(cdb),
             Op::ReadCapacity16 => self.read_capacity16(cdb),
             Op::PreFetch => self.prefetch(cdb),
-            Op::ReportOpcodes => {
-                commands::report::report_supported_opcodes(cdb).map(|data| Reply { data })
-            }
-            Op::ReportTmfs => {
-                commands::report::report_supported_tmfs(cdb).map(|data| Reply { data })
-            }
+            Op::ReportOpcodes => commands::report::report_supported_opcodes(cdb).map(Reply::full),
+            Op::ReportTmfs => commands::report::report_supported_tmfs(cdb).map(Reply::full),
             Op::WriteSame => self.write_same(cdb, req.data_out),
             Op::Unmap => self.unmap(cdb, req.data_out),
             Op::GetLbaStatus => self.get_lba_status(cdb),
@@ -490,13 +491,12 @@ impl LogicalUnit {
                 let alloc = usize::from(be16(&cdb[7..9]));
                 self.refresh_pr()
                     .and_then(|()| self.res().pr_in(cdb[1] & 0x1f))
-                    .map(|d| Reply { data: d })
-                    .and_then(|r| Reply::data(r.data, alloc))
+                    .and_then(|d| Reply::data(d, alloc))
             }
             Op::ReportTpg => self.report_target_port_groups(cdb),
             Op::SetTpg => self.set_target_port_groups(cdb, req.data_out, req.nexus),
             // Routed by the target; a unit asked directly lists only LUN 0.
-            Op::ReportLuns => crate::report_luns::report_luns(cdb, &[0]).map(|data| Reply { data }),
+            Op::ReportLuns => crate::report_luns::report_luns(cdb, &[0]).map(Reply::full),
         };
         self.finish(def, req, result)
     }
@@ -608,7 +608,7 @@ fn conflict() -> ScsiResponse {
     ScsiResponse {
         status: ScsiStatus::ReservationConflict,
         sense: Vec::new(),
-        data_in: Vec::new(),
+        data_in: IoBuf::new(),
         data_out_len: None,
     }
 }

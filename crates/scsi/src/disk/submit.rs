@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use ethersan_backend::{IoCompletion, IoResult, Submission};
+use ethersan_backend::{IoBuf, IoCompletion, IoResult, Submission};
 
 use super::{CmdResult, LogicalUnit, Reply};
 use crate::cdb::BlockCdb;
@@ -100,7 +100,7 @@ impl LogicalUnit {
             Plan::Flush => Ok(self.vol.flush(completion)),
             Plan::Read(off, len) => {
                 self.vol
-                    .read(off / bs, len as u64 / bs, Vec::new(), completion)
+                    .read(off / bs, len as u64 / bs, IoBuf::new(), completion)
             }
             Plan::Write(off, have, fua) => {
                 self.vol
@@ -185,7 +185,7 @@ mod tests {
             nexus,
             lun: 0,
             cdb: cdb.to_vec(),
-            data_out: data.to_vec(),
+            data_out: data.to_vec().into(),
             expected_len: 1 << 24,
         }
     }

@@ -78,7 +78,7 @@ impl TestDevice {
                 }
                 let mut buf = vec![0u8; len];
                 self.ram.read_at(offset, &mut buf)?;
-                Ok(buf)
+                Ok(buf.into())
             }
             IoRequest::Write {
                 offset,
@@ -94,14 +94,14 @@ impl TestDevice {
                 }
                 self.fua.lock().unwrap().push(fua);
                 self.ram.write_at(offset, &data[..len], fua)?;
-                Ok(Vec::new())
+                Ok(Default::default())
             }
             IoRequest::Flush => {
                 if self.fail_writes.load(Ordering::Relaxed) {
                     return Err(BackendError::Flush(io_error()));
                 }
                 self.flushes.fetch_add(1, Ordering::Relaxed);
-                Ok(Vec::new())
+                Ok(Default::default())
             }
         }
     }
@@ -192,7 +192,7 @@ pub(crate) fn exec_lun(
         nexus,
         lun,
         cdb: cdb.to_vec(),
-        data_out: data.to_vec(),
+        data_out: data.to_vec().into(),
         expected_len: 1 << 24,
     };
     t.submit_and_wait(cmd, None)
@@ -217,7 +217,7 @@ pub(crate) fn field_pointer(r: &ScsiResponse) -> [u8; 3] {
 #[track_caller]
 pub(crate) fn good(r: ScsiResponse) -> Vec<u8> {
     assert_eq!(r.status, ScsiStatus::Good, "sense {:?}", sense(&r));
-    r.data_in
+    r.data_in.into_vec()
 }
 
 /// Assert CHECK CONDITION with this sense.

@@ -11,15 +11,22 @@ use ethersan_proto::pdu::{
     self, lun_from_wire, reject_reason, DataIn, DataOut, Pdu, RawPdu, ScsiCommand, TaskAttr,
     RESERVED_TAG,
 };
-use ethersan_proto::transfer::{data_in_segments, fill_at, TransferLimits, WriteTransfer};
+use ethersan_proto::transfer::{data_in_segments, TransferLimits, WriteTransfer};
 use ethersan_scsi::commands::Op;
-use ethersan_scsi::{Nexus, ScsiResponse, ScsiStatus};
+use ethersan_scsi::{IoBuf, Nexus, ScsiResponse, ScsiStatus};
 use tracing::{debug, warn};
 
 use super::{Event, Ordered, Output, Releases, Session, Task, MAX_EDTL};
 
 impl Session {
-    pub(super) fn on_scsi_command(&mut self, cmd: ScsiCommand, mut raw: RawPdu) {
+    /// A SCSI Command PDU; its immediate data is in `raw.data`, or in
+    /// `aligned` when the reader put it in an aligned buffer of its own.
+    pub(super) fn on_scsi_command(
+        &mut self,
+        cmd: ScsiCommand,
+        mut raw: RawPdu,
+        aligned: Option<IoBuf>,
+    ) {
         if self.setup.target.is_none() {
             self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR);
             return;
@@ -37,13 +44,15 @@ impl Session {
         let p = &self.setup.params;
         let edtl = cmd.expected_len;
         let mut fail = None;
-        let mut data = Vec::new();
+        let mut data = IoBuf::new();
         let mut forced = 0;
         let mut reserved = 0;
         let mut room = 0;
+        // The immediate data, wherever the reader put it.
+        let mut imm_data = aligned.unwrap_or_else(|| IoBuf::from(std::mem::take(&mut raw.data)));
         let transfer = if cmd.write && edtl > 0 {
-            let imm = raw.data.len().min(edtl as usize);
-            if !p.immediate_data && !raw.data.is_empty() {
+            let imm = imm_data.len().min(edtl as usize);
+            if !p.immediate_data && !imm_data.is_empty() {
                 self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR);
                 return;
             }
@@ -58,15 +67,17 @@ impl Session {
             {
                 reserved = edtl as usize;
                 room = edtl as usize;
-                if imm == edtl as usize || raw.data.capacity() >= edtl as usize {
+                if imm == edtl as usize || imm_data.capacity() >= edtl as usize {
                     // The PDU's own buffer (the reader gave it room for
-                    // the whole transfer): Data-Out fills the rest in
-                    // order (`fill_at`), never zeroed.
-                    data = std::mem::take(&mut raw.data);
+                    // the whole transfer, aligned): Data-Out fills the rest
+                    // in order (`IoBuf::fill_at`), never zeroed.
+                    data = std::mem::take(&mut imm_data);
                     data.truncate(imm);
                 } else {
-                    data = Vec::with_capacity(edtl as usize);
-                    data.extend_from_slice(&raw.data[..imm]);
+                    // Aligned, so that the write reaches an O_DIRECT
+                    // store without a bounce copy.
+                    data = IoBuf::aligned_with_capacity(edtl as usize);
+                    data.extend_from_slice(&imm_data[..imm]);
                 }
             } else {
                 // Otherwise only what may arrive unasked is buffered now:
@@ -78,12 +89,13 @@ impl Session {
                 } else {
                     imm.max(p.first_burst_length as usize).min(edtl as usize)
                 };
-                data = std::mem::take(&mut raw.data);
-                data.truncate(imm);
+                let mut v = std::mem::take(&mut imm_data).into_vec();
+                v.truncate(imm);
                 // No more than the unsolicited data is held (and counted)
                 // until the budget gives the whole buffer.
-                data.shrink_to(unsolicited);
-                data.reserve_exact(unsolicited - imm);
+                v.shrink_to(unsolicited);
+                v.reserve_exact(unsolicited - imm);
+                data = v.into();
                 room = unsolicited;
                 forced = unsolicited;
                 self.budget.force(forced);
@@ -235,7 +247,7 @@ impl Session {
                 let complete = t.is_complete();
                 let placed = task.fail.is_none() && task.placed.is_some();
                 if task.fail.is_none() && !placed {
-                    fill_at(&mut task.data, d.buffer_offset as usize, &data);
+                    task.data.fill_at(d.buffer_offset as usize, &data);
                 }
                 if placed {
                     self.placed_data_out(d.itt, d.buffer_offset, data, placed_len);
@@ -322,7 +334,7 @@ impl Session {
                 // accepts each offset once, in order); the buffer has its
                 // full length whatever happened.
                 if task.cmd.write && data.len() < task.room {
-                    data.resize(task.room, 0);
+                    data.resize(task.room);
                 }
                 data
             },
@@ -438,7 +450,8 @@ impl Session {
                 release: Some((task.reserved, self.releases.clone())),
             })
         } else {
-            Bytes::from(resp.data_in)
+            // The engine's buffer itself: no copy.
+            resp.data_in.into_bytes()
         };
         let collapse = resp.status == ScsiStatus::Good && resp.sense.is_empty() && send_len > 0;
         let p = &self.setup.params;
@@ -501,7 +514,7 @@ impl Session {
 /// A read's Data-In buffer; dropping it (the writer sent the last of it)
 /// gives its bytes back to the session's budget.
 struct HeldData {
-    data: Vec<u8>,
+    data: IoBuf,
     release: Option<(usize, Arc<Releases>)>,
 }
 

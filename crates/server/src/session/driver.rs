@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ethersan_core::executor::{BlockingPool, Done, Executor, Finished};
+use ethersan_scsi::IoBuf;
 use tokio::sync::{mpsc, Notify};
 
 use super::{Event, Output, Session};
@@ -44,7 +45,7 @@ pub(crate) struct Channels {
 pub(crate) trait WriteBuffers: Sync {
     /// Register a buffer of `len` bytes under `itt` that starts with
     /// `prefix` (counted as landed; the rest not initialised).
-    fn expect(&self, itt: u32, prefix: Vec<u8>, len: usize);
+    fn expect(&self, itt: u32, prefix: IoBuf, len: usize);
     /// Copy `data` in at `offset`; false when there is no room for it.
     fn place(&self, itt: u32, offset: u64, data: &[u8]) -> bool;
     /// Take the registration back.
@@ -52,8 +53,9 @@ pub(crate) trait WriteBuffers: Sync {
 }
 
 impl WriteBuffers for ethersan_endpoint::Registrar {
-    fn expect(&self, itt: u32, prefix: Vec<u8>, len: usize) {
-        self.expect_prefix(itt, prefix, len)
+    fn expect(&self, itt: u32, prefix: IoBuf, len: usize) {
+        let (raw, start) = prefix.into_parts();
+        self.expect_prefix_at(itt, raw, start, len)
     }
     fn place(&self, itt: u32, offset: u64, data: &[u8]) -> bool {
         ethersan_endpoint::Registrar::place(self, itt, offset, data)
@@ -138,7 +140,7 @@ pub(crate) async fn run(
     let buffers = ch.buffers.take();
     let buffers = buffers.as_ref().map(|b| b as &dyn WriteBuffers);
     while let Some(ev) = ch.events.recv().await {
-        if matches!(ev, Event::Pdu(_)) {
+        if matches!(ev, Event::Pdu(_) | Event::WriteCommand(..)) {
             ch.read_ahead.taken();
         }
         let now = Instant::now();

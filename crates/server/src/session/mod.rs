@@ -29,7 +29,7 @@ use ethersan_proto::pdu::{
 };
 use ethersan_proto::seq::{Admission, CmdWindow};
 use ethersan_proto::transfer::WriteTransfer;
-use ethersan_scsi::{Nexus, ScsiResponse};
+use ethersan_scsi::{IoBuf, Nexus, ScsiResponse};
 use tracing::{debug, warn};
 
 use crate::registry::{AbortWaiter, Registry, SessionControl, TargetEntry};
@@ -97,6 +97,10 @@ pub(crate) struct SessionSetup {
 pub(crate) enum Event {
     /// A PDU arrived, or reading failed.
     Pdu(Result<RawPdu, ReadError>),
+    /// A SCSI write command arrived, its immediate data in an aligned
+    /// buffer of its own with room for the whole transfer (the PDU's
+    /// `data` is empty): see `PduReader::read_aligning`.
+    WriteCommand(RawPdu, IoBuf),
     /// A command finished executing.
     Done(u32, Finished),
     /// A message from the registry (another session's TMF, shutdown).
@@ -131,8 +135,9 @@ pub(crate) enum Output {
     Expect {
         /// The task's ITT.
         itt: u32,
-        /// The data so far (immediate data), the buffer's start.
-        prefix: Vec<u8>,
+        /// The data so far (immediate data), the buffer's start; aligned,
+        /// with room for the whole write.
+        prefix: IoBuf,
         /// The buffer's length: the command's expected length.
         len: usize,
     },
@@ -197,7 +202,8 @@ impl Releases {
 struct Task {
     cmd: ScsiCommand,
     cdb: Vec<u8>,
-    data: Vec<u8>,
+    /// A write's data so far (aligned once its whole buffer is reserved).
+    data: IoBuf,
     /// A write still collecting Data-Out.
     transfer: Option<WriteTransfer>,
     /// The command must fail with this sense instead of running.
@@ -407,7 +413,11 @@ impl Session {
         match ev {
             Event::Pdu(Ok(pdu)) => {
                 self.last_rx = self.now;
-                self.on_pdu(pdu)
+                self.on_pdu(pdu, None)
+            }
+            Event::WriteCommand(pdu, data) => {
+                self.last_rx = self.now;
+                self.on_pdu(pdu, Some(data))
             }
             Event::Pdu(Err(e)) => self.on_read_error(e),
             Event::Done(itt, resp) => {
@@ -546,7 +556,9 @@ impl Session {
         self.send(Pdu::Reject(rej), Bytes::copy_from_slice(&bhs.0));
     }
 
-    fn on_pdu(&mut self, raw: RawPdu) -> bool {
+    /// One PDU; `aligned`: a write command's immediate data, read into
+    /// an aligned buffer of its own (the PDU's `data` is then empty).
+    fn on_pdu(&mut self, raw: RawPdu, aligned: Option<IoBuf>) -> bool {
         let pdu = match Pdu::decode(&raw.bhs) {
             Ok(p) => p,
             Err(_) => {
@@ -564,7 +576,7 @@ impl Session {
             return true;
         }
         match pdu {
-            Pdu::ScsiCommand(cmd) => self.on_scsi_command(cmd, raw),
+            Pdu::ScsiCommand(cmd) => self.on_scsi_command(cmd, raw, aligned),
             Pdu::DataOut(d) => {
                 // A Data-Out header without its data segment: the data was
                 // placed (a byte stream always gives the segment).

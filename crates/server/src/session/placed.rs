@@ -10,6 +10,7 @@
 
 use ethersan_core::executor::check_condition;
 use ethersan_endpoint::PlacedBuf;
+use ethersan_scsi::IoBuf;
 use tracing::warn;
 
 use super::{Output, Session};
@@ -30,8 +31,17 @@ impl Session {
         }
         // Not zeroed: the rest of the buffer is readable only where data
         // lands (see `on_reclaimed`).
-        let prefix = std::mem::take(&mut task.data);
         let len = task.cmd.expected_len as usize;
+        // Aligned, with room for the whole write, so that it stays where
+        // it lands (a plain buffer moves here once, before any data is
+        // placed in it).
+        let mut prefix = std::mem::take(&mut task.data);
+        if !prefix.is_aligned() {
+            let mut b = IoBuf::aligned_with_capacity(len);
+            b.extend_from_slice(&prefix);
+            prefix = b;
+        }
+        prefix.reserve_total(len);
         task.placed = Some(Vec::new());
         self.outputs.push_back(Output::Expect { itt, prefix, len });
     }
@@ -98,7 +108,10 @@ impl Session {
             (None, Some(p)) => {
                 if task.fail.is_none() {
                     let len = p.len();
-                    task.data = p.into_data(len).unwrap_or_default();
+                    task.data = p
+                        .into_parts(len)
+                        .map(|(v, start)| IoBuf::from_parts(v, start))
+                        .unwrap_or_default();
                 }
             }
             (gap, _) => {

@@ -58,9 +58,9 @@ impl Session {
         task.reserved += more;
         self.budget.release_forced(std::mem::take(&mut task.forced));
         if task.cmd.write && task.room < want {
-            // Capacity for all of it, not zeroed: Data-Out fills it in
-            // order.
-            task.data.reserve_exact(want - task.data.len());
+            // Capacity for all of it, aligned, not zeroed: Data-Out fills
+            // it in order.
+            task.data.reserve_total(want);
             task.room = want;
         }
         true

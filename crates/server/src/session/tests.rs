@@ -45,8 +45,9 @@ struct Harness {
 struct Buffers(std::sync::Mutex<std::collections::HashMap<u32, PlacedBuf>>);
 
 impl super::driver::WriteBuffers for Buffers {
-    fn expect(&self, itt: u32, prefix: Vec<u8>, len: usize) {
-        let p = PlacedBuf::with_prefix(prefix, len);
+    fn expect(&self, itt: u32, prefix: ethersan_scsi::IoBuf, len: usize) {
+        let (raw, start) = prefix.into_parts();
+        let p = PlacedBuf::with_prefix_at(raw, start, len);
         self.0.lock().unwrap().insert(itt, p);
     }
     fn place(&self, itt: u32, offset: u64, data: &[u8]) -> bool {
