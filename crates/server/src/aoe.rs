@@ -36,7 +36,9 @@ use tracing::{info, warn};
 use crate::config::{AoeAddress, AoeLink, Config};
 use crate::registry::Registry;
 
+mod pool;
 mod state;
+use pool::Pool;
 use state::{load_config_string, save_config_string, state_file};
 
 /// Why the AoE target could not start.
@@ -427,34 +429,6 @@ fn respond(io: &IoRequest, result: Result<(&Arc<IoBuf>, usize), IoFailure>) -> R
 
 /// Most sectors one volume call carries for a run of commands (256 KiB).
 const MAX_RUN_SECTORS: u64 = 512;
-
-/// Buffers a link keeps for reuse (each up to a run's 256 KiB).
-const POOL_BUFFERS: usize = 64;
-
-/// A link's spare I/O buffers: a run's read or write data goes in one
-/// taken from here, and comes back when its answers are sent, so the data
-/// path allocates nothing per frame or per run once warm. They are
-/// aligned, so a run reaches an `O_DIRECT` store without a bounce copy.
-#[derive(Default)]
-struct Pool(Vec<IoBuf>);
-
-impl Pool {
-    fn take(&mut self) -> IoBuf {
-        self.0
-            .pop()
-            .unwrap_or_else(|| IoBuf::aligned_with_capacity(MAX_RUN_SECTORS as usize * 512))
-    }
-
-    fn put(&mut self, mut buf: IoBuf) {
-        if self.0.len() < POOL_BUFFERS
-            && buf.capacity() > 0
-            && buf.capacity() <= 2 * (MAX_RUN_SECTORS as usize) * 512 + 4096
-        {
-            buf.clear();
-            self.0.push(buf);
-        }
-    }
-}
 
 /// The sectors an I/O covers: (first, count); a flush covers none.
 fn extent(op: &IoOp) -> (u64, u64) {
