@@ -152,7 +152,7 @@ impl FileDevice {
     /// Bytes of writes that reached the `O_DIRECT` descriptor from
     /// unaligned memory and were copied to aligned memory first (a
     /// bounce), by either engine since the device was opened. Zero while
-    /// every write comes in an aligned [`IoBuf`](crate::IoBuf) (reads never
+    /// every write comes in an aligned [`IoBuf`] (reads never
     /// bounce: they land in aligned memory of their own buffer).
     pub fn bounced_bytes(&self) -> u64 {
         self.bounced.load(Ordering::Relaxed)
