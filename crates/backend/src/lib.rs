@@ -294,6 +294,14 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     /// [`Submission::Pending`]. Never blocks on the I/O: an engine that
     /// would have to wait answers `Pending` or `Blocking`.
     fn submit(&self, req: IoRequest, done: IoCompletion) -> Submission;
+    /// Whether a large read is better issued as several requests whose
+    /// data can be sent as each completes (cut-through): true where every
+    /// read waits for the device and completes asynchronously (io_uring
+    /// on an `O_DIRECT` store), so the first part can be on the wire while
+    /// the rest is still being read. Default: false (one request).
+    fn splits_reads(&self) -> bool {
+        false
+    }
     /// Hint that a range will be read soon (PRE-FETCH). Default: nothing.
     fn prefetch(&self, _offset: u64, _len: u64) -> Result<(), BackendError> {
         Ok(())

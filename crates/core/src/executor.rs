@@ -14,12 +14,14 @@
 //! (PREEMPT AND ABORT). Every command is counted on its LUN's and its
 //! initiator's [`IoCounters`].
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use ethersan_scsi::commands::{lookup, Op};
-use ethersan_scsi::{Nexus, ScsiCommand, ScsiResponse, ScsiStatus, ScsiTarget, Submitted};
+use ethersan_scsi::{
+    DataInSink, Nexus, ScsiCommand, ScsiResponse, ScsiStatus, ScsiTarget, Submitted,
+};
 
 use crate::counters::{CommandKind, IoCounters};
 
@@ -66,6 +68,24 @@ pub struct Command {
     /// When the transport started it (the latency counters measure from
     /// here; the transport has the time at hand already).
     pub started: Instant,
+    /// Where a large READ may send its data as it is read, before its
+    /// outcome (cut-through): called with the tag, each part in order and
+    /// the bytes the whole command produces. The outcome's `data_in` is
+    /// then only what is left after the parts. `None`: all of it comes
+    /// with the outcome.
+    pub early: Option<Early>,
+}
+
+/// Takes a READ's data ahead of its outcome ([`Command::early`]): the
+/// command's tag, one part of the data, the bytes the command produces.
+/// One per transport session, like [`Done`].
+#[derive(Clone)]
+pub struct Early(pub Arc<dyn Fn(u32, ethersan_scsi::IoBuf, usize) + Send + Sync>);
+
+impl std::fmt::Debug for Early {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Early(..)")
+    }
 }
 
 /// A finished command.
@@ -116,6 +136,8 @@ struct FinisherState {
     counting: Counting,
     tag: u32,
     done: Done,
+    /// Bytes of data handed over early ([`Command::early`]).
+    early_bytes: AtomicU64,
     /// Set by the first `finish`: if emulation panicked after handing the
     /// engine its completion, the engine's late call is ignored.
     fired: AtomicBool,
@@ -145,7 +167,9 @@ impl FinisherState {
             return None;
         }
         let bytes = match self.kind {
-            CommandKind::Read => response.data_in.len() as u64,
+            CommandKind::Read => {
+                response.data_in.len() as u64 + self.early_bytes.load(Ordering::Relaxed)
+            }
             CommandKind::Write => self.write_bytes,
             CommandKind::Other => 0,
         };
@@ -211,7 +235,16 @@ impl Executor {
             counting,
             tag: cmd.tag,
             done: done.clone(),
+            early_bytes: AtomicU64::new(0),
             fired: AtomicBool::new(false),
+        });
+        let early = cmd.early.map(|e| {
+            let (fin, tag) = (fin.clone(), cmd.tag);
+            DataInSink(Arc::new(move |part: ethersan_scsi::IoBuf, total| {
+                fin.early_bytes
+                    .fetch_add(part.len() as u64, Ordering::Relaxed);
+                (e.0)(tag, part, total)
+            }))
         });
         let initiator = cmd.initiator;
         let channel_level = cmd.channel_level;
@@ -226,12 +259,12 @@ impl Executor {
             // Everything, the submission too, on the blocking pool.
             let target = target.clone();
             pool.spawn(Box::new(move || {
-                let s = submit(&target, scsi, &initiator, channel_level, &fin);
+                let s = submit(&target, scsi, &initiator, channel_level, early, &fin);
                 fin.settle_here(s)
             }));
             return None;
         }
-        match submit(target, scsi, &initiator, channel_level, &fin) {
+        match submit(target, scsi, &initiator, channel_level, early, &fin) {
             Submitted::Done(r) => fin.outcome(r),
             Submitted::Pending => None,
             Submitted::Blocking(job) => {
@@ -249,6 +282,7 @@ fn submit(
     scsi: ScsiCommand,
     initiator: &str,
     channel_level: Option<u8>,
+    early: Option<DataInSink>,
     fin: &Arc<FinisherState>,
 ) -> Submitted {
     let completion = fin.clone();
@@ -259,6 +293,7 @@ fn submit(
                 ethersan_scsi::Requester {
                     initiator: Some(initiator),
                     channel_level,
+                    early: early.as_ref(),
                 },
                 Box::new(move |r| completion.finish(r)),
             )

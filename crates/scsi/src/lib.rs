@@ -138,6 +138,30 @@ impl LunAccess {
 /// (called once, on the engine's completion thread: it must be quick).
 pub type ScsiCompletion = Box<dyn FnOnce(ScsiResponse) + Send>;
 
+/// Where a READ's data may go before its status (cut-through, see
+/// [`Requester::early`]): called with each part of the data in order, and
+/// with how many bytes the whole command produces, from the engine's
+/// completion thread (it must be quick). The parts handed here are not in
+/// the final response, which carries only the rest of the data (its
+/// `data_in` is what is left after them) and the status.
+#[derive(Clone)]
+pub struct DataInSink(pub std::sync::Arc<dyn Fn(IoBuf, usize) + Send + Sync>);
+
+/// The same sink (one allocation), not equal behaviour.
+impl PartialEq for DataInSink {
+    fn eq(&self, other: &DataInSink) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for DataInSink {}
+
+impl std::fmt::Debug for DataInSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DataInSink(..)")
+    }
+}
+
 /// The blocking remainder of a command: runs it and returns its response.
 pub type ScsiJob = Box<dyn FnOnce() -> ScsiResponse + Send>;
 

@@ -13,7 +13,8 @@ use crate::missing_lun::plain_check;
 use crate::report_luns::report_luns;
 use crate::sense::Sense;
 use crate::{
-    LunAccess, Nexus, ResetKind, ScsiCommand, ScsiCompletion, ScsiResponse, ScsiStatus, Submitted,
+    DataInSink, LunAccess, Nexus, ResetKind, ScsiCommand, ScsiCompletion, ScsiResponse, ScsiStatus,
+    Submitted,
 };
 
 /// Who may use one LUN (LUN masking and per-initiator write protection),
@@ -42,6 +43,10 @@ pub struct Requester<'a> {
     /// The native transport channel's security level; `None` for other
     /// transports.
     pub channel_level: Option<u8>,
+    /// Where a large READ may send its data as it is read, before the
+    /// status (cut-through; see [`DataInSink`]). `None`: the whole data
+    /// comes in the response.
+    pub early: Option<&'a DataInSink>,
 }
 
 impl<'a> Requester<'a> {
@@ -50,6 +55,7 @@ impl<'a> Requester<'a> {
         Requester {
             initiator,
             channel_level: None,
+            early: None,
         }
     }
 }
@@ -344,14 +350,14 @@ impl ScsiTarget {
             }
         }
         if opcode != 0x83 && opcode != 0x84 {
-            return lu.submit(cmd, done);
+            return lu.submit(cmd, who.early, done);
         }
         let def = match lu.precheck(&cmd.request()) {
             Ok(d) => d,
             Err(resp) => return Submitted::Done(resp),
         };
         if !matches!(def.op, Op::ExtendedCopy | Op::ReceiveCopyResults) {
-            return lu.submit(cmd, done);
+            return lu.submit(cmd, who.early, done);
         }
         // Only the LUNs this initiator may see and write (the LIO
         // CVE-2020-28374 lesson: a copy must not reach any other).
@@ -745,6 +751,7 @@ mod tests {
             let who = super::Requester {
                 initiator: Some(name),
                 channel_level: level,
+                early: None,
             };
             let cmd = ScsiCommand {
                 nexus: A,

@@ -63,6 +63,7 @@ fn cmd(cdb: &[u8], data: Vec<u8>, expected_len: u32) -> Command {
         expected_len,
         tag: 7,
         started: std::time::Instant::now(),
+        early: None,
     }
 }
 

@@ -19,6 +19,7 @@
 //! (reservations and target port groups shared with the other gateways
 //! that export the same store; REPORT/SET TARGET PORT GROUPS).
 
+mod cut_through;
 mod gate;
 mod inquiry;
 mod io;

@@ -19,13 +19,20 @@ use super::{CmdResult, LogicalUnit, Reply};
 use crate::cdb::BlockCdb;
 use crate::commands::{CommandDef, Op};
 use crate::sense::codes;
-use crate::{ScsiCommand, ScsiCompletion, ScsiResponse, Submitted};
+use crate::{DataInSink, ScsiCommand, ScsiCompletion, ScsiResponse, Submitted};
 
 impl LogicalUnit {
     /// Run `cmd` (see the module documentation). `done` is called exactly
     /// once, with the response, if and only if the answer is
     /// [`Submitted::Pending`].
-    pub(crate) fn submit(self: &Arc<Self>, cmd: ScsiCommand, done: ScsiCompletion) -> Submitted {
+    /// `early` takes a large READ's data as it is read (cut-through, see
+    /// [`DataInSink`]) where the engine gains from that.
+    pub(crate) fn submit(
+        self: &Arc<Self>,
+        cmd: ScsiCommand,
+        early: Option<&DataInSink>,
+        done: ScsiCompletion,
+    ) -> Submitted {
         let req = cmd.request();
         let def = match self.precheck(&req) {
             Ok(d) => d,
@@ -33,7 +40,7 @@ impl LogicalUnit {
         };
         match def.op {
             Op::Read | Op::Write | Op::WriteVerify | Op::SyncCache => {
-                self.submit_io(def, cmd, done)
+                self.submit_io(def, cmd, early, done)
             }
             Op::TestUnitReady
             | Op::Inquiry
@@ -54,6 +61,7 @@ impl LogicalUnit {
         self: &Arc<Self>,
         def: &'static CommandDef,
         cmd: ScsiCommand,
+        early: Option<&DataInSink>,
         done: ScsiCompletion,
     ) -> Submitted {
         let data_out_len = self.reported_data_out_len(def, &cmd.cdb);
@@ -89,6 +97,11 @@ impl LogicalUnit {
                 }
             }
         };
+        if let (Plan::Read(off, len), Some(sink)) = (&plan, early) {
+            if *len >= 2 * super::cut_through::PIECE && self.vol.device().splits_reads() {
+                return self.read_cut_through(*off, *len, sink.clone(), data_out_len, done);
+            }
+        }
         let range = match plan {
             Plan::Flush => None,
             Plan::Read(off, len) | Plan::Write(off, len, _) => Some((off, len as u64)),
@@ -124,7 +137,7 @@ impl LogicalUnit {
     }
 
     /// The response for an engine outcome.
-    fn io_response(
+    pub(super) fn io_response(
         &self,
         r: IoResult,
         write: bool,

@@ -44,6 +44,12 @@ pub(crate) struct TestDevice {
     pub(crate) prefetches: AtomicUsize,
     /// [`ANSWER_DONE`], [`ANSWER_BLOCKING`] or [`ANSWER_PENDING`].
     pub(crate) answer: AtomicU8,
+    /// What [`BlockDevice::splits_reads`] says.
+    pub(crate) split: AtomicBool,
+    /// A read that covers this byte fails.
+    pub(crate) fail_read_at: Mutex<Option<u64>>,
+    /// Every read, `(offset, len)`, in order of submission.
+    pub(crate) reads: Mutex<Vec<(u64, usize)>>,
 }
 
 impl TestDevice {
@@ -57,6 +63,9 @@ impl TestDevice {
             flushes: AtomicUsize::new(0),
             prefetches: AtomicUsize::new(0),
             answer: AtomicU8::new(ANSWER_DONE),
+            split: AtomicBool::new(false),
+            fail_read_at: Mutex::new(None),
+            reads: Mutex::new(Vec::new()),
         }
     }
 }
@@ -70,7 +79,13 @@ impl TestDevice {
     fn run(&self, req: IoRequest) -> IoResult {
         match req {
             IoRequest::Read { offset, len, .. } => {
-                if self.fail_reads.load(Ordering::Relaxed) || offset + len as u64 > DEV_BYTES {
+                self.reads.lock().unwrap().push((offset, len));
+                let bad = *self.fail_read_at.lock().unwrap();
+                let hits_bad = bad.is_some_and(|b| (offset..offset + len as u64).contains(&b));
+                if self.fail_reads.load(Ordering::Relaxed)
+                    || hits_bad
+                    || offset + len as u64 > DEV_BYTES
+                {
                     return Err(BackendError::Read {
                         offset,
                         cause: io_error(),
@@ -124,6 +139,9 @@ impl BlockDevice for TestDevice {
             }
             _ => Submission::Done(r),
         }
+    }
+    fn splits_reads(&self) -> bool {
+        self.split.load(Ordering::Relaxed)
     }
     fn prefetch(&self, _offset: u64, _len: u64) -> Result<(), BackendError> {
         self.prefetches.fetch_add(1, Ordering::Relaxed);

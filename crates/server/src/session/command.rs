@@ -2,21 +2,22 @@
 //! and its immediate data, its turn in CmdSN order, R2Ts and Data-Out,
 //! handing it to the target core's executor, and Data-In and status.
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 use ethersan_core::executor::{check_condition, Command, Counting, Finished};
 use ethersan_core::task_set::TaskAttr as SamAttr;
 use ethersan_proto::pdu::{
-    self, lun_from_wire, reject_reason, DataIn, DataOut, Pdu, RawPdu, ScsiCommand, TaskAttr,
-    RESERVED_TAG,
+    self, lun_from_wire, reject_reason, DataOut, Pdu, RawPdu, ScsiCommand, TaskAttr, RESERVED_TAG,
 };
-use ethersan_proto::transfer::{data_in_segments, TransferLimits, WriteTransfer};
+use ethersan_proto::transfer::{TransferLimits, WriteTransfer};
 use ethersan_scsi::commands::Op;
-use ethersan_scsi::{IoBuf, Nexus, ScsiResponse, ScsiStatus};
+use ethersan_scsi::{IoBuf, Nexus, ScsiStatus};
 use tracing::{debug, warn};
 
-use super::{Event, Ordered, Output, Releases, Session, Task, MAX_EDTL};
+use super::{Event, Ordered, Output, Session, Task, MAX_EDTL};
+
+/// Reads at least this long may send their data as it is read (the
+/// target core splits reads of two pieces or more, 512 KiB).
+const EARLY_MIN: u32 = 512 * 1024;
 
 impl Session {
     /// A SCSI Command PDU; its immediate data is in `raw.data`, or in
@@ -140,6 +141,7 @@ impl Session {
             room,
             start_waiting: false,
             placed: None,
+            streamed: None,
         };
         if self
             .tasks
@@ -341,6 +343,11 @@ impl Session {
             expected_len: task.cmd.expected_len,
             tag: itt,
             started: self.now,
+            // Large reads only: the target core splits nothing shorter.
+            early: self
+                .early
+                .clone()
+                .filter(|_| task.cmd.read && task.cmd.expected_len >= EARLY_MIN),
         };
         let counting = Counting {
             lun: target.lun_counters(lun),
@@ -386,7 +393,7 @@ impl Session {
             self.abort_preempted(lun_from_wire(task.cmd.lun), finished.preempted);
         }
         if !done.aborted {
-            self.respond(&task, resp);
+            self.respond(&mut task, resp);
         }
         for (req, response) in done.tmfs_done {
             self.send_tmf_response(req, response);
@@ -418,123 +425,11 @@ impl Session {
             );
         }
     }
-
-    /// Send Data-In and status for a finished command.
-    pub(super) fn respond(&mut self, task: &Task, resp: ScsiResponse) {
-        let cmd = &task.cmd;
-        let edtl = cmd.expected_len as usize;
-        let produced = resp.data_in.len();
-        let (send_len, overflow, underflow, residual) = if cmd.read || produced > 0 {
-            if produced > edtl {
-                (edtl, true, false, (produced - edtl) as u32)
-            } else if produced < edtl && resp.status == ScsiStatus::Good {
-                (produced, false, true, (edtl - produced) as u32)
-            } else {
-                (produced, false, false, 0)
-            }
-        } else if cmd.write {
-            // Writes: residuals compare the CDB's transfer length (SPDTL,
-            // reported by the SCSI layer) with the expected length.
-            match resp.data_out_len {
-                Some(w) if w > edtl => (0, true, false, (w - edtl) as u32),
-                Some(w) if w < edtl => (0, false, true, (edtl - w) as u32),
-                _ => (0, false, false, 0),
-            }
-        } else {
-            (0, false, edtl > 0, edtl as u32)
-        };
-        let data = if task.reserved > 0 {
-            // The budget gets the bytes back when the writer has sent them.
-            Bytes::from_owner(HeldData {
-                data: resp.data_in,
-                release: Some((task.reserved, self.releases.clone())),
-            })
-        } else {
-            // The engine's buffer itself: no copy.
-            resp.data_in.into_bytes()
-        };
-        let collapse = resp.status == ScsiStatus::Good && resp.sense.is_empty() && send_len > 0;
-        let p = &self.setup.params;
-        let segs: Vec<_> =
-            data_in_segments(send_len as u32, p.max_data_in_segment(), p.max_burst_length)
-                .collect();
-        let nsegs = segs.len() as u32;
-        for seg in segs {
-            let status_here = collapse && seg.last;
-            let din = DataIn {
-                final_bit: seg.final_bit,
-                ack: false,
-                overflow: status_here && overflow,
-                underflow: status_here && underflow,
-                status_present: status_here,
-                status: resp.status as u8,
-                lun: if status_here { 0 } else { cmd.lun },
-                itt: cmd.itt,
-                ttt: RESERVED_TAG,
-                stat_sn: if status_here { self.next_stat_sn() } else { 0 },
-                exp_cmd_sn: self.window.exp_cmd_sn(),
-                max_cmd_sn: self.window.max_cmd_sn(),
-                data_sn: seg.data_sn,
-                buffer_offset: seg.offset,
-                residual: if status_here { residual } else { 0 },
-            };
-            let chunk = data.slice(seg.offset as usize..(seg.offset + seg.len) as usize);
-            self.send(Pdu::DataIn(din), chunk);
-        }
-        if collapse {
-            return;
-        }
-        let sense = if resp.sense.is_empty() {
-            Bytes::new()
-        } else {
-            let mut s = Vec::with_capacity(resp.sense.len() + 2);
-            s.extend_from_slice(&(resp.sense.len() as u16).to_be_bytes());
-            s.extend_from_slice(&resp.sense);
-            Bytes::from(s)
-        };
-        // ExpDataSN: Data-In PDUs sent for a read, R2Ts for a write (§11.4.8).
-        let exp_data_sn = if cmd.read { nsegs } else { task.r2t_count };
-        let r = pdu::ScsiResponse {
-            overflow,
-            underflow,
-            response: 0,
-            status: resp.status as u8,
-            itt: cmd.itt,
-            stat_sn: self.next_stat_sn(),
-            exp_cmd_sn: self.window.exp_cmd_sn(),
-            max_cmd_sn: self.window.max_cmd_sn(),
-            exp_data_sn,
-            residual,
-            ..Default::default()
-        };
-        self.send(Pdu::ScsiResponse(r), sense);
-    }
-}
-
-/// A read's Data-In buffer; dropping it (the writer sent the last of it)
-/// gives its bytes back to the session's budget.
-struct HeldData {
-    data: IoBuf,
-    release: Option<(usize, Arc<Releases>)>,
-}
-
-impl AsRef<[u8]> for HeldData {
-    fn as_ref(&self) -> &[u8] {
-        &self.data
-    }
-}
-
-impl Drop for HeldData {
-    fn drop(&mut self) {
-        if let Some((n, releases)) = self.release.take() {
-            releases.release(n);
-        }
-    }
 }
 
 /// Sense data for a log line: `KEY/ASCh/ASCQh` (`6/29h/00h`), from fixed
 /// or descriptor format; `none` without sense data.
-struct SenseSummary<'a>(&'a [u8]);
+pub(super) struct SenseSummary<'a>(pub(super) &'a [u8]);
 
 impl std::fmt::Display for SenseSummary<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use ethersan_core::executor::{BlockingPool, Done, Executor, Finished};
+use ethersan_core::executor::{BlockingPool, Done, Early, Executor, Finished};
 use ethersan_scsi::IoBuf;
 use tokio::sync::{mpsc, Notify};
 
@@ -137,6 +137,10 @@ pub(crate) async fn run(
     let done: Done = Arc::new(move |itt, f| {
         let _ = events_tx.send(Event::Done(itt, f));
     });
+    let early_tx = ch.events_tx.clone();
+    session.set_early(Early(Arc::new(move |itt, part, total| {
+        let _ = early_tx.send(Event::Early(itt, part, total));
+    })));
     let buffers = ch.buffers.take();
     let buffers = buffers.as_ref().map(|b| b as &dyn WriteBuffers);
     while let Some(ev) = ch.events.recv().await {

@@ -24,6 +24,7 @@ impl Session {
                 ethersan_scsi::Requester {
                     initiator: Some(initiator),
                     channel_level: self.setup.channel_level,
+                    early: None,
                 },
             )
         });

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use ethersan_core::budget::MemoryBudget;
 use ethersan_core::counters::IoCounters;
-use ethersan_core::executor::Finished;
+use ethersan_core::executor::{Early, Finished};
 use ethersan_core::task_set::{AbortScope, TaskSet, TmfResponse};
 use ethersan_proto::negotiate::SessionParams;
 use ethersan_proto::pdu::{
@@ -39,6 +39,7 @@ use crate::wire::{Frame, ReadError, WriterMsg};
 type FxHashMap<K, V> = HashMap<K, V, BuildHasherDefault<rustc_hash::FxHasher>>;
 
 mod command;
+mod datain;
 pub(crate) mod driver;
 mod management;
 #[cfg(test)]
@@ -103,6 +104,9 @@ pub(crate) enum Event {
     WriteCommand(RawPdu, IoBuf),
     /// A command finished executing.
     Done(u32, Finished),
+    /// Part of a READ's data, ahead of its outcome (cut-through): the
+    /// ITT, the data, and the bytes the whole command produces.
+    Early(u32, IoBuf, usize),
     /// A message from the registry (another session's TMF, shutdown).
     Control(SessionControl),
     /// Periodic timer for NOP-In pings.
@@ -223,6 +227,8 @@ struct Task {
     /// Its buffer is registered for placed Data-Out: the ranges
     /// `(offset, len)` the placed Data-Out headers announced so far.
     placed: Option<Vec<(u32, u32)>>,
+    /// A READ's data handed over ahead of its outcome, not all sent yet.
+    streamed: Option<datain::Streamed>,
 }
 
 /// Items ordered by the CmdSN window.
@@ -277,6 +283,9 @@ pub(crate) struct Session {
     /// request, still running, and the waiter to drop when they end.
     abort_waiters: Vec<(Vec<u32>, AbortWaiter)>,
     closing: bool,
+    /// Takes READ data ahead of the outcome (cut-through); set by the
+    /// driver, `None` in tests that run the session by hand.
+    early: Option<Early>,
     /// Why the session ended, once it has (its end line says it).
     end_reason: Option<&'static str>,
 }
@@ -318,8 +327,15 @@ impl Session {
             others_aborting: FxHashMap::default(),
             abort_waiters: Vec::new(),
             closing: false,
+            early: None,
             end_reason: None,
         }
+    }
+
+    /// Send large READs' data as it is read, through `early` (it turns
+    /// each part into an [`Event::Early`]).
+    pub(crate) fn set_early(&mut self, early: Early) {
+        self.early = Some(early);
     }
 
     /// The nexus starts: every LU learns of it (POWER ON unit attention).
@@ -423,6 +439,10 @@ impl Session {
             Event::Done(itt, resp) => {
                 self.on_done(itt, resp);
                 self.goes_on()
+            }
+            Event::Early(itt, part, total) => {
+                self.on_early(itt, part, total);
+                true
             }
             Event::Control(SessionControl::AbortLun(lun, waiter)) => {
                 let running = self.abort_tasks(lun.map_or(AbortScope::All, AbortScope::Lun));

@@ -38,6 +38,9 @@ struct Harness {
     cmd_sn: u32,
     /// The channel's registrations, for a session that places writes.
     buffers: Option<Buffers>,
+    /// Outcomes and early data of commands that did not finish at once,
+    /// for a harness whose LUN answers later (`None`: RAM, at once).
+    later: Option<Arc<std::sync::Mutex<Vec<Event>>>>,
 }
 
 /// Registrations kept as a channel's are (`Registrar`'s stand-in).
@@ -98,7 +101,10 @@ impl Harness {
     }
 
     fn with(memory_budget: usize, placed_writes: bool) -> Harness {
-        let t = target();
+        Harness::over(target(), memory_budget, placed_writes)
+    }
+
+    fn over(t: Arc<TargetEntry>, memory_budget: usize, placed_writes: bool) -> Harness {
         let registry = Arc::new(Registry::new(vec![t.clone()], vec![]));
         let params = SessionParams {
             initiator_name: "iqn.2026-11.org.ethersan:i".into(),
@@ -143,6 +149,7 @@ impl Harness {
             closed: false,
             cmd_sn: 1,
             buffers: placed_writes.then(Buffers::default),
+            later: None,
         };
         // The POWER ON unit attention.
         let itt = h.command(0x900, &[0; 6], &[], 0, false, TaskAttr::Simple);
@@ -162,8 +169,13 @@ impl Harness {
             WriterMsg::Close => *closed = true,
             WriterMsg::Digests { .. } => {}
         };
-        let done: ethersan_core::executor::Done =
-            Arc::new(|_, _| panic!("a RAM command finishes at once"));
+        let done: ethersan_core::executor::Done = match &self.later {
+            Some(later) => {
+                let later = later.clone();
+                Arc::new(move |itt, f| later.lock().unwrap().push(Event::Done(itt, f)))
+            }
+            None => Arc::new(|_, _| panic!("a RAM command finishes at once")),
+        };
         super::driver::settle(
             &mut self.s,
             &self.executor,
@@ -274,6 +286,8 @@ impl Harness {
         }
     }
 }
+
+mod stream;
 
 fn write10(lba: u32, blocks: u16) -> Vec<u8> {
     let mut c = vec![0x2a, 0, 0, 0, 0, 0, 0, 0, 0, 0];
