@@ -2,8 +2,50 @@
 //! transfers continued, completions reaped into `ready` for the owner to
 //! run. The lifetime invariants are those of the parent module: every
 //! buffer and descriptor stays in `ops` until its CQE has arrived.
+//!
+//! **Merging.** A request's SQE is built when the ring is entered, not
+//! when it arrives, so the requests of one turn of the owner's work (the
+//! commands of several sessions that became ready together) are seen
+//! together: a run of reads, or of writes with the same FUA, to the same
+//! store, each starting where the one before ends, goes to the kernel as
+//! one vectored request (`READV`/`WRITEV` over the requests' own buffers,
+//! no copy) — what the block layer's plugging does for a local batch, done
+//! here for commands that arrive one by one. The outcome is split back: a
+//! full transfer finishes every request; anything else (a short transfer,
+//! an error) gives each request the bytes that reached it, and the rest of
+//! each goes on alone, so errors and their offsets are each request's
+//! own. Only requests up to [`MERGE_OP`] join (larger ones are already the
+//! size the device takes best, and a cut-through read's pieces must finish
+//! one after another), up to [`MERGE_BYTES`] and [`MERGE_OPS`] per run.
 
 use super::*;
+
+/// Requests larger than this go alone.
+pub(super) const MERGE_OP: usize = 128 * 1024;
+/// Most bytes in one merged request.
+pub(super) const MERGE_BYTES: usize = 1024 * 1024;
+/// Most requests in one merged request.
+pub(super) const MERGE_OPS: usize = 64;
+/// `user_data` bit of a merged request (its index in `groups` below it).
+const GROUP_TOKEN: u64 = 1 << 62;
+
+/// Requests in the kernel as one vectored request.
+struct Group {
+    /// Indices into `ops`, in offset order.
+    members: Vec<usize>,
+    /// The iovecs the SQE points to (into the members' buffers); their
+    /// heap array stays unmoved until the group's CQE.
+    iov: IoVecs,
+    total: usize,
+}
+
+/// A merged request's iovecs.
+struct IoVecs(Vec<libc::iovec>);
+
+// SAFETY: the pointers point into the buffers of ops owned by the same
+// `Core` (never shared), so they go to another thread only together with
+// what they point to; nothing reads through them but the kernel.
+unsafe impl Send for IoVecs {}
 
 /// A buffer the kernel may be using.
 enum Buf {
@@ -47,6 +89,16 @@ enum Kind {
     Flush,
 }
 
+impl Op {
+    /// The descriptor its transfers use.
+    fn fd(&self) -> RawFd {
+        match (&self.files.direct, self.direct) {
+            (Some(d), true) => d.as_raw_fd(),
+            _ => self.files.buffered.as_raw_fd(),
+        }
+    }
+}
+
 /// One request in the kernel.
 struct Op {
     kind: Kind,
@@ -78,6 +130,15 @@ pub(super) struct Core {
     max_in_flight: usize,
     /// Requests received but not yet in the ring (in-flight limit).
     pub(super) backlog: VecDeque<Job>,
+    /// Requests started whose SQEs are built at the next `enter` (where
+    /// adjacent ones merge).
+    unsent: Vec<usize>,
+    /// Merged requests in the kernel, by index.
+    groups: Vec<Option<Group>>,
+    free_groups: Vec<usize>,
+    /// Requests that went to the kernel inside a merged one (a count for
+    /// tests and diagnostics).
+    pub(super) merged: u64,
     /// Finished requests whose completions have not run yet.
     pub(super) ready: Vec<(IoCompletion, IoResult)>,
     /// The eventfd read (`WAKE_TOKEN`) completed since the owner looked.
@@ -98,6 +159,10 @@ impl Core {
             in_flight: 0,
             max_in_flight,
             backlog: VecDeque::new(),
+            unsent: Vec::new(),
+            groups: Vec::new(),
+            free_groups: Vec::new(),
+            merged: 0,
             ready: Vec::new(),
             wake_seen: false,
         })
@@ -118,6 +183,7 @@ impl Core {
     /// moves them to the queue). False when entries are still queued (the
     /// kernel said to try again): the owner must enter again later.
     pub(super) fn enter(&mut self) -> bool {
+        self.flush_unsent();
         let sq = self.ring.submission();
         if sq.is_empty() && !sq.cq_overflow() {
             return true;
@@ -135,7 +201,9 @@ impl Core {
     pub(super) fn push(&mut self, entry: io_uring::squeue::Entry) {
         loop {
             // SAFETY: every buffer an entry points to is owned by `self.ops`
-            // (or is the ring thread's boxed eventfd counter) and stays
+            // (a merged request's iovec array by `self.groups`, its
+            // iovecs pointing into ops' buffers; or it is the ring
+            // thread's boxed eventfd counter) and stays
             // there, unmoved, until the entry's CQE is reaped; the
             // descriptors are held by the op (`Op::files`) or by the ring
             // thread until then; and a core is never dropped with I/O in
@@ -221,22 +289,120 @@ impl Core {
             }
         };
         self.in_flight += 1;
-        self.submit_op(idx);
+        self.unsent.push(idx);
+    }
+
+    /// Build the SQEs of the started requests, merging runs of adjacent
+    /// ones (see the module documentation).
+    pub(super) fn flush_unsent(&mut self) {
+        let unsent = std::mem::take(&mut self.unsent);
+        let mut i = 0;
+        while i < unsent.len() {
+            let mut j = i + 1;
+            let mut total = self.op(unsent[i]).len;
+            while j < unsent.len() && j - i < MERGE_OPS {
+                let next = self.op(unsent[j]).len;
+                if total + next > MERGE_BYTES || !self.joins(unsent[j - 1], unsent[j]) {
+                    break;
+                }
+                total += next;
+                j += 1;
+            }
+            if j - i == 1 {
+                self.submit_op(unsent[i]);
+            } else {
+                self.submit_group(unsent[i..j].to_vec(), total);
+            }
+            i = j;
+        }
+    }
+
+    fn op(&self, idx: usize) -> &Op {
+        self.ops[idx].as_ref().expect("op in flight")
+    }
+
+    /// Whether op `b` can follow op `a` in one vectored request.
+    fn joins(&self, a: usize, b: usize) -> bool {
+        let (a, b) = (self.op(a), self.op(b));
+        a.kind == b.kind
+            && a.kind != Kind::Flush
+            && a.fua == b.fua
+            && a.direct == b.direct
+            && Arc::ptr_eq(&a.files, &b.files)
+            && a.done_bytes == 0
+            && b.done_bytes == 0
+            && a.len <= MERGE_OP
+            && b.len <= MERGE_OP
+            && a.offset + a.len as u64 == b.offset
+    }
+
+    /// Push one vectored SQE for `members` (adjacent, in order).
+    fn submit_group(&mut self, members: Vec<usize>, total: usize) {
+        let mut iov = Vec::with_capacity(members.len());
+        for &m in &members {
+            let op = self.ops[m].as_mut().expect("op in flight");
+            iov.push(libc::iovec {
+                iov_base: op.buf.ptr_at(0).cast(),
+                iov_len: op.len,
+            });
+        }
+        let first = self.op(members[0]);
+        let fd = types::Fd(first.fd());
+        let (offset, kind, fua) = (first.offset, first.kind, first.fua);
+        let group = Group {
+            members,
+            iov: IoVecs(iov),
+            total,
+        };
+        let gidx = match self.free_groups.pop() {
+            Some(g) => {
+                self.groups[g] = Some(group);
+                g
+            }
+            None => {
+                self.groups.push(Some(group));
+                self.groups.len() - 1
+            }
+        };
+        let g = self.groups[gidx].as_ref().expect("just stored");
+        self.merged += g.members.len() as u64;
+        let (ptr, n) = (g.iov.0.as_ptr(), g.iov.0.len() as u32);
+        let entry = if kind == Kind::Read {
+            opcode::Readv::new(fd, ptr, n).offset(offset).build()
+        } else {
+            let flags = if fua { libc::RWF_DSYNC } else { 0 };
+            opcode::Writev::new(fd, ptr, n)
+                .offset(offset)
+                .rw_flags(flags)
+                .build()
+        };
+        self.push(entry.user_data(GROUP_TOKEN | gidx as u64));
+    }
+
+    /// A merged request's CQE: every member done, or each takes the bytes
+    /// that reached it and goes on alone.
+    fn on_group_cqe(&mut self, gidx: usize, res: i32) {
+        let g = self.groups[gidx].take().expect("CQE for a group in flight");
+        self.free_groups.push(gidx);
+        let mut moved = usize::try_from(res).unwrap_or(0);
+        let full = moved == g.total;
+        for m in g.members {
+            let op = self.ops[m].as_mut().expect("op in flight");
+            let k = moved.min(op.len);
+            moved -= k;
+            op.done_bytes = k;
+            if full || k == op.len {
+                self.finish(m, Ok(()));
+            } else {
+                self.submit_op(m);
+            }
+        }
     }
 
     /// Push the SQE for the rest of op `idx`.
     fn submit_op(&mut self, idx: usize) {
         let op = self.ops[idx].as_mut().expect("op in flight");
-        let fd = if op.direct {
-            op.files
-                .direct
-                .as_ref()
-                .unwrap_or(&op.files.buffered)
-                .as_raw_fd()
-        } else {
-            op.files.buffered.as_raw_fd()
-        };
-        let fd = types::Fd(fd);
+        let fd = types::Fd(op.fd());
         let at = op.offset + op.done_bytes as u64;
         let rest = (op.len - op.done_bytes).min(u32::MAX as usize) as u32;
         let done = op.done_bytes;
@@ -269,6 +435,10 @@ impl Core {
             let token = cqe.user_data();
             if token == WAKE_TOKEN {
                 self.wake_seen = true;
+                continue;
+            }
+            if token & GROUP_TOKEN != 0 {
+                self.on_group_cqe((token & !GROUP_TOKEN) as usize, cqe.result());
                 continue;
             }
             self.on_cqe(token as usize, cqe.result());
@@ -364,6 +534,7 @@ impl Drop for Core {
     fn drop(&mut self) {
         loop {
             self.start_backlog();
+            self.flush_unsent();
             run_ready(std::mem::take(&mut self.ready));
             if self.in_flight == 0 && self.backlog.is_empty() {
                 return;

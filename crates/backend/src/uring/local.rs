@@ -179,6 +179,12 @@ impl LocalRing {
     pub fn in_flight(&self) -> usize {
         LOCAL.with(|cell| cell.borrow().as_ref().map_or(0, |l| l.core.in_flight))
     }
+
+    /// Requests that went to the kernel as part of a merged request so far
+    /// (see the engine's merging).
+    pub fn merged(&self) -> u64 {
+        LOCAL.with(|cell| cell.borrow().as_ref().map_or(0, |l| l.core.merged))
+    }
 }
 
 impl Drop for LocalRing {

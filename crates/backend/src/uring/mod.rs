@@ -23,7 +23,10 @@
 //!   eventfd readable, which completes the outstanding read.
 //!
 //! Either ring turns requests into SQEs (READ, WRITE with `RWF_DSYNC` for
-//! FUA, FSYNC with DATASYNC for a flush), continues short transfers, maps
+//! FUA, FSYNC with DATASYNC for a flush) when it enters the kernel, so a
+//! run of adjacent requests queued in one turn goes as one `READV` or
+//! `WRITEV` and is split back on completion (see `core`'s merging),
+//! continues short transfers, maps
 //! errors to [`BackendError`] exactly as the blocking engine does (so
 //! ENOSPC and EIO keep their sense codes), and calls each request's
 //! completion. Every buffer (and the descriptors) stays in the ring's table
@@ -259,6 +262,7 @@ impl RingThread {
                 self.core.backlog.push_back(job);
             }
             self.core.start_backlog();
+            self.core.flush_unsent();
             run_ready(std::mem::take(&mut self.core.ready));
             if shutdown
                 && self.core.in_flight == 0

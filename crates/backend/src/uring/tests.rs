@@ -348,3 +348,97 @@ fn dropping_a_local_ring_waits_for_its_io_and_runs_the_completions() {
         0
     );
 }
+
+#[test]
+fn adjacent_requests_of_one_turn_go_as_one_and_come_back_each_with_its_data() {
+    let dir = tempfile::tempdir().unwrap();
+    // Direct: buffered requests finish inline from the page cache.
+    {
+        let direct = true;
+        let d = open(
+            &dir.path().join(format!("m{direct}")),
+            Some(16 << 20),
+            false,
+            direct,
+        );
+        let ring = super::LocalRing::install(64).unwrap();
+        let (tx, rx) = mpsc::channel();
+        // The first finds the ring idle and goes in at once; the others
+        // wait for the turn and merge: 8 writes of 64K, then (elsewhere)
+        // a FUA write that must not join them, then 4 writes of 256K
+        // that are too large to join.
+        let mut sizes = vec![(0u64, 4096usize, false)];
+        sizes.extend((0..8).map(|i| (65536 + i * 65536, 65536, false)));
+        sizes.push((65536 + 8 * 65536, 65536, true));
+        sizes.extend((0..4).map(|i| ((4 << 20) + i * 262144, 262144, false)));
+        for (i, &(off, len, fua)) in sizes.iter().enumerate() {
+            let tx = tx.clone();
+            let req = IoRequest::Write {
+                offset: off,
+                data: crate::IoBuf::aligned_copy_of(&pattern(len, i as u8)),
+                len,
+                fua,
+            };
+            d.submit(req, Box::new(move |r| tx.send(r.is_ok()).unwrap()));
+        }
+        turn_until(&ring, sizes.len());
+        assert!((0..sizes.len()).all(|_| rx.recv().unwrap()));
+        assert_eq!(
+            ring.merged(),
+            8,
+            "direct {direct}: the 64K run, not the FUA one"
+        );
+        // Reads of the same ranges in one turn: the same run merges.
+        let (tx, rx) = mpsc::channel();
+        for (i, &(off, len, _)) in sizes.iter().enumerate() {
+            let tx = tx.clone();
+            d.submit(
+                IoRequest::read(off, len),
+                Box::new(move |r| tx.send((i, r.unwrap())).unwrap()),
+            );
+        }
+        turn_until(&ring, sizes.len());
+        for _ in 0..sizes.len() {
+            let (i, got) = rx.recv().unwrap();
+            assert!(
+                got == pattern(sizes[i].1, i as u8),
+                "direct {direct}: request {i}"
+            );
+        }
+        // 8 64K reads and the FUA write's range (a read has no FUA).
+        assert_eq!(ring.merged(), 8 + 9);
+        drop(ring);
+    }
+}
+
+#[test]
+fn a_merged_read_that_falls_short_finishes_each_request_on_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = 1 << 20;
+    let d = open(&dir.path().join("short"), Some(size), false, true);
+    let data = pattern(65536, 3);
+    d.write_at(size - 65536, &data, false).unwrap();
+    let ring = super::LocalRing::install(64).unwrap();
+    let (tx, rx) = mpsc::channel();
+    // An idle-ring read first, then a run across the end of the file.
+    let offs = [0, size - 131072, size - 65536, size, size + 65536];
+    for (i, &off) in offs.iter().enumerate() {
+        let tx = tx.clone();
+        d.submit(
+            IoRequest::read(off, 65536),
+            Box::new(move |r| tx.send((i, r)).unwrap()),
+        );
+    }
+    turn_until(&ring, offs.len());
+    assert_eq!(ring.merged(), 4);
+    let mut got: Vec<_> = (0..offs.len()).map(|_| rx.recv().unwrap()).collect();
+    got.sort_by_key(|(i, _)| *i);
+    assert!(got[2].1.as_ref().unwrap()[..] == data[..]);
+    assert!(got[1].1.is_ok());
+    for (i, r) in &got[3..] {
+        match r {
+            Err(BackendError::Read { offset, .. }) => assert_eq!(*offset, offs[*i]),
+            other => panic!("read {i} past the end: {other:?}"),
+        }
+    }
+}
