@@ -278,16 +278,7 @@ impl Core {
                 .push((op.completion.expect("new op"), Ok(IoBuf::new())));
             return;
         }
-        let idx = match self.free.pop() {
-            Some(i) => {
-                self.ops[i] = Some(op);
-                i
-            }
-            None => {
-                self.ops.push(Some(op));
-                self.ops.len() - 1
-            }
-        };
+        let idx = store(&mut self.ops, &mut self.free, op);
         self.in_flight += 1;
         self.unsent.push(idx);
     }
@@ -354,16 +345,7 @@ impl Core {
             iov: IoVecs(iov),
             total,
         };
-        let gidx = match self.free_groups.pop() {
-            Some(g) => {
-                self.groups[g] = Some(group);
-                g
-            }
-            None => {
-                self.groups.push(Some(group));
-                self.groups.len() - 1
-            }
-        };
+        let gidx = store(&mut self.groups, &mut self.free_groups, group);
         let g = self.groups[gidx].as_ref().expect("just stored");
         self.merged += g.members.len() as u64;
         let (ptr, n) = (g.iov.0.as_ptr(), g.iov.0.len() as u32);
@@ -549,6 +531,21 @@ impl Drop for Core {
                 }
             }
             self.reap();
+        }
+    }
+}
+
+/// Put `v` in a free slot of `slots` (listed in `free`) or a new one; its
+/// index.
+fn store<T>(slots: &mut Vec<Option<T>>, free: &mut Vec<usize>, v: T) -> usize {
+    match free.pop() {
+        Some(i) => {
+            slots[i] = Some(v);
+            i
+        }
+        None => {
+            slots.push(Some(v));
+            slots.len() - 1
         }
     }
 }

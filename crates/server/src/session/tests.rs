@@ -64,7 +64,13 @@ impl super::driver::WriteBuffers for Buffers {
 
 /// A target with one 64 MiB RAM LUN.
 pub(super) fn target() -> Arc<TargetEntry> {
-    let dev = Arc::new(ethersan_backend::ram::RamDevice::new(64 << 20, 512).unwrap());
+    target_over(Arc::new(
+        ethersan_backend::ram::RamDevice::new(64 << 20, 512).unwrap(),
+    ))
+}
+
+/// A target with one LUN over `dev`.
+fn target_over(dev: Arc<dyn ethersan_backend::BlockDevice>) -> Arc<TargetEntry> {
     let lu = LogicalUnit::new(
         dev,
         LuConfig {

@@ -11,10 +11,8 @@ use ethersan_backend::{
 use ethersan_core::executor::Early;
 use ethersan_proto::pdu::{self, DataIn, Pdu, TaskAttr};
 use ethersan_proto::transfer::data_in_segments;
-use ethersan_scsi::{LogicalUnit, LuConfig, LunMap, LunPolicy, LunSlot};
 
-use super::{read10, Event, Harness, IQN};
-use crate::registry::TargetEntry;
+use super::{read10, target_over, Event, Harness};
 
 /// RAM whose reads wait until the test completes them, and that asks for
 /// split reads (as io_uring on an `O_DIRECT` store does).
@@ -93,27 +91,7 @@ fn harness(max_recv: u32) -> (Harness, Arc<Held>) {
         .map(|i: u32| (i / 512) as u8 ^ (i % 251) as u8)
         .collect();
     held.ram.write_at(0, &data, false).unwrap();
-    let lu = LogicalUnit::new(
-        held.clone(),
-        LuConfig {
-            serial: "st".into(),
-            naa: [0x6b; 16],
-            target_name: IQN.into(),
-            ..LuConfig::default()
-        },
-    );
-    let mut luns = LunMap::new();
-    let slot = LunSlot {
-        lu: Arc::new(lu),
-        policy: LunPolicy::default(),
-    };
-    luns.insert(0, slot);
-    let t = Arc::new(TargetEntry::new(
-        IQN.into(),
-        None,
-        luns,
-        Arc::new(ethersan_core::directory::AllowAll),
-    ));
+    let t = target_over(held.clone());
     let mut h = Harness::over(t, 128 << 20, false);
     let later = Arc::new(Mutex::new(Vec::new()));
     let l = later.clone();
