@@ -241,6 +241,11 @@ impl Executor {
         let early = cmd.early.map(|e| {
             let (fin, tag) = (fin.clone(), cmd.tag);
             DataInSink(Arc::new(move |part: ethersan_scsi::IoBuf, total| {
+                if fin.fired.load(Ordering::Acquire) {
+                    // Answered already (a panic failed it): its tag may
+                    // name another command by now.
+                    return;
+                }
                 fin.early_bytes
                     .fetch_add(part.len() as u64, Ordering::Relaxed);
                 (e.0)(tag, part, total)

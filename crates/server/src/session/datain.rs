@@ -10,8 +10,11 @@
 //! initiator's MaxRecvDataSegmentLength does not divide the part size);
 //! the last PDU waits for the outcome, so it can carry the status. A
 //! command that fails after some of its data went out ends with a SCSI
-//! Response carrying its CHECK CONDITION, and ExpDataSN counts the Data-In
-//! sent.
+//! Response carrying its CHECK CONDITION (no residual, as for a read that
+//! failed whole), and ExpDataSN counts the Data-In sent. The read's share
+//! of the session's memory budget moves to the streamed data on its first
+//! part and comes back when the last PDU holding any of it is sent, also
+//! when the command fails or is aborted.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -34,6 +37,49 @@ pub(super) struct Streamed {
     segs_sent: u32,
     /// Bytes handed over so far.
     received: usize,
+    /// The budget the read reserved, held by every PDU sent from it.
+    hold: Option<Arc<Hold>>,
+}
+
+/// A read's reserved budget, given back when the last holder goes.
+struct Hold {
+    bytes: usize,
+    releases: Arc<Releases>,
+}
+
+impl std::fmt::Debug for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Hold({} bytes)", self.bytes)
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.releases.release(self.bytes);
+    }
+}
+
+/// Data that keeps its read's budget until it is sent.
+struct Held {
+    data: Bytes,
+    _hold: Arc<Hold>,
+}
+
+impl AsRef<[u8]> for Held {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+/// `data`, holding `hold` (when there is one) until it is dropped.
+fn holding(data: Bytes, hold: &Option<Arc<Hold>>) -> Bytes {
+    match hold {
+        Some(h) => Bytes::from_owner(Held {
+            data,
+            _hold: h.clone(),
+        }),
+        None => data,
+    }
 }
 
 /// Byte-ordered data in pieces, taken from the front.
@@ -95,16 +141,31 @@ impl Session {
         };
         let edtl = task.cmd.expected_len as usize;
         let (lun, itt) = (task.cmd.lun, task.cmd.itt);
+        let reserved = std::mem::take(&mut task.reserved);
+        let releases = self.releases.clone();
         let st = task.streamed.get_or_insert_with(Streamed::default);
+        if reserved > 0 {
+            st.hold = Some(Arc::new(Hold {
+                bytes: reserved,
+                releases,
+            }));
+        }
         st.total = total;
-        st.received += part.len();
-        st.parts.push(part.into_bytes());
         let send_len = total.min(edtl) as u32;
+        // Bytes past what may be sent are not kept.
+        let room = (send_len as usize).saturating_sub(st.received);
+        let mut part = part.into_bytes();
+        part.truncate(room);
+        st.received += part.len();
+        st.parts.push(part);
         let upto = st.received.min(send_len as usize) as u32;
         let ready: Vec<(DataInSegment, Bytes)> = data_in_segments(send_len, max_seg, max_burst)
             .skip(st.segs_sent as usize)
             .take_while(|seg| !seg.last && seg.offset + seg.len <= upto)
-            .map_while(|seg| st.parts.take(seg.len as usize).map(|b| (seg, b)))
+            .map_while(|seg| {
+                let b = st.parts.take(seg.len as usize)?;
+                Some((seg, holding(b, &st.hold)))
+            })
             .collect();
         st.segs_sent += ready.len() as u32;
         for (seg, chunk) in ready {
@@ -130,26 +191,34 @@ impl Session {
         let edtl = cmd.expected_len as usize;
         let streamed = task.streamed.take();
         let early = streamed.as_ref().map_or(0, |s| s.received);
-        let produced = early + resp.data_in.len();
-        let (send_len, overflow, underflow, residual) = if cmd.read || produced > 0 {
-            if produced > edtl {
-                (edtl, true, false, (produced - edtl) as u32)
-            } else if produced < edtl && resp.status == ScsiStatus::Good {
-                (produced, false, true, (edtl - produced) as u32)
-            } else {
-                (produced, false, false, 0)
-            }
-        } else if cmd.write {
-            // Writes: residuals compare the CDB's transfer length (SPDTL,
-            // reported by the SCSI layer) with the expected length.
-            match resp.data_out_len {
-                Some(w) if w > edtl => (0, true, false, (w - edtl) as u32),
-                Some(w) if w < edtl => (0, false, true, (edtl - w) as u32),
-                _ => (0, false, false, 0),
-            }
-        } else {
-            (0, false, edtl > 0, edtl as u32)
+        let produced = match &streamed {
+            Some(s) if resp.status == ScsiStatus::Good => s.total,
+            _ => early + resp.data_in.len(),
         };
+        let (send_len, overflow, underflow, residual) =
+            if early > 0 && resp.status != ScsiStatus::Good {
+                // Failed after some data went out: no residual, as a read
+                // that failed whole reports none.
+                (early, false, false, 0)
+            } else if cmd.read || produced > 0 {
+                if produced > edtl {
+                    (edtl, true, false, (produced - edtl) as u32)
+                } else if produced < edtl && resp.status == ScsiStatus::Good {
+                    (produced, false, true, (edtl - produced) as u32)
+                } else {
+                    (produced, false, false, 0)
+                }
+            } else if cmd.write {
+                // Writes: residuals compare the CDB's transfer length (SPDTL,
+                // reported by the SCSI layer) with the expected length.
+                match resp.data_out_len {
+                    Some(w) if w > edtl => (0, true, false, (w - edtl) as u32),
+                    Some(w) if w < edtl => (0, false, true, (edtl - w) as u32),
+                    _ => (0, false, false, 0),
+                }
+            } else {
+                (0, false, edtl > 0, edtl as u32)
+            };
         let data = if task.reserved > 0 {
             // The budget gets the bytes back when the writer has sent them.
             Bytes::from_owner(HeldData {
@@ -160,9 +229,9 @@ impl Session {
             // The engine's buffer itself: no copy.
             resp.data_in.into_bytes()
         };
-        let (mut parts, segs_sent) = match streamed {
-            Some(s) => (s.parts, s.segs_sent),
-            None => (Parts::default(), 0),
+        let (mut parts, segs_sent, hold) = match streamed {
+            Some(s) => (s.parts, s.segs_sent, s.hold),
+            None => (Parts::default(), 0, None),
         };
         parts.push(data);
         let collapse = resp.status == ScsiStatus::Good && resp.sense.is_empty() && send_len > 0;
@@ -198,7 +267,7 @@ impl Session {
             };
             // Every byte up to `send_len` was produced and is here.
             let chunk = parts.take(seg.len as usize).unwrap_or_default();
-            self.send(Pdu::DataIn(din), chunk);
+            self.send(Pdu::DataIn(din), holding(chunk, &hold));
         }
         if collapse {
             return;

@@ -174,6 +174,10 @@ fn data_in_goes_out_as_pieces_land_in_order_with_the_status_on_the_last() {
         let (last, _) = all.last().unwrap();
         assert_eq!((last.status, last.residual, last.final_bit), (0, 0, true));
         assert!(h.sent.is_empty(), "no separate response: {:?}", h.sent);
+        assert_eq!(h.s.budget.reserved(), len as usize, "held until sent");
+        drop(all);
+        h.event(Event::Released);
+        assert_eq!(h.s.budget.reserved(), 0, "given back once all is sent");
     }
 }
 
@@ -198,6 +202,14 @@ fn a_read_failing_after_some_data_went_out_ends_with_one_check_condition() {
     assert_eq!(r.status, 2, "CHECK CONDITION");
     assert_eq!(r.exp_data_sn, 4, "ExpDataSN counts the Data-In sent");
     assert!(held.held().is_empty(), "no piece started after the failure");
+    assert_eq!(r.residual, 0, "no residual for a failed read");
+    // The read's budget comes back only when what was sent is gone.
+    let reserved = h.s.budget.reserved();
+    assert_eq!(reserved, 1 << 20, "held by the Data-In still queued");
+    h.sent.clear();
+    drop(sent);
+    h.event(Event::Released);
+    assert_eq!(h.s.budget.reserved(), 0);
 }
 
 #[test]
