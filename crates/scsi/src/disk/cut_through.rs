@@ -206,10 +206,8 @@ impl Stream {
 
     /// The next piece to submit, the end of the command, or nothing yet.
     fn next_step(&self, st: &mut State) -> Option<Then> {
-        if st.done.is_none() {
-            // Answered: nothing more is read for it.
-            return None;
-        }
+        // Answered: nothing more is read for it.
+        st.done.as_ref()?;
         if let Some((f, _)) = &st.failed {
             if st.in_flight > 0 {
                 return None;
