@@ -37,8 +37,6 @@ pub(super) struct Streamed {
     segs_sent: u32,
     /// Bytes handed over so far.
     received: usize,
-    /// The budget the read reserved, held by every PDU sent from it.
-    hold: Option<Arc<Hold>>,
 }
 
 /// A read's reserved budget, given back when the last holder goes.
@@ -71,29 +69,42 @@ impl AsRef<[u8]> for Held {
     }
 }
 
-/// `data`, holding `hold` (when there is one) until it is dropped.
-fn holding(data: Bytes, hold: &Option<Arc<Hold>>) -> Bytes {
-    match hold {
-        Some(h) => Bytes::from_owner(Held {
-            data,
-            _hold: h.clone(),
-        }),
-        None => data,
-    }
-}
-
-/// Byte-ordered data in pieces, taken from the front.
+/// Byte-ordered data in pieces, taken from the front; every piece, and
+/// every slice or copy taken from them, holds the read's budget (`hold`)
+/// until dropped (the writer sent it).
 #[derive(Debug, Default)]
 struct Parts {
     bufs: VecDeque<Bytes>,
     /// Bytes in `bufs`.
     len: usize,
+    /// The budget the read reserved, if any.
+    hold: Option<Arc<Hold>>,
 }
 
 impl Parts {
+    /// `b`, holding the budget (when there is one) until it is dropped.
+    fn held(&self, b: Bytes) -> Bytes {
+        match &self.hold {
+            Some(h) => Bytes::from_owner(Held {
+                data: b,
+                _hold: h.clone(),
+            }),
+            None => b,
+        }
+    }
+
+    /// Hold the `bytes` of budget the read reserved from now on.
+    fn hold(&mut self, bytes: usize, releases: &Arc<Releases>) {
+        if bytes > 0 {
+            let releases = releases.clone();
+            self.hold = Some(Arc::new(Hold { bytes, releases }));
+        }
+    }
+
     fn push(&mut self, b: Bytes) {
         self.len += b.len();
         if !b.is_empty() {
+            let b = self.held(b);
             self.bufs.push_back(b);
         }
     }
@@ -122,7 +133,7 @@ impl Parts {
                 self.bufs.pop_front();
             }
         }
-        Some(out.freeze())
+        Some(self.held(out.freeze()))
     }
 }
 
@@ -142,14 +153,8 @@ impl Session {
         let edtl = task.cmd.expected_len as usize;
         let (lun, itt) = (task.cmd.lun, task.cmd.itt);
         let reserved = std::mem::take(&mut task.reserved);
-        let releases = self.releases.clone();
         let st = task.streamed.get_or_insert_with(Streamed::default);
-        if reserved > 0 {
-            st.hold = Some(Arc::new(Hold {
-                bytes: reserved,
-                releases,
-            }));
-        }
+        st.parts.hold(reserved, &self.releases);
         st.total = total;
         let send_len = total.min(edtl) as u32;
         // Bytes past what may be sent are not kept.
@@ -162,10 +167,7 @@ impl Session {
         let ready: Vec<(DataInSegment, Bytes)> = data_in_segments(send_len, max_seg, max_burst)
             .skip(st.segs_sent as usize)
             .take_while(|seg| !seg.last && seg.offset + seg.len <= upto)
-            .map_while(|seg| {
-                let b = st.parts.take(seg.len as usize)?;
-                Some((seg, holding(b, &st.hold)))
-            })
+            .map_while(|seg| st.parts.take(seg.len as usize).map(|b| (seg, b)))
             .collect();
         st.segs_sent += ready.len() as u32;
         for (seg, chunk) in ready {
@@ -219,21 +221,15 @@ impl Session {
             } else {
                 (0, false, edtl > 0, edtl as u32)
             };
-        let data = if task.reserved > 0 {
-            // The budget gets the bytes back when the writer has sent them.
-            Bytes::from_owner(HeldData {
-                data: resp.data_in,
-                release: Some((task.reserved, self.releases.clone())),
-            })
-        } else {
-            // The engine's buffer itself: no copy.
-            resp.data_in.into_bytes()
+        let (mut parts, segs_sent) = match streamed {
+            Some(s) => (s.parts, s.segs_sent),
+            None => (Parts::default(), 0),
         };
-        let (mut parts, segs_sent, hold) = match streamed {
-            Some(s) => (s.parts, s.segs_sent, s.hold),
-            None => (Parts::default(), 0, None),
-        };
-        parts.push(data);
+        // The budget gets the bytes back when the writer has sent them (a
+        // streamed read's went to its parts on the first one).
+        parts.hold(task.reserved, &self.releases);
+        // The engine's buffer itself: no copy.
+        parts.push(resp.data_in.into_bytes());
         let collapse = resp.status == ScsiStatus::Good && resp.sense.is_empty() && send_len > 0;
         let p = &self.setup.params;
         let (max_seg, max_burst) = (p.max_data_in_segment(), p.max_burst_length);
@@ -267,7 +263,7 @@ impl Session {
             };
             // Every byte up to `send_len` was produced and is here.
             let chunk = parts.take(seg.len as usize).unwrap_or_default();
-            self.send(Pdu::DataIn(din), holding(chunk, &hold));
+            self.send(Pdu::DataIn(din), chunk);
         }
         if collapse {
             return;
@@ -296,26 +292,5 @@ impl Session {
             ..Default::default()
         };
         self.send(Pdu::ScsiResponse(r), sense);
-    }
-}
-
-/// A read's Data-In buffer; dropping it (the writer sent the last of it)
-/// gives its bytes back to the session's budget.
-struct HeldData {
-    data: IoBuf,
-    release: Option<(usize, Arc<Releases>)>,
-}
-
-impl AsRef<[u8]> for HeldData {
-    fn as_ref(&self) -> &[u8] {
-        &self.data
-    }
-}
-
-impl Drop for HeldData {
-    fn drop(&mut self) {
-        if let Some((n, releases)) = self.release.take() {
-            releases.release(n);
-        }
     }
 }
