@@ -15,7 +15,8 @@ use bytes::{BufMut, Bytes};
 use ethersan_backend::IoBuf;
 use ethersan_endpoint::{MessageReceiver, MessageSender};
 use ethersan_proto::pdu::{
-    Bhs, FrameError, Framer, MessageError, MessagePdu, PduError, RawPdu, BHS_LEN, MAX_DATA_SEGMENT,
+    Bhs, FrameError, Framer, Header, MessageError, MessagePdu, PduError, RawPdu, BHS_LEN,
+    MAX_DATA_SEGMENT,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
@@ -148,11 +149,7 @@ impl<R: AsyncRead + Unpin> PduReader<R> {
             let mut data = IoBuf::aligned_with_capacity(capacity.max(len));
             fill_part(r, &mut data, len).await?;
             data.truncate(head.layout.data_len);
-            let raw = RawPdu {
-                bhs: head.bhs,
-                ahs: head.ahs,
-                data: Vec::new(),
-            };
+            let raw = header_only(head);
             return Ok((raw, Some(data)));
         }
         let part = read_part(r, len, capacity).await?;
@@ -191,11 +188,7 @@ async fn read_message(
         // A Data-Out header alone: its data was placed into the write's
         // registered buffer (the session checks that it landed).
         Ok(MessagePdu::Placed(head)) if head.bhs.0[0] & 0x3f == 0x05 => {
-            let raw = RawPdu {
-                bhs: head.bhs,
-                ahs: head.ahs,
-                data: Vec::new(),
-            };
+            let raw = header_only(head);
             return Ok((raw, None));
         }
         // Data-In travels only to the initiator.
@@ -218,16 +211,22 @@ async fn read_message(
         let mut d = IoBuf::aligned_with_capacity(len.max(capacity));
         d.extend_from_slice(data);
         d.truncate(head.layout.data_len);
-        let raw = RawPdu {
-            bhs: head.bhs,
-            ahs: head.ahs,
-            data: Vec::new(),
-        };
+        let raw = header_only(head);
         return Ok((raw, Some(d)));
     }
     let mut part = Vec::with_capacity(len.max(capacity));
     part.extend_from_slice(data);
     Ok((f.finish(head, part)?, None))
+}
+
+/// A PDU whose data segment is elsewhere (placed, or in an aligned buffer
+/// of its own): its header, no data.
+fn header_only(head: Header) -> RawPdu {
+    RawPdu {
+        bhs: head.bhs,
+        ahs: head.ahs,
+        data: Vec::new(),
+    }
 }
 
 /// Most bytes of a write's buffer allocated with its command PDU (larger
