@@ -259,6 +259,33 @@ impl PlacedBuf {
         true
     }
 
+    /// Read exactly `len` bytes from `r` into the buffer at `offset` (a
+    /// byte stream's data segment landing where it belongs, no copy in
+    /// between). `Ok(false)`, nothing read, when they do not fit; an error
+    /// (a short stream is `UnexpectedEof`) leaves the range not landed.
+    pub async fn read_at<R: tokio::io::AsyncRead + Unpin>(
+        &mut self,
+        offset: u64,
+        len: usize,
+        r: &mut R,
+    ) -> std::io::Result<bool> {
+        let Some(dst) = self.slot(offset, len) else {
+            return Ok(false);
+        };
+        let mut rb = tokio::io::ReadBuf::uninit(dst);
+        while rb.remaining() > 0 {
+            let before = rb.filled().len();
+            std::future::poll_fn(|cx| std::pin::Pin::new(&mut *r).poll_read(cx, &mut rb)).await?;
+            if rb.filled().len() == before {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+        }
+        // SAFETY: `ReadBuf` counts as filled only bytes written through
+        // it, and all `len` of them are filled.
+        unsafe { self.landed_at(offset, len) };
+        Ok(true)
+    }
+
     /// The part of the buffer that `len` bytes at `offset` go to, to be
     /// filled by the caller (then [`PlacedBuf::landed_at`]); `None` (and
     /// counted) when it does not fit.

@@ -9,16 +9,18 @@
 //! concurrently.
 
 mod check;
+mod stream;
 use check::check_placed;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+use stream::{Reg, StreamReader};
 
 use bytes::Bytes;
-use ethersan_endpoint::{MessageChannel, MessageReceiver, MessageSender};
+use ethersan_endpoint::{MessageChannel, MessageReceiver, MessageSender, PlacedBuf};
 use ethersan_proto::negotiate::SessionParams;
 use ethersan_proto::pdu::{Bhs, MessagePdu, Pdu, RawPdu, TmfFunction};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
@@ -88,18 +90,14 @@ impl Session {
         // half-way (which would lose bytes and the framing) when the driver
         // wakes up for a new request.
         let (pdu_tx, pdu_rx) = mpsc::channel(256);
-        let reader_params = login.params.clone();
-        let reader = tokio::spawn(async move {
-            let mut rd = BufReader::with_capacity(256 * 1024, rd);
-            loop {
-                let r = read_pdu(&mut rd, &reader_params).await.map(Incoming::Pdu);
-                let failed = r.is_err();
-                if pdu_tx.send(r).await.is_err() || failed {
-                    break;
-                }
-            }
-        });
-        let out = Out::Stream(BufWriter::with_capacity(256 * 1024, wr));
+        let (regs, reg_rx) = mpsc::unbounded_channel();
+        let reader = StreamReader::new(rd, login.params.clone(), reg_rx);
+        let reader = tokio::spawn(reader.run(pdu_tx));
+        let out = Out::Stream {
+            wr: BufWriter::with_capacity(256 * 1024, wr),
+            regs,
+            returned: HashMap::new(),
+        };
         Self::run(out, pdu_rx, reader, timeout, login)
     }
 
@@ -126,7 +124,6 @@ impl Session {
         });
         let out: Out<tokio::io::Sink> = Out::Messages {
             tx: Some(ch.sender),
-            reads: HashMap::new(),
         };
         Self::run(out, pdu_rx, reader, timeout, login)
     }
@@ -162,6 +159,7 @@ impl Session {
             pdus: pdu_rx,
             out,
             placed: placed.clone(),
+            reads: HashMap::new(),
             replies: HashMap::new(),
             next_id: 0,
             ended: ended.clone(),
@@ -179,7 +177,8 @@ impl Session {
     }
 
     /// Bytes of read data that arrived placed: straight into the read's
-    /// buffer, over a native transport channel (0 over TCP).
+    /// buffer (from the socket over TCP, from the frames over a native
+    /// transport channel).
     pub fn placed_bytes(&self) -> u64 {
         self.placed.read.load(std::sync::atomic::Ordering::Relaxed)
     }
@@ -303,23 +302,65 @@ const CLOSE_WAIT: Duration = Duration::from_secs(2);
 enum Incoming {
     /// A whole PDU.
     Pdu(RawPdu),
-    /// A Data-In header whose data was placed (native transport): the
-    /// data is in the buffer registered under its ITT.
+    /// A Data-In header whose data was placed: the data is in the buffer
+    /// registered under its ITT.
     Placed(RawPdu),
+    /// The buffer registered for a read, handed back by a stream's reader
+    /// before the PDU that ends the read.
+    Returned(u32, PlacedBuf),
 }
 
 /// Where the driver's PDUs go.
 enum Out<W> {
     /// A byte stream (TCP).
-    Stream(BufWriter<W>),
+    Stream {
+        wr: BufWriter<W>,
+        /// Registrations, to the reader task.
+        regs: mpsc::UnboundedSender<Reg>,
+        /// Buffers the reader handed back, by ITT.
+        returned: HashMap<u32, PlacedBuf>,
+    },
     /// A native transport channel, one PDU per message.
     Messages {
         /// The sending half (taken at close).
         tx: Option<MessageSender>,
-        /// Reads whose Data-In is placed, by ITT: the ranges the Data-In
-        /// headers announced so far.
-        reads: HashMap<u32, Vec<(u32, u32)>>,
     },
+}
+
+impl<W> Out<W> {
+    /// Have the Data-In of read `itt` placed into a buffer of `len`
+    /// bytes.
+    fn register(&mut self, itt: u32, len: usize) {
+        match self {
+            // Not zeroed: every byte the read returns is one that landed.
+            Out::Stream { regs, .. } => {
+                let _ = regs.send(Reg::Expect(itt, PlacedBuf::new(len)));
+            }
+            Out::Messages { tx: Some(tx) } => tx.expect_len(itt, len),
+            Out::Messages { tx: None } => {}
+        }
+    }
+
+    /// The buffer of read `itt`, all its data landed.
+    fn release(&mut self, itt: u32) -> Option<PlacedBuf> {
+        match self {
+            Out::Stream { returned, .. } => returned.remove(&itt),
+            Out::Messages { tx } => tx.as_ref()?.release(itt),
+        }
+    }
+
+    /// Drop the buffer of read `itt`: data arriving for it later is
+    /// dropped.
+    fn forget(&mut self, itt: u32) {
+        match self {
+            Out::Stream { regs, returned, .. } => {
+                returned.remove(&itt);
+                let _ = regs.send(Reg::Forget(itt));
+            }
+            Out::Messages { tx: Some(tx) } => tx.abort(itt),
+            Out::Messages { tx: None } => {}
+        }
+    }
 }
 
 /// The task that owns the connection.
@@ -330,6 +371,9 @@ struct Driver<W> {
     out: Out<W>,
     /// Bytes of data placed each way.
     placed: Arc<PlacedCounts>,
+    /// Reads whose Data-In is placed, by ITT: the ranges the Data-In
+    /// headers announced so far.
+    reads: HashMap<u32, Vec<(u32, u32)>>,
     /// Where each request's answer goes.
     replies: HashMap<RequestId, oneshot::Sender<Result<Answer, Error>>>,
     next_id: u64,
@@ -377,6 +421,14 @@ impl<W: AsyncWrite + Unpin + Send> Driver<W> {
                         Ok(None) => Event::Pdu(raw),
                         Err(e) => Event::Failed(e),
                     },
+                    Some(Ok(Incoming::Returned(itt, buf))) => {
+                        if let Out::Stream { returned, .. } = &mut self.out {
+                            if self.reads.contains_key(&itt) {
+                                returned.insert(itt, buf);
+                            }
+                        }
+                        continue;
+                    }
                     Some(Ok(Incoming::Placed(raw))) => match self.on_placed(raw) {
                         Ok(Some(pdu)) => Event::Pdu(pdu),
                         Ok(None) => continue,
@@ -403,13 +455,22 @@ impl<W: AsyncWrite + Unpin + Send> Driver<W> {
                 match o {
                     Output::Send(t) => {
                         let params = self.core.params().clone();
+                        let b = &t.bhs.0;
+                        let scsi_read = b[0] & 0x3f == 0x01 && b[1] & 0x40 != 0;
+                        let edtl = u32::from_be_bytes([b[20], b[21], b[22], b[23]]);
+                        if scsi_read && edtl > 0 && !params.data_digest {
+                            // Registered before the command goes out, so
+                            // before any of its Data-In can come back.
+                            let itt = t.bhs.itt();
+                            self.out.register(itt, edtl as usize);
+                            self.reads.insert(itt, Vec::new());
+                        }
                         let write = match &mut self.out {
-                            Out::Stream(wr) => {
+                            Out::Stream { wr, .. } => {
                                 futures_box(write_frame(wr, &t.bhs, &t.ahs, &t.data, &params))
                             }
-                            Out::Messages { tx, reads } => futures_box(send_message(
+                            Out::Messages { tx } => futures_box(send_message(
                                 tx.as_mut(),
-                                reads,
                                 t,
                                 &params,
                                 &self.placed.written,
@@ -438,7 +499,7 @@ impl<W: AsyncWrite + Unpin + Send> Driver<W> {
                         // process (the target would otherwise hold the
                         // channel until its timeout).
                         match &mut self.out {
-                            Out::Stream(wr) => {
+                            Out::Stream { wr, .. } => {
                                 let _ = tokio::time::timeout(CLOSE_WAIT, wr.shutdown()).await;
                             }
                             Out::Messages { tx, .. } => {
@@ -465,7 +526,7 @@ impl<W: AsyncWrite + Unpin + Send> Driver<W> {
             }
             let flush = async {
                 match &mut self.out {
-                    Out::Stream(wr) => Ok(wr.flush().await?),
+                    Out::Stream { wr, .. } => Ok(wr.flush().await?),
                     Out::Messages { .. } => Ok(()),
                 }
             };
@@ -498,11 +559,8 @@ impl<W> Driver<W> {
         let Ok(Pdu::DataIn(d)) = Pdu::decode(&raw.bhs) else {
             return Err(Error::Protocol("a placed PDU that is not a Data-In".into()));
         };
-        let Out::Messages { reads, .. } = &mut self.out else {
-            return Err(Error::Protocol("placed data on a byte stream".into()));
-        };
         let len = raw.bhs.data_len();
-        let Some(announced) = reads.get_mut(&d.itt) else {
+        let Some(announced) = self.reads.get_mut(&d.itt) else {
             // A task this side no longer waits for (aborted): dropped.
             return Ok(None);
         };
@@ -516,9 +574,6 @@ impl<W> Driver<W> {
     /// Before a SCSI Response for a read whose data was placed: the
     /// Data-In (without status) that hands the connection that data.
     fn placed_before(&mut self, raw: &RawPdu) -> Result<Option<RawPdu>, Error> {
-        let Out::Messages { reads, .. } = &self.out else {
-            return Ok(None);
-        };
         let b = &raw.bhs.0;
         let itt = u32::from_be_bytes([b[16], b[17], b[18], b[19]]);
         let opcode = b[0] & 0x3f;
@@ -531,7 +586,7 @@ impl<W> Driver<W> {
         if opcode != 0x21 {
             return Ok(None);
         }
-        if reads.get(&itt).is_none_or(|a| a.is_empty()) {
+        if self.reads.get(&itt).is_none_or(|a| a.is_empty()) {
             // Answered without placed data.
             self.drop_registration(itt);
             return Ok(None);
@@ -560,10 +615,8 @@ impl<W> Driver<W> {
     /// has (they ended without their data): data arriving for them later
     /// is dropped.
     fn drop_finished_registrations(&mut self) {
-        let Out::Messages { reads, .. } = &self.out else {
-            return;
-        };
-        let gone: Vec<u32> = reads
+        let gone: Vec<u32> = self
+            .reads
             .keys()
             .copied()
             .filter(|itt| !self.core.has_task(*itt))
@@ -576,14 +629,8 @@ impl<W> Driver<W> {
     /// Forget the buffer registered for task `itt`, if any: data arriving
     /// for it later is dropped.
     fn drop_registration(&mut self, itt: u32) {
-        if let Out::Messages {
-            tx: Some(tx),
-            reads,
-        } = &mut self.out
-        {
-            if reads.remove(&itt).is_some() {
-                tx.abort(itt);
-            }
+        if self.reads.remove(&itt).is_some() {
+            self.out.forget(itt);
         }
     }
 
@@ -591,15 +638,8 @@ impl<W> Driver<W> {
     /// headers announced has landed, and make it one Data-In at offset 0
     /// (`d` gives the rest of its header).
     fn take_placed(&mut self, mut d: ethersan_proto::pdu::DataIn) -> Result<RawPdu, Error> {
-        let Out::Messages {
-            tx: Some(tx),
-            reads,
-        } = &mut self.out
-        else {
-            return Err(Error::Closed);
-        };
-        let announced = reads.remove(&d.itt).unwrap_or_default();
-        let placed = tx.release(d.itt).ok_or_else(|| {
+        let announced = self.reads.remove(&d.itt).unwrap_or_default();
+        let placed = self.out.release(d.itt).ok_or_else(|| {
             Error::Protocol(format!("task {:#x}: no buffer for its placed data", d.itt))
         })?;
         let end = check_placed(d.itt, &announced, &placed)?;
@@ -632,7 +672,7 @@ impl<W> Driver<W> {
     }
 }
 
-/// Bytes of data placed each way over a native transport channel.
+/// Bytes of data placed each way.
 #[derive(Debug, Default)]
 struct PlacedCounts {
     /// Data-In that landed in reads' buffers.
@@ -641,13 +681,11 @@ struct PlacedCounts {
     written: std::sync::atomic::AtomicU64,
 }
 
-/// Send one PDU as one message; a read's buffer is registered first so
-/// that its Data-In lands in it, and a solicited Data-Out's data is placed
+/// Send one PDU as one message; a solicited Data-Out's data is placed
 /// into the write's buffer, which the target registered under the ITT
 /// before its R2T (its header follows alone).
 async fn send_message(
     tx: Option<&mut MessageSender>,
-    reads: &mut HashMap<u32, Vec<(u32, u32)>>,
     t: conn::Transmit,
     p: &SessionParams,
     written: &std::sync::atomic::AtomicU64,
@@ -656,14 +694,6 @@ async fn send_message(
         return Err(Error::Closed);
     };
     let b = &t.bhs.0;
-    let scsi_read = b[0] & 0x3f == 0x01 && b[1] & 0x40 != 0;
-    let edtl = u32::from_be_bytes([b[20], b[21], b[22], b[23]]);
-    if scsi_read && edtl > 0 && !p.data_digest {
-        let itt = u32::from_be_bytes([b[16], b[17], b[18], b[19]]);
-        // Not zeroed: every byte the read returns is one that landed.
-        tx.expect_len(itt, edtl as usize);
-        reads.insert(itt, Vec::new());
-    }
     let e = crate::framer(p).encode(&t.bhs, &t.ahs, &t.data);
     let solicited = b[0] & 0x3f == 0x05 && b[20..24] != [0xff; 4];
     if solicited && !t.data.is_empty() && !p.data_digest {
@@ -697,7 +727,7 @@ async fn read_message(rx: &mut MessageReceiver, p: &SessionParams) -> Result<Inc
 pub(crate) fn parse_message(msg: &[u8], p: &SessionParams) -> Result<RawPdu, Error> {
     match parse(msg, p)? {
         Incoming::Pdu(raw) => Ok(raw),
-        Incoming::Placed(_) => Err(Error::Protocol(
+        Incoming::Placed(_) | Incoming::Returned(..) => Err(Error::Protocol(
             "placed Data-In outside the full feature phase".into(),
         )),
     }

@@ -82,14 +82,73 @@ async fn write_read_roundtrip_with_and_without_digests() {
             .await
             .unwrap();
         assert_eq!(w.status, 0, "write failed: {:?}", w.sense_key());
+        let placed = s.placed_bytes();
         let r = s
             .read16(0, 100, (data.len() / 512) as u32, bs)
             .await
             .unwrap();
         assert_eq!(r.status, 0);
         assert!(r.data == data, "read back differs");
+        // Without a data digest the Data-In lands in the read's buffer
+        // from the stream; with one, each PDU is read whole and checked.
+        let want = if digests { 0 } else { data.len() as u64 };
+        assert_eq!(s.placed_bytes() - placed, want, "digests {digests}");
         s.logout().await.unwrap();
     }
+}
+
+/// Reads whose Data-In is placed from the stream: a read shorter than its
+/// buffer (underflow), a read that fails with no data (its registration
+/// dropped), reads of many sizes in flight at once, and the session goes
+/// on reading right after each.
+#[tokio::test]
+async fn placed_reads_end_short_fail_and_run_concurrently() {
+    let srv = server("").await;
+    let s = connect(&srv, normal(false)).await.unwrap();
+    clear_ua(&s, 0).await;
+    let data = pattern(1 << 20, 9);
+    let w = s
+        .write16(0, 0, Bytes::from(data.clone()), 512, false)
+        .await
+        .unwrap();
+    assert_eq!(w.status, 0);
+    // INQUIRY with room for 255 bytes: fewer come, the rest is residual.
+    let before = s.placed_bytes();
+    let r = s
+        .command(0, &[0x12, 0, 0, 0, 255, 0], Bytes::new(), 255)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 0);
+    assert!(r.underflow && r.residual > 0, "{r:?}");
+    assert_eq!(r.data.len(), 255 - r.residual as usize);
+    assert_eq!(r.data[0] & 0x1f, 0, "a disk");
+    assert_eq!(s.placed_bytes() - before, r.data.len() as u64);
+    // Past the end: CHECK CONDITION without data; then a good read.
+    let r = s.read16(0, 16 << 20 >> 9, 8, 512).await.unwrap();
+    assert_eq!(r.status, 2);
+    assert!(r.data.is_empty());
+    let r = s.read16(0, 8, 8, 512).await.unwrap();
+    assert!(r.status == 0 && r.data[..] == data[4096..8192]);
+    // Many reads of different sizes at once, each with its own bytes.
+    let mut tasks = Vec::new();
+    for i in 0..32u64 {
+        let (s, data) = (s.clone(), data.clone());
+        tasks.push(tokio::spawn(async move {
+            let blocks = 1 + (i * 37 % 256) as u32;
+            let lba = i * 61 % 1024;
+            let r = s.read16(0, lba, blocks, 512).await.unwrap();
+            assert_eq!(r.status, 0);
+            let at = lba as usize * 512;
+            assert!(
+                r.data[..] == data[at..at + blocks as usize * 512],
+                "read {i}"
+            );
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    s.logout().await.unwrap();
 }
 
 /// The initiator cuts immediate data and Data-Out to the target's
