@@ -42,6 +42,7 @@ use crate::fill::read_fill;
 use crate::lock::{Locking, StoreLock};
 use crate::uring::UringEngine;
 use crate::{BackendError, BlockDevice, IoBuf, IoCompletion, IoRequest, Submission};
+use readahead::ReadAhead;
 
 /// How a file or block device moves data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -106,6 +107,9 @@ pub struct FileDevice {
     direct: Option<Arc<File>>,
     /// The io_uring engine, with `engine = uring` (when the kernel allows).
     uring: Option<UringEngine>,
+    /// Read-ahead for sequential streams: direct, io_uring, and the store
+    /// locked by this process alone (see [`readahead`]).
+    readahead: Option<Arc<ReadAhead>>,
     path: PathBuf,
     block_size: u32,
     /// Whether `pwritev2(RWF_NOWAIT)` works here (cleared on EOPNOTSUPP).
@@ -157,6 +161,12 @@ impl FileDevice {
     pub fn bounced_bytes(&self) -> u64 {
         self.bounced.load(Ordering::Relaxed)
             + self.uring.as_ref().map_or(0, UringEngine::bounced_bytes)
+    }
+
+    /// Read-ahead so far, when this device reads ahead: reads answered
+    /// from a prediction, and bytes read ahead.
+    pub fn readahead_stats(&self) -> Option<(u64, u64)> {
+        self.readahead.as_ref().map(|r| (r.hits(), r.issued()))
     }
 
     /// Whether transfers bypass the page cache (`O_DIRECT`).
@@ -307,6 +317,16 @@ impl FileDevice {
     }
 }
 
+/// Drops the read-ahead predictions of a range when it goes (after a
+/// change to the store there, however it ended).
+struct InvalidateOnDrop<'a>(&'a ReadAhead, u64, u64);
+
+impl Drop for InvalidateOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.invalidate(self.1, self.2);
+    }
+}
+
 /// Whether an error of a `RWF_NOWAIT` call means "not supported here".
 fn nowait_unsupported(e: &io::Error) -> bool {
     matches!(
@@ -389,6 +409,17 @@ impl BlockDevice for FileDevice {
                     Err(e) => return Submission::Done(Err(e)),
                 }
                 if let Some(u) = &self.uring {
+                    let done = match &self.readahead {
+                        Some(ra) => {
+                            let size = self.num_blocks() * u64::from(self.block_size);
+                            let issue = |o, l, c| u.submit(IoRequest::read(o, l), c);
+                            match ra.read(offset, len, size, done, issue) {
+                                Ok(answered) => return answered,
+                                Err(done) => done,
+                            }
+                        }
+                        None => done,
+                    };
                     u.submit(IoRequest::Read { offset, len, buf }, done);
                     return Submission::Pending;
                 }
@@ -418,6 +449,19 @@ impl BlockDevice for FileDevice {
                         data,
                         len,
                         fua,
+                    };
+                    let done = match &self.readahead {
+                        // Before and after: a prediction read while the
+                        // write was on the device may hold the old data.
+                        Some(ra) => {
+                            ra.invalidate(offset, len as u64);
+                            let ra = ra.clone();
+                            Box::new(move |r| {
+                                ra.invalidate(offset, len as u64);
+                                done(r)
+                            })
+                        }
+                        None => done,
                     };
                     u.submit(req, done);
                     return Submission::Pending;
@@ -463,6 +507,11 @@ impl BlockDevice for FileDevice {
         if !self.thin {
             return Err(BackendError::Unsupported);
         }
+        // Before and after, as for a write.
+        let _after = self.readahead.as_ref().map(|ra| {
+            ra.invalidate(offset, len);
+            InvalidateOnDrop(ra, offset, len)
+        });
         // SAFETY: fallocate only reads its integer arguments; the fd is open.
         let rc = unsafe {
             libc::fallocate(
@@ -526,6 +575,7 @@ impl BlockDevice for FileDevice {
 }
 
 mod open;
+mod readahead;
 mod sync;
 #[cfg(test)]
 mod tests;

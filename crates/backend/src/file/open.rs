@@ -288,10 +288,18 @@ impl FileDevice {
                 uring_or_fallback(path, || UringEngine::new(file.clone(), direct.clone()))
             }
         };
+        // Read-ahead only where this process alone changes the store.
+        let readahead = (direct.is_some()
+            && uring.is_some()
+            && lock
+                .as_ref()
+                .is_some_and(|l| l.mode() == crate::lock::LockMode::Exclusive))
+        .then(|| Arc::new(ReadAhead::default()));
         Ok(FileDevice {
             file,
             direct,
             uring,
+            readahead,
             path: path.to_path_buf(),
             block_size: bs,
             num_blocks: AtomicU64::new(num_blocks),
