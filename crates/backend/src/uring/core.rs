@@ -139,6 +139,10 @@ pub(super) struct Core {
     /// Requests that went to the kernel inside a merged one (a count for
     /// tests and diagnostics).
     pub(super) merged: u64,
+    /// Of those, the writes that went inside a merged `WRITEV` carrying
+    /// `RWF_DSYNC` (FUA): a count for tests and diagnostics, which shows
+    /// that FUA writes merge only among themselves and keep their FUA.
+    pub(super) merged_fua: u64,
     /// Finished requests whose completions have not run yet.
     pub(super) ready: Vec<(IoCompletion, IoResult)>,
     /// The eventfd read (`WAKE_TOKEN`) completed since the owner looked.
@@ -163,6 +167,7 @@ impl Core {
             groups: Vec::new(),
             free_groups: Vec::new(),
             merged: 0,
+            merged_fua: 0,
             ready: Vec::new(),
             wake_seen: false,
         })
@@ -347,12 +352,16 @@ impl Core {
         };
         let gidx = store(&mut self.groups, &mut self.free_groups, group);
         let g = self.groups[gidx].as_ref().expect("just stored");
-        self.merged += g.members.len() as u64;
+        let members = g.members.len() as u64;
+        self.merged += members;
         let (ptr, n) = (g.iov.0.as_ptr(), g.iov.0.len() as u32);
         let entry = if kind == Kind::Read {
             opcode::Readv::new(fd, ptr, n).offset(offset).build()
         } else {
             let flags = if fua { libc::RWF_DSYNC } else { 0 };
+            if flags & libc::RWF_DSYNC != 0 {
+                self.merged_fua += members;
+            }
             opcode::Writev::new(fd, ptr, n)
                 .offset(offset)
                 .rw_flags(flags)

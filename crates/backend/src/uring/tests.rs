@@ -442,3 +442,97 @@ fn a_merged_read_that_falls_short_finishes_each_request_on_its_own() {
         }
     }
 }
+
+/// Write `writes` (offset, data, FUA) through `d` in one turn of `ring`,
+/// after a write elsewhere that finds the ring idle (it goes in alone, so
+/// the others wait for the turn and merge); each must come back Ok.
+fn write_in_one_turn(
+    ring: &super::LocalRing,
+    d: &FileDevice,
+    writes: Vec<(u64, crate::IoBuf, usize, bool)>,
+) {
+    let (tx, rx) = mpsc::channel();
+    let starter = (15u64 << 20, crate::IoBuf::aligned(4096), 4096, false);
+    let n = writes.len() + 1;
+    for (i, (offset, data, len, fua)) in std::iter::once(starter).chain(writes).enumerate() {
+        let tx = tx.clone();
+        let req = IoRequest::Write {
+            offset,
+            data,
+            len,
+            fua,
+        };
+        let s = d.submit(req, Box::new(move |r| tx.send((i, r)).unwrap()));
+        assert!(matches!(s, Submission::Pending), "write {i}: {s:?}");
+    }
+    turn_until(ring, n);
+    for _ in 0..n {
+        let (i, r) = rx.recv().unwrap();
+        assert!(r.unwrap().is_empty(), "write {i}");
+    }
+}
+
+#[test]
+fn fua_writes_merge_only_among_themselves_and_keep_their_fua() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = open(&dir.path().join("fua"), Some(16 << 20), false, true);
+    let ring = super::LocalRing::install(64).unwrap();
+    const L: usize = 16384;
+    // Three runs of adjacent 16K writes, apart from each other:
+    // - six FUA writes: one merged FUA write;
+    // - FUA and not in turn: no two neighbours agree, nothing merges;
+    // - not, not, FUA, FUA, FUA, not, not, FUA: three merged writes (2,
+    //   3 FUA, 2) and a lone FUA write (its neighbour is not FUA).
+    let mut runs: Vec<(u64, bool)> = (0..6).map(|i| ((1 << 20) + i * L as u64, true)).collect();
+    runs.extend((0..6).map(|i| ((2 << 20) + i * L as u64, i % 2 == 1)));
+    let mixed = [false, false, true, true, true, false, false, true];
+    runs.extend(
+        mixed
+            .iter()
+            .enumerate()
+            .map(|(i, &fua)| ((3 << 20) + (i * L) as u64, fua)),
+    );
+    let writes = runs
+        .iter()
+        .enumerate()
+        .map(|(i, &(off, fua))| {
+            let data = crate::IoBuf::aligned_copy_of(&pattern(L, 100 + i as u8));
+            (off, data, L, fua)
+        })
+        .collect();
+    write_in_one_turn(&ring, &d, writes);
+    assert_eq!(
+        ring.merged(),
+        6 + 2 + 3 + 2,
+        "the FUA run and the mixed run's groups"
+    );
+    assert_eq!(
+        ring.merged_fua(),
+        6 + 3,
+        "every FUA write that went merged went in a RWF_DSYNC write, and no other"
+    );
+    // Every request's own bytes, through the ring (the reads of each run
+    // merge: a read has no FUA) and through the blocking engine.
+    let (tx, rx) = mpsc::channel();
+    for (i, &(off, _)) in runs.iter().enumerate() {
+        let tx = tx.clone();
+        d.submit(
+            IoRequest::read(off, L),
+            Box::new(move |r| tx.send((i, r)).unwrap()),
+        );
+    }
+    turn_until(&ring, runs.len());
+    for _ in 0..runs.len() {
+        let (i, r) = rx.recv().unwrap();
+        assert!(r.unwrap() == pattern(L, 100 + i as u8), "request {i}");
+    }
+    // The first read went alone (idle ring), the rest as three runs.
+    assert_eq!(ring.merged(), 13 + runs.len() as u64 - 1);
+    assert_eq!(ring.merged_fua(), 9, "reads are never FUA");
+    for (i, &(off, _)) in runs.iter().enumerate() {
+        let mut back = vec![0u8; L];
+        d.read_at(off, &mut back).unwrap();
+        assert!(back == pattern(L, 100 + i as u8), "request {i}");
+    }
+    drop(ring);
+}
