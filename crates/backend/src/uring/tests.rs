@@ -536,3 +536,88 @@ fn fua_writes_merge_only_among_themselves_and_keep_their_fua() {
     }
     drop(ring);
 }
+
+/// `data` in a buffer whose data starts `skew` bytes past an aligned
+/// address (unaligned for `O_DIRECT` unless `skew` is a multiple of 4096),
+/// followed by `extra` bytes that are not part of the request.
+fn skewed(data: &[u8], skew: usize, extra: usize) -> crate::IoBuf {
+    let mut all = vec![0xa5u8; skew];
+    all.extend_from_slice(data);
+    all.resize(skew + data.len() + extra, 0x5a);
+    let (raw, start) = crate::IoBuf::aligned_copy_of(&all).into_parts();
+    let b = crate::IoBuf::from_parts(raw, start + skew);
+    assert_eq!(b.is_aligned(), skew.is_multiple_of(4096));
+    b
+}
+
+#[test]
+fn unaligned_buffers_in_a_merged_run_are_bounced_and_keep_their_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = open(&dir.path().join("skew"), Some(16 << 20), false, true);
+    assert!(d.is_direct());
+    let ring = super::LocalRing::install(64).unwrap();
+    const L: usize = 16384;
+    // A run of 16K writes, every other one from unaligned memory (one
+    // with bytes beyond its length), then a run of 512-byte writes (whole
+    // blocks at offsets that are not 4K-aligned) all from unaligned
+    // memory.
+    let mut writes = Vec::new();
+    let mut expect = Vec::new();
+    let mut unaligned = 0u64;
+    for (i, (skew, extra)) in [(0, 0), (1, 0), (0, 0), (512, 3000), (0, 0), (7, 0)]
+        .into_iter()
+        .enumerate()
+    {
+        let off = (1 << 20) + (i * L) as u64;
+        let data = pattern(L, 40 + i as u8);
+        let buf = skewed(&data, skew, extra);
+        if !buf.is_aligned() {
+            unaligned += L as u64;
+        }
+        writes.push((off, buf, L, false));
+        expect.push((off, data));
+    }
+    for i in 0..4 {
+        let off = (2 << 20) + 512 + (i * 512) as u64;
+        let data = pattern(512, 60 + i as u8);
+        writes.push((off, skewed(&data, 1 + i, 0), 512, false));
+        unaligned += 512;
+        expect.push((off, data));
+    }
+    let bounced = d.bounced_bytes();
+    write_in_one_turn(&ring, &d, writes);
+    // The engine copies unaligned memory to aligned memory when the
+    // request starts (only the request's bytes), so those writes still
+    // join their runs: all of them went merged.
+    assert_eq!(d.bounced_bytes() - bounced, unaligned);
+    assert_eq!(ring.merged(), 6 + 4);
+    // Reads of the same ranges in one turn, into unaligned buffers full of
+    // other bytes: each comes back aligned (where O_DIRECT put it) with
+    // its own data; nothing is bounced for a read.
+    let (tx, rx) = mpsc::channel();
+    for (i, (off, data)) in expect.iter().enumerate() {
+        let tx = tx.clone();
+        let req = IoRequest::Read {
+            offset: *off,
+            len: data.len(),
+            buf: skewed(&vec![0xee; data.len()], 3 + i, 100),
+        };
+        d.submit(req, Box::new(move |r| tx.send((i, r)).unwrap()));
+    }
+    turn_until(&ring, expect.len());
+    for _ in 0..expect.len() {
+        let (i, r) = rx.recv().unwrap();
+        let got = r.unwrap();
+        assert!(got.is_aligned(), "read {i}");
+        assert!(got == expect[i].1, "read {i}");
+    }
+    // The first read found the ring idle and went alone.
+    assert_eq!(ring.merged(), 10 + 5 + 4);
+    assert_eq!(d.bounced_bytes() - bounced, unaligned);
+    for (i, (off, data)) in expect.iter().enumerate() {
+        let mut back = vec![0u8; data.len()];
+        d.read_at(*off, &mut back).unwrap();
+        assert!(back == *data, "request {i}");
+    }
+    drop(ring);
+}
