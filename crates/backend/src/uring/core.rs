@@ -29,6 +29,10 @@ pub(super) const MERGE_OPS: usize = 64;
 /// `user_data` bit of a merged request (its index in `groups` below it).
 const GROUP_TOKEN: u64 = 1 << 62;
 
+/// Requests that went to the kernel inside a merged one, on every ring of
+/// the process (see [`merged_requests`](super::merged_requests)).
+pub(super) static MERGED_ALL: AtomicU64 = AtomicU64::new(0);
+
 /// Requests in the kernel as one vectored request.
 struct Group {
     /// Indices into `ops`, in offset order.
@@ -354,6 +358,7 @@ impl Core {
         let g = self.groups[gidx].as_ref().expect("just stored");
         let members = g.members.len() as u64;
         self.merged += members;
+        MERGED_ALL.fetch_add(members, Ordering::Relaxed);
         let (ptr, n) = (g.iov.0.as_ptr(), g.iov.0.len() as u32);
         let entry = if kind == Kind::Read {
             opcode::Readv::new(fd, ptr, n).offset(offset).build()
