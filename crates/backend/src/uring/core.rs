@@ -42,6 +42,10 @@ pub(super) const MERGE_OPS: usize = 64;
 /// `user_data` bit of a merged request (its index in `groups` below it).
 const GROUP_TOKEN: u64 = 1 << 62;
 
+/// Requests that went to the kernel inside a merged one, on every ring of
+/// the process (see [`merged_requests`](super::merged_requests)).
+pub(super) static MERGED_ALL: AtomicU64 = AtomicU64::new(0);
+
 /// Requests in the kernel as one vectored request.
 struct Group {
     /// Indices into `ops`, in offset order.
@@ -160,6 +164,10 @@ pub(super) struct Core {
     /// Times a run waited for the request it follows (see the module
     /// documentation; a count for tests and diagnostics).
     pub(super) followed: u64,
+    /// Of those, the writes that went inside a merged `WRITEV` carrying
+    /// `RWF_DSYNC` (FUA): a count for tests and diagnostics, which shows
+    /// that FUA writes merge only among themselves and keep their FUA.
+    pub(super) merged_fua: u64,
     /// Finished requests whose completions have not run yet.
     pub(super) ready: Vec<(IoCompletion, IoResult)>,
     /// The eventfd read (`WAKE_TOKEN`) completed since the owner looked.
@@ -186,6 +194,7 @@ impl Core {
             merged: 0,
             groups_built: 0,
             followed: 0,
+            merged_fua: 0,
             ready: Vec::new(),
             wake_seen: false,
         })
@@ -412,13 +421,18 @@ impl Core {
         };
         let gidx = store(&mut self.groups, &mut self.free_groups, group);
         let g = self.groups[gidx].as_ref().expect("just stored");
-        self.merged += g.members.len() as u64;
+        let members = g.members.len() as u64;
         self.groups_built += 1;
+        self.merged += members;
+        MERGED_ALL.fetch_add(members, Ordering::Relaxed);
         let (ptr, n) = (g.iov.0.as_ptr(), g.iov.0.len() as u32);
         let entry = if kind == Kind::Read {
             opcode::Readv::new(fd, ptr, n).offset(offset).build()
         } else {
             let flags = if fua { libc::RWF_DSYNC } else { 0 };
+            if flags & libc::RWF_DSYNC != 0 {
+                self.merged_fua += members;
+            }
             opcode::Writev::new(fd, ptr, n)
                 .offset(offset)
                 .rw_flags(flags)

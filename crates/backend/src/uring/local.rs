@@ -185,6 +185,13 @@ impl LocalRing {
     pub fn merged(&self) -> u64 {
         LOCAL.with(|cell| cell.borrow().as_ref().map_or(0, |l| l.core.merged))
     }
+
+    /// Of [`merged`](Self::merged), the FUA writes: those that went in a
+    /// merged `WRITEV` carrying `RWF_DSYNC` (FUA writes merge only with
+    /// FUA writes).
+    pub fn merged_fua(&self) -> u64 {
+        LOCAL.with(|cell| cell.borrow().as_ref().map_or(0, |l| l.core.merged_fua))
+    }
 }
 
 impl Drop for LocalRing {

@@ -62,6 +62,14 @@ use self::core::{complete, retry_later, run_ready, Core};
 use self::local::submit_local;
 pub use self::local::{BypassLocal, LocalRing};
 
+/// Requests that went to the kernel inside a merged one so far, on every
+/// ring of the process (the workers' [`LocalRing`]s and the devices' own):
+/// a count for tests and diagnostics, where no ring is at hand (a
+/// whole-server test).
+pub fn merged_requests() -> u64 {
+    self::core::MERGED_ALL.load(Ordering::Relaxed)
+}
+
 /// Submission queue entries per ring.
 const RING_ENTRIES: u32 = 256;
 /// `user_data` of the eventfd read.

@@ -442,3 +442,182 @@ fn a_merged_read_that_falls_short_finishes_each_request_on_its_own() {
         }
     }
 }
+
+/// Write `writes` (offset, data, FUA) through `d` in one turn of `ring`,
+/// after a write elsewhere that finds the ring idle (it goes in alone, so
+/// the others wait for the turn and merge); each must come back Ok.
+fn write_in_one_turn(
+    ring: &super::LocalRing,
+    d: &FileDevice,
+    writes: Vec<(u64, crate::IoBuf, usize, bool)>,
+) {
+    let (tx, rx) = mpsc::channel();
+    let starter = (15u64 << 20, crate::IoBuf::aligned(4096), 4096, false);
+    let n = writes.len() + 1;
+    for (i, (offset, data, len, fua)) in std::iter::once(starter).chain(writes).enumerate() {
+        let tx = tx.clone();
+        let req = IoRequest::Write {
+            offset,
+            data,
+            len,
+            fua,
+        };
+        let s = d.submit(req, Box::new(move |r| tx.send((i, r)).unwrap()));
+        assert!(matches!(s, Submission::Pending), "write {i}: {s:?}");
+    }
+    turn_until(ring, n);
+    for _ in 0..n {
+        let (i, r) = rx.recv().unwrap();
+        assert!(r.unwrap().is_empty(), "write {i}");
+    }
+}
+
+#[test]
+fn fua_writes_merge_only_among_themselves_and_keep_their_fua() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = open(&dir.path().join("fua"), Some(16 << 20), false, true);
+    let ring = super::LocalRing::install(64).unwrap();
+    const L: usize = 16384;
+    // Three runs of adjacent 16K writes, apart from each other:
+    // - six FUA writes: one merged FUA write;
+    // - FUA and not in turn: no two neighbours agree, nothing merges;
+    // - not, not, FUA, FUA, FUA, not, not, FUA: three merged writes (2,
+    //   3 FUA, 2) and a lone FUA write (its neighbour is not FUA).
+    let mut runs: Vec<(u64, bool)> = (0..6).map(|i| ((1 << 20) + i * L as u64, true)).collect();
+    runs.extend((0..6).map(|i| ((2 << 20) + i * L as u64, i % 2 == 1)));
+    let mixed = [false, false, true, true, true, false, false, true];
+    runs.extend(
+        mixed
+            .iter()
+            .enumerate()
+            .map(|(i, &fua)| ((3 << 20) + (i * L) as u64, fua)),
+    );
+    let writes = runs
+        .iter()
+        .enumerate()
+        .map(|(i, &(off, fua))| {
+            let data = crate::IoBuf::aligned_copy_of(&pattern(L, 100 + i as u8));
+            (off, data, L, fua)
+        })
+        .collect();
+    write_in_one_turn(&ring, &d, writes);
+    assert_eq!(
+        ring.merged(),
+        6 + 2 + 3 + 2,
+        "the FUA run and the mixed run's groups"
+    );
+    assert_eq!(
+        ring.merged_fua(),
+        6 + 3,
+        "every FUA write that went merged went in a RWF_DSYNC write, and no other"
+    );
+    // Every request's own bytes, through the ring (the reads of each run
+    // merge: a read has no FUA) and through the blocking engine.
+    let (tx, rx) = mpsc::channel();
+    for (i, &(off, _)) in runs.iter().enumerate() {
+        let tx = tx.clone();
+        d.submit(
+            IoRequest::read(off, L),
+            Box::new(move |r| tx.send((i, r)).unwrap()),
+        );
+    }
+    turn_until(&ring, runs.len());
+    for _ in 0..runs.len() {
+        let (i, r) = rx.recv().unwrap();
+        assert!(r.unwrap() == pattern(L, 100 + i as u8), "request {i}");
+    }
+    // The first read went alone (idle ring), the rest as three runs.
+    assert_eq!(ring.merged(), 13 + runs.len() as u64 - 1);
+    assert_eq!(ring.merged_fua(), 9, "reads are never FUA");
+    for (i, &(off, _)) in runs.iter().enumerate() {
+        let mut back = vec![0u8; L];
+        d.read_at(off, &mut back).unwrap();
+        assert!(back == pattern(L, 100 + i as u8), "request {i}");
+    }
+    drop(ring);
+}
+
+/// `data` in a buffer whose data starts `skew` bytes past an aligned
+/// address (unaligned for `O_DIRECT` unless `skew` is a multiple of 4096),
+/// followed by `extra` bytes that are not part of the request.
+fn skewed(data: &[u8], skew: usize, extra: usize) -> crate::IoBuf {
+    let mut all = vec![0xa5u8; skew];
+    all.extend_from_slice(data);
+    all.resize(skew + data.len() + extra, 0x5a);
+    let (raw, start) = crate::IoBuf::aligned_copy_of(&all).into_parts();
+    let b = crate::IoBuf::from_parts(raw, start + skew);
+    assert_eq!(b.is_aligned(), skew.is_multiple_of(4096));
+    b
+}
+
+#[test]
+fn unaligned_buffers_in_a_merged_run_are_bounced_and_keep_their_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = open(&dir.path().join("skew"), Some(16 << 20), false, true);
+    assert!(d.is_direct());
+    let ring = super::LocalRing::install(64).unwrap();
+    const L: usize = 16384;
+    // A run of 16K writes, every other one from unaligned memory (one
+    // with bytes beyond its length), then a run of 512-byte writes (whole
+    // blocks at offsets that are not 4K-aligned) all from unaligned
+    // memory.
+    let mut writes = Vec::new();
+    let mut expect = Vec::new();
+    let mut unaligned = 0u64;
+    for (i, (skew, extra)) in [(0, 0), (1, 0), (0, 0), (512, 3000), (0, 0), (7, 0)]
+        .into_iter()
+        .enumerate()
+    {
+        let off = (1 << 20) + (i * L) as u64;
+        let data = pattern(L, 40 + i as u8);
+        let buf = skewed(&data, skew, extra);
+        if !buf.is_aligned() {
+            unaligned += L as u64;
+        }
+        writes.push((off, buf, L, false));
+        expect.push((off, data));
+    }
+    for i in 0..4 {
+        let off = (2 << 20) + 512 + (i * 512) as u64;
+        let data = pattern(512, 60 + i as u8);
+        writes.push((off, skewed(&data, 1 + i, 0), 512, false));
+        unaligned += 512;
+        expect.push((off, data));
+    }
+    let bounced = d.bounced_bytes();
+    write_in_one_turn(&ring, &d, writes);
+    // The engine copies unaligned memory to aligned memory when the
+    // request starts (only the request's bytes), so those writes still
+    // join their runs: all of them went merged.
+    assert_eq!(d.bounced_bytes() - bounced, unaligned);
+    assert_eq!(ring.merged(), 6 + 4);
+    // Reads of the same ranges in one turn, into unaligned buffers full of
+    // other bytes: each comes back aligned (where O_DIRECT put it) with
+    // its own data; nothing is bounced for a read.
+    let (tx, rx) = mpsc::channel();
+    for (i, (off, data)) in expect.iter().enumerate() {
+        let tx = tx.clone();
+        let req = IoRequest::Read {
+            offset: *off,
+            len: data.len(),
+            buf: skewed(&vec![0xee; data.len()], 3 + i, 100),
+        };
+        d.submit(req, Box::new(move |r| tx.send((i, r)).unwrap()));
+    }
+    turn_until(&ring, expect.len());
+    for _ in 0..expect.len() {
+        let (i, r) = rx.recv().unwrap();
+        let got = r.unwrap();
+        assert!(got.is_aligned(), "read {i}");
+        assert!(got == expect[i].1, "read {i}");
+    }
+    // The first read found the ring idle and went alone.
+    assert_eq!(ring.merged(), 10 + 5 + 4);
+    assert_eq!(d.bounced_bytes() - bounced, unaligned);
+    for (i, (off, data)) in expect.iter().enumerate() {
+        let mut back = vec![0u8; data.len()];
+        d.read_at(*off, &mut back).unwrap();
+        assert!(back == *data, "request {i}");
+    }
+    drop(ring);
+}
