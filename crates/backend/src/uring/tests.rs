@@ -621,3 +621,127 @@ fn unaligned_buffers_in_a_merged_run_are_bounced_and_keep_their_place() {
     }
     drop(ring);
 }
+
+/// A run that starts where a request in the kernel ends waits for it and
+/// grows with what arrives meanwhile; then goes as one merged request.
+/// Driven on a bare core, so "in the kernel" is certain: the first read's
+/// SQE is built but the ring is not entered until the test says so.
+#[test]
+fn a_run_that_follows_a_request_in_the_kernel_waits_for_it_and_grows() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = open(&dir.path().join("f"), Some(4 << 20), false, true);
+    let data = pattern(1 << 20, 5);
+    d.write_at(0, &data, false).unwrap();
+    let files = d.uring().expect("uring").files.clone();
+    let mut core = super::core::Core::new(64).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let job = |off: u64, len: usize| super::Job {
+        req: IoRequest::read(off, len),
+        done: {
+            let tx = tx.clone();
+            Box::new(move |r| tx.send((off, r.unwrap())).unwrap())
+        },
+        files: files.clone(),
+    };
+    let k = 65536usize;
+    core.start(job(0, k));
+    core.flush_unsent();
+    assert_eq!(core.ring.submission().len(), 1, "the first read alone");
+    // Two turns of followers while the first is still unsubmitted to the
+    // kernel (so certainly unfinished): they wait and grow.
+    core.start(job(k as u64, k));
+    core.start(job(2 * k as u64, k));
+    core.flush_unsent();
+    core.start(job(4 * k as u64, k));
+    core.start(job(3 * k as u64, k));
+    core.flush_unsent();
+    assert_eq!(core.ring.submission().len(), 1, "the followers wait");
+    assert_eq!(core.followed, 2);
+    // A random read does not wait.
+    core.start(job(3 << 20, 4096));
+    core.flush_unsent();
+    assert_eq!(core.ring.submission().len(), 2);
+    // Let the first finish: the four followers go as one request.
+    let mut got = Vec::new();
+    while got.len() < 6 {
+        core.enter();
+        core.ring.submit_and_wait(1).unwrap();
+        core.reap();
+        super::core::run_ready(std::mem::take(&mut core.ready));
+        while let Ok(r) = rx.try_recv() {
+            got.push(r);
+        }
+    }
+    assert_eq!(core.groups_built, 1);
+    assert_eq!(core.merged, 4);
+    for (off, buf) in got {
+        let want = if off == 3 << 20 {
+            vec![0u8; 4096]
+        } else {
+            data[off as usize..off as usize + k].to_vec()
+        };
+        assert!(buf[..] == want[..], "read at {off}");
+    }
+}
+
+/// A device that reads ahead: only a store this process holds alone, the
+/// reads of a sequential stream answered from predictions with the right
+/// bytes, and a write inside the predicted window read back new.
+#[test]
+fn sequential_reads_are_read_ahead_and_a_write_drops_what_it_overlaps() {
+    use crate::lock::{LockMode, Locking};
+    let dir = tempfile::tempdir().unwrap();
+    let o = FileOptions {
+        size: Some(16 << 20),
+        block_size: 512,
+        read_only: false,
+        preallocate: false,
+        direct: true,
+        engine: IoEngine::Uring,
+    };
+    let p = dir.path().join("ra");
+    let plain = FileDevice::open(&p, &o).unwrap();
+    assert_eq!(plain.readahead_stats(), None, "no lock: no read-ahead");
+    drop(plain);
+    let d = FileDevice::open_locked(&p, &o, Locking::Take(LockMode::Exclusive)).unwrap();
+    let data = pattern(8 << 20, 9);
+    d.write_at(0, &data, false).unwrap();
+    let read =
+        |off: u64, len: usize| crate::submit_and_wait(&d, IoRequest::read(off, len)).unwrap();
+    let k = 128 * 1024;
+    for i in 0..8u64 {
+        let off = i * k as u64;
+        assert!(
+            read(off, k)[..] == data[off as usize..off as usize + k],
+            "read {i}"
+        );
+    }
+    let (hits, issued) = d.readahead_stats().unwrap();
+    assert!(hits >= 5, "reads 2.. take predictions: {hits}");
+    assert!(issued >= 4 << 20, "a window ahead: {issued}");
+    // Let the window land, then overwrite a block inside it.
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let new = pattern(k, 77);
+    let at = 12 * k as u64;
+    crate::submit_and_wait(
+        &d,
+        IoRequest::Write {
+            offset: at + 512,
+            data: crate::IoBuf::aligned_copy_of(&new[..4096]),
+            len: 4096,
+            fua: false,
+        },
+    )
+    .unwrap();
+    let mut want = data[at as usize..at as usize + k].to_vec();
+    want[512..512 + 4096].copy_from_slice(&new[..4096]);
+    for i in 8..16u64 {
+        let off = i * k as u64;
+        let got = read(off, k);
+        if off == at {
+            assert!(got[..] == want[..], "the overwritten read sees the write");
+        } else {
+            assert!(got[..] == data[off as usize..off as usize + k], "read {i}");
+        }
+    }
+}
