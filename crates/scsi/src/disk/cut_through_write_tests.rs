@@ -1,0 +1,1 @@
+//! Tests of cut-through WRITE (see `cut_through_write`).
