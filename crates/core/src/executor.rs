@@ -234,10 +234,7 @@ impl Executor {
         let fin = Arc::new(FinisherState {
             started: cmd.started,
             kind: CommandKind::of_op(op),
-            write_bytes: cmd
-                .stream
-                .as_ref()
-                .map_or(cmd.data.len(), WriteStream::len) as u64,
+            write_bytes: cmd.stream.as_ref().map_or(cmd.data.len(), WriteStream::len) as u64,
             lun: cmd.lun,
             pr_target: (op == Some(Op::PrOut)).then(|| target.clone()),
             counting,
@@ -273,7 +270,15 @@ impl Executor {
             // Everything, the submission too, on the blocking pool.
             let target = target.clone();
             pool.spawn(Box::new(move || {
-                let s = submit(&target, scsi, &initiator, channel_level, early, stream, &fin);
+                let s = submit(
+                    &target,
+                    scsi,
+                    &initiator,
+                    channel_level,
+                    early,
+                    stream,
+                    &fin,
+                );
                 fin.settle_here(s)
             }));
             return None;

@@ -303,9 +303,9 @@ impl WriteStream {
                 let range = Some((unit.off + start as u64, len as u64));
                 unit.lu.io_response(Err(e), true, unit.data_out_len, range)
             }
-            None if st.ended == Some(End::Complete) && st.written == self.0.pieces => {
-                unit.lu.io_response(Ok(IoBuf::new()), true, unit.data_out_len, None)
-            }
+            None if st.ended == Some(End::Complete) && st.written == self.0.pieces => unit
+                .lu
+                .io_response(Ok(IoBuf::new()), true, unit.data_out_len, None),
             // Abandoned, or ended with pieces never handed over.
             None => unit
                 .lu

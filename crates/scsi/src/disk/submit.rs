@@ -46,7 +46,9 @@ impl LogicalUnit {
             }
             // A command handed a stream it cannot use: its data would be
             // lost.
-            _ if stream.is_some() => Submitted::Done(self.respond(Err(codes::INTERNAL_FAILURE), None)),
+            _ if stream.is_some() => {
+                Submitted::Done(self.respond(Err(codes::INTERNAL_FAILURE), None))
+            }
             Op::TestUnitReady
             | Op::Inquiry
             | Op::ReadCapacity10
