@@ -192,13 +192,21 @@ async fn large_writes_cut_through_on_a_direct_uring_lun_read_back() {
     let s = connect(&server.addr, &opts).await.unwrap();
     s.clear_unit_attention(0).await.unwrap();
     let mut lba = 8u64;
-    for (len, fua) in [(1 << 20, false), (1 << 20, true), (4 << 20, false), (4 << 20, true)] {
+    for (len, fua) in [
+        (1 << 20, false),
+        (1 << 20, true),
+        (4 << 20, false),
+        (4 << 20, true),
+    ] {
         let data = Bytes::from(pattern(len, lba + u64::from(fua)));
         let r = s.write16(0, lba, data.clone(), 512, fua).await.unwrap();
         assert_eq!(r.status, 0, "{len} bytes, fua {fua}");
         let back = s.read16(0, lba, (len / 512) as u32, 512).await.unwrap();
         assert_eq!(back.status, 0);
-        assert!(back.data == data[..], "{len} bytes, fua {fua}: data differs");
+        assert!(
+            back.data == data[..],
+            "{len} bytes, fua {fua}: data differs"
+        );
         lba += (len / 512) as u64 + 8;
     }
     // Several at once, next to each other (the range locks of neighbours).
@@ -214,6 +222,9 @@ async fn large_writes_cut_through_on_a_direct_uring_lun_read_back() {
     futures::future::join_all(writes).await;
     for i in 0..4u64 {
         let back = s.read16(0, base + i * 2048, 2048, 512).await.unwrap();
-        assert!(back.data == pattern(1 << 20, 100 + i)[..], "write {i} differs");
+        assert!(
+            back.data == pattern(1 << 20, 100 + i)[..],
+            "write {i} differs"
+        );
     }
 }

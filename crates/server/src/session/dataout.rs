@@ -210,7 +210,7 @@ mod tests {
         // The end first, then a Data-Out across the first boundary, then
         // the rest: every piece completes once.
         c.fill(2 * p, &vec![3; 4096]).unwrap();
-        c.fill(p - 100, &vec![2; 200]).unwrap();
+        c.fill(p - 100, &[2; 200]).unwrap();
         c.fill(p + 100, &vec![2; p - 100]).unwrap();
         assert_eq!(c.filling.len(), 1, "only the first piece still open");
         c.fill(0, &vec![1; p - 100]).unwrap();

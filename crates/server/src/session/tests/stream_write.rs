@@ -15,11 +15,14 @@ use super::{target_over, write10, Event, Harness};
 
 const PIECE: u64 = 256 << 10;
 
+/// A write on the device: offset, data, length, FUA, completion.
+type HeldWrite = (u64, ethersan_scsi::IoBuf, usize, bool, IoCompletion);
+
 /// RAM whose writes wait until the test completes them, on an engine that
 /// splits writes (as io_uring on an `O_DIRECT` store does).
 struct HeldWrites {
     ram: RamDevice,
-    pending: Mutex<Vec<(u64, ethersan_scsi::IoBuf, usize, bool, IoCompletion)>>,
+    pending: Mutex<Vec<HeldWrite>>,
     /// Every write submitted: offset, length, FUA.
     submitted: Mutex<Vec<(u64, usize, bool)>>,
 }
@@ -140,7 +143,14 @@ impl Harness {
 /// 1 MiB at block 0 with 8 KiB of immediate data: four R2Ts at once, each
 /// one's range straddling a piece boundary.
 fn start_write(h: &mut Harness, itt: u32, lba: u32) -> Vec<pdu::R2t> {
-    h.command(itt, &write10(lba, 2048), &[9; 8192], 1 << 20, true, TaskAttr::Simple);
+    h.command(
+        itt,
+        &write10(lba, 2048),
+        &[9; 8192],
+        1 << 20,
+        true,
+        TaskAttr::Simple,
+    );
     let r2ts = h.r2ts();
     assert_eq!(r2ts.len(), 4, "four R2Ts outstanding");
     r2ts
@@ -205,7 +215,11 @@ fn an_abort_mid_transfer_waits_for_the_piece_in_flight_and_writes_no_more() {
     assert_eq!(dev.held(), vec![0], "no piece after the abort");
     dev.complete(0, false);
     h.run_completions();
-    assert!(tmf_done(&h), "FUNCTION COMPLETE once the piece is done: {:?}", h.sent);
+    assert!(
+        tmf_done(&h),
+        "FUNCTION COMPLETE once the piece is done: {:?}",
+        h.sent
+    );
     assert_eq!(h.responses(6), 0, "no response for an aborted task");
     assert_eq!(dev.submitted.lock().unwrap().len(), 1);
     assert_eq!(h.s.budget.reserved(), 0, "the budget back, once");
