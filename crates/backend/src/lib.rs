@@ -302,6 +302,14 @@ pub trait BlockDevice: Send + Sync + std::fmt::Debug {
     fn splits_reads(&self) -> bool {
         false
     }
+    /// Whether a large write is better issued as several requests, each
+    /// started as soon as its part of the data has arrived (cut-through
+    /// WRITE), instead of one request after the last byte: true where
+    /// every write waits for the device and completes asynchronously
+    /// (io_uring on an `O_DIRECT` store). Default: false (one request).
+    fn splits_writes(&self) -> bool {
+        false
+    }
     /// Hint that a range will be read soon (PRE-FETCH). Default: nothing.
     fn prefetch(&self, _offset: u64, _len: u64) -> Result<(), BackendError> {
         Ok(())

@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use ethersan_scsi::commands::{lookup, Op};
 use ethersan_scsi::{
-    DataInSink, Nexus, ScsiCommand, ScsiResponse, ScsiStatus, ScsiTarget, Submitted,
+    DataInSink, Nexus, ScsiCommand, ScsiResponse, ScsiStatus, ScsiTarget, Submitted, WriteStream,
 };
 
 use crate::counters::{CommandKind, IoCounters};
@@ -74,6 +74,11 @@ pub struct Command {
     /// then only what is left after the parts. `None`: all of it comes
     /// with the outcome.
     pub early: Option<Early>,
+    /// A large WRITE's data, handed to the unit as it arrives, after the
+    /// command (cut-through; only for a command that
+    /// [`ScsiTarget::streams_write`] accepted): `data` is then empty and
+    /// the command answers after the transport ended the stream.
+    pub stream: Option<WriteStream>,
 }
 
 /// Takes a READ's data ahead of its outcome ([`Command::early`]): the
@@ -229,7 +234,7 @@ impl Executor {
         let fin = Arc::new(FinisherState {
             started: cmd.started,
             kind: CommandKind::of_op(op),
-            write_bytes: cmd.data.len() as u64,
+            write_bytes: cmd.stream.as_ref().map_or(cmd.data.len(), WriteStream::len) as u64,
             lun: cmd.lun,
             pr_target: (op == Some(Op::PrOut)).then(|| target.clone()),
             counting,
@@ -253,6 +258,7 @@ impl Executor {
         });
         let initiator = cmd.initiator;
         let channel_level = cmd.channel_level;
+        let stream = cmd.stream;
         let scsi = ScsiCommand {
             nexus: cmd.nexus,
             lun: cmd.lun,
@@ -264,12 +270,20 @@ impl Executor {
             // Everything, the submission too, on the blocking pool.
             let target = target.clone();
             pool.spawn(Box::new(move || {
-                let s = submit(&target, scsi, &initiator, channel_level, early, &fin);
+                let s = submit(
+                    &target,
+                    scsi,
+                    &initiator,
+                    channel_level,
+                    early,
+                    stream,
+                    &fin,
+                );
                 fin.settle_here(s)
             }));
             return None;
         }
-        match submit(target, scsi, &initiator, channel_level, early, &fin) {
+        match submit(target, scsi, &initiator, channel_level, early, stream, &fin) {
             Submitted::Done(r) => fin.outcome(r),
             Submitted::Pending => None,
             Submitted::Blocking(job) => {
@@ -288,6 +302,7 @@ fn submit(
     initiator: &str,
     channel_level: Option<u8>,
     early: Option<DataInSink>,
+    stream: Option<WriteStream>,
     fin: &Arc<FinisherState>,
 ) -> Submitted {
     let completion = fin.clone();
@@ -299,6 +314,7 @@ fn submit(
                     initiator: Some(initiator),
                     channel_level,
                     early: early.as_ref(),
+                    data_out: stream.as_ref(),
                 },
                 Box::new(move |r| completion.finish(r)),
             )

@@ -301,5 +301,8 @@ impl Default for LuConfig {
 }
 
 pub use alua::{Alua, AluaState, TargetPortGroup};
-pub use disk::{BlockCommand, LogicalUnit, PreemptListener, Refusal, SharedStateError};
+pub use disk::{
+    BlockCommand, LogicalUnit, PreemptListener, Refusal, SharedStateError, WriteStream,
+    WriteStreamError,
+};
 pub use target::{LunMap, LunMapError, LunPolicy, LunSlot, Requester, ScsiTarget, MAX_LUN};

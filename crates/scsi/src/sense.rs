@@ -241,6 +241,9 @@ pub mod codes {
     pub const READ_ERROR: Sense = Sense::new(key::MEDIUM_ERROR, 0x11, 0x00);
     /// WRITE ERROR
     pub const WRITE_ERROR: Sense = Sense::new(key::MEDIUM_ERROR, 0x0c, 0x00);
+    /// ABORTED COMMAND / DATA PHASE ERROR: the Data-Out of a command
+    /// never arrived whole.
+    pub const DATA_PHASE_ERROR: Sense = Sense::new(key::ABORTED_COMMAND, 0x4b, 0x00);
     /// SPACE ALLOCATION FAILED WRITE PROTECT
     pub const SPACE_ALLOCATION_FAILED: Sense = Sense::new(key::DATA_PROTECT, 0x27, 0x07);
     /// MISCOMPARE DURING VERIFY OPERATION

@@ -14,7 +14,7 @@ use crate::report_luns::report_luns;
 use crate::sense::Sense;
 use crate::{
     DataInSink, LunAccess, Nexus, ResetKind, ScsiCommand, ScsiCompletion, ScsiResponse, ScsiStatus,
-    Submitted,
+    Submitted, WriteStream,
 };
 
 /// Who may use one LUN (LUN masking and per-initiator write protection),
@@ -47,6 +47,11 @@ pub struct Requester<'a> {
     /// status (cut-through; see [`DataInSink`]). `None`: the whole data
     /// comes in the response.
     pub early: Option<&'a DataInSink>,
+    /// A large WRITE's data, arriving after the command is handed over
+    /// (cut-through WRITE; see [`WriteStream`]): given only for a command
+    /// [`ScsiTarget::streams_write`] accepted. `None`: the data is in the
+    /// command.
+    pub data_out: Option<&'a WriteStream>,
 }
 
 impl<'a> Requester<'a> {
@@ -56,6 +61,7 @@ impl<'a> Requester<'a> {
             initiator,
             channel_level: None,
             early: None,
+            data_out: None,
         }
     }
 }
@@ -185,6 +191,18 @@ impl ScsiTarget {
     /// The logical unit with this number.
     pub fn lun(&self, lun: u64) -> Option<Arc<LogicalUnit>> {
         self.luns.load().get(&lun).map(|s| s.lu.clone())
+    }
+
+    /// Whether a command for LUN `lun` with this CDB and expected length
+    /// is written as its data arrives: the transport then collects the
+    /// data into a [`WriteStream`] handed over with the command
+    /// ([`Requester::data_out`]) instead of one buffer (see
+    /// [`LogicalUnit::streams_write`]).
+    pub fn streams_write(&self, lun: u64, cdb: &[u8], expected_len: u32) -> bool {
+        self.luns
+            .load()
+            .get(&lun)
+            .is_some_and(|s| s.lu.streams_write(cdb, expected_len))
     }
 
     /// Whether LUN `lun` exists.
@@ -350,14 +368,14 @@ impl ScsiTarget {
             }
         }
         if opcode != 0x83 && opcode != 0x84 {
-            return lu.submit(cmd, who.early, done);
+            return lu.submit(cmd, who.early, who.data_out, done);
         }
         let def = match lu.precheck(&cmd.request()) {
             Ok(d) => d,
             Err(resp) => return Submitted::Done(resp),
         };
         if !matches!(def.op, Op::ExtendedCopy | Op::ReceiveCopyResults) {
-            return lu.submit(cmd, who.early, done);
+            return lu.submit(cmd, who.early, who.data_out, done);
         }
         // Only the LUNs this initiator may see and write (the LIO
         // CVE-2020-28374 lesson: a copy must not reach any other).
@@ -752,6 +770,7 @@ mod tests {
                 initiator: Some(name),
                 channel_level: level,
                 early: None,
+                data_out: None,
             };
             let cmd = ScsiCommand {
                 nexus: A,

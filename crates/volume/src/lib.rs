@@ -253,6 +253,43 @@ impl Volume {
         })
     }
 
+    /// Write the first `blocks` blocks of `data` at `lba` as [`write`]
+    /// does (FUA or the write cache off: durable on completion), within a
+    /// range the caller already holds shared for a larger command (from
+    /// [`RangeLocks::try_lock_shared_owned`] on [`ranges`], kept until
+    /// this write completes): no lock is taken here, so a read-modify-write command waiting for the range
+    /// cannot stall the rest of a command that holds it. `done` is called
+    /// iff the answer is [`Submission::Pending`].
+    ///
+    /// [`write`]: Self::write
+    /// [`ranges`]: Self::ranges
+    pub fn write_held(
+        &self,
+        lba: u64,
+        blocks: u64,
+        data: IoBuf,
+        fua: bool,
+        done: IoCompletion,
+    ) -> Result<Submission, VolumeError> {
+        let (offset, len) = self.check_range(lba, blocks)?;
+        if (data.len() as u64) < len {
+            return Err(VolumeError::ShortData {
+                have: data.len(),
+                need: len,
+            });
+        }
+        if len == 0 {
+            return Ok(Submission::Done(Ok(IoBuf::new())));
+        }
+        let req = IoRequest::Write {
+            offset,
+            data,
+            len: len as usize,
+            fua: self.effective_fua(fua),
+        };
+        Ok(self.dev.submit(req, done))
+    }
+
     /// Make every completed write durable. `done` is called iff the answer
     /// is [`Submission::Pending`].
     pub fn flush(&self, done: IoCompletion) -> Submission {

@@ -88,6 +88,16 @@ impl RangeLocks {
             .map(|g| OwnedRangeGuard { _stripes: g })
     }
 
+    /// Shared locks on the range that own their locks, waiting for an
+    /// exclusive holder first.
+    pub fn lock_shared_owned(&self, off: u64, len: u64) -> OwnedRangeGuard {
+        let stripes = Self::stripes_of(off, len)
+            .into_iter()
+            .map(|i| self.stripes[i].read_arc())
+            .collect();
+        OwnedRangeGuard { _stripes: stripes }
+    }
+
     /// Lock the byte range, shared or exclusive, waiting for conflicting
     /// holders.
     pub fn lock(&self, off: u64, len: u64, exclusive: bool) -> Vec<StripeGuard<'_>> {

@@ -503,6 +503,9 @@ impl BlockDevice for FileDevice {
     fn splits_reads(&self) -> bool {
         self.direct.is_some() && self.uring.is_some()
     }
+    fn splits_writes(&self) -> bool {
+        self.direct.is_some() && self.uring.is_some()
+    }
     fn unmap(&self, offset: u64, len: u64) -> Result<(), BackendError> {
         if !self.thin {
             return Err(BackendError::Unsupported);

@@ -64,6 +64,7 @@ fn cmd(cdb: &[u8], data: Vec<u8>, expected_len: u32) -> Command {
         tag: 7,
         started: std::time::Instant::now(),
         early: None,
+        stream: None,
     }
 }
 

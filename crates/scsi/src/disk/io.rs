@@ -34,7 +34,7 @@ impl LogicalUnit {
     pub(super) fn write_plan(
         &self,
         cdb: &[u8],
-        data_out: &[u8],
+        data_out_len: usize,
         verify: bool,
     ) -> Result<(u64, usize, bool), Sense> {
         let c = BlockCdb::parse(cdb);
@@ -53,10 +53,10 @@ impl LogicalUnit {
         // (INVALID FIELD IN COMMAND INFORMATION UNIT); libiscsi's residual
         // tests accept either outcome.
         let bs = self.bs() as usize;
-        if data_out.len() < len && !data_out.len().is_multiple_of(bs) {
+        if data_out_len < len && !data_out_len.is_multiple_of(bs) {
             return Err(codes::INVALID_FIELD_IN_IU);
         }
-        Ok((off, data_out.len().min(len), verify || c.fua()))
+        Ok((off, data_out_len.min(len), verify || c.fua()))
     }
 
     /// Blocks per WRITE ATOMIC alignment/granularity unit.

@@ -20,6 +20,7 @@
 //! that export the same store; REPORT/SET TARGET PORT GROUPS).
 
 mod cut_through;
+mod cut_through_write;
 mod gate;
 mod inquiry;
 mod io;
@@ -46,6 +47,7 @@ use crate::reservations::{PrError, Reservations};
 use crate::sense::{codes, Sense};
 use crate::unit_attention::UnitAttentions;
 use crate::{LuConfig, Nexus, ResetKind, ScsiRequest, ScsiResponse, ScsiStatus};
+pub use cut_through_write::{WriteStream, WriteStreamError};
 pub use gate::{BlockCommand, Refusal};
 use mode::ModeState;
 use multipath::AluaView;

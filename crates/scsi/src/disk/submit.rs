@@ -19,18 +19,20 @@ use super::{CmdResult, LogicalUnit, Reply};
 use crate::cdb::BlockCdb;
 use crate::commands::{CommandDef, Op};
 use crate::sense::codes;
-use crate::{DataInSink, ScsiCommand, ScsiCompletion, ScsiResponse, Submitted};
+use crate::{DataInSink, ScsiCommand, ScsiCompletion, ScsiResponse, Submitted, WriteStream};
 
 impl LogicalUnit {
     /// Run `cmd` (see the module documentation). `done` is called exactly
     /// once, with the response, if and only if the answer is
     /// [`Submitted::Pending`].
     /// `early` takes a large READ's data as it is read (cut-through, see
-    /// [`DataInSink`]) where the engine gains from that.
+    /// [`DataInSink`]) where the engine gains from that; `stream` brings a
+    /// large WRITE's data as it arrives (see [`WriteStream`]).
     pub(crate) fn submit(
         self: &Arc<Self>,
         cmd: ScsiCommand,
         early: Option<&DataInSink>,
+        stream: Option<&WriteStream>,
         done: ScsiCompletion,
     ) -> Submitted {
         let req = cmd.request();
@@ -40,7 +42,12 @@ impl LogicalUnit {
         };
         match def.op {
             Op::Read | Op::Write | Op::WriteVerify | Op::SyncCache => {
-                self.submit_io(def, cmd, early, done)
+                self.submit_io(def, cmd, early, stream, done)
+            }
+            // A command handed a stream it cannot use: its data would be
+            // lost.
+            _ if stream.is_some() => {
+                Submitted::Done(self.respond(Err(codes::INTERNAL_FAILURE), None))
             }
             Op::TestUnitReady
             | Op::Inquiry
@@ -62,6 +69,7 @@ impl LogicalUnit {
         def: &'static CommandDef,
         cmd: ScsiCommand,
         early: Option<&DataInSink>,
+        stream: Option<&WriteStream>,
         done: ScsiCompletion,
     ) -> Submitted {
         let data_out_len = self.reported_data_out_len(def, &cmd.cdb);
@@ -88,9 +96,22 @@ impl LogicalUnit {
                 Ok((_, 0)) => return now(Reply::none()),
                 Ok((off, len)) => Plan::Read(off, len),
             },
+            Op::Write if stream.is_some() => {
+                let len = stream.map_or(0, WriteStream::len);
+                match self.write_plan(&cmd.cdb, len, false) {
+                    Err(s) => return now(Err(s)),
+                    Ok((off, have, fua)) => {
+                        let stream = stream.expect("matched");
+                        let lu = self;
+                        return lu.write_cut_through(stream, off, have, fua, data_out_len, done);
+                    }
+                }
+            }
+            // Only a plain WRITE streams (`streams_write`).
+            _ if stream.is_some() => return now(Err(codes::INTERNAL_FAILURE)),
             _ => {
                 let verify = def.op == Op::WriteVerify;
-                match self.write_plan(&cmd.cdb, &cmd.data_out, verify) {
+                match self.write_plan(&cmd.cdb, cmd.data_out.len(), verify) {
                     Err(s) => return now(Err(s)),
                     Ok((_, 0, _)) => return now(Reply::none()),
                     Ok((off, have, fua)) => Plan::Write(off, have, fua),

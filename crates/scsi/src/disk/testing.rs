@@ -50,6 +50,15 @@ pub(crate) struct TestDevice {
     pub(crate) fail_read_at: Mutex<Option<u64>>,
     /// Every read, `(offset, len)`, in order of submission.
     pub(crate) reads: Mutex<Vec<(u64, usize)>>,
+    /// What [`BlockDevice::splits_writes`] says.
+    pub(crate) split_writes: AtomicBool,
+    /// A write that covers this byte fails.
+    pub(crate) fail_write_at: Mutex<Option<u64>>,
+    /// Every write, `(offset, len, fua)`, in order of submission.
+    pub(crate) writes: Mutex<Vec<(u64, usize, bool)>>,
+    /// Writes submitted and not yet completed, and the most seen at once.
+    pub(crate) writes_in_flight: Arc<AtomicUsize>,
+    pub(crate) max_writes_in_flight: AtomicUsize,
 }
 
 impl TestDevice {
@@ -66,6 +75,11 @@ impl TestDevice {
             split: AtomicBool::new(false),
             fail_read_at: Mutex::new(None),
             reads: Mutex::new(Vec::new()),
+            split_writes: AtomicBool::new(false),
+            fail_write_at: Mutex::new(None),
+            writes: Mutex::new(Vec::new()),
+            writes_in_flight: Arc::default(),
+            max_writes_in_flight: AtomicUsize::new(0),
         }
     }
 }
@@ -101,7 +115,13 @@ impl TestDevice {
                 len,
                 fua,
             } => {
-                if self.fail_writes.load(Ordering::Relaxed) || offset + len as u64 > DEV_BYTES {
+                self.writes.lock().unwrap().push((offset, len, fua));
+                let bad = *self.fail_write_at.lock().unwrap();
+                let hits_bad = bad.is_some_and(|b| (offset..offset + len as u64).contains(&b));
+                if self.fail_writes.load(Ordering::Relaxed)
+                    || hits_bad
+                    || offset + len as u64 > DEV_BYTES
+                {
                     return Err(BackendError::Write {
                         offset,
                         cause: io_error(),
@@ -130,15 +150,29 @@ impl BlockDevice for TestDevice {
         self.claimed_blocks.unwrap_or_else(|| self.ram.num_blocks())
     }
     fn submit(&self, req: IoRequest, done: IoCompletion) -> Submission {
+        let write = matches!(req, IoRequest::Write { .. });
         let r = self.run(req);
         match self.answer.load(Ordering::Relaxed) {
             ANSWER_BLOCKING => Submission::Blocking(Box::new(move || r)),
+            ANSWER_PENDING if write => {
+                let now = self.writes_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                self.max_writes_in_flight.fetch_max(now, Ordering::SeqCst);
+                let count = self.writes_in_flight.clone();
+                std::thread::spawn(move || {
+                    count.fetch_sub(1, Ordering::SeqCst);
+                    done(r)
+                });
+                Submission::Pending
+            }
             ANSWER_PENDING => {
                 std::thread::spawn(move || done(r));
                 Submission::Pending
             }
             _ => Submission::Done(r),
         }
+    }
+    fn splits_writes(&self) -> bool {
+        self.split_writes.load(Ordering::Relaxed)
     }
     fn splits_reads(&self) -> bool {
         self.split.load(Ordering::Relaxed)

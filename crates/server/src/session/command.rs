@@ -42,15 +42,30 @@ impl Session {
             self.reject(&raw.bhs, reject_reason::PROTOCOL_ERROR);
             return;
         };
-        let p = &self.setup.params;
+        let lun = lun_from_wire(cmd.lun);
         let edtl = cmd.expected_len;
+        let p = &self.setup.params;
         let mut fail = None;
         let mut data = IoBuf::new();
         let mut forced = 0;
         let mut reserved = 0;
         let mut room = 0;
+        let mut collect_now = false;
         // The immediate data, wherever the reader put it.
         let mut imm_data = aligned.unwrap_or_else(|| IoBuf::from(std::mem::take(&mut raw.data)));
+        // A large WRITE the unit writes as its data arrives (cut-through,
+        // `dataout`): its data goes into pieces, not one buffer. Not over
+        // a native transport channel, whose Data-Out is placed in one
+        // registered buffer.
+        let streams = cmd.write
+            && edtl <= MAX_EDTL
+            && (imm_data.len() as u64) < u64::from(edtl)
+            && !self.setup.placed_writes
+            && self
+                .setup
+                .target
+                .as_ref()
+                .is_some_and(|t| t.scsi.streams_write(lun, &cdb, edtl));
         let transfer = if cmd.write && edtl > 0 {
             let imm = imm_data.len().min(edtl as usize);
             if !p.immediate_data && !imm_data.is_empty() {
@@ -68,7 +83,12 @@ impl Session {
             {
                 reserved = edtl as usize;
                 room = edtl as usize;
-                if imm == edtl as usize || imm_data.capacity() >= edtl as usize {
+                if streams {
+                    // Collected into pieces from the start (`dataout`).
+                    data = std::mem::take(&mut imm_data);
+                    data.truncate(imm);
+                    collect_now = true;
+                } else if imm == edtl as usize || imm_data.capacity() >= edtl as usize {
                     // The PDU's own buffer (the reader gave it room for
                     // the whole transfer, aligned): Data-Out fills the rest
                     // in order (`IoBuf::fill_at`), never zeroed.
@@ -128,7 +148,7 @@ impl Session {
         let exempt = ethersan_scsi::commands::lookup(&cdb).is_some_and(|d| d.op == Op::Sanitize);
         // A command that fails anyway runs at its turn, without its data.
         let data_ready = transfer.is_none() || fail.is_some();
-        let lun = lun_from_wire(cmd.lun);
+        let transfer_needed = transfer.is_some() && fail.is_none();
         let task = Task {
             cmd,
             cdb,
@@ -142,6 +162,8 @@ impl Session {
             start_waiting: false,
             placed: None,
             streamed: None,
+            streams: streams && transfer_needed,
+            collecting: None,
         };
         if self
             .tasks
@@ -149,6 +171,9 @@ impl Session {
             .is_err()
         {
             unreachable!("checked above that the ITT is free");
+        }
+        if collect_now {
+            self.begin_collecting(itt);
         }
         self.admit(cmd_sn, immediate, Ordered::Scsi(itt));
     }
@@ -226,6 +251,10 @@ impl Session {
     /// One Data-Out; `placed_len` for a header whose data was placed into
     /// the task's registered buffer (its data segment's length).
     pub(super) fn on_data_out(&mut self, d: DataOut, data: Vec<u8>, placed_len: Option<u32>) {
+        if self.tasks.is_aborted(d.itt) {
+            // Its data is no longer wanted (it may still be running).
+            return;
+        }
         let admitted = self.tasks.is_admitted(d.itt);
         let Some(task) = self.tasks.get_mut(d.itt) else {
             // Data for a task that was aborted or failed: discard.
@@ -248,7 +277,10 @@ impl Session {
             Ok(()) => {
                 let complete = t.is_complete();
                 let placed = task.fail.is_none() && task.placed.is_some();
-                if task.fail.is_none() && !placed {
+                let mut piece_error = None;
+                if let Some(c) = &mut task.collecting {
+                    piece_error = c.fill(d.buffer_offset as usize, &data).err();
+                } else if task.fail.is_none() && !placed {
                     task.data.fill_at(d.buffer_offset as usize, &data);
                 }
                 if placed {
@@ -257,19 +289,28 @@ impl Session {
                 let Some(task) = self.tasks.get_mut(d.itt) else {
                     return;
                 };
-                if complete {
+                if let Some(e) = piece_error {
+                    Some(format!("cut-through write: {e}"))
+                } else if complete {
                     task.transfer = None;
-                    if task.placed.is_some() {
+                    if task.collecting.is_some() {
+                        // Written as it came; the unit answers when the
+                        // last pieces are.
+                        self.end_collecting(d.itt, true);
+                    } else if task.placed.is_some() {
                         // Ready once its buffer is back (`on_reclaimed`).
                         self.outputs.push_back(Output::Reclaim(d.itt));
                     } else {
                         self.tasks.set_data_ready(d.itt);
                         self.dispatch();
                     }
-                } else if admitted && task.fail.is_none() {
-                    self.solicit(d.itt);
+                    None
+                } else {
+                    if admitted && task.fail.is_none() {
+                        self.solicit(d.itt);
+                    }
+                    None
                 }
-                None
             }
             Err(e) => Some(format!("bad Data-Out: {e}")),
         };
@@ -281,10 +322,13 @@ impl Session {
             );
             self.forget_write(d.itt);
             if let Some(task) = self.tasks.get_mut(d.itt) {
-                // ABORTED COMMAND / DATA PHASE ERROR ends the command at once.
+                // ABORTED COMMAND / DATA PHASE ERROR ends the command at
+                // once (a cut-through WRITE already running answers so
+                // once its pieces in flight are done).
                 task.fail = Some(check_condition(0x0b, 0x4b, 0x00));
                 task.transfer = None;
             }
+            self.end_collecting(d.itt, false);
             self.tasks.set_data_ready(d.itt);
             self.dispatch();
         }
@@ -335,7 +379,7 @@ impl Session {
                 // A complete transfer filled every byte (WriteTransfer
                 // accepts each offset once, in order); the buffer has its
                 // full length whatever happened.
-                if task.cmd.write && data.len() < task.room {
+                if task.cmd.write && data.len() < task.room && task.collecting.is_none() {
                     data.resize(task.room);
                 }
                 data
@@ -348,6 +392,8 @@ impl Session {
                 .early
                 .clone()
                 .filter(|_| task.cmd.read && task.cmd.expected_len >= EARLY_MIN),
+            // A cut-through WRITE: its data follows (`dataout`).
+            stream: task.collecting.as_ref().map(|c| c.stream()),
         };
         let counting = Counting {
             lun: target.lun_counters(lun),
@@ -363,6 +409,10 @@ impl Session {
     }
 
     pub(super) fn on_done(&mut self, itt: u32, finished: Finished) {
+        // Never before the last Data-Out of a write (RFC 7143 §11.7.1).
+        let Some(finished) = self.defer_done(itt, finished) else {
+            return;
+        };
         if !self.abort_waiters.is_empty() {
             // Dropping a waiter whose tasks have all ended reports to the
             // session that asked for the abort.

@@ -25,6 +25,7 @@ impl Session {
                     initiator: Some(initiator),
                     channel_level: self.setup.channel_level,
                     early: None,
+                    data_out: None,
                 },
             )
         });
@@ -52,6 +53,7 @@ impl Session {
         let outcome = self.tasks.task_management(tmf, lun_exists, t);
         self.drop_awaiting();
         self.release(outcome.removed);
+        self.abandon_aborted_streams();
         let name = target.as_ref().map(|t| t.name.as_str());
         let fx = outcome.effects;
         if let Some(on) = fx.abort_others {

@@ -40,6 +40,7 @@ type FxHashMap<K, V> = HashMap<K, V, BuildHasherDefault<rustc_hash::FxHasher>>;
 
 mod command;
 mod datain;
+mod dataout;
 pub(crate) mod driver;
 mod management;
 #[cfg(test)]
@@ -229,6 +230,11 @@ struct Task {
     placed: Option<Vec<(u32, u32)>>,
     /// A READ's data handed over ahead of its outcome, not all sent yet.
     streamed: Option<datain::Streamed>,
+    /// A WRITE its unit writes as the data arrives (cut-through): decided
+    /// on arrival.
+    streams: bool,
+    /// Its Data-Out, collected into pieces once its buffer is reserved.
+    collecting: Option<dataout::Collecting>,
 }
 
 /// Items ordered by the CmdSN window.
@@ -288,6 +294,9 @@ pub(crate) struct Session {
     early: Option<Early>,
     /// Why the session ended, once it has (its end line says it).
     end_reason: Option<&'static str>,
+    /// Tasks collecting the Data-Out of a cut-through WRITE (some may be
+    /// gone: pruned as they are looked at).
+    streaming: Vec<u32>,
 }
 
 impl Session {
@@ -329,6 +338,7 @@ impl Session {
             closing: false,
             early: None,
             end_reason: None,
+            streaming: Vec::new(),
         }
     }
 

@@ -13,6 +13,7 @@ impl Session {
         let (removed, running) = self.tasks.abort(scope);
         self.drop_awaiting();
         self.release(removed);
+        self.abandon_aborted_streams();
         running
     }
 
@@ -57,6 +58,12 @@ impl Session {
         }
         task.reserved += more;
         self.budget.release_forced(std::mem::take(&mut task.forced));
+        if task.streams {
+            // Pieces instead of one buffer (`dataout`).
+            task.room = want;
+            self.begin_collecting(itt);
+            return true;
+        }
         if task.cmd.write && task.room < want {
             // Capacity for all of it, aligned, not zeroed: Data-Out fills
             // it in order.
@@ -69,14 +76,16 @@ impl Session {
     /// Give waiting tasks their buffers, oldest first, while they fit; a
     /// write then asks for its data, a read the task set started runs.
     pub(super) fn retry_awaiting(&mut self) {
+        let mut collecting = false;
         while let Some(&itt) = self.awaiting.front() {
             if !self.tasks.contains(itt) || self.tasks.is_aborted(itt) {
                 self.awaiting.pop_front();
                 continue;
             }
             if !self.reserve(itt) {
-                return;
+                break;
             }
+            collecting |= self.tasks.get(itt).is_some_and(|t| t.collecting.is_some());
             self.awaiting.pop_front();
             self.solicit(itt);
             let start = self
@@ -86,6 +95,10 @@ impl Session {
             if start {
                 self.start(itt);
             }
+        }
+        if collecting {
+            // A cut-through WRITE runs before its data: it may start now.
+            self.dispatch();
         }
     }
 

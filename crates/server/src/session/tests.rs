@@ -294,6 +294,7 @@ impl Harness {
 }
 
 mod stream;
+mod stream_write;
 
 fn write10(lba: u32, blocks: u16) -> Vec<u8> {
     let mut c = vec![0x2a, 0, 0, 0, 0, 0, 0, 0, 0, 0];
