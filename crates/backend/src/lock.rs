@@ -78,6 +78,10 @@ pub struct StoreLock {
     mode: LockMode,
     dev: u64,
     ino: u64,
+    /// The store's read-ahead, shared by every device that holds this
+    /// lock (a LUN and the one replacing it in a reload), so that a write
+    /// through either drops the predictions of both.
+    readahead: std::sync::OnceLock<std::sync::Arc<crate::file::readahead::ReadAhead>>,
 }
 
 impl StoreLock {
@@ -101,6 +105,7 @@ impl StoreLock {
                 mode,
                 dev: meta.dev(),
                 ino: meta.ino(),
+                readahead: Default::default(),
             }),
             Err(std::fs::TryLockError::WouldBlock) => {
                 Err(in_use(path, meta.dev(), meta.ino(), mode))
@@ -130,6 +135,7 @@ impl StoreLock {
                 mode,
                 dev: self.dev,
                 ino: self.ino,
+                readahead: Default::default(),
             }),
             Err(e) => {
                 let _ = take(self.mode);
@@ -142,6 +148,11 @@ impl StoreLock {
                 })
             }
         }
+    }
+
+    /// The store's read-ahead (made on first use).
+    pub(crate) fn readahead(&self) -> std::sync::Arc<crate::file::readahead::ReadAhead> {
+        self.readahead.get_or_init(Default::default).clone()
     }
 
     /// The mode it is held in.

@@ -387,6 +387,12 @@ impl BlockDevice for FileDevice {
             )));
         }
         let old = self.num_blocks.swap(blocks, Ordering::Relaxed);
+        if old != blocks {
+            // What was read ahead beyond a shrunk end must not come back.
+            if let Some(ra) = &self.readahead {
+                ra.invalidate(0, u64::MAX);
+            }
+        }
         Ok((old != blocks).then_some(blocks))
     }
     /// Inline when the page cache allows (never with `O_DIRECT`, never a
@@ -578,7 +584,7 @@ impl BlockDevice for FileDevice {
 }
 
 mod open;
-mod readahead;
+pub(crate) mod readahead;
 mod sync;
 #[cfg(test)]
 mod tests;

@@ -289,12 +289,14 @@ impl FileDevice {
             }
         };
         // Read-ahead only where this process alone changes the store.
-        let readahead = (direct.is_some()
-            && uring.is_some()
-            && lock
-                .as_ref()
-                .is_some_and(|l| l.mode() == crate::lock::LockMode::Exclusive))
-        .then(|| Arc::new(ReadAhead::default()));
+        // One per store, through its lock: a device replacing this one in
+        // a reload shares it.
+        let readahead = lock
+            .as_ref()
+            .filter(|l| {
+                direct.is_some() && uring.is_some() && l.mode() == crate::lock::LockMode::Exclusive
+            })
+            .map(|l| l.readahead());
         Ok(FileDevice {
             file,
             direct,

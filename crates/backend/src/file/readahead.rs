@@ -101,7 +101,7 @@ impl State {
 
 /// A store's read-ahead (see the module documentation).
 #[derive(Default)]
-pub(super) struct ReadAhead {
+pub(crate) struct ReadAhead {
     state: Mutex<State>,
     /// Reads answered from a prediction.
     hits: AtomicU64,

@@ -326,6 +326,16 @@ impl Core {
     }
 
     fn flush(&mut self, all: bool) {
+        // Pushing may reap (a full queue), and so finish the request a run
+        // waits for after it was held: nothing would wake the owner for
+        // it, so the held runs are looked at again until none is free.
+        while self.flush_once(all) {}
+    }
+
+    /// One pass of [`Core::flush`]: whether a run was held whose request
+    /// to follow has finished meanwhile.
+    fn flush_once(&mut self, all: bool) -> bool {
+        let mut held = Vec::new();
         let mut unsent = std::mem::take(&mut self.unsent);
         unsent.sort_by_key(|&i| {
             let o = self.op(i);
@@ -350,6 +360,7 @@ impl Core {
             }
             if !all && total < MERGE_BYTES && j - i < MERGE_OPS && self.follows(unsent[i]) {
                 self.followed += 1;
+                held.push(unsent[i]);
                 self.unsent.extend_from_slice(&unsent[i..j]);
                 i = j;
                 continue;
@@ -361,6 +372,7 @@ impl Core {
             }
             i = j;
         }
+        held.into_iter().any(|h| !self.follows(h))
     }
 
     /// Whether op `idx` (not sent) could join a request in the kernel that

@@ -72,13 +72,11 @@ impl<W> Driver<W> {
         let b = &raw.bhs.0;
         let itt = u32::from_be_bytes([b[16], b[17], b[18], b[19]]);
         let opcode = b[0] & 0x3f;
-        if opcode == 0x25 && b[1] & 0x01 != 0 {
-            // A Data-In with status whose data came inline: the buffer
-            // registered for it is not needed.
-            self.drop_registration(itt);
-            return Ok(None);
-        }
-        if opcode != 0x21 {
+        // A SCSI Response, or a Data-In with status whose data (if any)
+        // came inline: the read ends with it. Data placed before it goes
+        // first; with none, the registered buffer is not needed.
+        let ends = opcode == 0x21 || (opcode == 0x25 && b[1] & 0x01 != 0);
+        if !ends {
             return Ok(None);
         }
         if self.reads.get(&itt).is_none_or(|a| a.is_empty()) {

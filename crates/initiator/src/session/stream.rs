@@ -146,8 +146,11 @@ impl<R: AsyncRead + Unpin> StreamReader<R> {
                 // Beyond the buffer: whole, for the connection to refuse.
                 self.bufs.insert(itt, buf);
             }
-        } else if opcode == 0x21 {
-            // A SCSI Response ends a read: its placed data goes first.
+        }
+        if opcode == 0x21 || (opcode == 0x25 && b[1] & 0x01 != 0) {
+            // It ends a read (a SCSI Response, or a Data-In with status
+            // not placed, e.g. one without data): the data placed before
+            // it goes first.
             self.take_registrations();
             if let Some(buf) = self.bufs.remove(&itt) {
                 out.push(Ok(Incoming::Returned(itt, buf)));
@@ -209,5 +212,71 @@ impl<R: AsyncRead + Unpin> StreamReader<R> {
         }
         f.finish(head, part)
             .map_err(|e| Error::Protocol(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ethersan_proto::pdu::{DataIn, Pdu, RESERVED_TAG};
+
+    fn data_in(itt: u32, offset: u32, data: &[u8], status: bool) -> Vec<u8> {
+        let d = DataIn {
+            final_bit: status,
+            ack: false,
+            overflow: false,
+            underflow: false,
+            status_present: status,
+            status: 0,
+            lun: 0,
+            itt,
+            ttt: RESERVED_TAG,
+            stat_sn: 1,
+            exp_cmd_sn: 1,
+            max_cmd_sn: 9,
+            data_sn: offset / 4096,
+            buffer_offset: offset,
+            residual: 0,
+        };
+        let bhs = Pdu::DataIn(d).encode(data.len() as u32);
+        let e = crate::framer(&SessionParams::default()).encode(&bhs, &[], data);
+        [e.head, data.to_vec(), e.tail].concat()
+    }
+
+    /// Data-In for a registered read lands in its buffer; the buffer comes
+    /// back before a Data-In with status that carries no data (the read's
+    /// end), and a read never registered comes whole.
+    #[tokio::test]
+    async fn placed_data_in_and_an_empty_final_data_in() {
+        let block: Vec<u8> = (0..4096u32).map(|i| i as u8).collect();
+        let mut wire = data_in(7, 0, &block, false);
+        wire.extend(data_in(7, 4096, &block[..1000], false));
+        wire.extend(data_in(7, 0, &[], true));
+        wire.extend(data_in(9, 0, &block[..100], true));
+        let (tx, rx) = mpsc::unbounded_channel();
+        tx.send(Reg::Expect(7, PlacedBuf::new(8192))).unwrap();
+        let mut r = StreamReader::new(&wire[..], SessionParams::default(), rx);
+        let mut out = Vec::new();
+        while r.next(&mut out).await.is_ok() {}
+        let kinds: Vec<&str> = out
+            .iter()
+            .map(|m| match m {
+                Ok(Incoming::Placed(_)) => "placed",
+                Ok(Incoming::Returned(..)) => "returned",
+                Ok(Incoming::Pdu(_)) => "pdu",
+                Err(_) => "error",
+            })
+            .collect();
+        assert_eq!(kinds, ["placed", "placed", "returned", "pdu", "pdu"]);
+        let Ok(Incoming::Returned(7, buf)) = &out[2] else {
+            panic!("the buffer of task 7");
+        };
+        assert_eq!(buf.ranges(), &[(0, 5096)]);
+        assert!(buf.get(0, 4096).unwrap() == &block[..]);
+        assert!(buf.get(4096, 5096).unwrap() == &block[..1000]);
+        let Ok(Incoming::Pdu(p)) = &out[4] else {
+            panic!("task 9's Data-In whole");
+        };
+        assert_eq!(p.data, &block[..100]);
     }
 }

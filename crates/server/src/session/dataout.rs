@@ -122,6 +122,13 @@ impl Session {
         if !task.streams || task.collecting.is_some() || task.fail.is_some() {
             return false;
         }
+        if task.transfer.is_none() {
+            // All its data came unasked before its buffer was granted:
+            // nothing more will arrive to end a stream, so it is written
+            // whole, as any write.
+            task.streams = false;
+            return false;
+        }
         let mut c = Collecting::new(task.cmd.expected_len as usize);
         let early = std::mem::take(&mut task.data);
         if let Err(e) = c.fill(0, &early) {
