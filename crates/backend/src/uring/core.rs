@@ -27,7 +27,7 @@
 //! one, a few microseconds apart, where a local program submits its whole
 //! batch at once: without waiting, a stream at queue depth 16 reaches the
 //! device as many small requests, and a virtual disk takes about as long
-//! for 128 KiB as for 1 MiB (docs/benchmark.md, "Following"). Waiting
+//! for 128 KiB as for 1 MiB (docs/benchmark.md, "Read-ahead and following"). Waiting
 //! costs nothing at queue depth 1 (nothing is in the kernel) and never
 //! applies to random requests or to requests larger than [`MERGE_OP`].
 
