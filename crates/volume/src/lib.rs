@@ -209,22 +209,9 @@ impl Volume {
         fua: bool,
         done: IoCompletion,
     ) -> Result<Submission, VolumeError> {
-        let (offset, len) = self.check_range(lba, blocks)?;
-        if (data.len() as u64) < len {
-            return Err(VolumeError::ShortData {
-                have: data.len(),
-                need: len,
-            });
-        }
-        let req = IoRequest::Write {
-            offset,
-            data,
-            len: len as usize,
-            fua: self.effective_fua(fua),
-        };
-        if len == 0 {
+        let Some((offset, len, req)) = self.write_request(lba, blocks, data, fua)? else {
             return Ok(Submission::Done(Ok(IoBuf::new())));
-        }
+        };
         let Some(guard) = self.ranges.try_lock_shared_owned(offset, len) else {
             let dev = self.dev.clone();
             let ranges = self.ranges.clone();
@@ -271,6 +258,22 @@ impl Volume {
         fua: bool,
         done: IoCompletion,
     ) -> Result<Submission, VolumeError> {
+        match self.write_request(lba, blocks, data, fua)? {
+            Some((_, _, req)) => Ok(self.dev.submit(req, done)),
+            None => Ok(Submission::Done(Ok(IoBuf::new()))),
+        }
+    }
+
+    /// The engine request of a write (range and data checked, FUA as the
+    /// write cache says) with its byte offset and length; `None` for no
+    /// blocks.
+    fn write_request(
+        &self,
+        lba: u64,
+        blocks: u64,
+        data: IoBuf,
+        fua: bool,
+    ) -> Result<Option<(u64, u64, IoRequest)>, VolumeError> {
         let (offset, len) = self.check_range(lba, blocks)?;
         if (data.len() as u64) < len {
             return Err(VolumeError::ShortData {
@@ -279,7 +282,7 @@ impl Volume {
             });
         }
         if len == 0 {
-            return Ok(Submission::Done(Ok(IoBuf::new())));
+            return Ok(None);
         }
         let req = IoRequest::Write {
             offset,
@@ -287,7 +290,7 @@ impl Volume {
             len: len as usize,
             fua: self.effective_fua(fua),
         };
-        Ok(self.dev.submit(req, done))
+        Ok(Some((offset, len, req)))
     }
 
     /// Make every completed write durable. `done` is called iff the answer
