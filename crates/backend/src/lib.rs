@@ -31,6 +31,7 @@ pub mod file;
 mod fill;
 pub mod lock;
 pub mod ram;
+mod readahead;
 pub mod shared;
 pub mod uring;
 

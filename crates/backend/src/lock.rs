@@ -81,7 +81,7 @@ pub struct StoreLock {
     /// The store's read-ahead, shared by every device that holds this
     /// lock (a LUN and the one replacing it in a reload), so that a write
     /// through either drops the predictions of both.
-    readahead: std::sync::OnceLock<std::sync::Arc<crate::file::readahead::ReadAhead>>,
+    readahead: std::sync::OnceLock<std::sync::Arc<crate::readahead::ReadAhead>>,
 }
 
 impl StoreLock {
@@ -151,7 +151,7 @@ impl StoreLock {
     }
 
     /// The store's read-ahead (made on first use).
-    pub(crate) fn readahead(&self) -> std::sync::Arc<crate::file::readahead::ReadAhead> {
+    pub(crate) fn readahead(&self) -> std::sync::Arc<crate::readahead::ReadAhead> {
         self.readahead.get_or_init(Default::default).clone()
     }
 

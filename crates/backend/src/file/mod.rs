@@ -42,7 +42,7 @@ use crate::fill::read_fill;
 use crate::lock::{Locking, StoreLock};
 use crate::uring::UringEngine;
 use crate::{BackendError, BlockDevice, IoBuf, IoCompletion, IoRequest, Submission};
-use readahead::ReadAhead;
+use crate::readahead::ReadAhead;
 
 /// How a file or block device moves data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -584,7 +584,6 @@ impl BlockDevice for FileDevice {
 }
 
 mod open;
-pub(crate) mod readahead;
 mod sync;
 #[cfg(test)]
 mod tests;

@@ -34,22 +34,22 @@ use std::sync::{Arc, Mutex};
 use crate::{IoCompletion, IoResult, Submission};
 
 /// Streams followed at once per store.
-pub(super) const STREAMS: usize = 4;
+pub(crate) const STREAMS: usize = 4;
 /// How far ahead of a stream's last read its predictions reach.
-pub(super) const WINDOW: u64 = 4 << 20;
+pub(crate) const WINDOW: u64 = 4 << 20;
 /// Predicted bytes held per store, landed or on the device.
-pub(super) const LIMIT: usize = 16 << 20;
+pub(crate) const LIMIT: usize = 16 << 20;
 /// Reads larger than this are not predicted.
-pub(super) const MAX_READ: usize = 1 << 20;
+pub(crate) const MAX_READ: usize = 1 << 20;
 /// Nor reads smaller than this: a stream of small reads would need many
 /// predictions for little data (a device request each, before merging).
-pub(super) const MIN_READ: usize = 32 * 1024;
+pub(crate) const MIN_READ: usize = 32 * 1024;
 /// Most predictions ahead of one stream.
-pub(super) const AHEAD: u64 = 32;
+pub(crate) const AHEAD: u64 = 32;
 /// Reads of one size, each where the one before ended, before a stream
 /// is predicted: a mix that is mostly random (Iometer's 75%) follows a
 /// read now and then, rarely twice with the same size.
-pub(super) const CONFIRM: u32 = 3;
+pub(crate) const CONFIRM: u32 = 3;
 
 /// One predicted read.
 struct Slot(Mutex<SlotState>);
@@ -137,12 +137,12 @@ impl ReadAhead {
     }
 
     /// Reads answered from a prediction so far.
-    pub(super) fn hits(&self) -> u64 {
+    pub(crate) fn hits(&self) -> u64 {
         self.hits.load(Ordering::Relaxed)
     }
 
     /// Bytes read ahead so far.
-    pub(super) fn issued(&self) -> u64 {
+    pub(crate) fn issued(&self) -> u64 {
         self.issued.load(Ordering::Relaxed)
     }
 
@@ -150,7 +150,7 @@ impl ReadAhead {
     /// from a prediction (`Ok`), or `Err(done)` for the caller to read
     /// from the device. Either way the stream it continues is predicted
     /// further through `issue(offset, len, completion)`.
-    pub(super) fn read(
+    pub(crate) fn read(
         &self,
         off: u64,
         len: usize,
@@ -258,7 +258,7 @@ impl ReadAhead {
 
     /// Forget the predictions that overlap `[off, off + len)`: the store
     /// changes there.
-    pub(super) fn invalidate(&self, off: u64, len: u64) {
+    pub(crate) fn invalidate(&self, off: u64, len: u64) {
         let mut st = self.lock();
         if st.preds.is_empty() {
             return;
