@@ -40,9 +40,9 @@ use std::sync::Arc;
 
 use crate::fill::read_fill;
 use crate::lock::{Locking, StoreLock};
+use crate::readahead::ReadAhead;
 use crate::uring::UringEngine;
 use crate::{BackendError, BlockDevice, IoBuf, IoCompletion, IoRequest, Submission};
-use crate::readahead::ReadAhead;
 
 /// How a file or block device moves data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
