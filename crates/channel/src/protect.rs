@@ -186,7 +186,7 @@ impl Protector {
             let (header, payload) = frame.split_at_mut(split);
             keys.seal(pn, header, payload)
         } else {
-            keys.seal(pn, frame, &mut [])
+            keys.sign(pn, frame, HEADER_LEN)
         };
         buf.extend_from_slice(&tag);
     }
@@ -231,7 +231,7 @@ impl Protector {
                     let (h, payload) = body.split_at_mut(HEADER_LEN);
                     keys.open(header.pn, h, payload, &tag)
                 } else {
-                    keys.open(header.pn, body, &mut [], &tag)
+                    keys.verify(header.pn, body, HEADER_LEN, &tag)
                 };
                 result.map_err(|_| FrameError::Unauthenticated)?;
             }
@@ -315,7 +315,7 @@ impl Protector {
                 let result = if self.level == Level::Encrypt {
                     keys.open(header.pn, &frame[..HEADER_LEN], dst, &tag)
                 } else {
-                    keys.open(header.pn, &frame[..end], &mut [], &tag)
+                    keys.verify(header.pn, &frame[..end], HEADER_LEN, &tag)
                 };
                 result.map_err(|_| FrameError::Unauthenticated)?;
             }

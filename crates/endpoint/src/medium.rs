@@ -9,6 +9,7 @@ use bytes::Bytes;
 use ethersan_link::{EthernetHeader, Link, MacAddr, HEADER_LEN};
 use tokio::net::UdpSocket;
 
+pub mod mtu;
 pub mod udp;
 
 /// IPv4 and UDP headers: what a UDP datagram costs of the link's MTU.

@@ -255,7 +255,7 @@ pub async fn start(
         let Some(p) = &workers else {
             let sock = tokio::net::UdpSocket::bind(u.addr).await.map_err(udp_err)?;
             let bound = sock.local_addr().unwrap_or(u.addr);
-            let medium = Medium::udp(sock, u.mtu).map_err(udp_err)?;
+            let medium = Medium::udp(sock, u.path_mtu()).map_err(udp_err)?;
             native
                 .serve(format!("udp {bound}"), medium, None, &ecfg, &server)
                 .await?;
@@ -270,7 +270,7 @@ pub async fn start(
         }
         for (i, sock) in socks.into_iter().enumerate() {
             let slot = p.worker(i);
-            let mtu = u.mtu;
+            let mtu = u.path_mtu();
             // The socket registers with the reactor of its worker.
             let medium = on(Some(&slot), move || {
                 Medium::udp(tokio::net::UdpSocket::from_std(sock)?, mtu)

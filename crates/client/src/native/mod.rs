@@ -106,7 +106,12 @@ pub async fn open_medium(url: &IscsiUrl) -> Result<(Medium, Option<PeerAddr>), E
             let sock = tokio::net::UdpSocket::bind(bind)
                 .await
                 .map_err(|e| Error::Unreachable(format!("cannot bind a UDP socket: {e}")))?;
-            let medium = Medium::udp(sock, p.mtu.unwrap_or(ethersan_link::DEFAULT_MTU))
+            // No mtu= in the URL: the route's, as TCP would use.
+            let mtu = p.mtu.unwrap_or_else(|| {
+                ethersan_endpoint::medium::mtu::route_mtu(addr)
+                    .unwrap_or(ethersan_link::DEFAULT_MTU)
+            });
+            let medium = Medium::udp(sock, mtu)
                 .map_err(|e| Error::Unreachable(format!("UDP socket: {e}")))?;
             Ok((medium, Some(PeerAddr::Udp(addr))))
         }

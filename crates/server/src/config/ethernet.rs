@@ -53,8 +53,9 @@ pub struct UdpPortal {
     /// Address and port to bind.
     pub addr: SocketAddr,
     /// The path MTU (IP packet size; frames are this less the IP and UDP
-    /// headers).
-    pub mtu: usize,
+    /// headers); `None` (not configured): the MTU of the interface holding
+    /// the address ([`UdpPortal::path_mtu`]).
+    pub mtu: Option<usize>,
 }
 
 impl UdpPortal {
@@ -72,7 +73,7 @@ impl UdpPortal {
             .map_err(|_| {
                 format!("--udp {spec:?}: give ADDR:PORT (e.g. 0.0.0.0:3262 or [::]:3262)")
             })?;
-        let mut mtu = ethersan_link::DEFAULT_MTU;
+        let mut mtu = None;
         for p in parts {
             match p.split_once('=') {
                 Some(("mtu", v)) => {
@@ -80,6 +81,7 @@ impl UdpPortal {
                         .parse::<usize>()
                         .ok()
                         .filter(|m| (1280..=65_535).contains(m))
+                        .map(Some)
                         .ok_or_else(|| {
                             format!("--udp {spec:?}: mtu must be a number from 1280 to 65535")
                         })?
@@ -92,6 +94,15 @@ impl UdpPortal {
             }
         }
         Ok(UdpPortal { addr, mtu })
+    }
+
+    /// The path MTU the portal's socket uses: the configured one, else the
+    /// MTU of the interface holding the address (loopback's 65,535 on
+    /// 127.0.0.1; 1500 on a wildcard address, where a channel still takes
+    /// the smaller of both ends' figures).
+    pub fn path_mtu(&self) -> usize {
+        self.mtu
+            .unwrap_or_else(|| ethersan_endpoint::medium::mtu::bound_mtu(self.addr.ip()))
     }
 }
 

@@ -238,12 +238,9 @@ pub(super) fn ethernet(e: &EthernetConfig, base: &Path) -> Tab {
     links(&mut t, &e.links, base);
     t.put_strings(
         "udp",
-        e.udp.iter().map(|u| {
-            if u.mtu == ethersan_link::DEFAULT_MTU {
-                u.addr.to_string()
-            } else {
-                format!("{},mtu={}", u.addr, u.mtu)
-            }
+        e.udp.iter().map(|u| match u.mtu {
+            None => u.addr.to_string(),
+            Some(mtu) => format!("{},mtu={mtu}", u.addr),
         }),
     );
     t.put_some("group", e.group.clone().map(s));
