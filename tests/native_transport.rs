@@ -53,7 +53,7 @@ fn every_security_level_and_a_lun_refusing_a_weaker_channel() {
         .iter()
         .map(|l| format!("ram:8M,security={l}"))
         .collect();
-    let _server = serve_udp(dir.path(), port, &luns);
+    let server = serve_udp(dir.path(), port, &luns);
     let src = dir.path().join("src.img");
     std::fs::write(&src, pattern(3 << 20, 5)).unwrap();
     for (lun, level) in ["none", "integrity", "encrypt"].iter().enumerate() {
@@ -80,6 +80,20 @@ fn every_security_level_and_a_lun_refusing_a_weaker_channel() {
             "LUN {lun} read back differs"
         );
     }
+    // No mtu= anywhere: both ends take loopback's MTU (65,535 less the IP
+    // and UDP headers), as TCP would, not the 1500 of an Ethernet NIC.
+    let frames: Vec<u64> = server
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains("channel opened"))
+        .filter_map(|l| field(l, "max_frame"))
+        .collect();
+    assert!(
+        !frames.is_empty() && frames.iter().all(|f| *f == 65_535 - 28),
+        "channels' largest frames on loopback: {frames:?}"
+    );
     // An encrypted channel reaches the LUN that needs only integrity.
     let url = format!("udp://127.0.0.1:{port}/{IQN}/1");
     ok_out(&client(dir.path(), SECRET, &["inquiry", &url]), "inquiry");
@@ -340,7 +354,12 @@ fn a_lossy_relay_loses_and_corrupts_nothing() {
     let relay = Relay::start(format!("127.0.0.1:{port}").parse().unwrap(), 1);
     let src = dir.path().join("src.img");
     std::fs::write(&src, pattern(12 << 20, 21)).unwrap();
-    let url = format!("udp://127.0.0.1:{}/{IQN}/0?security=integrity", relay.port);
+    // Ethernet-sized frames (not loopback's 64 KiB): hundreds of
+    // datagrams per MiB, so the relay's 0.1% corruption hits some.
+    let url = format!(
+        "udp://127.0.0.1:{}/{IQN}/0?security=integrity&mtu=1500",
+        relay.port
+    );
     let f = secret_file(dir.path(), SECRET);
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ethersan"))
         .args(["cp", "--verify", &path_str(&src), &url])
