@@ -17,11 +17,15 @@
 
 pub mod cqe;
 pub mod digest;
+pub mod fabrics;
+pub mod keepalive;
 pub mod pdu;
+pub mod queue;
 pub mod sqe;
 pub mod status;
 
 pub use cqe::Cqe;
 pub use pdu::{decode, decode_head, Framing, Pdu, PduError};
+pub use queue::{Event, Queue, QueueConfig};
 pub use sqe::{Sgl, Sqe};
 pub use status::Status;
