@@ -15,6 +15,7 @@
 //! - [`queue`]: [`Queue`], the target side of one NVMe/TCP connection.
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod command;
 pub mod cqe;
 pub mod digest;
 pub mod fabrics;
