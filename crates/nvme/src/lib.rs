@@ -21,6 +21,7 @@ pub mod digest;
 pub mod fabrics;
 pub mod keepalive;
 pub mod pdu;
+pub mod properties;
 pub mod queue;
 pub mod sqe;
 pub mod status;
