@@ -19,6 +19,7 @@ pub mod command;
 pub mod cqe;
 pub mod digest;
 pub mod fabrics;
+pub mod identify;
 pub mod keepalive;
 pub mod pdu;
 pub mod properties;
