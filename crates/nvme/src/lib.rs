@@ -21,6 +21,7 @@ pub mod digest;
 pub mod fabrics;
 pub mod identify;
 pub mod keepalive;
+pub mod log;
 pub mod pdu;
 pub mod properties;
 pub mod queue;
