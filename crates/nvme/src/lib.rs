@@ -28,6 +28,9 @@ pub mod queue;
 pub mod sqe;
 pub mod status;
 
+#[cfg(test)]
+mod proptests;
+
 pub use cqe::Cqe;
 pub use pdu::{decode, decode_head, Framing, Pdu, PduError};
 pub use queue::{Event, Queue, QueueConfig};

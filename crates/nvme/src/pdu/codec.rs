@@ -280,6 +280,9 @@ impl Pdu {
         if !data.is_empty() && !ty.has_data() && !term {
             return Err(EncodeError::NoDataAllowed(ty));
         }
+        if data.is_empty() && matches!(ty, PduType::H2cData | PduType::C2hData) {
+            return Err(EncodeError::DataRequired(ty));
+        }
         if term && data.len() > MAX_TERM_DATA {
             return Err(EncodeError::TooLong {
                 ty,

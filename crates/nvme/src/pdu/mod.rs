@@ -209,6 +209,9 @@ pub enum EncodeError {
     /// Data given for a PDU type that carries none.
     #[error("{0:?} carries no data")]
     NoDataAllowed(PduType),
+    /// A data PDU (H2CData, C2HData) without data.
+    #[error("{0:?} needs data")]
+    DataRequired(PduType),
     /// The data does not fit the PDU (PLEN is 32 bits; a termination
     /// request carries at most 128 bytes).
     #[error("{len} data bytes do not fit a {ty:?}")]

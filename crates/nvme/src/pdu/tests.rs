@@ -282,6 +282,16 @@ fn encode_refuses_impossible_pdus() {
         r2t.encode(&[1], &f, &mut Vec::new()),
         Err(EncodeError::NoDataAllowed(PduType::R2t))
     );
+    let data_pdu = Pdu::H2cData(H2cData {
+        cccid: 1,
+        ttag: 1,
+        datao: 0,
+        last: true,
+    });
+    assert_eq!(
+        data_pdu.encode(&[], &f, &mut Vec::new()),
+        Err(EncodeError::DataRequired(PduType::H2cData))
+    );
     let term = Pdu::C2hTermReq(TermReq { fes: 1, fei: 0 });
     assert!(matches!(
         term.encode(&[0; 129], &f, &mut Vec::new()),
