@@ -230,6 +230,9 @@ fn parse_specific(ty: PduType, flags: u8, h: &[u8], data_len: usize) -> Result<P
             Pdu::CapsuleResp(Cqe::parse(&b).ok_or(invalid(22, "reserved status code type"))?)
         }
         PduType::H2cData | PduType::C2hData => {
+            if data_len == 0 {
+                return Err(invalid(16, "DATAL of zero"));
+            }
             if u32_at(h, 16) as usize != data_len {
                 return Err(invalid(16, "DATAL differs from the data length"));
             }

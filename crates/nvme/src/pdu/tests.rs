@@ -318,3 +318,47 @@ fn head_decodes_before_the_data() {
     assert_eq!(trailer, Some(crate::digest::crc32c(&data).to_le_bytes()));
     assert_eq!(head.data.start, 32); // 24 + 4 rounded to 32
 }
+
+/// The fuzz seeds (fuzz/seeds/nvme_pdu/) are PDUs this encoder writes;
+/// this test keeps them so. `NVME_WRITE_SEEDS=1` writes them again.
+#[test]
+fn fuzz_seeds_are_current() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/seeds/nvme_pdu");
+    let plain = Framing::plain(MAX);
+    let digests = Framing {
+        header_digest: true,
+        data_digest: true,
+        pda: 0,
+        max_data: MAX,
+    };
+    let names = [
+        "icreq",
+        "icresp",
+        "h2c_term",
+        "c2h_term",
+        "capsule_icd",
+        "capsule",
+        "resp",
+        "h2c_data",
+        "c2h_data_success",
+        "c2h_data",
+        "r2t",
+    ];
+    let write = std::env::var_os("NVME_WRITE_SEEDS").is_some();
+    for ((pdu, data), name) in samples().into_iter().zip(names) {
+        for (f, suffix) in [(plain, ""), (digests, "_digests")] {
+            if !pdu.pdu_type().digestible() && !suffix.is_empty() {
+                continue;
+            }
+            let mut b = Vec::new();
+            pdu.encode(&data, &f, &mut b).unwrap();
+            let path = dir.join(format!("{name}{suffix}"));
+            if write {
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(&path, &b).unwrap();
+            }
+            let seed = std::fs::read(&path).unwrap_or_default();
+            assert_eq!(seed, b, "{} is stale", path.display());
+        }
+    }
+}
