@@ -161,7 +161,7 @@ impl AdminCommand {
             GET_LOG_PAGE => {
                 let numd = u64::from(c10 >> 16) | u64::from(c11 & 0xFFFF) << 16;
                 let offset = u64::from(sqe.cdw(12)) | u64::from(sqe.cdw(13)) << 32;
-                if offset % 4 != 0 {
+                if !offset.is_multiple_of(4) {
                     return Err(Status::INVALID_FIELD);
                 }
                 AdminCommand::GetLogPage {

@@ -108,7 +108,7 @@ pub fn decode_head(buf: &[u8], framing: &Framing) -> Result<Option<Head>, PduErr
                 }
                 head_end..head_end
             } else {
-                if pdo < head_end || pdo % 4 != 0 {
+                if pdo < head_end || !pdo.is_multiple_of(4) {
                     return Err(invalid(3, "PDO"));
                 }
                 if plen < pdo + dd {
@@ -196,7 +196,7 @@ fn parse_specific(ty: PduType, flags: u8, h: &[u8], data_len: usize) -> Result<P
                     maxr2t: v,
                 })
             } else {
-                if v < 4096 || v % 4 != 0 {
+                if v < 4096 || !v.is_multiple_of(4) {
                     return Err(invalid(12, "MAXH2CDATA"));
                 }
                 Pdu::IcResp(IcResp {
@@ -356,7 +356,8 @@ impl Pdu {
 
     /// Writes the PDU-specific header bytes (after the common header).
     fn write_specific(&self, data_len: u32, out: &mut Vec<u8>) {
-        let digest_bits = |h: bool, d: bool| u8::from(h) * DGST_HEADER | u8::from(d) * DGST_DATA;
+        let digest_bits =
+            |h: bool, d: bool| (u8::from(h) * DGST_HEADER) | (u8::from(d) * DGST_DATA);
         match self {
             Pdu::IcReq(r) => {
                 out.extend_from_slice(&r.pfv.to_le_bytes());

@@ -229,9 +229,7 @@ fn bad_header_fields() {
     let mut b = good.clone();
     b[16..20].copy_from_slice(&999u32.to_le_bytes());
     assert_eq!(fei(&b).fei, 16);
-    for s in [fei(&b)] {
-        assert_eq!(s.fes, FatalErrorStatus::InvalidHeaderField);
-    }
+    assert_eq!(fei(&b).fes, FatalErrorStatus::InvalidHeaderField);
 }
 
 #[test]
