@@ -13,6 +13,36 @@
 //! - [`identify`] and [`log`]: Identify data and log pages.
 //! - [`keepalive`]: the Keep Alive timer.
 //! - [`queue`]: [`Queue`], the target side of one NVMe/TCP connection.
+//!
+//! # Driving it
+//!
+//! A front end owns one [`Queue`] per TCP connection and loops:
+//!
+//! ```text
+//! read bytes into buf
+//! while let Some(r) = queue.receive(&buf, now) {
+//!     match r.event {
+//!         Connected { .. }            -> nothing (ICResp is queued)
+//!         Command { sqe, data }       -> parse with command::AdminCommand /
+//!                                        IoCommand / fabrics::FabricsCommand,
+//!                                        run it unless data is Awaiting
+//!         Data { cid, offset, range, complete }
+//!                                     -> copy buf[range] to the command's
+//!                                        buffer at offset; run it if complete
+//!         Failed { cid, status }      -> queue.complete(Completion::new(cid, status), &mut out)
+//!         HostTerminated(_) | Fatal(_) -> send what poll_transmit gives, close
+//!     }
+//!     buf.drain(..r.consumed)
+//! }
+//! queue.poll_transmit(&mut out)   // ICResp, R2Ts, TermReq, self-answered commands
+//! on completion: queue.complete(..) or, for a read, queue.c2h_data(..)
+//!                (send each PDU head from Pdu::encode_head, then the data
+//!                slice, then the digest) or queue.send_read(..)
+//! on timer: queue.on_tick(now) at queue.poll_timeout()
+//! ```
+//!
+//! Property Get/Set go to a [`properties::Properties`] per controller;
+//! Identify and Get Log Page answers come from [`identify`] and [`log`].
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod command;
