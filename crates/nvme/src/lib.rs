@@ -13,6 +13,8 @@
 //! - [`identify`] and [`log`]: Identify data and log pages.
 //! - [`keepalive`]: the Keep Alive timer.
 //! - [`queue`]: [`Queue`], the target side of one NVMe/TCP connection.
+//! - [`host`]: [`host::Host`], the host side of one connection, the
+//!   command builders a host needs and the parsers of what it reads back.
 //!
 //! # Driving it
 //!
@@ -49,6 +51,7 @@ pub mod command;
 pub mod cqe;
 pub mod digest;
 pub mod fabrics;
+pub mod host;
 pub mod identify;
 pub mod keepalive;
 pub mod log;
