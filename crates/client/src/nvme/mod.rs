@@ -178,7 +178,7 @@ impl NvmeTarget {
     fn check(&self, offset: u64, len: u64) -> anyhow::Result<()> {
         let bs = u64::from(self.namespace.block_size);
         anyhow::ensure!(
-            offset % bs == 0 && len % bs == 0,
+            offset.is_multiple_of(bs) && len.is_multiple_of(bs),
             "offset {offset} and length {len} must be multiples of the block size {bs}"
         );
         anyhow::ensure!(
