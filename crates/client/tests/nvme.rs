@@ -4,7 +4,7 @@
 mod nvme_target;
 
 use bytes::Bytes;
-use ethersan_client::{nvme, open, ConnectArgs, OpenOptions};
+use ethersan_client::{nvme, open, BlockTarget, ConnectArgs, OpenOptions};
 use nvme_target::{RamTarget, DISCOVERY, NGUID, SUBNQN};
 
 const MIB: usize = 1 << 20;
@@ -142,4 +142,32 @@ async fn failures_have_clear_messages() {
     // A bad URL.
     let e = open_err("nvme+tcp://127.0.0.1:0/x/1").await;
     assert!(e.contains("bad port"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn digests_and_several_queues() {
+    let t = RamTarget::start(4096, 9).await;
+    let url = format!("{}?digest=both&queues=3", t.url(1));
+    let c = nvme::connect(&url, &ConnectArgs::default()).await.unwrap();
+    let ic = c.ic_resp();
+    assert!(ic.header_digest && ic.data_digest, "{ic:?}");
+    let dev = nvme::NvmeTarget::open(c, 1, 3).await.unwrap();
+    assert_eq!(dev.queues(), 3);
+    let data = pattern(512 * 1024, 3);
+    // 8 writes of 64 KiB at once, spread over the queues.
+    let writes = data
+        .chunks(65_536)
+        .enumerate()
+        .map(|(i, c)| dev.write(i as u64 * 65_536, Bytes::copy_from_slice(c), false));
+    for r in futures::future::join_all(writes).await {
+        r.unwrap();
+    }
+    let reads = (0..8u64).map(|i| dev.read(i * 65_536, 65_536, Vec::new()));
+    let back: Vec<u8> = futures::future::join_all(reads)
+        .await
+        .into_iter()
+        .flat_map(|r| r.unwrap())
+        .collect();
+    assert!(back == data, "read back differs");
+    assert!(t.disk.lock().unwrap()[..data.len()] == data[..]);
 }

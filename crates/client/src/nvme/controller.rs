@@ -26,9 +26,13 @@ const ADMIN_DEPTH: u16 = 32;
 /// Most I/O queue entries asked for.
 const IO_DEPTH: u16 = 128;
 
-/// Who connects to what.
+/// Who connects to what, and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
+    /// Ask for header digests.
+    pub header_digest: bool,
+    /// Ask for data digests.
+    pub data_digest: bool,
     /// `host:port` of the controller.
     pub addr: String,
     /// Subsystem NQN.
@@ -105,7 +109,11 @@ impl Controller {
     pub async fn connect(who: Identity, timeout: Option<Duration>) -> Result<Self, NvmeError> {
         let admin = QueueConn::connect(
             &who.addr,
-            HostConfig::default(),
+            HostConfig {
+                header_digest: who.header_digest,
+                data_digest: who.data_digest,
+                ..HostConfig::default()
+            },
             usize::from(ADMIN_DEPTH - 1),
             timeout,
         )
@@ -180,6 +188,11 @@ impl Controller {
         })
     }
 
+    /// The admin queue's ICResp (digests, CPDA, MAXH2CDATA agreed).
+    pub fn ic_resp(&self) -> ethersan_nvme::pdu::IcResp {
+        self.admin.ic_resp()
+    }
+
     /// The active namespace IDs.
     pub async fn active_namespaces(&self) -> Result<Vec<u32>, NvmeError> {
         let c = self
@@ -251,6 +264,8 @@ impl Controller {
         let depth = IO_DEPTH.min(mqes.saturating_add(1)).max(2);
         let config = HostConfig {
             max_in_capsule: self.io_in_capsule(),
+            header_digest: self.who.header_digest,
+            data_digest: self.who.data_digest,
             ..HostConfig::default()
         };
         let q = QueueConn::connect(&self.who.addr, config, usize::from(depth - 1), self.timeout)

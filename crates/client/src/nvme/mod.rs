@@ -6,7 +6,8 @@
 //! - [`queue`]: one connection (queue pair) under tokio.
 //! - [`controller`]: the admin queue (Connect, enable, Identify, Keep
 //!   Alive), I/O queues, the Discovery log.
-//! - [`NvmeTarget`]: a namespace as a [`BlockTarget`], over one I/O queue.
+//! - [`NvmeTarget`]: a namespace as a [`BlockTarget`], over one or more
+//!   I/O queues (commands spread round-robin).
 //!
 //! The host NQN is `?hostnqn=`, else `/etc/nvme/hostnqn`, else
 //! `nqn.2014-08.org.nvmexpress:uuid:<UUID>` with the UUID taken from the
@@ -16,6 +17,8 @@ pub mod controller;
 pub mod error;
 pub mod queue;
 pub mod url;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use ethersan_nvme::host::commands;
@@ -118,6 +121,8 @@ pub fn host_identity(hostnqn: Option<&str>) -> (String, [u8; 16]) {
 pub fn identity_of(u: &NvmeUrl) -> Identity {
     let (hostnqn, host_id) = host_identity(u.hostnqn.as_deref());
     Identity {
+        header_digest: u.header_digest,
+        data_digest: u.data_digest,
         addr: u.address(),
         subnqn: u.subnqn.clone(),
         hostnqn,
@@ -141,23 +146,31 @@ pub async fn discover(url: &str, how: &ConnectArgs) -> anyhow::Result<DiscoveryL
     Ok(log?)
 }
 
-/// A namespace over one I/O queue.
+/// A namespace over one or more I/O queues.
 #[derive(Debug)]
 pub struct NvmeTarget {
     /// The controller.
     pub controller: Controller,
     /// The namespace.
     pub namespace: Namespace,
-    io: QueueConn,
+    io: Vec<QueueConn>,
+    next: AtomicUsize,
     max_transfer: u64,
 }
 
 impl NvmeTarget {
-    /// Connects the controller, identifies namespace `nsid` and connects
-    /// I/O queue 1.
-    pub async fn open(controller: Controller, nsid: u32) -> Result<NvmeTarget, NvmeError> {
+    /// Identifies namespace `nsid` of `controller` and connects I/O
+    /// queues 1 to `queues`.
+    pub async fn open(
+        controller: Controller,
+        nsid: u32,
+        queues: u16,
+    ) -> Result<NvmeTarget, NvmeError> {
         let namespace = controller.namespace(nsid).await?;
-        let io = controller.io_queue(1).await?;
+        let mut io = Vec::new();
+        for qid in 1..=queues.max(1) {
+            io.push(controller.io_queue(qid).await?);
+        }
         let bs = u64::from(namespace.block_size);
         let max_transfer = controller
             .max_data_transfer()
@@ -171,8 +184,20 @@ impl NvmeTarget {
             controller,
             namespace,
             io,
+            next: AtomicUsize::new(0),
             max_transfer,
         })
+    }
+
+    /// The I/O queue for the next command (round-robin).
+    fn queue(&self) -> &QueueConn {
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        &self.io[i % self.io.len()]
+    }
+
+    /// I/O queues connected.
+    pub fn queues(&self) -> usize {
+        self.io.len()
     }
 
     fn check(&self, offset: u64, len: u64) -> anyhow::Result<()> {
@@ -205,7 +230,7 @@ fn open_target<'a>(
     Box::pin(async move {
         let u = NvmeUrl::parse(url)?;
         let c = Controller::connect(identity_of(&u), how.timeout.0).await?;
-        Ok(Box::new(NvmeTarget::open(c, u.nsid).await?) as Box<dyn BlockTarget>)
+        Ok(Box::new(NvmeTarget::open(c, u.nsid, u.queues).await?) as Box<dyn BlockTarget>)
     })
 }
 
@@ -264,7 +289,7 @@ impl BlockTarget for NvmeTarget {
                 let n = (len as u64 - done).min(self.max_transfer);
                 let slba = (offset + done) / bs;
                 let c = self
-                    .io
+                    .queue()
                     .call_ok(
                         "Read",
                         commands::read(self.nsid(), slba, (n / bs) as u32, bs as u32),
@@ -284,7 +309,7 @@ impl BlockTarget for NvmeTarget {
             for (i, piece) in data.chunks(self.max_transfer as usize).enumerate() {
                 let slba = (offset + i as u64 * self.max_transfer) / bs;
                 let blocks = (piece.len() as u64 / bs) as u32;
-                self.io
+                self.queue()
                     .call_ok(
                         "Write",
                         commands::write(self.nsid(), slba, blocks, piece.to_vec(), fua),
@@ -297,7 +322,7 @@ impl BlockTarget for NvmeTarget {
 
     fn flush(&self) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(async move {
-            self.io
+            self.queue()
                 .call_ok("Flush", commands::flush(self.nsid()))
                 .await?;
             Ok(())
@@ -320,7 +345,7 @@ impl BlockTarget for NvmeTarget {
             while done < len {
                 let blocks = ((len - done) / bs).min(65_536);
                 let slba = (offset + done) / bs;
-                self.io
+                self.queue()
                     .call_ok(
                         "Write Zeroes",
                         commands::write_zeroes(self.nsid(), slba, blocks as u32, unmap),

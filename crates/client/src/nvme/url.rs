@@ -1,5 +1,7 @@
-//! `nvme+tcp://HOST[:PORT]/SUBSYSTEM-NQN[/NSID][?hostnqn=NQN]`: a namespace
-//! of an NVMe/TCP subsystem (port 4420 and NSID 1 by default). Without a
+//! `nvme+tcp://HOST[:PORT]/SUBSYSTEM-NQN[/NSID][?hostnqn=NQN&digest=D&queues=N]`:
+//! a namespace of an NVMe/TCP subsystem (port 4420 and NSID 1 by default;
+//! `digest=none|header|data|both` asks for CRC32C digests, `queues=N`
+//! opens N I/O queues, 1 to 16, 1 by default). Without a
 //! subsystem NQN the URL names the discovery controller
 //! (`nqn.2014-08.org.nvmexpress.discovery`), as `discover` takes it.
 
@@ -37,6 +39,12 @@ pub struct NvmeUrl {
     pub has_nsid: bool,
     /// `?hostnqn=`: the host NQN to connect as.
     pub hostnqn: Option<String>,
+    /// `?digest=header|both`: ask for header digests.
+    pub header_digest: bool,
+    /// `?digest=data|both`: ask for data digests.
+    pub data_digest: bool,
+    /// `?queues=N`: I/O queues to open.
+    pub queues: u16,
 }
 
 impl NvmeUrl {
@@ -99,14 +107,35 @@ impl NvmeUrl {
             subnqn.to_string()
         };
         let mut hostnqn = None;
+        let (mut header_digest, mut data_digest, mut queues) = (false, false, 1);
         for pair in query.into_iter().flat_map(|q| q.split('&')) {
             match pair.split_once('=') {
                 Some(("hostnqn", v)) if !v.is_empty() && v.len() <= 223 => {
                     hostnqn = Some(v.to_string())
                 }
+                Some(("digest", v)) => {
+                    (header_digest, data_digest) = match v {
+                        "none" => (false, false),
+                        "header" => (true, false),
+                        "data" => (false, true),
+                        "both" => (true, true),
+                        _ => {
+                            return Err(err(format!(
+                                "digest={v:?}: give none, header, data or both"
+                            )))
+                        }
+                    }
+                }
+                Some(("queues", v)) => {
+                    queues = v
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=16).contains(n))
+                        .ok_or_else(|| err(format!("queues={v:?}: give 1 to 16")))?
+                }
                 _ => {
                     return Err(err(format!(
-                        "unknown query parameter {pair:?} (known: hostnqn=NQN)"
+                        "unknown query parameter {pair:?} (known: hostnqn=NQN, digest=none|header|data|both, queues=N)"
                     )))
                 }
             }
@@ -118,6 +147,9 @@ impl NvmeUrl {
             nsid,
             has_nsid,
             hostnqn,
+            header_digest,
+            data_digest,
+            queues,
         })
     }
 
@@ -155,6 +187,14 @@ mod tests {
         assert_eq!((u.port, u.nsid, u.has_nsid), (4421, 3, true));
         assert_eq!(u.hostnqn.as_deref(), Some("nqn.2014-08.org.x:h"));
         assert_eq!(u.address(), "host:4421");
+        assert_eq!(
+            (u.header_digest, u.data_digest, u.queues),
+            (false, false, 1)
+        );
+        let u = NvmeUrl::parse("nvme+tcp://h/nqn.x:y/1?digest=data&queues=4").unwrap();
+        assert_eq!((u.header_digest, u.data_digest, u.queues), (false, true, 4));
+        let u = NvmeUrl::parse("nvme+tcp://h/nqn.x:y?queues=2&digest=both").unwrap();
+        assert_eq!((u.header_digest, u.data_digest, u.queues), (true, true, 2));
         let u = NvmeUrl::parse("nvme+tcp://[::1]:4430/nqn.x:y/2").unwrap();
         assert_eq!((u.host.as_str(), u.port, u.nsid), ("::1", 4430, 2));
         assert_eq!(u.address(), "[::1]:4430");
@@ -176,6 +216,9 @@ mod tests {
             "nvme+tcp://h/nqn.x:y/0",
             "nvme+tcp://h/nqn.x:y/1?hostid=3",
             "nvme+tcp://h/nqn.x:y/1?hostnqn=",
+            "nvme+tcp://h/nqn.x:y/1?digest=crc",
+            "nvme+tcp://h/nqn.x:y/1?queues=0",
+            "nvme+tcp://h/nqn.x:y/1?queues=17",
             "nvme+tcp://[::1/nqn.x:y/1",
         ] {
             let e = NvmeUrl::parse(bad).unwrap_err().to_string();
