@@ -76,6 +76,22 @@ fn cp_inquiry_ls_discover_over_nvme_tcp() {
         "{disc}"
     );
 
+    let b: serde_json::Value = serde_json::from_str(&ok(&ethersan(&[
+        "bench",
+        &url,
+        "--rw",
+        "randwrite",
+        "--bs",
+        "4K",
+        "--qd",
+        "4",
+        "--ios",
+        "200",
+        "--json",
+    ])))
+    .unwrap();
+    assert!(b.to_string().contains("iops"), "{b}");
+
     let e = ethersan(&["inquiry", &t.url(3)]);
     assert!(!e.status.success());
     let err = String::from_utf8_lossy(&e.stderr);
