@@ -171,3 +171,28 @@ async fn digests_and_several_queues() {
     assert!(back == data, "read back differs");
     assert!(t.disk.lock().unwrap()[..data.len()] == data[..]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_every_half_kato() {
+    let t = RamTarget::start(2048, 9).await;
+    let mut who = nvme::identity_of(&nvme::NvmeUrl::parse(&t.url(1)).unwrap());
+    who.kato_ms = 200;
+    let c = nvme::Controller::connect(who, Some(std::time::Duration::from_secs(5)))
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(750)).await;
+    let n = t.keep_alives.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        (3..=12).contains(&n),
+        "{n} Keep Alives in 750 ms at KATO 200 ms"
+    );
+    drop(c);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let after = t.keep_alives.load(std::sync::atomic::Ordering::Relaxed);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(
+        t.keep_alives.load(std::sync::atomic::Ordering::Relaxed),
+        after,
+        "no Keep Alive once the controller is dropped"
+    );
+}

@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 use super::error::NvmeError;
 use super::queue::QueueConn;
 
-/// Keep Alive Timeout asked for, in milliseconds.
+/// Keep Alive Timeout asked for by default, in milliseconds.
 pub const KATO_MS: u32 = 30_000;
 /// Admin queue entries.
 const ADMIN_DEPTH: u16 = 32;
@@ -33,6 +33,9 @@ pub struct Identity {
     pub header_digest: bool,
     /// Ask for data digests.
     pub data_digest: bool,
+    /// Keep Alive Timeout to ask for, in milliseconds (a Keep Alive goes
+    /// every half of it).
+    pub kato_ms: u32,
     /// `host:port` of the controller.
     pub addr: String,
     /// Subsystem NQN.
@@ -92,7 +95,7 @@ async fn connect_queue(
         hostnqn: who.hostnqn.clone(),
     };
     let c = conn
-        .call(commands::connect(qid, depth, KATO_MS, &data))
+        .call(commands::connect(qid, depth, who.kato_ms, &data))
         .await?;
     if !c.cqe.status.is_success() {
         return Err(NvmeError::ConnectRefused {
@@ -168,8 +171,8 @@ impl Controller {
             .ok_or_else(|| NvmeError::Closed("short Identify Controller data".into()))?;
         let admin = Arc::new(admin);
         let ka = admin.clone();
+        let period = Duration::from_millis(u64::from(who.kato_ms / 2).max(10));
         let keep_alive = tokio::spawn(async move {
-            let period = Duration::from_millis(u64::from(KATO_MS / 2));
             loop {
                 tokio::time::sleep(period).await;
                 if ka.call(commands::keep_alive()).await.is_err() {

@@ -123,6 +123,7 @@ pub fn identity_of(u: &NvmeUrl) -> Identity {
     Identity {
         header_digest: u.header_digest,
         data_digest: u.data_digest,
+        kato_ms: controller::KATO_MS,
         addr: u.address(),
         subnqn: u.subnqn.clone(),
         hostnqn,

@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -39,10 +40,13 @@ pub struct RamTarget {
     pub addr: SocketAddr,
     /// The namespace's bytes.
     pub disk: Arc<Mutex<Vec<u8>>>,
+    /// Keep Alive commands received.
+    pub keep_alives: Arc<AtomicUsize>,
 }
 
 struct Shared {
     disk: Arc<Mutex<Vec<u8>>>,
+    keep_alives: Arc<AtomicUsize>,
     lbads: u8,
     port: u16,
 }
@@ -54,8 +58,10 @@ impl RamTarget {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let disk = Arc::new(Mutex::new(vec![0u8; (blocks << lbads) as usize]));
+        let keep_alives = Arc::new(AtomicUsize::new(0));
         let shared = Arc::new(Shared {
             disk: disk.clone(),
+            keep_alives: keep_alives.clone(),
             lbads,
             port: addr.port(),
         });
@@ -64,7 +70,11 @@ impl RamTarget {
                 tokio::spawn(serve(s, shared.clone()));
             }
         });
-        RamTarget { addr, disk }
+        RamTarget {
+            addr,
+            disk,
+            keep_alives,
+        }
     }
 
     /// The URL of namespace `nsid`.
@@ -261,6 +271,10 @@ impl Conn {
                 }
                 Ok(AdminCommand::GetLogPage { .. }) => {
                     return self.done(cid, Status::INVALID_LOG_PAGE, 0)
+                }
+                Ok(AdminCommand::KeepAlive) => {
+                    shared.keep_alives.fetch_add(1, Ordering::Relaxed);
+                    return self.done(cid, Status::SUCCESS, 0);
                 }
                 Ok(_) => return self.done(cid, Status::SUCCESS, 0),
                 Err(s) => return self.done(cid, s, 0),
