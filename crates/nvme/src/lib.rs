@@ -1,5 +1,5 @@
 //! NVMe over TCP (NVMe-oF 1.1 with the TCP transport binding of TP 8000):
-//! the target's protocol core, free of I/O.
+//! the target's protocol core and the host's ([`host`]), free of I/O.
 //!
 //! Bytes go in, events and bytes to send come out; time is an argument.
 //!

@@ -427,3 +427,123 @@ fn protocol_errors_end_the_connection() {
     let mut h = Host::new(host_config(false));
     assert!(h.receive(&[0xEE; 200]).is_err());
 }
+
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A host past its ICResp, with a read, a write by R2T and a flush in
+    /// flight.
+    fn busy_host(digests: bool) -> Host {
+        let mut p = Pair::new(
+            HostConfig {
+                max_in_capsule: 0,
+                ..host_config(digests)
+            },
+            QueueConfig::default(),
+        );
+        p.connect(1, 1);
+        let mut h = p.host;
+        h.submit(commands::read(1, 0, 8, 512)).unwrap();
+        h.submit(commands::write(1, 0, 8, vec![1; 4096], false))
+            .unwrap();
+        h.submit(commands::flush(1)).unwrap();
+        h.poll_transmit(&mut Vec::new());
+        h
+    }
+
+    /// PDUs a controller could send, valid or not, for the CIDs in flight.
+    fn pdu() -> impl Strategy<Value = (Pdu, Vec<u8>)> {
+        let cid = 0u16..5;
+        prop_oneof![
+            (cid.clone(), any::<bool>()).prop_map(|(cid, ok)| (
+                Pdu::CapsuleResp(Cqe::new(
+                    cid,
+                    if ok {
+                        Status::SUCCESS
+                    } else {
+                        Status::INTERNAL_ERROR
+                    }
+                )),
+                vec![]
+            )),
+            (
+                cid.clone(),
+                0u32..5000,
+                1usize..600,
+                any::<bool>(),
+                any::<bool>()
+            )
+                .prop_map(|(cid, datao, len, last, success)| (
+                    Pdu::C2hData(C2hData {
+                        cccid: cid,
+                        datao,
+                        last: last || success,
+                        success,
+                    }),
+                    vec![7; len]
+                )),
+            (cid, any::<u16>(), 0u32..5000, 0u32..5000).prop_map(|(cid, ttag, r2to, r2tl)| (
+                Pdu::R2t(R2t {
+                    cccid: cid,
+                    ttag,
+                    r2to,
+                    r2tl
+                }),
+                vec![]
+            )),
+        ]
+    }
+
+    proptest! {
+        /// Random bytes never panic the host, and an error ends it.
+        #[test]
+        fn random_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..400), digests in any::<bool>()) {
+            let mut h = busy_host(digests);
+            let mut at = 0;
+            loop {
+                match h.receive(&bytes[at..]) {
+                    Ok(Some(r)) => {
+                        prop_assert!(r.consumed > 0);
+                        at += r.consumed;
+                    }
+                    Ok(None) => break,
+                    Err(_) => {
+                        prop_assert!(!h.is_ready());
+                        break;
+                    }
+                }
+            }
+        }
+
+        /// Sequences of well-formed PDUs, right or wrong for the commands
+        /// in flight, never panic the host; every completion names a
+        /// command that was in flight, and a read's data is its length.
+        #[test]
+        fn pdu_sequences(pdus in proptest::collection::vec(pdu(), 1..12), digests in any::<bool>()) {
+            let mut h = busy_host(digests);
+            let framing = h.tx_framing();
+            let mut in_flight: std::collections::HashSet<u16> = [1, 2, 3].into();
+            for (p, data) in pdus {
+                let mut b = Vec::new();
+                p.encode(&data, &framing, &mut b).unwrap();
+                match h.receive(&b) {
+                    Ok(Some(r)) => {
+                        prop_assert_eq!(r.consumed, b.len());
+                        if let Some(HostEvent::Completed(c)) = r.event {
+                            prop_assert!(in_flight.remove(&c.cqe.cid));
+                            if c.cqe.cid == 1 {
+                                prop_assert_eq!(c.data.len(), 4096);
+                            }
+                        }
+                    }
+                    Ok(None) => prop_assert!(false, "a whole PDU was not taken"),
+                    Err(_) => {
+                        prop_assert!(!h.is_ready());
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
