@@ -95,7 +95,7 @@ async fn connect_queue(
         hostnqn: who.hostnqn.clone(),
     };
     let c = conn
-        .call(commands::connect(qid, depth, who.kato_ms, &data))
+        .call(commands::connect(qid, depth, who.kato_ms, false, &data))
         .await?;
     if !c.cqe.status.is_success() {
         return Err(NvmeError::ConnectRefused {

@@ -51,14 +51,25 @@ pub const CNTLID_DYNAMIC: u16 = 0xFFFF;
 
 /// Connect (NVMe-oF 1.1 §3.3) of queue `qid` with `sqsize` entries (1's
 /// based here), Keep Alive Timeout `kato_ms` (admin queue), SQ flow
-/// control disabled; `data` names the host, the subsystem and the
+/// control disabled if `no_sq_flow` (the controller may then end reads
+/// with C2HData SUCCESS); `data` names the host, the subsystem and the
 /// controller (FFFFh for an admin queue, the admin queue's for an I/O one).
-pub fn connect(qid: u16, sqsize: u16, kato_ms: u32, data: &ConnectData) -> Request {
+pub fn connect(
+    qid: u16,
+    sqsize: u16,
+    kato_ms: u32,
+    no_sq_flow: bool,
+    data: &ConnectData,
+) -> Request {
     let c = Connect {
         recfmt: 0,
         qid,
         sqsize: sqsize.saturating_sub(1),
-        cattr: CATTR_DISABLE_SQ_FLOW_CONTROL,
+        cattr: if no_sq_flow {
+            CATTR_DISABLE_SQ_FLOW_CONTROL
+        } else {
+            0
+        },
         kato: if qid == 0 { kato_ms } else { 0 },
     };
     Request {
@@ -276,12 +287,19 @@ mod tests {
             subnqn: "nqn.s".into(),
             hostnqn: "nqn.h".into(),
         };
-        let r = connect(0, 32, 15_000, &data);
+        let r = connect(0, 32, 15_000, true, &data);
         let Ok(FabricsCommand::Connect(c)) = FabricsCommand::parse(&r.sqe) else {
             panic!("not a connect")
         };
         assert_eq!((c.qid, c.sqsize, c.kato), (0, 31, 15_000));
         assert!(c.sq_flow_control_disabled());
+        let Ok(FabricsCommand::Connect(c)) =
+            FabricsCommand::parse(&connect(1, 8, 15_000, false, &data).sqe)
+        else {
+            panic!("not a connect")
+        };
+        assert!(!c.sq_flow_control_disabled());
+        assert_eq!(c.kato, 0, "KATO only on the admin queue");
         let Payload::ToController(bytes) = &r.data else {
             panic!("no data")
         };

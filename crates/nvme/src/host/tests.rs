@@ -189,6 +189,8 @@ struct Pair {
     sent_by_target: Vec<PduType>,
     /// PDU types the host sent, in order.
     sent_by_host: Vec<PduType>,
+    /// Connect with SQ flow control disabled.
+    no_sq_flow: bool,
 }
 
 impl Pair {
@@ -199,6 +201,7 @@ impl Pair {
             inbox: Vec::new(),
             sent_by_target: Vec::new(),
             sent_by_host: Vec::new(),
+            no_sq_flow: true,
         };
         let ev = p.pump();
         assert!(matches!(ev.as_slice(), [HostEvent::Connected(_)]), "{ev:?}");
@@ -256,7 +259,7 @@ impl Pair {
             subnqn: "nqn.2026-11.org.ethersan:test".into(),
             hostnqn: "nqn.2014-08.org.nvmexpress:uuid:test".into(),
         };
-        let c = self.call(commands::connect(qid, 32, 10_000, &data));
+        let c = self.call(commands::connect(qid, 32, 10_000, self.no_sq_flow, &data));
         assert!(c.cqe.status.is_success(), "{:?}", c.cqe.status);
         c.cqe.dw0 as u16
     }
@@ -302,7 +305,7 @@ fn connect_properties_identify_with_digests() {
     admin_session(true);
 }
 
-fn io_session(digests: bool, c2h_success: bool) {
+fn io_session(digests: bool, c2h_success: bool, no_sq_flow: bool) {
     let tc = QueueConfig {
         max_in_capsule: 0,
         max_h2c_data: 4096,
@@ -316,6 +319,7 @@ fn io_session(digests: bool, c2h_success: bool) {
         ..host_config(digests)
     };
     let mut p = Pair::new(hc, tc);
+    p.no_sq_flow = no_sq_flow;
     assert_eq!(p.host.max_h2c_data(), 4096);
     // The Connect data itself goes by R2T here (no in-capsule data).
     assert_eq!(p.connect(1, 1), 1);
@@ -337,19 +341,24 @@ fn io_session(digests: bool, c2h_success: bool) {
     assert_eq!(count(&p.sent_by_target, PduType::C2hData), 8);
     assert_eq!(
         count(&p.sent_by_target, PduType::CapsuleResp),
-        usize::from(!c2h_success)
+        usize::from(!(c2h_success && no_sq_flow))
     );
     assert!(p.call(commands::flush(1)).cqe.status.is_success());
 }
 
 #[test]
 fn write_by_r2t_and_read_in_pieces_without_digests() {
-    io_session(false, true);
+    io_session(false, true, true);
+}
+
+#[test]
+fn read_with_sq_flow_control_ends_with_a_response() {
+    io_session(false, true, false);
 }
 
 #[test]
 fn write_by_r2t_and_read_in_pieces_with_digests() {
-    io_session(true, false);
+    io_session(true, false, true);
 }
 
 #[test]
