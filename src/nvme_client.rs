@@ -153,7 +153,7 @@ fn identity(c: &Controller, ns: &Namespace) -> Identity {
 /// `ethersan ls nvme+tcp://…`: the subsystem's active namespaces (or the
 /// one the URL names) with size, block size and identifiers.
 pub(crate) async fn cmd_ls(url: &str, how: &ConnectArgs, json: bool) -> anyhow::Result<()> {
-    let u = NvmeUrl::parse(url)?;
+    let u = NvmeUrl::parse_subsystem(url)?;
     let c = nvme::connect(url, how).await?;
     let listed = async {
         let nsids = if u.has_nsid {
@@ -202,7 +202,7 @@ pub(crate) async fn cmd_ls(url: &str, how: &ConnectArgs, json: bool) -> anyhow::
 /// `ethersan inquiry nvme+tcp://…`: Identify Controller and Namespace,
 /// decoded.
 pub(crate) async fn cmd_inquiry(url: &str, how: &ConnectArgs, json: bool) -> anyhow::Result<()> {
-    let u = NvmeUrl::parse(url)?;
+    let u = NvmeUrl::parse_subsystem(url)?;
     let c = nvme::connect(url, how).await?;
     let ns = c.namespace(u.nsid).await;
     c.shutdown().await;

@@ -139,6 +139,9 @@ async fn failures_have_clear_messages() {
         e.contains("namespace 7 not found") && e.contains("1"),
         "{e}"
     );
+    // The discovery controller has no namespaces.
+    let e = open_err(&format!("nvme+tcp://{}", t.addr)).await;
+    assert!(e.contains("ethersan discover"), "{e}");
     // A bad URL.
     let e = open_err("nvme+tcp://127.0.0.1:0/x/1").await;
     assert!(e.contains("bad port"), "{e}");

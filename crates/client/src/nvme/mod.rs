@@ -229,7 +229,7 @@ fn open_target<'a>(
     _opts: &'a OpenOptions,
 ) -> BoxFuture<'a, anyhow::Result<Box<dyn BlockTarget>>> {
     Box::pin(async move {
-        let u = NvmeUrl::parse(url)?;
+        let u = NvmeUrl::parse_subsystem(url)?;
         let c = Controller::connect(identity_of(&u), how.timeout.0).await?;
         Ok(Box::new(NvmeTarget::open(c, u.nsid, u.queues).await?) as Box<dyn BlockTarget>)
     })

@@ -166,6 +166,23 @@ impl NvmeUrl {
     pub fn is_discovery(&self) -> bool {
         self.subnqn == DISCOVERY_NQN
     }
+
+    /// Parses a URL that must name an NVM subsystem (not the discovery
+    /// controller, which has no namespaces).
+    pub fn parse_subsystem(url: &str) -> Result<NvmeUrl, NvmeUrlError> {
+        let u = NvmeUrl::parse(url)?;
+        if u.is_discovery() {
+            return Err(NvmeUrlError {
+                url: url.to_string(),
+                why: format!(
+                    "it names the discovery controller, which has no namespaces: \
+                     list the subsystems with `ethersan discover {SCHEME}{}`, then add /SUBSYSTEM-NQN",
+                    u.address()
+                ),
+            });
+        }
+        Ok(u)
+    }
 }
 
 #[cfg(test)]
@@ -203,6 +220,13 @@ mod tests {
         let u = NvmeUrl::parse("nvme+tcp://h:4420").unwrap();
         assert!(u.is_discovery());
         assert!(NvmeUrl::parse("nvme+tcp://h/").unwrap().is_discovery());
+        let e = NvmeUrl::parse_subsystem("nvme+tcp://h:4420").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("ethersan discover nvme+tcp://h:4420"),
+            "{e}"
+        );
+        assert!(NvmeUrl::parse_subsystem("nvme+tcp://h/nqn.x:y").is_ok());
     }
 
     #[test]
