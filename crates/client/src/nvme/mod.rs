@@ -266,7 +266,8 @@ impl BlockTarget for NvmeTarget {
         Capabilities {
             fua: true,
             write_zeroes: oncs & ONCS_WRITE_ZEROES != 0,
-            unmap: oncs & (ONCS_WRITE_ZEROES | ONCS_DSM) != 0,
+            // Write Zeroes with DEAC: zeroed and possibly deallocated.
+            unmap: oncs & ONCS_WRITE_ZEROES != 0,
             splits: true,
             sessions: false,
             logout: true,
