@@ -21,9 +21,10 @@ use ethersan_client::{BlockTarget, ConnectArgs, OpenOptions};
 pub(crate) struct CpArgs {
     /// Source: iscsi://[user[%secret]@]host[:port]/IQN/LUN, eth://IFACE/IQN/LUN,
     /// udp://HOST[:PORT]/IQN/LUN, aoe://IFACE/SHELF.SLOT,
-    /// aoe+unix://SHELF.SLOT?local=PATH&peer=PATH, a file or block device, or - for stdin.
+    /// aoe+unix://SHELF.SLOT?local=PATH&peer=PATH,
+    /// nvme+tcp://HOST[:PORT]/SUBSYSTEM-NQN[/NSID], a file or block device, or - for stdin.
     src: String,
-    /// Destination: an iscsi://, eth://, udp://, aoe:// or aoe+unix:// URL (as for
+    /// Destination: an iscsi://, eth://, udp://, aoe://, aoe+unix:// or nvme+tcp:// URL (as for
     /// the source), a file or block device, or - for stdout.
     dst: String,
     /// Byte offset on the LUN side (both sides when copying LUN to LUN); a multiple of the block size.

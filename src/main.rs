@@ -77,6 +77,7 @@ mod cp;
 mod ctl;
 mod manual;
 mod native_client;
+mod nvme_client;
 mod serve;
 
 /// Network block storage in software: an iSCSI target and client.
@@ -112,7 +113,8 @@ enum Command {
     /// List the targets and portals a portal offers (SendTargets), or with
     /// --aoe the AoE devices on a link.
     Discover {
-        /// HOST[:PORT] of a portal (port 3260 by default), or an iscsi:// URL.
+        /// HOST[:PORT] of a portal (port 3260 by default), or an iscsi:// URL;
+        /// nvme+tcp://HOST[:PORT] lists an NVMe/TCP discovery controller's log.
         #[arg(required_unless_present_any = ["aoe", "eth", "udp"])]
         portal: Option<String>,
         /// Ask the native transport's group (--group) who serves, by
@@ -141,7 +143,8 @@ enum Command {
         /// iscsi://[USER%SECRET@]host[:port]/TARGET[/LUN];
         /// the native transport's eth://IFACE/TARGET[/LUN] or
         /// udp://HOST[:PORT]/TARGET[/LUN] (?security=none|integrity|encrypt);
-        /// aoe://IFACE/SHELF.SLOT or aoe+unix://SHELF.SLOT?local=PATH&peer=PATH
+        /// aoe://IFACE/SHELF.SLOT or aoe+unix://SHELF.SLOT?local=PATH&peer=PATH;
+        /// nvme+tcp://HOST[:PORT]/SUBSYSTEM-NQN[/NSID]
         url: String,
         #[command(flatten)]
         connect: ethersan_client::ConnectArgs,
@@ -149,12 +152,14 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Show one LUN's INQUIRY data and VPD pages (an AoE device's IDENTIFY data).
+    /// Show one LUN's INQUIRY data and VPD pages (an AoE device's IDENTIFY
+    /// data, an NVMe namespace's Identify data).
     Inquiry {
         /// iscsi://[USER%SECRET@]host[:port]/TARGET/LUN;
         /// the native transport's eth://IFACE/TARGET/LUN or
         /// udp://HOST[:PORT]/TARGET/LUN (?security=none|integrity|encrypt);
-        /// aoe://IFACE/SHELF.SLOT or aoe+unix://SHELF.SLOT?local=PATH&peer=PATH
+        /// aoe://IFACE/SHELF.SLOT or aoe+unix://SHELF.SLOT?local=PATH&peer=PATH;
+        /// nvme+tcp://HOST[:PORT]/SUBSYSTEM-NQN[/NSID]
         url: String,
         #[command(flatten)]
         connect: ethersan_client::ConnectArgs,
@@ -416,15 +421,24 @@ fn main() -> ExitCode {
                 (Some(link), _) => {
                     aoe_client::cmd_discover(&link, &connect, timeout_given, json).await
                 }
+                (None, Some(portal)) if ethersan_client::nvme::is_nvme_url(&portal) => {
+                    nvme_client::cmd_discover(&portal, &connect, json).await
+                }
                 (None, Some(portal)) => client::cmd_discover(&portal, &connect, json).await,
                 (None, None) => unreachable!("clap requires one"),
             },
             Command::Ls { url, connect, json } if ethersan_client::aoe::is_aoe_url(&url) => {
                 aoe_client::cmd_ls(&url, &connect, json).await
             }
+            Command::Ls { url, connect, json } if ethersan_client::nvme::is_nvme_url(&url) => {
+                nvme_client::cmd_ls(&url, &connect, json).await
+            }
             Command::Ls { url, connect, json } => client::cmd_ls(&url, &connect, json).await,
             Command::Inquiry { url, connect, json } if ethersan_client::aoe::is_aoe_url(&url) => {
                 aoe_client::cmd_inquiry(&url, &connect, json).await
+            }
+            Command::Inquiry { url, connect, json } if ethersan_client::nvme::is_nvme_url(&url) => {
+                nvme_client::cmd_inquiry(&url, &connect, json).await
             }
             Command::Inquiry { url, connect, json } => {
                 client::cmd_inquiry(&url, &connect, json).await

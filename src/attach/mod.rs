@@ -36,8 +36,9 @@ use fs::{LunFs, Owner};
 #[derive(Args, Debug)]
 pub(crate) struct AttachArgs {
     /// The LUN: iscsi://[USER%SECRET@]host[:port]/IQN/LUN, eth://IFACE/IQN/LUN,
-    /// udp://HOST[:PORT]/IQN/LUN, aoe://IFACE/SHELF.SLOT
-    /// or aoe+unix://SHELF.SLOT?local=PATH&peer=PATH.
+    /// udp://HOST[:PORT]/IQN/LUN, aoe://IFACE/SHELF.SLOT,
+    /// aoe+unix://SHELF.SLOT?local=PATH&peer=PATH
+    /// or nvme+tcp://HOST[:PORT]/SUBSYSTEM-NQN[/NSID].
     url: String,
     /// An existing directory to mount on; the LUN shows in it as one file
     /// (lunN for iSCSI LUN N, eSHELF.SLOT for an AoE device). Not with

@@ -54,7 +54,8 @@ pub(crate) enum EngineArg {
 pub(crate) struct BenchArgs {
     /// iscsi://host[:port]/IQN/LUN, eth://IFACE/IQN/LUN, udp://HOST[:PORT]/IQN/LUN,
     /// aoe://IFACE/SHELF.SLOT,
-    /// aoe+unix://SHELF.SLOT?local=PATH&peer=PATH, or a local file or block
+    /// aoe+unix://SHELF.SLOT?local=PATH&peer=PATH,
+    /// nvme+tcp://HOST[:PORT]/SUBSYSTEM-NQN[/NSID], or a local file or block
     /// device (the same engine, in-process).
     target: String,
     /// Access pattern.

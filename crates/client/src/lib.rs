@@ -12,12 +12,13 @@
 //!   its retrying login, the unit-attention handling of its one command
 //!   path), [`native`] (the byte stream of `eth://` and `udp://` sessions:
 //!   ethersan's own channel on raw Ethernet or UDP), [`aoe`] (the AoE
-//!   initiator's driver task), [`local`] (a file or block device through
+//!   initiator's driver task), [`nvme`] (NVMe/TCP, `nvme+tcp://`, over
+//!   `ethersan_nvme`'s host core), [`local`] (a file or block device through
 //!   the server's own I/O engine, for `bench`; and `cp`'s plain files).
 //! - [`url`]: the iSCSI and native URL forms; [`open()`] (in `open.rs`)
 //!   picks the transport from the URL's scheme through one table,
 //!   [`TRANSPORTS`], of each transport's [`Transport`]. A new transport
-//!   (NVMe/TCP next) is one new module and one line in that table.
+//!   is one new module and one line in that table.
 //!
 //! Modules use each other one way only: the tools' dispatch (`open`) uses
 //! the transports, the transports use the interface (`target`), the
@@ -39,6 +40,7 @@ pub mod iscsi;
 pub mod local;
 pub mod native;
 pub mod nbd;
+pub mod nvme;
 mod open;
 pub mod options;
 pub mod scsi;

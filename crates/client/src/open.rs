@@ -4,10 +4,10 @@
 
 use crate::options::ConnectArgs;
 use crate::target::{BlockTarget, OpenOptions, Transport};
-use crate::{aoe, iscsi};
+use crate::{aoe, iscsi, nvme};
 
 /// Every transport, by URL scheme.
-pub static TRANSPORTS: &[&Transport] = &[&iscsi::TRANSPORT, &aoe::TRANSPORT];
+pub static TRANSPORTS: &[&Transport] = &[&iscsi::TRANSPORT, &aoe::TRANSPORT, &nvme::TRANSPORT];
 
 /// The transport whose scheme `spec` starts with.
 pub fn transport_of(spec: &str) -> Option<&'static Transport> {

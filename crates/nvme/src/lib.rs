@@ -1,5 +1,5 @@
 //! NVMe over TCP (NVMe-oF 1.1 with the TCP transport binding of TP 8000):
-//! the target's protocol core, free of I/O.
+//! the target's protocol core and the host's ([`host`]), free of I/O.
 //!
 //! Bytes go in, events and bytes to send come out; time is an argument.
 //!
@@ -13,6 +13,8 @@
 //! - [`identify`] and [`log`]: Identify data and log pages.
 //! - [`keepalive`]: the Keep Alive timer.
 //! - [`queue`]: [`Queue`], the target side of one NVMe/TCP connection.
+//! - [`host`]: [`host::Host`], the host side of one connection, the
+//!   command builders a host needs and the parsers of what it reads back.
 //!
 //! # Driving it
 //!
@@ -49,6 +51,7 @@ pub mod command;
 pub mod cqe;
 pub mod digest;
 pub mod fabrics;
+pub mod host;
 pub mod identify;
 pub mod keepalive;
 pub mod log;
