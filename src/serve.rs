@@ -96,6 +96,11 @@ pub(crate) struct ServeArgs {
     /// (repeatable): ADDR:PORT[,mtu=N], e.g. 0.0.0.0:3262. Needs --group.
     #[arg(long, value_name = "ADDR:PORT[,mtu=N]", conflicts_with = "config")]
     udp: Vec<String>,
+    /// Also serve the LUNs over NVMe/TCP on this address (repeatable):
+    /// ADDR[:PORT], port 4420 when only an address is given. Each target
+    /// is a subsystem (see docs/nvme.md), LUN n namespace n+1.
+    #[arg(long, value_name = "ADDR[:PORT]", conflicts_with = "config")]
+    nvme: Vec<String>,
     /// The native transport's group: only members (same name and secret)
     /// discover and reach the target.
     #[arg(long, value_name = "NAME", conflicts_with = "config")]
@@ -241,6 +246,11 @@ fn serve_config(a: &ServeArgs) -> anyhow::Result<Config> {
         cfg.ethernet
             .udp
             .push(ethersan_server::config::UdpPortal::parse(u).map_err(anyhow::Error::msg)?);
+    }
+    for n in &a.nvme {
+        cfg.nvme.portals.push(
+            ethersan_server::config::NvmeConfig::parse_portal(n).map_err(anyhow::Error::msg)?,
+        );
     }
     cfg.ethernet.group = a.group.clone();
     cfg.ethernet.secret_file = a.group_secret_file.clone();
