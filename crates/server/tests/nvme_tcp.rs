@@ -321,10 +321,7 @@ async fn identify_io_and_statuses_end_to_end() {
         at += 4 + l;
     }
     assert!(found, "no NGUID descriptor");
-    assert_eq!(
-        a.identify(0, 0).await.cqe.status,
-        Status::INVALID_NAMESPACE
-    );
+    assert_eq!(a.identify(0, 0).await.cqe.status, Status::INVALID_NAMESPACE);
     // Keep Alive, Get Features (Number of Queues), an unknown opcode.
     a.cmd(Sqe::new(0x18, 0), &[], true, 0).await.ok();
     let mut gf = Sqe::new(0x0A, 0);
@@ -381,10 +378,7 @@ async fn identify_io_and_statuses_end_to_end() {
     let ro = io.write(2, 0, &small, true).await;
     assert_eq!((ro.cqe.status.sc, ro.cqe.status.dnr), (0x20, true));
     // A namespace that does not exist.
-    assert_eq!(
-        io.read(9, 0, 1).await.cqe.status,
-        Status::INVALID_NAMESPACE
-    );
+    assert_eq!(io.read(9, 0, 1).await.cqe.status, Status::INVALID_NAMESPACE);
 
     // An I/O queue naming another host is refused.
     let mut stranger = Host::open(addr).await;
@@ -438,7 +432,9 @@ async fn discovery_lists_the_subsystem_and_nguid_persists() {
     // An unknown subsystem is refused.
     let (_srv, mut n, addr) = server(dir.path()).await;
     let mut h = Host::open(addr).await;
-    let r = h.connect(0, "nqn.2014-08.org.ethersan:nope", HOSTNQN, 0xFFFF).await;
+    let r = h
+        .connect(0, "nqn.2014-08.org.ethersan:nope", HOSTNQN, 0xFFFF)
+        .await;
     assert_eq!(r.cqe.status, Status::CONNECT_INVALID_PARAMETERS);
     assert_eq!(r.cqe.dw0, 1 << 16 | 256);
     n.stop().await;

@@ -414,6 +414,8 @@ user = "alice"
 secret = "a-secret-of-12+"
 mutual_user = "target"
 mutual_secret = "another-secret!"
+[nvme]
+portals = ["127.0.0.1", "[::1]:4421"]
 [[target]]
 name = "iqn.2026-11.org.ethersan:a"
 alias = "first"
@@ -438,6 +440,13 @@ security = "none"
 aoe = "off"
 "#;
     let a = Config::from_toml_str(text, "/etc/ethersan.toml").expect("parses");
+    assert_eq!(
+        a.nvme.portals,
+        vec![
+            "127.0.0.1:4420".parse().unwrap(),
+            "[::1]:4421".parse().unwrap()
+        ]
+    );
     let saved = a.to_toml();
     let b = Config::from_toml_str(&saved, "/elsewhere/ethersan.toml")
         .unwrap_or_else(|e| panic!("the saved file does not parse: {e}\n{saved}"));

@@ -30,9 +30,11 @@ impl Conn {
         let cid = sqe.cid();
         let r = AdminCommand::parse(&sqe).and_then(|cmd| self.admin_answer(c, cid, cmd));
         match r {
-            Ok(Answer::Data(d)) => {
-                self.send_data(Completion::new(cid, Status::SUCCESS), Bytes::from(d), to_host)
-            }
+            Ok(Answer::Data(d)) => self.send_data(
+                Completion::new(cid, Status::SUCCESS),
+                Bytes::from(d),
+                to_host,
+            ),
             Ok(Answer::Dw0(v)) => self.complete(Completion {
                 dw0: v,
                 ..Completion::new(cid, Status::SUCCESS)

@@ -143,13 +143,10 @@ impl Conn {
                     counters,
                 }
             };
-            let Some(c) = self.shared.new_controller(
-                role,
-                d.subnqn.clone(),
-                hostnqn,
-                d.host_id,
-                kato,
-            ) else {
+            let Some(c) =
+                self.shared
+                    .new_controller(role, d.subnqn.clone(), hostnqn, d.host_id, kato)
+            else {
                 return Err((Status::CONNECT_CONTROLLER_BUSY, 0));
             };
             info!(peer = %self.peer, cntlid = c.cntlid, host = %c.hostnqn, subsystem = %c.subnqn, "NVMe/TCP controller connected");

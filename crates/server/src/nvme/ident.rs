@@ -166,7 +166,10 @@ mod tests {
             subsystem_nqn("iqn.2026-11.org.ethersan:disk"),
             "nqn.2014-08.org.ethersan:iqn.2026-11.org.ethersan:disk"
         );
-        assert_eq!(subsystem_nqn("nqn.2020-01.com.example:a"), "nqn.2020-01.com.example:a");
+        assert_eq!(
+            subsystem_nqn("nqn.2020-01.com.example:a"),
+            "nqn.2020-01.com.example:a"
+        );
         assert_eq!(subsystem_nqn("x"), "nqn.2014-08.org.ethersan:x");
     }
 
@@ -217,14 +220,20 @@ mod tests {
         };
         let b = io_controller("nqn.x:y", 7, l).build();
         assert_eq!(u16::from_le_bytes([b[78], b[79]]), 7);
-        assert_eq!(u32::from_le_bytes([b[80], b[81], b[82], b[83]]), 0x0001_0400);
+        assert_eq!(
+            u32::from_le_bytes([b[80], b[81], b[82], b[83]]),
+            0x0001_0400
+        );
         assert_eq!(b[77], 8);
         assert_eq!(u32::from_le_bytes([b[516], b[517], b[518], b[519]]), 3);
         let oncs = u16::from_le_bytes([b[520], b[521]]);
         assert_eq!(oncs, ONCS_WRITE_ZEROES | ONCS_DSM | ONCS_COMPARE);
         assert_eq!(b[525], 1);
         assert_eq!(&b[768..775], b"nqn.x:y");
-        assert_eq!(u32::from_le_bytes([b[1792], b[1793], b[1794], b[1795]]), 516);
+        assert_eq!(
+            u32::from_le_bytes([b[1792], b[1793], b[1794], b[1795]]),
+            516
+        );
         let d = discovery_controller(1).build();
         assert_eq!(d[111], 2);
         assert_eq!(&d[768..768 + DISCOVERY_NQN.len()], DISCOVERY_NQN.as_bytes());

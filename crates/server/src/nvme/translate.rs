@@ -192,7 +192,10 @@ mod tests {
         assert_eq!(write16(1, 2, false)[..2], [0x8A, 0]);
         assert_eq!(write16(1, 2, true)[1], 0x08);
         assert_eq!(&write16(1, 2, false)[10..14], &[0, 0, 0, 2]);
-        assert_eq!(sync_cache16(), [0x91].iter().chain(&[0; 15]).copied().collect::<Vec<_>>());
+        assert_eq!(
+            sync_cache16(),
+            [0x91].iter().chain(&[0; 15]).copied().collect::<Vec<_>>()
+        );
         assert_eq!(write_same16(5, 8, true)[..2], [0x93, 0x08]);
         assert_eq!(write_same16(5, 8, false)[1], 0);
         assert_eq!(verify16(5, 8)[..2], [0x8F, 0x02]);
