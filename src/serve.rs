@@ -261,7 +261,7 @@ fn serve_config(a: &ServeArgs) -> anyhow::Result<Config> {
         anyhow::bail!("--eth and --udp need --group NAME (and the group secret: --group-secret-file FILE or $ETHERSAN_GROUP_SECRET)");
     }
     for i in &a.allow_initiator {
-        ethersan_server::config::validate_name(i)
+        ethersan_server::config::validate_initiator_name(i)
             .with_context(|| format!("--allow-initiator {i}"))?;
         target
             .access

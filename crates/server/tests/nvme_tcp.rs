@@ -468,3 +468,134 @@ async fn a_malformed_pdu_ends_only_its_connection() {
     a.cmd(Sqe::new(0x18, 0), &[], true, 0).await.ok();
     n.stop().await;
 }
+
+/// A PERSISTENT RESERVE OUT over iSCSI: its CDB and parameter list.
+fn pr_out(action: u8, rtype: u8, key: u64, sa_key: u64) -> (Vec<u8>, bytes::Bytes) {
+    let mut c = vec![0u8; 10];
+    c[0] = 0x5F;
+    c[1] = action;
+    c[2] = rtype;
+    c[8] = 24;
+    let mut p = vec![0u8; 24];
+    p[0..8].copy_from_slice(&key.to_be_bytes());
+    p[8..16].copy_from_slice(&sa_key.to_be_bytes());
+    (c, p.into())
+}
+
+/// Reservation Register/Acquire/Release data: two keys, little-endian.
+fn keys(a: u64, b: u64) -> Vec<u8> {
+    let mut d = a.to_le_bytes().to_vec();
+    d.extend_from_slice(&b.to_le_bytes());
+    d
+}
+
+#[tokio::test]
+async fn an_iscsi_reservation_fences_nvme_writes_and_nvme_preempts_it() {
+    use ethersan_initiator::{login, LoginOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let (srv, mut n, addr) = server(dir.path()).await;
+    // An iSCSI initiator registers key 0xAA and reserves LUN 0 (Write
+    // Exclusive).
+    let (client, tgt) = tokio::io::duplex(1 << 20);
+    let (trd, twr) = tokio::io::split(tgt);
+    let s2 = srv.clone();
+    tokio::spawn(async move { s2.serve_stream(trd, twr, "memory").await });
+    let (crd, cwr) = tokio::io::split(client);
+    let opts = LoginOptions {
+        target_name: Some(TARGET.to_string()),
+        ..LoginOptions::default()
+    };
+    let iscsi = login(crd, cwr, &opts).await.unwrap();
+    for _ in 0..4 {
+        let r = iscsi
+            .command(0, &[0; 6], bytes::Bytes::new(), 0)
+            .await
+            .unwrap();
+        if r.status == 0 {
+            break;
+        }
+    }
+    for (sa, t, k, sk) in [(0x00, 0, 0, 0xAA), (0x01, 1, 0xAA, 0)] {
+        let (cdb, p) = pr_out(sa, t, k, sk);
+        let r = iscsi.command(0, &cdb, p, 0).await.unwrap();
+        assert_eq!(r.status, 0, "PERSISTENT RESERVE OUT {sa}");
+    }
+
+    let (_a, cntlid) = Host::admin(addr, SUBNQN).await;
+    let mut io = Host::open(addr).await;
+    io.connect(1, SUBNQN, HOSTNQN, cntlid).await.ok();
+    let data = pattern(4096, 3);
+    let w = io.write(1, 0, &data, true).await;
+    assert_eq!(w.cqe.status, Status::RESERVATION_CONFLICT);
+    // Reading is allowed under Write Exclusive.
+    io.read(1, 0, 8).await.ok();
+
+    // The report shows the iSCSI holder's key.
+    let mut rep = Sqe::new(0x0E, 0);
+    rep.set_nsid(1);
+    rep.set_cdw(10, 4096 / 4 - 1);
+    let r = io.cmd(rep, &[], false, 4096).await;
+    r.ok();
+    assert_eq!(r.data[4], 1, "Write Exclusive");
+    assert_eq!(u16::from_le_bytes([r.data[5], r.data[6]]), 1);
+    assert_eq!(&r.data[24 + 16..24 + 24], &0xAAu64.to_le_bytes());
+    assert_eq!(r.data[24 + 2], 1, "the key holds the reservation");
+
+    // The NVMe host registers 0xBB and preempts 0xAA.
+    let mut reg = Sqe::new(0x0D, 0);
+    reg.set_nsid(1);
+    io.cmd(reg, &keys(0, 0xBB), true, 0).await.ok();
+    let mut acq = Sqe::new(0x11, 0);
+    acq.set_nsid(1);
+    acq.set_cdw(10, 1 | 1 << 8);
+    io.cmd(acq, &keys(0xBB, 0xAA), true, 0).await.ok();
+    io.write(1, 0, &data, true).await.ok();
+    assert_eq!(io.read(1, 0, 8).await.ok().data, data);
+    // Now the iSCSI initiator's writes conflict.
+    let r = iscsi
+        .command(
+            0,
+            &[0x2A, 0, 0, 0, 0, 0, 0, 0, 1, 0],
+            vec![0u8; 512].into(),
+            0,
+        )
+        .await
+        .unwrap();
+    assert_ne!(r.status, 0);
+    // Release and unregister.
+    let mut rel = Sqe::new(0x15, 0);
+    rel.set_nsid(1);
+    rel.set_cdw(10, 1 << 8);
+    io.cmd(rel, &keys(0xBB, 0), true, 0).await.ok();
+    let mut unreg = Sqe::new(0x0D, 0);
+    unreg.set_nsid(1);
+    unreg.set_cdw(10, 1);
+    io.cmd(unreg, &keys(0xBB, 0), true, 0).await.ok();
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn a_host_the_access_list_leaves_out_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "portals = [\"127.0.0.1:0\"]\n[options]\ndata_dir = {:?}\n[nvme]\nportals = [\"127.0.0.1:0\"]\n[[target]]\nname = \"{TARGET}\"\nallow = [\"{HOSTNQN}\"]\nlun = [\"ram:1M\"]\n",
+        dir.path().display().to_string(),
+    );
+    let cfg = Config::from_toml_str(&text, "test").unwrap();
+    let srv = Server::bind(&cfg).await.unwrap();
+    let mut n = nvme::start(&cfg, srv.registry().clone()).await.unwrap();
+    let addr = n.local_addrs()[0];
+    let mut other = Host::open(addr).await;
+    let r = other
+        .connect(0, SUBNQN, "nqn.2014-08.org.example:other", 0xFFFF)
+        .await;
+    assert_eq!(r.cqe.status, Status::CONNECT_INVALID_HOST);
+    // The host it allows gets in, and the discovery log lists the
+    // subsystem for it only.
+    let (mut a, _) = Host::admin(addr, SUBNQN).await;
+    a.identify(1, 0).await.ok();
+    let (mut d, _) = Host::admin(addr, DISCOVERY).await;
+    let head = d.get_log(0x70, 1024).await;
+    assert_eq!(u64_at(&head.ok().data, 8), 1);
+    n.stop().await;
+}

@@ -31,7 +31,7 @@ pub use options::{
     DEFAULT_MAX_KEY_TEXT_BYTES, DEFAULT_MAX_LOGINS_IN_PROGRESS, MIN_KEY_TEXT_BYTES,
 };
 pub use save::EditedToml;
-pub use values::{format_naa, parse_naa, parse_size, validate_name};
+pub use values::{format_naa, parse_naa, parse_size, validate_initiator_name, validate_name};
 
 /// A configuration error, with its origin.
 #[derive(Debug, thiserror::Error)]

@@ -204,6 +204,14 @@ fn names() {
     assert!(validate_name("iqn.2026-11.Org.x").is_err());
     assert!(validate_name("iqn.26-11.org.x").is_err());
     assert!(validate_name("target0").is_err());
+    // NVMe host NQNs: initiator names of access rules, not target names.
+    assert!(validate_initiator_name("nqn.2014-08.org.nvmexpress:uuid:1B4E28BA-2FA1").is_ok());
+    assert!(validate_initiator_name("iqn.2026-11.org.ethersan:default").is_ok());
+    assert!(validate_initiator_name("nqn.x").is_err());
+    assert!(validate_initiator_name("nqn.2014-08.org.x:a b").is_err());
+    assert!(validate_initiator_name("nqn.2014-08.org.x:a@b").is_err());
+    assert!(validate_name("nqn.2014-08.org.x:a").is_err());
+    assert!(AclRule::parse("nqn.2014-08.org.x:host@127.0.0.0/8").is_ok());
 }
 
 #[test]

@@ -7,7 +7,7 @@
 
 use ethersan_nvme::identify::{
     ControllerInfo, ControllerType, NamespaceId, NamespaceInfo, ONCS_COMPARE, ONCS_DSM,
-    ONCS_WRITE_ZEROES,
+    ONCS_RESERVATIONS, ONCS_WRITE_ZEROES, RESCAP_ALL,
 };
 use ethersan_scsi::LogicalUnit;
 
@@ -109,6 +109,8 @@ pub fn namespace(lu: &LogicalUnit, read_only: bool) -> NamespaceInfo {
     ns.eui64 = eui64(&naa);
     // May be attached to more than one controller.
     ns.nmic = 1;
+    // Every reservation type, Ignore Existing Key.
+    ns.rescap = RESCAP_ALL;
     ns.read_only = read_only || lu.config().read_only;
     ns
 }
@@ -135,7 +137,7 @@ pub fn io_controller(subnqn: &str, cntlid: u16, l: Limits) -> ControllerInfo {
     c.cmic = 1 << 1;
     c.mdts = l.mdts;
     c.nn = l.nn;
-    c.oncs = ONCS_WRITE_ZEROES | ONCS_DSM | ONCS_COMPARE;
+    c.oncs = ONCS_WRITE_ZEROES | ONCS_DSM | ONCS_COMPARE | ONCS_RESERVATIONS;
     c.vwc = u8::from(l.vwc);
     // Namespace attribute notices are not sent.
     c.oaes = 0;
@@ -227,7 +229,10 @@ mod tests {
         assert_eq!(b[77], 8);
         assert_eq!(u32::from_le_bytes([b[516], b[517], b[518], b[519]]), 3);
         let oncs = u16::from_le_bytes([b[520], b[521]]);
-        assert_eq!(oncs, ONCS_WRITE_ZEROES | ONCS_DSM | ONCS_COMPARE);
+        assert_eq!(
+            oncs,
+            ONCS_WRITE_ZEROES | ONCS_DSM | ONCS_COMPARE | ONCS_RESERVATIONS
+        );
         assert_eq!(b[525], 1);
         assert_eq!(&b[768..775], b"nqn.x:y");
         assert_eq!(

@@ -6,13 +6,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ethersan_core::executor::{Command, Counting, Finished};
-use ethersan_nvme::command::{parse_dsm_ranges, IoCommand, LbaRange};
+use ethersan_nvme::command::{parse_dsm_ranges, parse_reservation_keys, IoCommand, LbaRange};
 use ethersan_nvme::queue::Completion;
 use ethersan_nvme::{Sqe, Status};
-use ethersan_scsi::{IoBuf, Nexus};
+use ethersan_scsi::{IoBuf, Nexus, ScsiCommand, ScsiResponse, ScsiStatus};
 
 use super::conn::{Conn, InFlight, TokioBlocking};
 use super::ident;
+use super::reservations;
 use super::translate::{self, nvme_status};
 use super::{Controller, Role};
 
@@ -64,7 +65,21 @@ impl Conn {
             return self.complete(Completion::new(cid, Status::INVALID_NAMESPACE));
         };
         let bs = lu.volume().block_size() as usize;
-        let plan = IoCommand::parse(&sqe).and_then(|cmd| plan(cmd, bs, data, to_host));
+        let cmd = match IoCommand::parse(&sqe) {
+            Ok(IoCommand::ReservationReport { len, eds }) => {
+                let len = (len as usize).min(to_host);
+                self.in_flight.insert(cid, InFlight::Read(len));
+                let (scsi, nexus, host) = (target.scsi.clone(), *nexus, c.hostnqn.clone());
+                let done = self.done.clone();
+                tokio::task::spawn_blocking(move || {
+                    let f = reservation_report(&scsi, nexus, &host, lun, eds);
+                    done(u32::from(cid), f)
+                });
+                return;
+            }
+            other => other,
+        };
+        let plan = cmd.and_then(|cmd| plan(cmd, bs, data, to_host));
         let plan = match plan {
             Ok(Some(p)) => p,
             Ok(None) => return self.complete(Completion::new(cid, Status::SUCCESS)),
@@ -112,6 +127,59 @@ impl Conn {
             }
             _ => self.complete(Completion::new(cid, status)),
         }
+    }
+}
+
+/// A PERSISTENT RESERVE OUT with its parameter list.
+fn pr_out((cdb, list): (Vec<u8>, Vec<u8>)) -> Plan {
+    Plan {
+        cdb,
+        expected_len: list.len() as u32,
+        data: IoBuf::from(list),
+        kind: InFlight::Other,
+    }
+}
+
+/// Reservation Report: READ KEYS and READ RESERVATION from the host's
+/// nexus (on a thread where blocking is fine), as the NVMe structure.
+fn reservation_report(
+    scsi: &ethersan_scsi::ScsiTarget,
+    nexus: Nexus,
+    host: &str,
+    lun: u64,
+    eds: bool,
+) -> Finished {
+    let run = |action| {
+        scsi.submit_and_wait(
+            ScsiCommand {
+                nexus,
+                lun,
+                cdb: reservations::pr_in(action),
+                data_out: IoBuf::default(),
+                expected_len: 8192,
+            },
+            Some(host),
+        )
+    };
+    let keys = run(0);
+    let response = if keys.status != ScsiStatus::Good {
+        keys
+    } else {
+        let res = run(1);
+        if res.status != ScsiStatus::Good {
+            res
+        } else {
+            ScsiResponse {
+                status: ScsiStatus::Good,
+                sense: Vec::new(),
+                data_in: IoBuf::from(reservations::report(&keys.data_in, &res.data_in, eds)),
+                data_out_len: None,
+            }
+        }
+    };
+    Finished {
+        response,
+        preempted: Vec::new(),
     }
 }
 
@@ -198,10 +266,24 @@ fn plan(
                 kind: InFlight::Other,
             }
         }
-        IoCommand::ReservationRegister { .. }
-        | IoCommand::ReservationAcquire { .. }
-        | IoCommand::ReservationRelease { .. }
-        | IoCommand::ReservationReport { .. } => return Err(Status::INVALID_OPCODE),
+        IoCommand::ReservationRegister {
+            action,
+            iekey,
+            cptpl,
+        } => {
+            let (crkey, nrkey) = parse_reservation_keys(data.as_deref().unwrap_or(&[]))?;
+            pr_out(reservations::register(action, iekey, cptpl, crkey, nrkey))
+        }
+        IoCommand::ReservationAcquire { action, rtype, .. } => {
+            let (crkey, prkey) = parse_reservation_keys(data.as_deref().unwrap_or(&[]))?;
+            pr_out(reservations::acquire(action, rtype, crkey, prkey)?)
+        }
+        IoCommand::ReservationRelease { action, rtype, .. } => {
+            let (crkey, _) = parse_reservation_keys(data.as_deref().unwrap_or(&[]))?;
+            pr_out(reservations::release(action, rtype, crkey)?)
+        }
+        // Answered apart (two SCSI commands), never planned here.
+        IoCommand::ReservationReport { .. } => return Err(Status::INTERNAL_ERROR),
     };
     Ok(Some(p))
 }
@@ -309,13 +391,33 @@ mod tests {
         .unwrap();
         assert_eq!(u.cdb[0], 0x42);
         assert_eq!(u.expected_len, 24);
+        let mut keys = vec![0u8; 16];
+        keys[8..16].copy_from_slice(&0x1234u64.to_le_bytes());
         let r = plan(
-            IoCommand::ReservationReport { len: 64, eds: true },
+            IoCommand::ReservationRegister {
+                action: 0,
+                iekey: false,
+                cptpl: 0,
+            },
+            512,
+            Some(IoBuf::from(keys)),
+            0,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!((r.cdb[0], r.cdb[1], r.expected_len), (0x5F, 0, 24));
+        assert_eq!(&r.data[8..16], &0x1234u64.to_be_bytes());
+        let short = plan(
+            IoCommand::ReservationRelease {
+                action: 0,
+                iekey: false,
+                rtype: 1,
+            },
             512,
             None,
-            64,
+            0,
         );
-        assert_eq!(r.err(), Some(Status::INVALID_OPCODE));
+        assert_eq!(short.err(), Some(Status::DATA_TRANSFER_ERROR));
     }
 
     #[test]

@@ -22,6 +22,7 @@ mod conn;
 mod fabrics;
 pub mod ident;
 mod io;
+pub mod reservations;
 pub mod translate;
 
 use std::collections::HashMap;
