@@ -54,6 +54,8 @@ struct Host {
     buf: Vec<u8>,
     cid: u16,
     maxh2c: u32,
+    /// Digests agreed (plain until ICResp).
+    framing: Framing,
 }
 
 /// A command's outcome: its completion and the data that came back.
@@ -71,26 +73,37 @@ impl Outcome {
 
 impl Host {
     async fn open(addr: SocketAddr) -> Host {
+        Host::open_with(addr, false).await
+    }
+
+    /// A connection asking for header and data digests when `digests`.
+    async fn open_with(addr: SocketAddr, digests: bool) -> Host {
         let s = TcpStream::connect(addr).await.unwrap();
         let mut h = Host {
             s,
             buf: Vec::new(),
             cid: 0,
             maxh2c: 0,
+            framing: Framing::plain(1 << 24),
         };
         let mut out = Vec::new();
         Pdu::IcReq(IcReq {
             pfv: 0,
             hpda: 0,
-            header_digest: false,
-            data_digest: false,
+            header_digest: digests,
+            data_digest: digests,
             maxr2t: 0,
         })
         .encode(&[], &Framing::plain(0), &mut out)
         .unwrap();
         h.s.write_all(&out).await.unwrap();
         match h.recv().await {
-            (Pdu::IcResp(r), _) => h.maxh2c = r.maxh2cdata,
+            (Pdu::IcResp(r), _) => {
+                assert_eq!((r.header_digest, r.data_digest), (digests, digests));
+                h.maxh2c = r.maxh2cdata;
+                h.framing.header_digest = digests;
+                h.framing.data_digest = digests;
+            }
             other => panic!("expected ICResp, got {:?}", other.0),
         }
         h
@@ -99,7 +112,8 @@ impl Host {
     /// The next PDU and its data.
     async fn recv(&mut self) -> (Pdu, Vec<u8>) {
         loop {
-            if let Some(d) = decode(&self.buf, &Framing::plain(1 << 24)).unwrap() {
+            if let Some(d) = decode(&self.buf, &self.framing).unwrap() {
+                assert!(d.data_digest_ok, "bad data digest from the target");
                 let data = self.buf[d.data.clone()].to_vec();
                 self.buf.drain(..d.len);
                 return (d.pdu, data);
@@ -114,7 +128,7 @@ impl Host {
 
     async fn send(&mut self, pdu: Pdu, data: &[u8]) {
         let mut out = Vec::new();
-        pdu.encode(data, &Framing::plain(0), &mut out).unwrap();
+        pdu.encode(data, &self.framing, &mut out).unwrap();
         self.s.write_all(&out).await.unwrap();
     }
 
@@ -177,12 +191,24 @@ impl Host {
     }
 
     async fn connect(&mut self, qid: u16, subnqn: &str, hostnqn: &str, cntlid: u16) -> Outcome {
+        let kato = if qid == 0 { 30_000 } else { 0 };
+        self.connect_kato(qid, subnqn, hostnqn, cntlid, kato).await
+    }
+
+    async fn connect_kato(
+        &mut self,
+        qid: u16,
+        subnqn: &str,
+        hostnqn: &str,
+        cntlid: u16,
+        kato: u32,
+    ) -> Outcome {
         let sqe = FabricsCommand::Connect(Connect {
             recfmt: 0,
             qid,
             sqsize: 31,
             cattr: 0,
-            kato: if qid == 0 { 30_000 } else { 0 },
+            kato,
         })
         .to_sqe(0);
         let data = ConnectData {
@@ -214,8 +240,13 @@ impl Host {
 
     /// An admin queue to `subnqn`, enabled: the CNTLID.
     async fn admin(addr: SocketAddr, subnqn: &str) -> (Host, u16) {
+        Host::admin_kato(addr, subnqn, 30_000).await
+    }
+
+    /// An admin queue with Keep Alive Timeout `kato` ms.
+    async fn admin_kato(addr: SocketAddr, subnqn: &str, kato: u32) -> (Host, u16) {
         let mut h = Host::open(addr).await;
-        let c = h.connect(0, subnqn, HOSTNQN, 0xFFFF).await;
+        let c = h.connect_kato(0, subnqn, HOSTNQN, 0xFFFF, kato).await;
         c.ok();
         let cntlid = c.cqe.dw0 as u16;
         // CC: EN, IOSQES 6, IOCQES 4.
@@ -597,5 +628,39 @@ async fn a_host_the_access_list_leaves_out_is_refused() {
     let (mut d, _) = Host::admin(addr, DISCOVERY).await;
     let head = d.get_log(0x70, 1024).await;
     assert_eq!(u64_at(&head.ok().data, 8), 1);
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn digests_and_keep_alive_expiry() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_srv, mut n, addr) = server(dir.path()).await;
+    // Header and data digests on the I/O queue: a 128 KiB write on
+    // R2T/H2CData and its read back in C2HData, every PDU digested.
+    let (mut a, cntlid) = Host::admin_kato(addr, SUBNQN, 600).await;
+    let mut io = Host::open_with(addr, true).await;
+    io.connect(1, SUBNQN, HOSTNQN, cntlid).await.ok();
+    let big = pattern(128 * 1024, 7);
+    io.write(1, 2048, &big, false).await.ok();
+    assert_eq!(io.read(1, 2048, 256).await.ok().data, big);
+    let small = pattern(2048, 8);
+    io.write(1, 0, &small, true).await.ok();
+    assert_eq!(io.read(1, 0, 4).await.ok().data, small);
+    // Keep Alive holds the controller past its 600 ms...
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        a.cmd(Sqe::new(0x18, 0), &[], true, 0).await.ok();
+    }
+    assert_eq!(n.controllers(), 1);
+    // ...and without it the controller ends, its I/O queue too.
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(5), a.s.read_to_end(&mut rest)).await;
+    assert!(
+        closed.is_ok(),
+        "the admin queue outlived its Keep Alive Timeout"
+    );
+    let closed = tokio::time::timeout(Duration::from_secs(5), io.s.read_to_end(&mut rest)).await;
+    assert!(closed.is_ok(), "the I/O queue outlived its controller");
+    assert_eq!(n.controllers(), 0);
     n.stop().await;
 }
