@@ -212,6 +212,29 @@ mod tests {
     }
 
     #[test]
+    fn namespace_identify_from_a_logical_unit() {
+        use std::sync::Arc;
+        let dev = Arc::new(ethersan_backend::ram::RamDevice::new(8 << 20, 4096).unwrap());
+        let naa = [
+            0x60, 0x01, 0x40, 0x5a, 0xbc, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
+        ];
+        let lu = LogicalUnit::new(
+            dev,
+            ethersan_scsi::LuConfig {
+                naa,
+                ..ethersan_scsi::LuConfig::default()
+            },
+        );
+        let b = namespace(&lu, false).build();
+        assert_eq!(u64::from_le_bytes(b[0..8].try_into().unwrap()), 2048);
+        assert_eq!(b[128 + 2], 12, "LBADS of 4096-byte blocks");
+        assert_eq!(&b[104..120], &naa);
+        assert_eq!(&b[120..128], &eui64(&naa));
+        assert_eq!((b[30], b[31], b[99]), (1, RESCAP_ALL, 0));
+        assert_eq!(namespace(&lu, true).build()[99], 1, "read-only for the host");
+    }
+
+    #[test]
     fn controller_identify_contents() {
         let l = Limits {
             nn: 3,
