@@ -664,3 +664,46 @@ async fn digests_and_keep_alive_expiry() {
     assert_eq!(n.controllers(), 0);
     n.stop().await;
 }
+
+#[tokio::test]
+async fn a_namespace_added_live_completes_an_async_event_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let (srv, mut n, addr) = server(dir.path()).await;
+    let (mut a, _) = Host::admin(addr, SUBNQN).await;
+    // Namespace attribute notices on.
+    let mut sf = Sqe::new(0x09, 0);
+    sf.set_cdw(10, 0x0B);
+    sf.set_cdw(11, 1 << 8);
+    a.cmd(sf, &[], true, 0).await.ok();
+    let ctrl = a.identify(1, 0).await;
+    assert_eq!(u32_at(&ctrl.data, 92) & 1 << 8, 1 << 8, "OAES");
+    // The controller has seen its namespaces at least once.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let lu = ethersan_scsi::LogicalUnit::new(
+        Arc::new(ethersan_backend::ram::RamDevice::new(1 << 20, 512).unwrap()),
+        ethersan_scsi::LuConfig::default(),
+    );
+    srv.registry()
+        .target(TARGET)
+        .unwrap()
+        .add_lun(
+            5,
+            ethersan_scsi::LunSlot {
+                lu: Arc::new(lu),
+                policy: ethersan_scsi::LunPolicy::default(),
+            },
+        )
+        .unwrap();
+    let aer = a.cmd(Sqe::new(0x0C, 0), &[], true, 0).await;
+    aer.ok();
+    assert_eq!(aer.cqe.dw0, 2 | 0x04 << 16, "a namespace attribute notice");
+    let log = a.get_log(0x04, 4096).await;
+    log.ok();
+    assert_eq!((u32_at(&log.data, 0), u32_at(&log.data, 4)), (6, 0));
+    let list = a.identify(2, 0).await;
+    assert_eq!(u32_at(&list.ok().data, 8), 6);
+    // Read: the list is empty again.
+    let again = a.get_log(0x04, 4096).await;
+    assert_eq!(u32_at(&again.ok().data, 0), 0);
+    n.stop().await;
+}

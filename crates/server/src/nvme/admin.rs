@@ -16,6 +16,9 @@ use super::conn::Conn;
 use super::ident::{self, Limits};
 use super::{Controller, Role, AERL, IO_QUEUES, QUEUE_ENTRIES};
 
+/// Asynchronous Event Configuration: Namespace Attribute Notices.
+const AEC_NS_ATTRIBUTE: u32 = 1 << 8;
+
 /// What an admin command answers: data for the host, or a result dword.
 enum Answer {
     Data(Vec<u8>),
@@ -54,13 +57,25 @@ impl Conn {
         match cmd {
             AdminCommand::Identify { cns, nsid, .. } => identify(c, cns, nsid).map(Answer::Data),
             AdminCommand::GetLogPage {
-                lid, offset, len, ..
+                lid,
+                offset,
+                len,
+                rae,
+                ..
             } => {
                 let page = if discovery {
                     match lid {
                         lid::DISCOVERY => self.discovery_log(c),
                         _ => return Err(Status::INVALID_LOG_PAGE),
                     }
+                } else if lid == lid::CHANGED_NAMESPACES {
+                    let page = log::changed_namespace_list(&self.changed_ns);
+                    if !rae {
+                        // Read: the event is cleared, notices re-armed.
+                        self.changed_ns.clear();
+                        self.ns_notice_out = false;
+                    }
+                    page
                 } else {
                     log_page(c, lid)?
                 };
@@ -85,6 +100,52 @@ impl Conn {
                 }
                 set_feature(c, fid, value).map(Answer::Dw0)
             }
+        }
+    }
+
+    /// Once a second on the admin queue of an I/O controller: when the
+    /// host's active namespaces changed (a LUN added, removed or masked),
+    /// note them for the Changed Namespace List and, if the host enabled
+    /// namespace attribute notices, complete a held Asynchronous Event
+    /// Request with one.
+    pub(super) fn namespace_tick(&mut self) {
+        let Some(c) = self.ctrl.clone() else { return };
+        let Role::Io { target, .. } = &c.role else {
+            return;
+        };
+        let who = Requester::named(Some(&c.hostnqn));
+        let now: Vec<u32> = target
+            .scsi
+            .luns()
+            .iter()
+            .filter(|(_, s)| s.policy.access(who).visible)
+            .filter_map(|(n, _)| ident::nsid_of(*n))
+            .collect();
+        if let Some(before) = self.known_ns.replace(now.clone()) {
+            let changed = before
+                .iter()
+                .filter(|n| !now.contains(n))
+                .chain(now.iter().filter(|n| !before.contains(n)));
+            for n in changed {
+                if !self.changed_ns.contains(n) {
+                    self.changed_ns.push(*n);
+                }
+            }
+        }
+        if self.changed_ns.is_empty() {
+            return;
+        }
+        let enabled = c.aec.load(Ordering::Relaxed) & AEC_NS_ATTRIBUTE != 0;
+        if enabled && !self.ns_notice_out && !self.aers.is_empty() {
+            let cid = self.aers.remove(0);
+            self.ns_notice_out = true;
+            // Type 2 (notice), information 0 (namespace attribute
+            // changed), log page 04h.
+            let dw0 = 2 | u32::from(lid::CHANGED_NAMESPACES) << 16;
+            self.complete(Completion {
+                dw0,
+                ..Completion::new(cid, Status::SUCCESS)
+            });
         }
     }
 
@@ -210,7 +271,6 @@ fn log_page(c: &Controller, id: u8) -> Result<Vec<u8>, Status> {
             Ok(s.build())
         }
         lid::FIRMWARE_SLOT => Ok(log::firmware_slot_log(env!("CARGO_PKG_VERSION"))),
-        lid::CHANGED_NAMESPACES => Ok(log::changed_namespace_list(&[])),
         _ => Err(Status::INVALID_LOG_PAGE),
     }
 }

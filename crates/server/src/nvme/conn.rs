@@ -65,6 +65,15 @@ pub(super) struct Conn {
     done_rx: Option<mpsc::UnboundedReceiver<(u32, Finished)>>,
     /// End after sending what is queued (Disconnect).
     pub(super) closing: bool,
+    /// The active namespace IDs last seen (admin queue of an I/O
+    /// controller), for namespace attribute notices.
+    pub(super) known_ns: Option<Vec<u32>>,
+    /// Namespaces changed since the host last read the Changed Namespace
+    /// List.
+    pub(super) changed_ns: Vec<u32>,
+    /// A namespace notice was reported and the log page not yet read:
+    /// no further notice until it is.
+    pub(super) ns_notice_out: bool,
 }
 
 impl Conn {
@@ -89,6 +98,9 @@ impl Conn {
             done,
             done_rx: Some(done_rx),
             closing: false,
+            known_ns: None,
+            changed_ns: Vec::new(),
+            ns_notice_out: false,
         }
     }
 
@@ -99,6 +111,8 @@ impl Conn {
         let mut done_rx = self.done_rx.take().expect("taken once");
         let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
         let mut ended: Option<watch::Receiver<bool>> = None;
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let reason = loop {
             if let Err(e) = flush(&mut wr, &mut self.tx).await {
                 break format!("write: {e}");
@@ -133,6 +147,7 @@ impl Conn {
                     }
                 }
                 _ = ctrl_ended, if !self.admin => break "its controller ended".into(),
+                _ = tick.tick(), if self.admin => self.namespace_tick(),
                 _ = stop.wait_for(|s| *s) => break "server stopping".into(),
             }
         };

@@ -139,8 +139,8 @@ pub fn io_controller(subnqn: &str, cntlid: u16, l: Limits) -> ControllerInfo {
     c.nn = l.nn;
     c.oncs = ONCS_WRITE_ZEROES | ONCS_DSM | ONCS_COMPARE | ONCS_RESERVATIONS;
     c.vwc = u8::from(l.vwc);
-    // Namespace attribute notices are not sent.
-    c.oaes = 0;
+    // Namespace attribute notices.
+    c.oaes = 1 << 8;
     c.ioccsz = (l.in_capsule + 64) / 16;
     c.iorcsz = 1;
     c.maxcmd = l.maxcmd;
@@ -231,7 +231,11 @@ mod tests {
         assert_eq!(&b[104..120], &naa);
         assert_eq!(&b[120..128], &eui64(&naa));
         assert_eq!((b[30], b[31], b[99]), (1, RESCAP_ALL, 0));
-        assert_eq!(namespace(&lu, true).build()[99], 1, "read-only for the host");
+        assert_eq!(
+            namespace(&lu, true).build()[99],
+            1,
+            "read-only for the host"
+        );
     }
 
     #[test]

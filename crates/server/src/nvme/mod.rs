@@ -169,10 +169,10 @@ impl Shared {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&c.cntlid);
+        // The host's nexus is not reported lost: NVMe has no RESERVE(6)
+        // reservations to drop, and a unit attention would fail the first
+        // command of its next connection.
         c.ended.send_replace(true);
-        if let Role::Io { target, nexus, .. } = &c.role {
-            target.scsi.nexus_lost(*nexus);
-        }
     }
 
     /// The target whose subsystem NQN is `nqn`.
