@@ -148,7 +148,7 @@ impl Conn {
                 }
                 _ = ctrl_ended, if !self.admin => break "its controller ended".into(),
                 _ = tick.tick(), if self.admin => self.namespace_tick(),
-                _ = stop.wait_for(|s| *s) => break "server stopping".into(),
+                _ = stopping(&mut stop) => break "server stopping".into(),
             }
         };
         let _ = flush(&mut wr, &mut self.tx).await;
@@ -297,6 +297,14 @@ impl Conn {
         if let Some(kind) = self.in_flight.remove(&cid) {
             self.io_finished(cid, kind, f);
         }
+    }
+}
+
+/// Until the server stops ([`super::Nvme::stop`]); for ever if its handle
+/// was dropped without stopping.
+async fn stopping(stop: &mut watch::Receiver<bool>) {
+    if stop.wait_for(|s| *s).await.is_err() {
+        std::future::pending::<()>().await
     }
 }
 
