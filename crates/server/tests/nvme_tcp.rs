@@ -391,6 +391,23 @@ async fn identify_io_and_statuses_end_to_end() {
     back.ok();
     assert_eq!(&back.data[..16 * 512], &vec![0u8; 16 * 512][..]);
     assert_eq!(&back.data[16 * 512..], &big[16 * 512..32 * 512]);
+    // Dataset Management, deallocate: UNMAP of the range.
+    let mut dsm = Sqe::new(0x09, 0);
+    dsm.set_nsid(1);
+    dsm.set_cdw(11, 1 << 2);
+    let mut range = vec![0u8; 16];
+    range[4..8].copy_from_slice(&64u32.to_le_bytes());
+    range[8..16].copy_from_slice(&1000u64.to_le_bytes());
+    io.cmd(dsm, &range, true, 0).await.ok();
+    // A range past the end fails as the UNMAP does.
+    let mut dsm = Sqe::new(0x09, 0);
+    dsm.set_nsid(1);
+    dsm.set_cdw(11, 1 << 2);
+    range[8..16].copy_from_slice(&(16u64 << 20 >> 9).to_le_bytes());
+    assert_eq!(
+        io.cmd(dsm, &range, true, 0).await.cqe.status,
+        Status::LBA_OUT_OF_RANGE
+    );
     // Compare: the same data matches, other data fails.
     let cmp = io.rw(0x05, 1, 8, 8).await;
     io.cmd(cmp, &small, true, 0).await.ok();

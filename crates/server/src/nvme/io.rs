@@ -259,6 +259,11 @@ fn plan(
             if list.len() == 8 {
                 return Ok(None);
             }
+            // More descriptors than one UNMAP takes (MAXIMUM UNMAP BLOCK
+            // DESCRIPTOR COUNT 256).
+            if list.len() > 8 + 16 * 256 {
+                return Err(Status::INVALID_FIELD);
+            }
             Plan {
                 cdb,
                 expected_len: list.len() as u32,

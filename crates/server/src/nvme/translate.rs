@@ -48,10 +48,28 @@ pub fn verify16(lba: u64, blocks: u32) -> Vec<u8> {
     rw16(0x8F, 0x02, lba, blocks)
 }
 
+/// Most blocks one UNMAP descriptor may name (the MAXIMUM UNMAP LBA
+/// COUNT ethersan's logical units report in VPD page B0h).
+pub const UNMAP_DESCRIPTOR_BLOCKS: u32 = 1 << 20;
+
 /// UNMAP with the deallocate ranges of a Dataset Management command:
-/// the CDB and its parameter list. Ranges of no blocks are left out.
+/// the CDB and its parameter list. Ranges of no blocks are left out; a
+/// range longer than [`UNMAP_DESCRIPTOR_BLOCKS`] becomes several
+/// descriptors.
 pub fn unmap(ranges: &[DsmRange]) -> (Vec<u8>, Vec<u8>) {
-    let descs: Vec<&DsmRange> = ranges.iter().filter(|r| r.blocks > 0).collect();
+    let mut descs: Vec<DsmRange> = Vec::new();
+    for r in ranges {
+        let mut at = 0u32;
+        while at < r.blocks {
+            let n = (r.blocks - at).min(UNMAP_DESCRIPTOR_BLOCKS);
+            descs.push(DsmRange {
+                attributes: r.attributes,
+                blocks: n,
+                slba: r.slba.saturating_add(u64::from(at)),
+            });
+            at += n;
+        }
+    }
     let len = 8 + 16 * descs.len();
     let mut p = vec![0u8; len];
     p[0..2].copy_from_slice(&((len - 2) as u16).to_be_bytes());
@@ -216,5 +234,17 @@ mod tests {
         assert_eq!(&p[..4], &[0, 22, 0, 16]);
         assert_eq!(&p[8..16], &100u64.to_be_bytes());
         assert_eq!(&p[16..20], &8u32.to_be_bytes());
+        // A long range: several descriptors.
+        let (_, p) = unmap(&[DsmRange {
+            attributes: 0,
+            blocks: UNMAP_DESCRIPTOR_BLOCKS * 2 + 3,
+            slba: 10,
+        }]);
+        assert_eq!(p.len(), 8 + 3 * 16);
+        assert_eq!(
+            &p[8 + 16..8 + 24],
+            &(10 + u64::from(UNMAP_DESCRIPTOR_BLOCKS)).to_be_bytes()
+        );
+        assert_eq!(&p[8 + 32 + 8..8 + 32 + 12], &3u32.to_be_bytes());
     }
 }
