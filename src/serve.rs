@@ -96,6 +96,11 @@ pub(crate) struct ServeArgs {
     /// (repeatable): ADDR:PORT[,mtu=N], e.g. 0.0.0.0:3262. Needs --group.
     #[arg(long, value_name = "ADDR:PORT[,mtu=N]", conflicts_with = "config")]
     udp: Vec<String>,
+    /// Also serve the LUNs over NVMe/TCP on this address (repeatable):
+    /// ADDR[:PORT], port 4420 when only an address is given. Each target
+    /// is a subsystem (see docs/nvme.md), LUN n namespace n+1.
+    #[arg(long, value_name = "ADDR[:PORT]", conflicts_with = "config")]
+    nvme: Vec<String>,
     /// The native transport's group: only members (same name and secret)
     /// discover and reach the target.
     #[arg(long, value_name = "NAME", conflicts_with = "config")]
@@ -242,6 +247,11 @@ fn serve_config(a: &ServeArgs) -> anyhow::Result<Config> {
             .udp
             .push(ethersan_server::config::UdpPortal::parse(u).map_err(anyhow::Error::msg)?);
     }
+    for n in &a.nvme {
+        cfg.nvme.portals.push(
+            ethersan_server::config::NvmeConfig::parse_portal(n).map_err(anyhow::Error::msg)?,
+        );
+    }
     cfg.ethernet.group = a.group.clone();
     cfg.ethernet.secret_file = a.group_secret_file.clone();
     if let Some(t) = a.ethertype {
@@ -251,7 +261,7 @@ fn serve_config(a: &ServeArgs) -> anyhow::Result<Config> {
         anyhow::bail!("--eth and --udp need --group NAME (and the group secret: --group-secret-file FILE or $ETHERSAN_GROUP_SECRET)");
     }
     for i in &a.allow_initiator {
-        ethersan_server::config::validate_name(i)
+        ethersan_server::config::validate_initiator_name(i)
             .with_context(|| format!("--allow-initiator {i}"))?;
         target
             .access

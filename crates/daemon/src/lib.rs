@@ -122,6 +122,9 @@ pub enum DaemonError {
     /// The native transport's links, UDP portals or group.
     #[error(transparent)]
     Native(#[from] ethersan_server::native::NativeError),
+    /// An NVMe/TCP portal.
+    #[error(transparent)]
+    Nvme(#[from] ethersan_server::nvme::NvmeError),
     /// The management API (its socket, its token).
     #[error(transparent)]
     Admin(#[from] ethersan_admin::AdminError),
@@ -152,7 +155,8 @@ pub enum DaemonError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
     /// Every portal's listening socket is shut, the AoE link task and the
-    /// native transport's accepting tasks have ended.
+    /// native transport's accepting tasks have ended, and the NVMe/TCP
+    /// listeners and connections are closed.
     StopAccepting,
     /// Every session was told to end and has ended (at most 10 s).
     EndSessions,
@@ -173,6 +177,7 @@ pub struct Daemon {
     /// The AoE link's task (one link at most).
     aoe: Vec<JoinHandle<()>>,
     native: ethersan_server::native::Native,
+    nvme: ethersan_server::nvme::Nvme,
     isns: Option<ethersan_server::isns::IsnsTask>,
     /// Dropping it removes the socket file.
     api_socket: Option<(PathBuf, ethersan_admin::UnixApi)>,
@@ -188,6 +193,7 @@ impl std::fmt::Debug for Daemon {
             .field("portals", &self.server.local_addrs())
             .field("aoe", &self.aoe.len())
             .field("native", &self.native.endpoints.len())
+            .field("nvme", &self.nvme)
             .field("api_socket", &self.api_socket.as_ref().map(|s| &s.0))
             .field("api_tcp", &self.api_tcp.as_ref().map(|a| a.0))
             .field("metrics", &self.metrics.as_ref().map(|m| m.0))
@@ -235,6 +241,11 @@ impl Daemon {
                 &opts.say,
                 format_args!("ethersan: native transport on {u} (group {group})"),
             );
+        }
+        // NVMe/TCP: each target a subsystem, on its own portals.
+        let nvme = ethersan_server::nvme::start(&cfg, server.registry().clone()).await?;
+        for a in nvme.local_addrs() {
+            line(&opts.say, format_args!("ethersan: NVMe/TCP on {a}"));
         }
         // iSNS: register the targets, portals and discovery domains.
         let isns = cfg.isns.clone().map(|i| {
@@ -316,6 +327,7 @@ impl Daemon {
             control,
             aoe,
             native,
+            nvme,
             isns,
             api_socket,
             api_tcp,
@@ -345,6 +357,7 @@ impl Daemon {
             let _ = t.await;
         }
         self.native.stop_accepting().await;
+        self.nvme.stop().await;
         done.push(Stage::StopAccepting);
         self.server.end_sessions().await;
         done.push(Stage::EndSessions);
@@ -367,6 +380,11 @@ impl Daemon {
         drop(self.api_socket.take());
         done.push(Stage::CloseManagement);
         done
+    }
+
+    /// Where NVMe/TCP is served (the real port when 0 was asked for).
+    pub fn nvme_addrs(&self) -> Vec<SocketAddr> {
+        self.nvme.local_addrs()
     }
 
     /// The server: its registry, portals and addresses.

@@ -19,6 +19,7 @@ pub mod isns;
 pub mod limits;
 mod login;
 pub mod native;
+pub mod nvme;
 mod placement;
 pub mod portal;
 pub mod portals;

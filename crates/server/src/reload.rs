@@ -125,6 +125,11 @@ impl Reloader {
         if new.isns.is_some() && new.isns != current.isns {
             report.needs_restart.push("[isns]".into());
         }
+        // The NVMe/TCP portals are bound at start (its subsystems and
+        // namespaces follow the targets and LUNs live).
+        if new.nvme != current.nvme {
+            report.needs_restart.push("[nvme]".into());
+        }
         // Options other than the login settings are read when the server
         // starts (threads, limits, timeouts, the data directory).
         if format!("{:?}", new.options) != format!("{:?}", current.options) {

@@ -36,15 +36,19 @@ impl AclRule {
     }
 
     /// Parse a rule as written in `allow = [...]` and `ethersan ctl acl`:
-    /// an initiator name (`iqn.…`, `eui.…`, `naa.…`), a network
+    /// an initiator name (`iqn.…`, `eui.…`, `naa.…`, an NVMe host's
+    /// `nqn.…`), a network
     /// (`ADDR/LEN`, or a bare address: one host), or `NAME@ADDR/LEN` (that
     /// name from that network; iSCSI names cannot hold `@`).
     pub fn parse(s: &str) -> Result<AclRule, String> {
         let s = s.trim();
-        let is_name =
-            |n: &str| n.starts_with("iqn.") || n.starts_with("eui.") || n.starts_with("naa.");
+        let is_name = |n: &str| {
+            ["iqn.", "eui.", "naa.", "nqn."]
+                .iter()
+                .any(|p| n.starts_with(p))
+        };
         let name = |n: &str| {
-            super::validate_name(n)
+            super::validate_initiator_name(n)
                 .map(|()| n.to_string())
                 .map_err(|e| e.to_string())
         };
@@ -58,7 +62,7 @@ impl AclRule {
             return Ok(AclRule::initiator(name(s)?));
         }
         parse_network(s).map(AclRule::network).map_err(|e| {
-            format!("{e}; a rule is an initiator name (iqn.…, eui.…, naa.…), a network ADDR/LEN, or NAME@ADDR/LEN")
+            format!("{e}; a rule is an initiator name (iqn.…, eui.…, naa.…, or an NVMe host's nqn.…), a network ADDR/LEN, or NAME@ADDR/LEN")
         })
     }
 

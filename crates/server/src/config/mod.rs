@@ -9,6 +9,7 @@ mod access;
 mod aoe;
 mod ethernet;
 mod lun;
+mod nvme;
 mod options;
 mod save;
 mod toml_form;
@@ -24,12 +25,13 @@ pub use access::{parse_network, Access, AclRule};
 pub use aoe::{parse_macs, AoeAddress, AoeConfig, AoeLink};
 pub use ethernet::{parse_ethertype, EthernetConfig, UdpPortal};
 pub use lun::{Backing, LunConfig, DEFAULT_ENGINE};
+pub use nvme::{NvmeConfig, NVME_TCP_PORT};
 pub use options::{
     GatewayState, Options, Placement, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
     DEFAULT_MAX_KEY_TEXT_BYTES, DEFAULT_MAX_LOGINS_IN_PROGRESS, MIN_KEY_TEXT_BYTES,
 };
 pub use save::EditedToml;
-pub use values::{format_naa, parse_naa, parse_size, validate_name};
+pub use values::{format_naa, parse_naa, parse_size, validate_initiator_name, validate_name};
 
 /// A configuration error, with its origin.
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +84,8 @@ pub struct Config {
     pub aoe: AoeConfig,
     /// `[ethernet]`: the native transport's links, UDP portals and group.
     pub ethernet: EthernetConfig,
+    /// `[nvme]` (or `serve --nvme`): the NVMe/TCP target's portals.
+    pub nvme: NvmeConfig,
     /// `[isns]` (or `serve --isns`): register with an iSNS server.
     pub isns: Option<IsnsConfig>,
 }
@@ -269,6 +273,7 @@ impl Config {
             discovery_chap: None,
             aoe: AoeConfig::default(),
             ethernet: EthernetConfig::default(),
+            nvme: NvmeConfig::default(),
             isns: None,
         }
     }

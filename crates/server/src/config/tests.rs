@@ -204,6 +204,14 @@ fn names() {
     assert!(validate_name("iqn.2026-11.Org.x").is_err());
     assert!(validate_name("iqn.26-11.org.x").is_err());
     assert!(validate_name("target0").is_err());
+    // NVMe host NQNs: initiator names of access rules, not target names.
+    assert!(validate_initiator_name("nqn.2014-08.org.nvmexpress:uuid:1B4E28BA-2FA1").is_ok());
+    assert!(validate_initiator_name("iqn.2026-11.org.ethersan:default").is_ok());
+    assert!(validate_initiator_name("nqn.x").is_err());
+    assert!(validate_initiator_name("nqn.2014-08.org.x:a b").is_err());
+    assert!(validate_initiator_name("nqn.2014-08.org.x:a@b").is_err());
+    assert!(validate_name("nqn.2014-08.org.x:a").is_err());
+    assert!(AclRule::parse("nqn.2014-08.org.x:host@127.0.0.0/8").is_ok());
 }
 
 #[test]
@@ -414,6 +422,8 @@ user = "alice"
 secret = "a-secret-of-12+"
 mutual_user = "target"
 mutual_secret = "another-secret!"
+[nvme]
+portals = ["127.0.0.1", "[::1]:4421"]
 [[target]]
 name = "iqn.2026-11.org.ethersan:a"
 alias = "first"
@@ -438,6 +448,13 @@ security = "none"
 aoe = "off"
 "#;
     let a = Config::from_toml_str(text, "/etc/ethersan.toml").expect("parses");
+    assert_eq!(
+        a.nvme.portals,
+        vec![
+            "127.0.0.1:4420".parse().unwrap(),
+            "[::1]:4421".parse().unwrap()
+        ]
+    );
     let saved = a.to_toml();
     let b = Config::from_toml_str(&saved, "/elsewhere/ethersan.toml")
         .unwrap_or_else(|e| panic!("the saved file does not parse: {e}\n{saved}"));

@@ -38,6 +38,32 @@ pub fn parse_size(s: &str) -> Result<u64, ConfigError> {
     n.checked_mul(mult).ok_or_else(|| bad("too large"))
 }
 
+/// Check an initiator name of an access rule or LUN masking list: an
+/// iSCSI name ([`validate_name`]) or an NVMe host NQN
+/// (`nqn.YYYY-MM.reverse.domain:…`, e.g. `nqn.2014-08.org.nvmexpress:uuid:…`,
+/// at most 223 bytes, no spaces or `@`): NVMe/TCP hosts are known by it.
+pub fn validate_initiator_name(name: &str) -> Result<(), ConfigError> {
+    let Some(rest) = name.strip_prefix("nqn.") else {
+        return validate_name(name);
+    };
+    let b = rest.as_bytes();
+    let date_ok = b.len() > 8
+        && b[..4].iter().all(u8::is_ascii_digit)
+        && b[4] == b'-'
+        && b[5..7].iter().all(u8::is_ascii_digit)
+        && b[7] == b'.';
+    let chars_ok = !name
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || c == '@');
+    if name.len() <= 223 && date_ok && chars_ok {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid(format!(
+            "invalid NVMe host NQN {name:?}: expected nqn.YYYY-MM.reverse.domain:… (at most 223 bytes, no spaces or '@')"
+        )))
+    }
+}
+
 /// Check an iSCSI name (RFC 7143 §4.2.7): `iqn.YYYY-MM.reverse.domain[:x]`,
 /// `eui.` + 16 hex digits, or `naa.` + 16 or 32 hex digits; at most 223 bytes.
 pub fn validate_name(name: &str) -> Result<(), ConfigError> {

@@ -127,6 +127,11 @@ pub(super) fn canonical(c: &Config, base: &Path) -> Tab {
     if c.ethernet != EthernetConfig::default() {
         top.put("ethernet", V::T(ethernet(&c.ethernet, base)));
     }
+    if c.nvme.enabled() {
+        let mut t = Tab::default();
+        t.put_strings("portals", c.nvme.portals.iter().map(|p| p.to_string()));
+        top.put("nvme", V::T(t));
+    }
     top.put_some("isns", c.isns.as_ref().map(|i| V::T(isns(i))));
     top.put(
         "target",

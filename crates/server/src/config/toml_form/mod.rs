@@ -67,6 +67,7 @@ impl Config {
         let discovery_chap = sections::discovery_chap(&src, raw.discovery, chap.as_ref())?;
         let aoe = sections::aoe(&src, raw.aoe)?;
         let ethernet = sections::ethernet(&src, raw.ethernet)?;
+        let nvme = sections::nvme(&src, raw.nvme)?;
         let isns = sections::isns(&src, raw.isns)?;
         Ok(Config {
             portals,
@@ -77,6 +78,7 @@ impl Config {
             discovery_chap,
             aoe,
             ethernet,
+            nvme,
             isns,
         })
     }

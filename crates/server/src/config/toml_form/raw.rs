@@ -23,6 +23,7 @@ pub(super) struct RawConfig {
     pub(super) discovery: Option<RawDiscovery>,
     pub(super) aoe: Option<Spanned<RawAoe>>,
     pub(super) ethernet: Option<Spanned<RawEthernet>>,
+    pub(super) nvme: Option<Spanned<RawNvme>>,
     pub(super) isns: Option<Spanned<RawIsns>>,
 }
 
@@ -104,6 +105,15 @@ pub(super) struct RawEthernet {
     pub(super) secret: Option<String>,
     /// The EtherType, e.g. "0x88B5".
     pub(super) ethertype: Option<String>,
+}
+
+/// `[nvme]`: the NVMe/TCP target.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawNvme {
+    /// Listening addresses, as `ADDR[:PORT]`.
+    #[serde(default)]
+    pub(super) portals: Vec<String>,
 }
 
 /// `[aoe]`: the AoE target.

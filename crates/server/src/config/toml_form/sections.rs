@@ -9,7 +9,9 @@ use std::net::SocketAddr;
 use toml::Spanned;
 
 use super::super::{AoeConfig, ChapConfig, ConfigError, EthernetConfig, IsnsConfig, Options};
-use super::raw::{socket_addr, RawAoe, RawChap, RawDiscovery, RawEthernet, RawIsns, RawPortal};
+use super::raw::{
+    socket_addr, RawAoe, RawChap, RawDiscovery, RawEthernet, RawIsns, RawNvme, RawPortal,
+};
 use super::source::Source;
 
 /// `[options]`, checked, its `data_dir` relative to the file.
@@ -202,6 +204,25 @@ pub(super) fn ethernet(
             }
         }
     })
+}
+
+/// `[nvme]`: the NVMe/TCP target's portals.
+pub(super) fn nvme(
+    src: &Source,
+    raw: Option<Spanned<RawNvme>>,
+) -> Result<super::super::NvmeConfig, ConfigError> {
+    let Some(n) = raw else {
+        return Ok(super::super::NvmeConfig::default());
+    };
+    let span = n.span();
+    let portals = n
+        .into_inner()
+        .portals
+        .iter()
+        .map(|p| super::super::NvmeConfig::parse_portal(p))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|m| src.at(Some(span), format!("[nvme] portals: {m}")))?;
+    Ok(super::super::NvmeConfig { portals })
 }
 
 /// `[isns]`: the iSNS server to register with.

@@ -6,8 +6,8 @@ use std::ops::Range;
 use toml::Spanned;
 
 use super::super::{
-    parse_naa, parse_network, validate_name, Access, AclRule, Backing, ConfigError, LunConfig,
-    TargetChap, TargetConfig, DEFAULT_ENGINE,
+    parse_naa, parse_network, validate_initiator_name, validate_name, Access, AclRule, Backing,
+    ConfigError, LunConfig, TargetChap, TargetConfig, DEFAULT_ENGINE,
 };
 use super::raw::{raw_size, RawLun, RawLunTable, RawTarget, RawTargetChap};
 use super::source::{line_col, Source};
@@ -88,10 +88,11 @@ fn lun(
 /// `span`.
 fn lun_table(src: &Source, span: Range<usize>, tb: RawLunTable) -> Result<LunConfig, ConfigError> {
     for i in &tb.initiators {
-        validate_name(i).map_err(|e| src.at(Some(span.clone()), format!("initiators: {e}")))?;
+        validate_initiator_name(i)
+            .map_err(|e| src.at(Some(span.clone()), format!("initiators: {e}")))?;
     }
     for i in &tb.read_only_initiators {
-        validate_name(i)
+        validate_initiator_name(i)
             .map_err(|e| src.at(Some(span.clone()), format!("read_only_initiators: {e}")))?;
     }
     if tb.rbd.is_none()
@@ -249,7 +250,7 @@ fn access(
     // the first AND an address on the second.
     let mut names = Vec::new();
     for i in &t.allow_initiators {
-        validate_name(i.get_ref())
+        validate_initiator_name(i.get_ref())
             .map_err(|e| src.at(Some(i.span()), format!("allow_initiators: {e}")))?;
         names.push(i.get_ref().clone());
     }
