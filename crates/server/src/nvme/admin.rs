@@ -213,7 +213,7 @@ fn identify(c: &Controller, cns: Cns, nsid: u32) -> Result<Vec<u8>, Status> {
                 nn: visible.iter().map(|(n, _)| *n).max().unwrap_or(0),
                 vwc: visible.iter().any(|(_, s)| s.lu.volume().write_cache()),
                 mdts: 8,
-                in_capsule: ethersan_nvme::QueueConfig::default().max_in_capsule,
+                in_capsule: super::IN_CAPSULE,
                 maxcmd: QUEUE_ENTRIES,
             };
             Ok(ident::io_controller(&c.subnqn, c.cntlid, l).build())

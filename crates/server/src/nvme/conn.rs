@@ -86,7 +86,10 @@ impl Conn {
         });
         Conn {
             shared,
-            queue: Queue::new(QueueConfig::default()),
+            queue: Queue::new(QueueConfig {
+                max_in_capsule: super::IN_CAPSULE,
+                ..QueueConfig::default()
+            }),
             ctrl: None,
             admin: false,
             peer,
