@@ -8,11 +8,11 @@
 /// Size of every Identify data structure.
 pub const IDENTIFY_LEN: usize = 4096;
 
+use crate::put::{put16, put32, put64, put_text};
+
 /// Writes `s` into `b`, padded with spaces (ASCII fields: SN, MN, FR).
 fn put_ascii(b: &mut [u8], s: &str) {
-    b.fill(b' ');
-    let n = s.len().min(b.len());
-    b[..n].copy_from_slice(&s.as_bytes()[..n]);
+    put_text(b, s, b' ');
 }
 
 /// Writes `s` into `b`, padded with NULs, at most `b.len() - 1` bytes (NQNs).
@@ -22,17 +22,6 @@ fn put_nqn(b: &mut [u8], s: &str) {
     b[..n].copy_from_slice(&s.as_bytes()[..n]);
 }
 
-fn put16(b: &mut [u8], at: usize, v: u16) {
-    b[at..at + 2].copy_from_slice(&v.to_le_bytes());
-}
-
-fn put32(b: &mut [u8], at: usize, v: u32) {
-    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
-}
-
-fn put64(b: &mut [u8], at: usize, v: u64) {
-    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
-}
 
 /// Controller type (CNTRLTYPE, byte 111).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

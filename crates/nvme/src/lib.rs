@@ -57,6 +57,7 @@ pub mod keepalive;
 pub mod log;
 pub mod pdu;
 pub mod properties;
+mod put;
 pub mod queue;
 pub mod sqe;
 pub mod status;

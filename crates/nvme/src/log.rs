@@ -4,6 +4,8 @@
 //! the TCP transport's TSAS (the Discovery log page, 70h): builders from
 //! plain structs, and [`window`] for a Get Log Page's offset and length.
 
+use crate::put::{put16, put32, put64, put_text};
+
 /// Log page identifiers.
 pub mod lid {
     /// Error Information.
@@ -22,23 +24,6 @@ pub mod lid {
     pub const RESERVATION_NOTIFICATION: u8 = 0x80;
 }
 
-fn put16(b: &mut [u8], at: usize, v: u16) {
-    b[at..at + 2].copy_from_slice(&v.to_le_bytes());
-}
-
-fn put32(b: &mut [u8], at: usize, v: u32) {
-    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
-}
-
-fn put64(b: &mut [u8], at: usize, v: u64) {
-    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
-}
-
-fn put_text(b: &mut [u8], s: &str, pad: u8) {
-    b.fill(pad);
-    let n = s.len().min(b.len());
-    b[..n].copy_from_slice(&s.as_bytes()[..n]);
-}
 
 /// The part of `page` a Get Log Page of `len` bytes at `offset` returns,
 /// zero-filled past the page's end; `None` if `offset` lies beyond it
