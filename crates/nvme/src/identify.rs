@@ -22,7 +22,6 @@ fn put_nqn(b: &mut [u8], s: &str) {
     b[..n].copy_from_slice(&s.as_bytes()[..n]);
 }
 
-
 /// Controller type (CNTRLTYPE, byte 111).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ControllerType {

@@ -24,13 +24,13 @@ pub mod lid {
     pub const RESERVATION_NOTIFICATION: u8 = 0x80;
 }
 
-
 /// The part of `page` a Get Log Page of `len` bytes at `offset` returns,
 /// zero-filled past the page's end; `None` if `offset` lies beyond it
 /// (Invalid Field).
 pub fn window(page: &[u8], offset: u64, len: u64) -> Option<Vec<u8>> {
     let start = usize::try_from(offset).ok().filter(|&o| o <= page.len())?;
-    let len = usize::try_from(len).ok()?.min(1 << 24);
+    // A Get Log Page moves at most the controller's MDTS (1 MiB here).
+    let len = usize::try_from(len).ok()?.min(1 << 20);
     let mut out = page[start..].to_vec();
     out.resize(len, 0);
     Some(out)

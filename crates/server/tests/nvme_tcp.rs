@@ -724,3 +724,116 @@ async fn a_namespace_added_live_completes_an_async_event_request() {
     assert_eq!(u32_at(&again.ok().data, 0), 0);
     n.stop().await;
 }
+
+/// Whether the target closes `h`'s connection within 5 s (reading and
+/// dropping whatever it sends first).
+async fn closed(h: &mut Host) -> bool {
+    let mut rest = Vec::new();
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), h.s.read_to_end(&mut rest)).await,
+        Ok(Ok(_))
+    )
+}
+
+/// Input a host must not send, each refused without harm to the others:
+/// an I/O command before an accepted Connect ends its connection (no
+/// buffer is made for it); a host that sends reads and takes no answer
+/// makes the target queue a few MiB, not every read's data; a Get Log Page asking for 16 GiB gets only its buffer's worth;
+/// fused commands and a Write Zeroes with FUA (WRITE SAME has no FUA) are
+/// refused with Invalid Field.
+#[tokio::test]
+async fn a_misbehaving_host_is_refused_without_harm() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_srv, mut n, addr) = server(dir.path()).await;
+    let (mut a, cntlid) = Host::admin(addr, SUBNQN).await;
+    let mut io = Host::open(addr).await;
+    io.connect(1, SUBNQN, HOSTNQN, cntlid).await.ok();
+
+    // A Connect whose data never comes (not accepted yet), then a write
+    // waiting for 1 MiB of data.
+    let mut early = Host::open(addr).await;
+    let mut sqe = FabricsCommand::Connect(Connect {
+        recfmt: 0,
+        qid: 0,
+        sqsize: 31,
+        cattr: 0,
+        kato: 0,
+    })
+    .to_sqe(1);
+    sqe.set_sgl(Sgl::Transport { len: 1024 });
+    early.send(Pdu::CapsuleCmd(sqe), &[]).await;
+    let mut sqe = early.rw(0x01, 1, 0, 2048).await;
+    sqe.0[2..4].copy_from_slice(&2u16.to_le_bytes());
+    sqe.set_sgl(Sgl::Transport { len: 1 << 20 });
+    early.send(Pdu::CapsuleCmd(sqe), &[]).await;
+    assert!(
+        closed(&mut early).await,
+        "a command before an accepted Connect was taken"
+    );
+
+    // 400 reads of 1 MiB sent at once by a host that reads no answer: the
+    // target queues a few MiB of answers and reads no further commands
+    // until they are taken (without that, 400 MiB waited here; the server
+    // runs in this process, so its memory is this test's).
+    let rss = || {
+        let s = std::fs::read_to_string("/proc/self/status").unwrap();
+        let l = s
+            .lines()
+            .find(|l| l.starts_with("VmRSS:"))
+            .unwrap()
+            .to_string();
+        l.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() << 10
+    };
+    let before = rss();
+    let mut flood = Host::open(addr).await;
+    flood.connect(2, SUBNQN, HOSTNQN, cntlid).await.ok();
+    let mut burst = Vec::new();
+    for cid in 1..=400u16 {
+        let mut sqe = flood.rw(0x02, 1, 0, 2048).await;
+        sqe.0[2..4].copy_from_slice(&cid.to_le_bytes());
+        sqe.set_sgl(Sgl::Transport { len: 1 << 20 });
+        Pdu::CapsuleCmd(sqe)
+            .encode(&[], &flood.framing, &mut burst)
+            .unwrap();
+    }
+    flood.s.write_all(&burst).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Meanwhile the other queue is served.
+    assert_eq!(io.read(1, 0, 8).await.ok().data.len(), 4096);
+    let grown = rss().saturating_sub(before);
+    assert!(
+        grown < 100 << 20,
+        "{} MiB more memory with 400 MiB of reads unread",
+        grown >> 20
+    );
+    drop(flood);
+
+    // Get Log Page (SMART) with NUMD at its largest and a 4 KiB buffer.
+    let mut sqe = Sqe::new(0x02, 0);
+    sqe.set_cdw(10, 0x02 | 0xFFFF << 16);
+    sqe.set_cdw(11, 0xFFFF);
+    let log = a.cmd(sqe, &[], false, 4096).await;
+    log.ok();
+    assert_eq!(log.data.len(), 4096);
+
+    // A fused first command, and a Write Zeroes with FUA.
+    let mut sqe = io.rw(0x02, 1, 0, 1).await;
+    sqe.0[1] |= 1;
+    assert_eq!(
+        io.cmd(sqe, &[], false, 512).await.cqe.status,
+        Status::INVALID_FIELD
+    );
+    let mut sqe = io.rw(0x08, 1, 0, 8).await;
+    sqe.set_cdw(12, 7 | 1 << 30);
+    assert_eq!(
+        io.cmd(sqe, &[], false, 0).await.cqe.status,
+        Status::INVALID_FIELD
+    );
+
+    // The well-behaved queues go on.
+    let data = pattern(4096, 9);
+    io.write(1, 8, &data, true).await.ok();
+    assert_eq!(io.read(1, 8, 8).await.ok().data, data);
+    a.cmd(Sqe::new(0x18, 0), &[], true, 0).await.ok();
+    n.stop().await;
+}

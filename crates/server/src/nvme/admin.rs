@@ -31,7 +31,7 @@ impl Conn {
     /// An admin command on controller `c`'s admin queue.
     pub(super) fn admin_command(&mut self, c: &Controller, sqe: Sqe, to_host: usize) {
         let cid = sqe.cid();
-        let r = AdminCommand::parse(&sqe).and_then(|cmd| self.admin_answer(c, cid, cmd));
+        let r = AdminCommand::parse(&sqe).and_then(|cmd| self.admin_answer(c, cid, cmd, to_host));
         match r {
             Ok(Answer::Data(d)) => self.send_data(
                 Completion::new(cid, Status::SUCCESS),
@@ -52,6 +52,7 @@ impl Conn {
         c: &Controller,
         cid: u16,
         cmd: AdminCommand,
+        to_host: usize,
     ) -> Result<Answer, Status> {
         let discovery = matches!(c.role, Role::Discovery);
         match cmd {
@@ -79,7 +80,9 @@ impl Conn {
                 } else {
                     log_page(c, lid)?
                 };
-                log::window(&page, offset, len)
+                // No more than the host's buffer takes (NUMD may ask for
+                // up to 16 GiB).
+                log::window(&page, offset, len.min(to_host as u64))
                     .map(Answer::Data)
                     .ok_or(Status::INVALID_FIELD)
             }

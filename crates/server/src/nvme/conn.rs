@@ -18,9 +18,9 @@ use ethersan_scsi::IoBuf;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
-use super::{Controller, Shared};
+use super::{Controller, Shared, QUEUE_ENTRIES, TX_BACKLOG};
 
 /// Blocking commands run on tokio's blocking pool.
 pub(super) struct TokioBlocking;
@@ -65,6 +65,9 @@ pub(super) struct Conn {
     done_rx: Option<mpsc::UnboundedReceiver<(u32, Finished)>>,
     /// End after sending what is queued (Disconnect).
     pub(super) closing: bool,
+    /// [`Conn::receive`] stopped with whole PDUs left in its buffer,
+    /// because too many answers waited to be sent.
+    backlogged: bool,
     /// The active namespace IDs last seen (admin queue of an I/O
     /// controller), for namespace attribute notices.
     pub(super) known_ns: Option<Vec<u32>>,
@@ -101,6 +104,7 @@ impl Conn {
             done,
             done_rx: Some(done_rx),
             closing: false,
+            backlogged: false,
             known_ns: None,
             changed_ns: Vec::new(),
             ns_notice_out: false,
@@ -122,6 +126,11 @@ impl Conn {
             }
             if self.queue.is_closed() || self.closing {
                 break "closed".into();
+            }
+            if self.backlogged {
+                // Commands left in `buf` while answers waited: on with them.
+                self.receive(&mut buf);
+                continue;
             }
             if ended.is_none() {
                 ended = self.ctrl.as_ref().map(|c| c.ended.subscribe());
@@ -168,12 +177,38 @@ impl Conn {
     fn receive(&mut self, buf: &mut Vec<u8>) {
         let mut at = 0;
         let now = Instant::now();
-        while let Some(r) = self.queue.receive(&buf[at..], now) {
+        self.backlogged = false;
+        loop {
+            // Answers the host has not taken yet bound what is read next: a
+            // host that sends commands and does not read would otherwise
+            // have every read's data queued here.
+            if self.tx.iter().map(Bytes::len).sum::<usize>() > TX_BACKLOG {
+                self.backlogged = true;
+                break;
+            }
+            let Some(r) = self.queue.receive(&buf[at..], now) else {
+                break;
+            };
             let base = at;
             at += r.consumed;
             match r.event {
                 None | Some(Event::Connected { .. }) => {}
                 Some(Event::Command { sqe, data }) => {
+                    // Nothing but fabrics commands before a Connect was
+                    // accepted (no buffer is made for them), and no more
+                    // commands than the queue's entries: a host past either
+                    // breaks the protocol, and each command may hold up to
+                    // 1 MiB.
+                    if sqe.opcode() != FABRICS_OPCODE && self.ctrl.is_none() {
+                        warn!(peer = %self.peer, "NVMe/TCP command before an accepted Connect: closing the connection");
+                        self.closing = true;
+                        break;
+                    }
+                    if self.pending.len() + self.in_flight.len() >= usize::from(QUEUE_ENTRIES) {
+                        warn!(peer = %self.peer, limit = QUEUE_ENTRIES, "NVMe/TCP host sent more commands than the queue has entries: closing the connection");
+                        self.closing = true;
+                        break;
+                    }
                     let (data, to_host) = match data {
                         CommandData::InCapsule(range) => {
                             let r = base + range.start..base + range.end;
@@ -223,7 +258,7 @@ impl Conn {
             if self.queue.poll_transmit(&mut out) {
                 self.tx.push_back(out.into());
             }
-            if self.queue.is_closed() {
+            if self.queue.is_closed() || self.closing {
                 break;
             }
         }
@@ -236,6 +271,13 @@ impl Conn {
 
     /// Run a command whose data (if any) is all here.
     fn command(&mut self, sqe: Sqe, data: Option<IoBuf>, to_host: usize) {
+        // Fused operations are not supported (FUSES is 0): run as two
+        // commands, a fused Compare and Write would write after a failed
+        // compare.
+        if !matches!(sqe.fuse(), Ok(ethersan_nvme::sqe::Fuse::Normal)) {
+            self.complete(Completion::new(sqe.cid(), Status::INVALID_FIELD));
+            return;
+        }
         if sqe.opcode() == FABRICS_OPCODE {
             self.fabrics(sqe, data);
             return;

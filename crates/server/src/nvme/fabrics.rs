@@ -177,6 +177,15 @@ impl Conn {
             // QID is at byte 42 of the SQE (IATTR 0).
             return Err((Status::CONNECT_INVALID_PARAMETERS, 42));
         }
+        // The access rules again, from this connection's address: knowing
+        // a host's NQN, host ID and controller ID must not let another
+        // address join its controller.
+        if let Role::Io { target, .. } = &c.role {
+            if !target.access.allows(&d.hostnqn, Some(self.peer.ip())) {
+                warn!(peer = %self.peer, host = %d.hostnqn, subsystem = %d.subnqn, "NVMe/TCP I/O queue Connect refused: the target's access list does not allow this host from this address");
+                return Err((Status::CONNECT_INVALID_HOST, 0));
+            }
+        }
         if !c.ready() {
             return Err((Status::COMMAND_SEQUENCE_ERROR, 0));
         }

@@ -243,6 +243,9 @@ fn plan(
             expected_len: 0,
             kind: InFlight::Other,
         },
+        // WRITE SAME has no FUA bit: a Write Zeroes that asks for it is
+        // refused rather than acknowledged before it is durable.
+        IoCommand::WriteZeroes { fua: true, .. } => return Err(Status::INVALID_FIELD),
         IoCommand::WriteZeroes { range, deac, .. } => Plan {
             cdb: translate::write_same16(range.slba, range.blocks, deac),
             data: IoBuf::aligned(bs),

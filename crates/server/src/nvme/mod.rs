@@ -61,6 +61,9 @@ pub(crate) const QUEUE_ENTRIES: u16 = 128;
 /// admin queue's size) 128 KiB writes at QD16 ran at 0.65× iSCSI's rate
 /// (`bench/nvme`, docs/benchmark.md).
 pub(crate) const IN_CAPSULE: u32 = 128 * 1024;
+/// Bytes of answers a connection queues before it reads no further
+/// commands until the host has taken them.
+pub(crate) const TX_BACKLOG: usize = 4 << 20;
 /// I/O queues a controller offers (Number of Queues).
 pub(crate) const IO_QUEUES: u16 = 64;
 /// Async Event Requests held at most, less one (AERL).
