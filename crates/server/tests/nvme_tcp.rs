@@ -78,7 +78,19 @@ impl Host {
 
     /// A connection asking for header and data digests when `digests`.
     async fn open_with(addr: SocketAddr, digests: bool) -> Host {
-        let s = TcpStream::connect(addr).await.unwrap();
+        Host::open_from(addr, digests, None).await
+    }
+
+    /// [`Host::open_with`] from local address `from` (any loopback one).
+    async fn open_from(addr: SocketAddr, digests: bool, from: Option<&str>) -> Host {
+        let s = match from {
+            None => TcpStream::connect(addr).await.unwrap(),
+            Some(ip) => {
+                let sock = tokio::net::TcpSocket::new_v4().unwrap();
+                sock.bind(format!("{ip}:0").parse().unwrap()).unwrap();
+                sock.connect(addr).await.unwrap()
+            }
+        };
         let mut h = Host {
             s,
             buf: Vec::new(),
@@ -834,6 +846,32 @@ async fn a_misbehaving_host_is_refused_without_harm() {
     let data = pattern(4096, 9);
     io.write(1, 8, &data, true).await.ok();
     assert_eq!(io.read(1, 8, 8).await.ok().data, data);
+    a.cmd(Sqe::new(0x18, 0), &[], true, 0).await.ok();
+    n.stop().await;
+}
+
+/// An access rule that admits a host from one address: its admin queue
+/// connects from there; an I/O queue Connect naming its controller, host
+/// NQN and host ID from another address is refused (Connect Invalid Host),
+/// one from the admitted address is taken.
+#[tokio::test]
+async fn an_io_queue_from_an_address_the_rules_leave_out_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "portals = [\"127.0.0.1:0\"]\n[options]\ndata_dir = {:?}\n[nvme]\nportals = [\"127.0.0.1:0\"]\n[[target]]\nname = \"{TARGET}\"\nallow = [\"{HOSTNQN}@127.0.0.1\"]\nlun = [\"ram:1M\"]\n",
+        dir.path().display().to_string(),
+    );
+    let cfg = Config::from_toml_str(&text, "test").unwrap();
+    let srv = Server::bind(&cfg).await.unwrap();
+    let mut n = nvme::start(&cfg, srv.registry().clone()).await.unwrap();
+    let addr = n.local_addrs()[0];
+    let (mut a, cntlid) = Host::admin(addr, SUBNQN).await;
+    let mut elsewhere = Host::open_from(addr, false, Some("127.0.0.2")).await;
+    let r = elsewhere.connect(1, SUBNQN, HOSTNQN, cntlid).await;
+    assert_eq!(r.cqe.status, Status::CONNECT_INVALID_HOST);
+    let mut here = Host::open(addr).await;
+    here.connect(1, SUBNQN, HOSTNQN, cntlid).await.ok();
+    assert_eq!(here.read(1, 0, 1).await.ok().data.len(), 512);
     a.cmd(Sqe::new(0x18, 0), &[], true, 0).await.ok();
     n.stop().await;
 }
