@@ -875,3 +875,28 @@ async fn an_io_queue_from_an_address_the_rules_leave_out_is_refused() {
     a.cmd(Sqe::new(0x18, 0), &[], true, 0).await.ok();
     n.stop().await;
 }
+
+/// A TCP connection that never sends ICReq, and one that sends ICReq but
+/// no Connect, are closed after 10 s: an idle socket does not hold a task
+/// for ever.
+#[tokio::test]
+async fn a_connection_without_a_controller_is_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_srv, mut n, addr) = server(dir.path()).await;
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    let mut h = Host::open(addr).await;
+    let started = std::time::Instant::now();
+    let mut rest = Vec::new();
+    let r = tokio::time::timeout(Duration::from_secs(20), silent.read_to_end(&mut rest)).await;
+    assert!(matches!(r, Ok(Ok(0))), "the silent connection stayed open");
+    assert!(
+        started.elapsed() >= Duration::from_secs(8),
+        "closed after {:?}",
+        started.elapsed()
+    );
+    assert!(
+        closed(&mut h).await,
+        "the connection without Connect stayed open"
+    );
+    n.stop().await;
+}

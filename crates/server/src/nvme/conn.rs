@@ -34,8 +34,11 @@ impl BlockingPool for TokioBlocking {
 /// What a command in the executor's hands is waiting for.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum InFlight {
-    /// A read: send this many bytes of its data.
+    /// A read of the medium: its data is exactly this many bytes.
     Read(usize),
+    /// A data structure (Reservation Report): send at most this many
+    /// bytes of it.
+    Data(usize),
     /// Anything else: a completion only.
     Other,
 }
@@ -118,6 +121,9 @@ impl Conn {
         let mut done_rx = self.done_rx.take().expect("taken once");
         let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
         let mut ended: Option<watch::Receiver<bool>> = None;
+        // A connection that has no controller this long after it opened
+        // (no ICReq, or no accepted Connect) is closed.
+        let connect_by = tokio::time::Instant::now() + super::CONNECT_WITHIN;
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let reason = loop {
@@ -161,6 +167,9 @@ impl Conn {
                 _ = ctrl_ended, if !self.admin => break "its controller ended".into(),
                 _ = tick.tick(), if self.admin => self.namespace_tick(),
                 _ = stopping(&mut stop) => break "server stopping".into(),
+                _ = tokio::time::sleep_until(connect_by), if self.ctrl.is_none() => {
+                    break "no accepted Connect in time".into()
+                }
             }
         };
         let _ = flush(&mut wr, &mut self.tx).await;

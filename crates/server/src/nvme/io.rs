@@ -68,7 +68,7 @@ impl Conn {
         let cmd = match IoCommand::parse(&sqe) {
             Ok(IoCommand::ReservationReport { len, eds }) => {
                 let len = (len as usize).min(to_host);
-                self.in_flight.insert(cid, InFlight::Read(len));
+                self.in_flight.insert(cid, InFlight::Data(len));
                 let (scsi, nexus, host) = (target.scsi.clone(), *nexus, c.hostnqn.clone());
                 let done = self.done.clone();
                 tokio::task::spawn_blocking(move || {
@@ -123,6 +123,16 @@ impl Conn {
         let status = nvme_status(r.status, &r.sense);
         match kind {
             InFlight::Read(len) if status.is_success() => {
+                let data = r.data_in.into_bytes();
+                if data.len() < len {
+                    // GOOD with less data than asked: never leave part of
+                    // the host's buffer as it was.
+                    self.complete(Completion::new(cid, Status::INTERNAL_ERROR));
+                } else {
+                    self.send_data(Completion::new(cid, status), data, len)
+                }
+            }
+            InFlight::Data(len) if status.is_success() => {
                 self.send_data(Completion::new(cid, status), r.data_in.into_bytes(), len)
             }
             _ => self.complete(Completion::new(cid, status)),

@@ -64,6 +64,9 @@ pub(crate) const IN_CAPSULE: u32 = 128 * 1024;
 /// Bytes of answers a connection queues before it reads no further
 /// commands until the host has taken them.
 pub(crate) const TX_BACKLOG: usize = 4 << 20;
+/// How long a connection may stay without a controller (its ICReq and an
+/// accepted Connect) before it is closed: an idle socket holds a task.
+pub(crate) const CONNECT_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 /// I/O queues a controller offers (Number of Queues).
 pub(crate) const IO_QUEUES: u16 = 64;
 /// Async Event Requests held at most, less one (AERL).
