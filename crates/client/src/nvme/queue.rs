@@ -83,7 +83,13 @@ impl QueueConn {
         let mut host = Host::new(config);
         let mut out = Vec::new();
         host.poll_transmit(&mut out);
-        stream.write_all(&out).await.map_err(connect_err)?;
+        // Past the TCP connect, a failure is the set-up's: a controller that
+        // closes at once makes the ICReq's write or the read fail (reset,
+        // broken pipe) as often as it makes the read see the end.
+        let setup_err = |e: std::io::Error| {
+            NvmeError::IcRefused(format!("the connection failed before the ICResp: {e}"))
+        };
+        stream.write_all(&out).await.map_err(setup_err)?;
         let mut buf = Vec::with_capacity(256);
         let ic = within(timeout, "waiting for the ICResp", async {
             loop {
@@ -98,7 +104,7 @@ impl QueueConn {
                     Ok(None) => {}
                     Err(e) => return Err(NvmeError::IcRefused(e.to_string())),
                 }
-                let n = stream.read_buf(&mut buf).await.map_err(connect_err)?;
+                let n = stream.read_buf(&mut buf).await.map_err(setup_err)?;
                 if n == 0 {
                     return Err(NvmeError::IcRefused(
                         "the controller closed the connection instead of answering ICReq".into(),
