@@ -10,12 +10,13 @@ use ethersan_nvme::status::{Status, StatusCodeType};
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum NvmeError {
     /// The TCP connection could not be made.
-    #[error("cannot connect to the NVMe/TCP controller at {addr}: {source}")]
+    #[error("cannot connect to the NVMe/TCP controller at {addr}: {cause}")]
     Connect {
         /// `host:port`.
         addr: String,
-        /// Why (connection refused, no route…).
-        source: Arc<std::io::Error>,
+        /// Why (connection refused, no route…); in the message, not a
+        /// source, so that a report of the error chain says it once.
+        cause: Arc<std::io::Error>,
     },
     /// The controller refused or botched the connection set-up.
     #[error("the controller refused the NVMe/TCP connection set-up (ICReq/ICResp): {0}")]

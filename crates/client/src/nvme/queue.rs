@@ -74,7 +74,7 @@ impl QueueConn {
     ) -> Result<QueueConn, NvmeError> {
         let connect_err = |e: std::io::Error| NvmeError::Connect {
             addr: addr.to_string(),
-            source: Arc::new(e),
+            cause: Arc::new(e),
         };
         let mut stream = within(timeout, "connecting", TcpStream::connect(addr))
             .await?
