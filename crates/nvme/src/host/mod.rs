@@ -199,17 +199,7 @@ impl Host {
 
     /// Appends the bytes to send to `out`; false if there are none.
     pub fn poll_transmit(&mut self, out: &mut Vec<u8>) -> bool {
-        if self.out.is_empty() {
-            return false;
-        }
-        if out.is_empty() {
-            // The bytes change hands without a copy (a write's data is in
-            // them).
-            std::mem::swap(out, &mut self.out);
-        } else {
-            out.append(&mut self.out);
-        }
-        true
+        crate::pdu::hand_over(&mut self.out, out)
     }
 
     fn free_cid(&mut self) -> Option<u16> {

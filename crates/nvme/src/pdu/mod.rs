@@ -382,3 +382,19 @@ impl Pdu {
 
 #[cfg(test)]
 mod tests;
+
+/// Moves the encoded PDUs in `queued` to the end of `out`, the one way both
+/// sides' `poll_transmit` hand over what they have to send: without a copy
+/// when `out` is empty (a write's or a read's data is in the bytes); false
+/// if nothing was queued.
+pub(crate) fn hand_over(queued: &mut Vec<u8>, out: &mut Vec<u8>) -> bool {
+    if queued.is_empty() {
+        return false;
+    }
+    if out.is_empty() {
+        std::mem::swap(out, queued);
+    } else {
+        out.append(queued);
+    }
+    true
+}

@@ -262,17 +262,7 @@ impl Queue {
 
     /// Appends the PDUs the queue has to send to `out`; false if none.
     pub fn poll_transmit(&mut self, out: &mut Vec<u8>) -> bool {
-        if self.out.is_empty() {
-            return false;
-        }
-        if out.is_empty() {
-            // The bytes change hands without a copy (a write's data is in
-            // them).
-            std::mem::swap(out, &mut self.out);
-        } else {
-            out.append(&mut self.out);
-        }
-        true
+        crate::pdu::hand_over(&mut self.out, out)
     }
 
     /// When [`Queue::on_tick`] should next be called.
